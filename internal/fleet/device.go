@@ -1,0 +1,154 @@
+package fleet
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+)
+
+// SyncState is a device's configuration state as operators see it.
+type SyncState uint8
+
+const (
+	Arriving     SyncState = iota // registered, no data yet
+	Synchronized                  // applied the desired configuration
+	SyncPending                   // desired configuration newer than applied
+	SyncError                     // device reported that applying failed
+)
+
+var syncNames = [...]string{"arriving", "synchronized", "sync_pending", "sync_error"}
+
+func (s SyncState) String() string { return syncNames[s] }
+
+// ParseSyncState accepts the names String returns.
+func ParseSyncState(v string) (SyncState, bool) {
+	for i, n := range syncNames {
+		if n == v {
+			return SyncState(i), true
+		}
+	}
+	return 0, false
+}
+
+// AllSyncStates lists every sync state in order.
+func AllSyncStates() []SyncState { return []SyncState{Arriving, Synchronized, SyncPending, SyncError} }
+
+// Liveness says whether a device pushes on time.
+type Liveness uint8
+
+const (
+	Online  Liveness = iota
+	Late             // no push for 1.5 intervals
+	Offline          // no push for 3 intervals
+	Unknown          // never pushed
+)
+
+var livenessNames = [...]string{"online", "late", "offline", "unknown"}
+
+func (l Liveness) String() string { return livenessNames[l] }
+
+// ParseLiveness accepts the names String returns.
+func ParseLiveness(v string) (Liveness, bool) {
+	for i, n := range livenessNames {
+		if n == v {
+			return Liveness(i), true
+		}
+	}
+	return 0, false
+}
+
+// AllLiveness lists every liveness value in order.
+func AllLiveness() []Liveness { return []Liveness{Online, Late, Offline, Unknown} }
+
+// device is the in-memory record of one device, kept small: the registry
+// holds one per registered device.
+type device struct {
+	mu             sync.Mutex
+	id             uint64
+	machineID      string
+	deviceType     string // interned
+	model          string // interned
+	firmware       string // interned
+	serial         string
+	tokenHash      [32]byte
+	registeredAt   int64 // unix seconds
+	lastSeen       int64 // unix nanoseconds, 0: never pushed
+	seq            uint64
+	appliedVersion int64
+	configError    string
+	state          []byte // compact JSON of the latest push's state
+	profile        *profileEntry
+}
+
+// Device is a snapshot of one device for the operator API.
+type Device struct {
+	ID             uint64          `json:"id,string"`
+	MachineID      string          `json:"machine_id"`
+	DeviceType     string          `json:"device_type"`
+	Model          string          `json:"model,omitempty"`
+	Firmware       string          `json:"firmware"`
+	Serial         string          `json:"serial,omitempty"`
+	RegisteredAt   time.Time       `json:"registered_at"`
+	LastSeen       *time.Time      `json:"last_seen,omitempty"`
+	Seq            uint64          `json:"seq"`
+	SyncState      string          `json:"sync_state"`
+	Liveness       string          `json:"liveness"`
+	AppliedVersion int64           `json:"applied_version"`
+	DesiredVersion int64           `json:"desired_version"`
+	ConfigError    string          `json:"config_error,omitempty"`
+	ProfileID      uint64          `json:"profile_id"`
+	PushInterval   int             `json:"push_interval"`
+	State          json.RawMessage `json:"state,omitempty"`
+}
+
+// syncState derives the sync state; d.mu must be held.
+func (d *device) syncState() SyncState {
+	switch {
+	case d.lastSeen == 0:
+		return Arriving
+	case d.configError != "":
+		return SyncError
+	case d.appliedVersion < d.profile.version():
+		return SyncPending
+	default:
+		return Synchronized
+	}
+}
+
+// liveness derives liveness at now; d.mu must be held.
+func (d *device) liveness(now int64) Liveness {
+	if d.lastSeen == 0 {
+		return Unknown
+	}
+	interval := int64(d.profile.interval()) * int64(time.Second)
+	age := now - d.lastSeen
+	switch {
+	case age >= 3*interval:
+		return Offline
+	case 2*age >= 3*interval:
+		return Late
+	default:
+		return Online
+	}
+}
+
+func (d *device) snapshot(now int64, withState bool) Device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.profile.get()
+	out := Device{
+		ID: d.id, MachineID: d.machineID, DeviceType: d.deviceType, Model: d.model,
+		Firmware: d.firmware, Serial: d.serial, RegisteredAt: time.Unix(d.registeredAt, 0).UTC(),
+		Seq: d.seq, SyncState: d.syncState().String(), Liveness: d.liveness(now).String(),
+		AppliedVersion: d.appliedVersion, DesiredVersion: p.Version, ConfigError: d.configError,
+		ProfileID: p.ID, PushInterval: p.PushInterval,
+	}
+	if d.lastSeen != 0 {
+		t := time.Unix(0, d.lastSeen).UTC()
+		out.LastSeen = &t
+	}
+	if withState && d.state != nil {
+		out.State = json.RawMessage(d.state)
+	}
+	return out
+}

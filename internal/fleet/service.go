@@ -1,0 +1,462 @@
+// Package fleet is Drover's domain core: device registration, state pushes,
+// configuration profiles, sync state and liveness. It keeps the whole fleet
+// in memory for the hot path and persists through a Store and a Persister.
+package fleet
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/drover/drover/internal/protocol"
+)
+
+// Errors of the fleet's operations.
+var (
+	ErrEnrollment   = errors.New("wrong enrollment secret")
+	ErrUnauthorized = errors.New("unknown or revoked token")
+	ErrNotFound     = errors.New("not found")
+)
+
+// Options configure a Service.
+type Options struct {
+	EnrollmentSecret    string
+	DefaultPushInterval int // seconds, for profiles created by default
+	Logger              *slog.Logger
+	Now                 func() time.Time
+}
+
+// Service is the fleet.
+type Service struct {
+	opts    Options
+	store   Store
+	persist Persister
+	log     *slog.Logger
+	now     func() time.Time
+
+	regMu      sync.Mutex        // registration: machineIDs, nextID, interned
+	machineIDs map[string]uint64 // machine ID -> device ID
+	nextID     uint64
+	interned   map[string]string
+
+	devMu   sync.RWMutex
+	devices []*device // index: device ID; nil where no device
+
+	profiles     *profiles
+	profileWrite sync.Mutex // serialises profile updates
+}
+
+// New loads the fleet from store (nil for none) and returns the Service.
+func New(ctx context.Context, store Store, p Persister, opts Options) (*Service, error) {
+	if opts.DefaultPushInterval <= 0 {
+		opts.DefaultPushInterval = 200
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if p == nil {
+		p = Memory{}
+	}
+	s := &Service{
+		opts: opts, store: store, persist: p, log: opts.Logger, now: opts.Now,
+		machineIDs: make(map[string]uint64), interned: make(map[string]string), nextID: 1,
+		devices: make([]*device, 1, 1024),
+	}
+	if store == nil {
+		s.profiles = newProfiles(nil, 0)
+		return s, nil
+	}
+	var loaded []*device
+	res, err := store.Load(ctx, func(r DeviceRecord) error {
+		d := &device{
+			id: r.ID, machineID: r.MachineID, deviceType: s.intern(r.DeviceType), model: s.intern(r.Model),
+			firmware: s.intern(r.Firmware), serial: r.Serial, registeredAt: r.RegisteredAt.Unix(),
+			seq: r.State.Seq, appliedVersion: r.State.AppliedVersion, configError: r.State.ConfigError,
+		}
+		copy(d.tokenHash[:], r.TokenHash)
+		if !r.State.LastSeen.IsZero() {
+			d.lastSeen = r.State.LastSeen.UnixNano()
+		}
+		if len(r.State.State) > 0 {
+			d.state = append([]byte(nil), r.State.State...)
+		}
+		if r.State.Firmware != "" {
+			d.firmware = s.intern(r.State.Firmware)
+		}
+		loaded = append(loaded, d)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load fleet: %w", err)
+	}
+	s.profiles = newProfiles(res.Profiles, res.MaxProfileID)
+	s.nextID = res.MaxDeviceID + 1
+	s.devices = make([]*device, s.nextID, s.nextID+s.nextID/4+1024)
+	for _, d := range loaded {
+		pe, err := s.ensureProfile(ctx, profileKey{d.deviceType, d.firmware})
+		if err != nil {
+			return nil, fmt.Errorf("load fleet: profile of device %d: %w", d.id, err)
+		}
+		d.profile = pe
+		s.devices[d.id] = d
+		s.machineIDs[d.machineID] = d.id
+	}
+	return s, nil
+}
+
+func (s *Service) intern(v string) string {
+	if v == "" {
+		return ""
+	}
+	if i, ok := s.interned[v]; ok {
+		return i
+	}
+	v = strings.Clone(v)
+	s.interned[v] = v
+	return v
+}
+
+func (s *Service) get(id uint64) *device {
+	s.devMu.RLock()
+	defer s.devMu.RUnlock()
+	if id >= uint64(len(s.devices)) {
+		return nil
+	}
+	return s.devices[id]
+}
+
+// Register enrolls a device or re-enrolls it: the same machine ID keeps its
+// device ID and history and gets a new token; the old token stops working.
+func (s *Service) Register(ctx context.Context, r protocol.RegisterRequest) (protocol.RegisterResponse, error) {
+	if subtle.ConstantTimeCompare([]byte(r.EnrollmentSecret), []byte(s.opts.EnrollmentSecret)) != 1 {
+		return protocol.RegisterResponse{}, ErrEnrollment
+	}
+	pe, err := s.ensureProfile(ctx, profileKey{r.DeviceType, r.Firmware})
+	if err != nil {
+		return protocol.RegisterResponse{}, err
+	}
+	now := s.now()
+
+	s.regMu.Lock()
+	id, exists := s.machineIDs[r.MachineID]
+	var d *device
+	if exists {
+		d = s.get(id)
+	} else {
+		id = s.nextID
+		s.nextID++
+		d = &device{
+			id: id, machineID: strings.Clone(r.MachineID), registeredAt: now.Unix(), profile: pe,
+			deviceType: s.intern(r.DeviceType), model: s.intern(r.Model), firmware: s.intern(r.Firmware),
+		}
+		s.devMu.Lock()
+		for uint64(len(s.devices)) <= id {
+			s.devices = append(s.devices, nil)
+		}
+		s.devices[id] = d
+		s.devMu.Unlock()
+		s.machineIDs[d.machineID] = id
+	}
+	deviceType, model, firmware := s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
+	s.regMu.Unlock()
+
+	token, hash := newToken(id)
+	d.mu.Lock()
+	rec := DeviceRecord{
+		ID: id, MachineID: d.machineID, DeviceType: deviceType, Model: model, Firmware: firmware,
+		Serial: r.Serial, TokenHash: hash[:], RegisteredAt: time.Unix(d.registeredAt, 0),
+	}
+	ticket, err := s.persist.Enqueue(func(b *Batch) { b.Devices = append(b.Devices, rec) })
+	if err == nil {
+		d.deviceType, d.model, d.firmware, d.serial = deviceType, model, firmware, strings.Clone(r.Serial)
+		d.tokenHash = hash
+		d.profile = pe
+	}
+	d.mu.Unlock()
+	if err != nil {
+		return protocol.RegisterResponse{}, err
+	}
+	if err := ticket.Wait(ctx); err != nil {
+		return protocol.RegisterResponse{}, err
+	}
+	return protocol.RegisterResponse{
+		DeviceID: strconv.FormatUint(id, 10), Token: token, PushInterval: pe.interval(), New: !exists,
+	}, nil
+}
+
+// newToken makes "<device id>.<secret>" and its SHA-256.
+func newToken(id uint64) (string, [32]byte) {
+	var secret [24]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	buf := make([]byte, 0, 20+1+32)
+	buf = strconv.AppendUint(buf, id, 10)
+	buf = append(buf, '.')
+	buf = base64.RawURLEncoding.AppendEncode(buf, secret[:])
+	return string(buf), sha256.Sum256(buf)
+}
+
+// deviceForToken finds the device a token names; the token is checked later
+// under the device lock.
+func (s *Service) deviceForToken(token string) (*device, [32]byte, bool) {
+	dot := strings.IndexByte(token, '.')
+	if dot <= 0 {
+		return nil, [32]byte{}, false
+	}
+	id, err := strconv.ParseUint(token[:dot], 10, 64)
+	if err != nil {
+		return nil, [32]byte{}, false
+	}
+	d := s.get(id)
+	if d == nil {
+		return nil, [32]byte{}, false
+	}
+	return d, sha256.Sum256([]byte(token)), true
+}
+
+// Push records a device's state and tells it what to change.
+func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest) (protocol.PushResponse, error) {
+	d, hash, ok := s.deviceForToken(token)
+	if !ok {
+		return protocol.PushResponse{}, ErrUnauthorized
+	}
+	// A firmware upgrade moves the device to another profile.
+	var newProfile *profileEntry
+	if fw := p.State.Firmware; fw != "" {
+		d.mu.Lock()
+		changed, deviceType := fw != d.firmware, d.deviceType
+		d.mu.Unlock()
+		if changed {
+			pe, err := s.ensureProfile(ctx, profileKey{deviceType, fw})
+			if err != nil {
+				return protocol.PushResponse{}, err
+			}
+			newProfile = pe
+		}
+	}
+	now := s.now()
+	d.mu.Lock()
+	if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
+		d.mu.Unlock()
+		return protocol.PushResponse{}, ErrUnauthorized
+	}
+	firmware, pe := d.firmware, d.profile
+	if newProfile != nil && newProfile.get().DeviceType == d.deviceType {
+		firmware, pe = newProfile.get().Firmware, newProfile
+	}
+	st := StateRecord{
+		DeviceID: d.id, Firmware: firmware, LastSeen: now, Seq: p.Seq,
+		AppliedVersion: p.ConfigVersion, ConfigError: p.ConfigError, State: p.RawState,
+	}
+	sample := sampleOf(d.id, now, &p)
+	ticket, err := s.persist.Enqueue(func(b *Batch) {
+		b.States = append(b.States, st)
+		b.Samples = append(b.Samples, sample)
+	})
+	if err == nil {
+		d.firmware, d.profile = firmware, pe
+		d.lastSeen, d.seq, d.appliedVersion = now.UnixNano(), p.Seq, p.ConfigVersion
+		if d.configError != p.ConfigError {
+			d.configError = strings.Clone(p.ConfigError)
+		}
+		d.state = p.RawState
+	}
+	d.mu.Unlock()
+	if err != nil {
+		return protocol.PushResponse{}, err
+	}
+	if err := ticket.Wait(ctx); err != nil {
+		return protocol.PushResponse{}, err
+	}
+	prof := pe.get()
+	resp := protocol.PushResponse{PushInterval: prof.PushInterval}
+	if p.ConfigVersion < prof.Version {
+		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
+	}
+	return resp, nil
+}
+
+func sampleOf(id uint64, at time.Time, p *protocol.PushRequest) Sample {
+	st := &p.State
+	sm := Sample{
+		DeviceID: id, At: at, Seq: p.Seq, Uptime: st.Uptime, CPU: st.CPU, MemUsed: st.MemUsed,
+		MemTotal: st.MemTotal, DiskUsed: st.DiskUsed, DiskTotal: st.DiskTotal, Temperature: st.Temperature,
+	}
+	if len(st.Interfaces) > 0 {
+		var rx, tx uint64
+		for _, i := range st.Interfaces {
+			rx += i.RxBytes
+			tx += i.TxBytes
+		}
+		sm.RxBytes, sm.TxBytes = &rx, &tx
+	}
+	if g := st.Signal; g != nil {
+		sm.RSSI, sm.RSRP, sm.RSRQ, sm.SINR = g.RSSI, g.RSRP, g.RSRQ, g.SINR
+	}
+	return sm
+}
+
+// Filter selects devices. Zero fields match everything.
+type Filter struct {
+	SyncState  *SyncState
+	Liveness   *Liveness
+	DeviceType string
+	Firmware   string
+	ProfileID  uint64
+	Text       string // substring of machine ID or serial
+}
+
+func (f *Filter) match(d *device, now int64) bool {
+	if f.DeviceType != "" && d.deviceType != f.DeviceType {
+		return false
+	}
+	if f.Firmware != "" && d.firmware != f.Firmware {
+		return false
+	}
+	if f.ProfileID != 0 && d.profile.get().ID != f.ProfileID {
+		return false
+	}
+	if f.SyncState != nil && d.syncState() != *f.SyncState {
+		return false
+	}
+	if f.Liveness != nil && d.liveness(now) != *f.Liveness {
+		return false
+	}
+	if f.Text != "" && !strings.Contains(d.machineID, f.Text) && !strings.Contains(d.serial, f.Text) {
+		return false
+	}
+	return true
+}
+
+// Page is one page of devices ordered by ID; Next is the cursor of the
+// following page, 0 when this is the last.
+type Page struct {
+	Devices []Device `json:"devices"`
+	Next    uint64   `json:"next_cursor,string,omitempty"`
+}
+
+// List returns up to limit devices with ID > after that match f.
+func (s *Service) List(f Filter, after uint64, limit int) Page {
+	if limit <= 0 || limit > 1000 {
+		limit = 100
+	}
+	now := s.now().UnixNano()
+	s.devMu.RLock()
+	all := s.devices
+	s.devMu.RUnlock()
+	page := Page{Devices: make([]Device, 0, min(limit, 64))}
+	for id := after + 1; id < uint64(len(all)); id++ {
+		d := all[id]
+		if d == nil {
+			continue
+		}
+		d.mu.Lock()
+		ok := d.profile != nil && f.match(d, now)
+		d.mu.Unlock()
+		if !ok {
+			continue
+		}
+		if len(page.Devices) == limit {
+			page.Next = page.Devices[limit-1].ID
+			break
+		}
+		page.Devices = append(page.Devices, d.snapshot(now, false))
+	}
+	return page
+}
+
+// Device returns one device with its current state.
+func (s *Service) Device(id uint64) (Device, bool) {
+	d := s.get(id)
+	if d == nil {
+		return Device{}, false
+	}
+	return d.snapshot(s.now().UnixNano(), true), true
+}
+
+// History reads a device's stored samples.
+func (s *Service) History(ctx context.Context, id uint64, q HistoryQuery) ([]Sample, error) {
+	if s.get(id) == nil {
+		return nil, ErrNotFound
+	}
+	if s.store == nil {
+		return []Sample{}, nil
+	}
+	return s.store.History(ctx, id, q)
+}
+
+// Stats counts devices by sync state and liveness.
+type Stats struct {
+	Devices  int            `json:"devices"`
+	Sync     map[string]int `json:"sync"`
+	Liveness map[string]int `json:"liveness"`
+}
+
+// Counts returns device counts by sync state and by liveness.
+func (s *Service) Counts() (sync [4]int, live [4]int, total int) {
+	now := s.now().UnixNano()
+	s.devMu.RLock()
+	all := s.devices
+	s.devMu.RUnlock()
+	for _, d := range all {
+		if d == nil {
+			continue
+		}
+		d.mu.Lock()
+		if d.profile != nil {
+			sync[d.syncState()]++
+			live[d.liveness(now)]++
+			total++
+		}
+		d.mu.Unlock()
+	}
+	return sync, live, total
+}
+
+// Stats returns Counts with names.
+func (s *Service) Stats() Stats {
+	syncs, lives, total := s.Counts()
+	st := Stats{Devices: total, Sync: map[string]int{}, Liveness: map[string]int{}}
+	for _, v := range AllSyncStates() {
+		st.Sync[v.String()] = syncs[v]
+	}
+	for _, v := range AllLiveness() {
+		st.Liveness[v.String()] = lives[v]
+	}
+	return st
+}
+
+// PruneHistory deletes samples older than retention, in chunks so that it
+// never holds the store for long. It returns how many it deleted.
+func (s *Service) PruneHistory(ctx context.Context, retention time.Duration) (int64, error) {
+	if s.store == nil || retention <= 0 {
+		return 0, nil
+	}
+	before := s.now().Add(-retention)
+	var total int64
+	for {
+		n, err := s.store.PruneHistory(ctx, before, 10000)
+		total += n
+		if err != nil || n < 10000 {
+			return total, err
+		}
+	}
+}
+
+func sortProfiles(ps []Profile) {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].ID < ps[j].ID })
+}

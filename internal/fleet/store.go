@@ -1,0 +1,119 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Store is what the fleet needs from a database. Adapters live in
+// internal/store/<backend>; all of them pass internal/store/storetest.
+type Store interface {
+	// Load streams every stored device, then returns all profiles and the
+	// highest device and profile IDs in use.
+	Load(ctx context.Context, each func(DeviceRecord) error) (LoadResult, error)
+	// Commit applies one batch atomically and durably (one transaction).
+	Commit(ctx context.Context, b *Batch) error
+	// History returns a device's samples in [q.From, q.To), oldest first.
+	History(ctx context.Context, deviceID uint64, q HistoryQuery) ([]Sample, error)
+	// PruneHistory deletes at most limit samples older than before and
+	// returns how many it deleted.
+	PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error)
+	Close() error
+}
+
+// LoadResult is what Store.Load returns besides the devices.
+type LoadResult struct {
+	Profiles     []Profile
+	MaxDeviceID  uint64
+	MaxProfileID uint64
+}
+
+// Batch is a group of writes committed in one transaction, in this order:
+// profiles, devices, states, samples. Later entries for the same key win.
+type Batch struct {
+	Profiles []Profile
+	Devices  []DeviceRecord
+	States   []StateRecord
+	Samples  []Sample
+}
+
+// Len is the number of records in the batch.
+func (b *Batch) Len() int {
+	return len(b.Profiles) + len(b.Devices) + len(b.States) + len(b.Samples)
+}
+
+// Reset empties the batch, keeping its capacity.
+func (b *Batch) Reset() {
+	clear(b.Profiles)
+	clear(b.Devices)
+	clear(b.States)
+	b.Profiles, b.Devices, b.States, b.Samples = b.Profiles[:0], b.Devices[:0], b.States[:0], b.Samples[:0]
+}
+
+// DeviceRecord is a device's identity as stored. Devices are upserted by ID;
+// MachineID is unique.
+type DeviceRecord struct {
+	ID           uint64
+	MachineID    string
+	DeviceType   string
+	Model        string
+	Firmware     string
+	Serial       string
+	TokenHash    []byte // SHA-256 of the current token
+	RegisteredAt time.Time
+	// State fields, filled by Load only (Commit takes them from StateRecord).
+	State StateRecord
+}
+
+// StateRecord is a device's latest push, stored over the previous one.
+type StateRecord struct {
+	DeviceID       uint64
+	Firmware       string
+	LastSeen       time.Time // zero: never pushed
+	Seq            uint64
+	AppliedVersion int64
+	ConfigError    string
+	State          json.RawMessage
+}
+
+// Sample is one history point: the numeric part of a push.
+type Sample struct {
+	DeviceID    uint64    `json:"-"`
+	At          time.Time `json:"at"`
+	Seq         uint64    `json:"seq"`
+	Uptime      *int64    `json:"uptime,omitempty"`
+	CPU         *float64  `json:"cpu,omitempty"`
+	MemUsed     *int64    `json:"mem_used,omitempty"`
+	MemTotal    *int64    `json:"mem_total,omitempty"`
+	DiskUsed    *int64    `json:"disk_used,omitempty"`
+	DiskTotal   *int64    `json:"disk_total,omitempty"`
+	Temperature *float64  `json:"temperature,omitempty"`
+	RxBytes     *uint64   `json:"rx_bytes,omitempty"` // sum over interfaces
+	TxBytes     *uint64   `json:"tx_bytes,omitempty"`
+	RSSI        *float64  `json:"rssi,omitempty"`
+	RSRP        *float64  `json:"rsrp,omitempty"`
+	RSRQ        *float64  `json:"rsrq,omitempty"`
+	SINR        *float64  `json:"sinr,omitempty"`
+}
+
+// HistoryQuery bounds a history read. Zero From/To mean unbounded; Limit 0
+// means the store's default (1000).
+type HistoryQuery struct {
+	From, To time.Time
+	Limit    int
+}
+
+// Profile is the desired configuration and agent intervals for one
+// (device type, firmware). Version grows by one with every change; a device
+// is in sync when it reports this version applied.
+type Profile struct {
+	ID           uint64          `json:"id"`
+	DeviceType   string          `json:"device_type"`
+	Firmware     string          `json:"firmware"`
+	Version      int64           `json:"version"`
+	Config       json.RawMessage `json:"config"`
+	PushInterval int             `json:"push_interval"` // seconds
+	CreatedAt    time.Time       `json:"created_at"`
+	UpdatedAt    time.Time       `json:"updated_at"`
+}

@@ -1,0 +1,369 @@
+// Package protocol defines Drover's device protocol: the JSON messages that
+// device agents exchange with the server, their limits and their validation.
+// docs/protocol.md is the normative description; this package implements it.
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"unicode/utf8"
+)
+
+// Endpoint paths of the device protocol.
+const (
+	PathRegister = "/api/v1/register"
+	PathPush     = "/api/v1/push"
+)
+
+// Limits enforced on every request. They are part of the protocol.
+const (
+	MaxBodyBytes      = 64 << 10 // request bodies larger than this get 413
+	MaxIDLen          = 128      // machine_id, serial
+	MaxNameLen        = 64       // device_type, model, firmware, interface names, operator, technology
+	MaxInterfaces     = 64
+	MaxExtraKeys      = 64
+	MaxExtraKeyLen    = 64
+	MaxExtraValueLen  = 256
+	MaxConfigErrorLen = 1024
+)
+
+// RegisterRequest is sent once when the agent is installed, and again
+// whenever the server answers a push with 401.
+type RegisterRequest struct {
+	MachineID        string `json:"machine_id"`
+	DeviceType       string `json:"device_type"`
+	Model            string `json:"model,omitempty"`
+	Firmware         string `json:"firmware"`
+	Serial           string `json:"serial,omitempty"`
+	EnrollmentSecret string `json:"enrollment_secret"`
+}
+
+// RegisterResponse carries the device's stable ID and its new secret token.
+type RegisterResponse struct {
+	DeviceID     string `json:"device_id"`
+	Token        string `json:"token"`
+	PushInterval int    `json:"push_interval"`
+	New          bool   `json:"new"`
+}
+
+// PushRequest is the periodic state report, authenticated by the token.
+type PushRequest struct {
+	Seq           uint64          `json:"seq"`
+	ConfigVersion int64           `json:"config_version"`
+	ConfigError   string          `json:"config_error,omitempty"`
+	RawState      json.RawMessage `json:"state"`
+	State         State           `json:"-"` // RawState decoded
+}
+
+// State is what a device reports about itself. Absent numbers are null
+// (pointers) so that "not measured" differs from zero.
+type State struct {
+	Uptime      *int64            `json:"uptime,omitempty"` // seconds since boot
+	CPU         *float64          `json:"cpu,omitempty"`    // percent, 0..100
+	Load1       *float64          `json:"load1,omitempty"`
+	MemTotal    *int64            `json:"mem_total,omitempty"` // bytes
+	MemUsed     *int64            `json:"mem_used,omitempty"`
+	DiskTotal   *int64            `json:"disk_total,omitempty"`
+	DiskUsed    *int64            `json:"disk_used,omitempty"`
+	Temperature *float64          `json:"temperature,omitempty"` // degrees Celsius
+	Firmware    string            `json:"firmware,omitempty"`
+	Interfaces  []Interface       `json:"interfaces,omitempty"`
+	Signal      *Signal           `json:"signal,omitempty"`
+	Extra       map[string]string `json:"extra,omitempty"`
+}
+
+// Interface holds one network interface's cumulative counters.
+type Interface struct {
+	Name      string `json:"name"`
+	RxBytes   uint64 `json:"rx_bytes"`
+	TxBytes   uint64 `json:"tx_bytes"`
+	RxPackets uint64 `json:"rx_packets,omitempty"`
+	TxPackets uint64 `json:"tx_packets,omitempty"`
+}
+
+// Signal is the cellular modem's view of the radio.
+type Signal struct {
+	RSSI       *float64 `json:"rssi,omitempty"` // dBm
+	RSRP       *float64 `json:"rsrp,omitempty"` // dBm
+	RSRQ       *float64 `json:"rsrq,omitempty"` // dB
+	SINR       *float64 `json:"sinr,omitempty"` // dB
+	Operator   string   `json:"operator,omitempty"`
+	Technology string   `json:"technology,omitempty"`
+}
+
+// PushResponse tells the device its interval and, only when the device is
+// behind, the configuration it must apply.
+type PushResponse struct {
+	PushInterval int     `json:"push_interval"`
+	Config       *Config `json:"config,omitempty"`
+}
+
+// Config is a versioned desired configuration.
+type Config struct {
+	Version int64           `json:"version"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// ErrorBody is the JSON body of every 4xx and 5xx answer.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail names the error with a stable code and a human message.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error is a validation or decoding error; Code is stable and is used as a
+// metrics label, so the set of codes is small and fixed.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Stable error codes.
+const (
+	CodeMalformedJSON = "malformed_json"
+	CodeInvalidField  = "invalid_field"
+	CodeTooLarge      = "body_too_large"
+)
+
+func invalid(format string, args ...any) *Error {
+	return &Error{Code: CodeInvalidField, Message: fmt.Sprintf(format, args...)}
+}
+
+// DecodeRegister parses and validates a registration body.
+func DecodeRegister(body []byte) (RegisterRequest, error) {
+	var r RegisterRequest
+	if err := decodeStrict(body, &r); err != nil {
+		return r, err
+	}
+	return r, r.Validate()
+}
+
+// Validate checks required fields and limits.
+func (r *RegisterRequest) Validate() error {
+	if err := checkText("machine_id", r.MachineID, MaxIDLen, true); err != nil {
+		return err
+	}
+	if err := checkText("device_type", r.DeviceType, MaxNameLen, true); err != nil {
+		return err
+	}
+	if err := checkText("model", r.Model, MaxNameLen, false); err != nil {
+		return err
+	}
+	if err := checkText("firmware", r.Firmware, MaxNameLen, true); err != nil {
+		return err
+	}
+	if err := checkText("serial", r.Serial, MaxIDLen, false); err != nil {
+		return err
+	}
+	if r.EnrollmentSecret == "" {
+		return invalid("enrollment_secret is required")
+	}
+	if len(r.EnrollmentSecret) > 256 {
+		return invalid("enrollment_secret is longer than 256 bytes")
+	}
+	return nil
+}
+
+// DecodePush parses and validates a push body. RawState keeps the state
+// object as sent (fields unknown to this server included), compacted.
+func DecodePush(body []byte) (PushRequest, error) {
+	var p PushRequest
+	if err := decodeStrict(body, &p); err != nil {
+		return p, err
+	}
+	raw := bytes.TrimSpace(p.RawState)
+	if len(raw) == 0 || raw[0] != '{' {
+		return p, invalid("state must be a JSON object")
+	}
+	if err := json.Unmarshal(raw, &p.State); err != nil {
+		e := jsonError(err)
+		if e.Code == CodeInvalidField && !strings.HasPrefix(e.Message, "state") {
+			e.Message = "state." + e.Message
+		}
+		return p, e
+	}
+	var compact bytes.Buffer
+	compact.Grow(len(raw))
+	if err := json.Compact(&compact, raw); err != nil {
+		return p, jsonError(err)
+	}
+	p.RawState = compact.Bytes()
+	return p, p.Validate()
+}
+
+// Validate checks ranges and limits of a push.
+func (p *PushRequest) Validate() error {
+	if p.ConfigVersion < 0 {
+		return invalid("config_version must be >= 0")
+	}
+	if len(p.ConfigError) > MaxConfigErrorLen {
+		return invalid("config_error is longer than %d bytes", MaxConfigErrorLen)
+	}
+	if !utf8.ValidString(p.ConfigError) {
+		return invalid("config_error is not valid UTF-8")
+	}
+	return p.State.Validate()
+}
+
+// Validate checks the reported state.
+func (s *State) Validate() error {
+	if s.Uptime != nil && *s.Uptime < 0 {
+		return invalid("state.uptime must be >= 0")
+	}
+	if s.CPU != nil && !(*s.CPU >= 0 && *s.CPU <= 100) {
+		return invalid("state.cpu must be within 0..100")
+	}
+	if err := checkFinite("state.load1", s.Load1, 0, 1e6); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+	}{{"state.mem_total", s.MemTotal}, {"state.mem_used", s.MemUsed}, {"state.disk_total", s.DiskTotal}, {"state.disk_used", s.DiskUsed}} {
+		if f.v != nil && *f.v < 0 {
+			return invalid("%s must be >= 0", f.name)
+		}
+	}
+	if err := checkFinite("state.temperature", s.Temperature, -273.15, 1000); err != nil {
+		return err
+	}
+	if err := checkText("state.firmware", s.Firmware, MaxNameLen, false); err != nil {
+		return err
+	}
+	if len(s.Interfaces) > MaxInterfaces {
+		return invalid("state.interfaces has more than %d entries", MaxInterfaces)
+	}
+	for i := range s.Interfaces {
+		if err := checkText(fmt.Sprintf("state.interfaces[%d].name", i), s.Interfaces[i].Name, MaxNameLen, true); err != nil {
+			return err
+		}
+	}
+	if g := s.Signal; g != nil {
+		for _, f := range []struct {
+			name     string
+			v        *float64
+			min, max float64
+		}{{"rssi", g.RSSI, -200, 0}, {"rsrp", g.RSRP, -200, 0}, {"rsrq", g.RSRQ, -100, 100}, {"sinr", g.SINR, -100, 100}} {
+			if err := checkFinite("state.signal."+f.name, f.v, f.min, f.max); err != nil {
+				return err
+			}
+		}
+		if err := checkText("state.signal.operator", g.Operator, MaxNameLen, false); err != nil {
+			return err
+		}
+		if err := checkText("state.signal.technology", g.Technology, MaxNameLen, false); err != nil {
+			return err
+		}
+	}
+	if len(s.Extra) > MaxExtraKeys {
+		return invalid("state.extra has more than %d keys", MaxExtraKeys)
+	}
+	for k, v := range s.Extra {
+		if err := checkText("state.extra key", k, MaxExtraKeyLen, true); err != nil {
+			return err
+		}
+		if len(v) > MaxExtraValueLen || !utf8.ValidString(v) {
+			return invalid("state.extra[%q] must be valid UTF-8 of at most %d bytes", k, MaxExtraValueLen)
+		}
+	}
+	return nil
+}
+
+func checkFinite(name string, v *float64, min, max float64) error {
+	if v == nil {
+		return nil
+	}
+	if math.IsNaN(*v) || *v < min || *v > max {
+		return invalid("%s must be within %g..%g", name, min, max)
+	}
+	return nil
+}
+
+func checkText(name, v string, max int, required bool) error {
+	if v == "" {
+		if required {
+			return invalid("%s is required", name)
+		}
+		return nil
+	}
+	if len(v) > max {
+		return invalid("%s is longer than %d bytes", name, max)
+	}
+	if !utf8.ValidString(v) {
+		return invalid("%s is not valid UTF-8", name)
+	}
+	for _, r := range v {
+		if r < 0x20 || r == 0x7f {
+			return invalid("%s contains control characters", name)
+		}
+	}
+	return nil
+}
+
+// decodeStrict decodes exactly one JSON object. Unknown fields are ignored
+// (newer agents may send more); wrong types and trailing data are refused.
+func decodeStrict(body []byte, v any) error {
+	if len(body) > MaxBodyBytes {
+		return &Error{Code: CodeTooLarge, Message: fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)}
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return &Error{Code: CodeMalformedJSON, Message: "body must be a JSON object"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return &Error{Code: CodeMalformedJSON, Message: "unexpected data after the JSON object"}
+	}
+	return nil
+}
+
+func jsonError(err error) *Error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		field := typeErr.Field
+		if field == "" {
+			field = "value"
+		}
+		return invalid("%s must be %s, not JSON %s", field, goTypeToJSON(typeErr.Type.Kind().String()), typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return &Error{Code: CodeMalformedJSON, Message: fmt.Sprintf("invalid JSON at byte %d: %s", syntaxErr.Offset, syntaxErr.Error())}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &Error{Code: CodeMalformedJSON, Message: "truncated JSON"}
+	default:
+		return &Error{Code: CodeMalformedJSON, Message: err.Error()}
+	}
+}
+
+func goTypeToJSON(kind string) string {
+	switch {
+	case strings.HasPrefix(kind, "int"), strings.HasPrefix(kind, "uint"):
+		return "an integer"
+	case strings.HasPrefix(kind, "float"):
+		return "a number"
+	case kind == "string":
+		return "a string"
+	case kind == "slice":
+		return "an array"
+	case kind == "map", kind == "struct":
+		return "an object"
+	case kind == "bool":
+		return "a boolean"
+	}
+	return kind
+}

@@ -1,0 +1,128 @@
+package server
+
+import (
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Outcomes counted by drover_registrations_total and drover_pushes_total.
+const (
+	outNew         = "new"
+	outRenewed     = "renewed"
+	outAccepted    = "accepted"
+	outForbidden   = "forbidden"
+	outUnauth      = "unauthorized"
+	outInvalid     = "invalid"
+	outOverloaded  = "overloaded"
+	outUnavailable = "unavailable"
+)
+
+type metrics struct {
+	reg *prometheus.Registry
+
+	registrations *prometheus.CounterVec
+	pushes        *prometheus.CounterVec
+	badRequests   *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	inflight      prometheus.Gauge
+	commitSize    prometheus.Histogram
+	commitTime    prometheus.Histogram
+	commitErrors  prometheus.Counter
+	storeUp       prometheus.Gauge
+
+	pushAccepted, regNew, regRenewed prometheus.Counter
+	pushDuration, regDuration        prometheus.Observer
+}
+
+func newMetrics(fl func() *fleet.Service) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.registrations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "drover_registrations_total", Help: "Registration requests by outcome.",
+	}, []string{"outcome"})
+	m.pushes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "drover_pushes_total", Help: "Push requests by outcome.",
+	}, []string{"outcome"})
+	m.badRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "drover_request_errors_total", Help: "Requests answered with an error, by endpoint, HTTP status and error code.",
+	}, []string{"endpoint", "status", "code"})
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "drover_request_duration_seconds", Help: "Time to answer a request, by endpoint.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"endpoint"})
+	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "drover_inflight_requests", Help: "Device requests being handled.",
+	})
+	m.commitSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "drover_store_commit_records", Help: "Records per store commit (grouped commits).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 16),
+	})
+	m.commitTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "drover_store_commit_duration_seconds", Help: "Time of one store commit, fsync included.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	})
+	m.commitErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "drover_store_commit_errors_total", Help: "Store commits that failed.",
+	})
+	m.storeUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "drover_store_up", Help: "1 when the last store commit succeeded.",
+	})
+	m.storeUp.Set(1)
+	m.reg.MustRegister(m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
+		m.commitSize, m.commitTime, m.commitErrors, m.storeUp,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&fleetCollector{fleet: fl})
+	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable} {
+		m.pushes.WithLabelValues(o)
+	}
+	for _, o := range []string{outNew, outRenewed, outForbidden, outInvalid, outOverloaded, outUnavailable} {
+		m.registrations.WithLabelValues(o)
+	}
+	m.pushAccepted = m.pushes.WithLabelValues(outAccepted)
+	m.regNew, m.regRenewed = m.registrations.WithLabelValues(outNew), m.registrations.WithLabelValues(outRenewed)
+	m.pushDuration, m.regDuration = m.duration.WithLabelValues("push"), m.duration.WithLabelValues("register")
+	return m
+}
+
+func (m *metrics) observeCommit(records int, took time.Duration, err error) {
+	m.commitSize.Observe(float64(records))
+	m.commitTime.Observe(took.Seconds())
+	if err != nil {
+		m.commitErrors.Inc()
+		m.storeUp.Set(0)
+	} else {
+		m.storeUp.Set(1)
+	}
+}
+
+// fleetCollector reports device counts, computed when scraped.
+type fleetCollector struct{ fleet func() *fleet.Service }
+
+var (
+	devicesDesc  = prometheus.NewDesc("drover_devices", "Registered devices by sync state.", []string{"sync_state"}, nil)
+	livenessDesc = prometheus.NewDesc("drover_devices_liveness", "Registered devices by liveness.", []string{"liveness"}, nil)
+	profilesDesc = prometheus.NewDesc("drover_profiles", "Configuration profiles.", nil, nil)
+)
+
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- devicesDesc
+	ch <- livenessDesc
+	ch <- profilesDesc
+}
+
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.fleet()
+	if f == nil {
+		return
+	}
+	syncs, lives, _ := f.Counts()
+	for _, s := range fleet.AllSyncStates() {
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(syncs[s]), s.String())
+	}
+	for _, l := range fleet.AllLiveness() {
+		ch <- prometheus.MustNewConstMetric(livenessDesc, prometheus.GaugeValue, float64(lives[l]), l.String())
+	}
+	ch <- prometheus.MustNewConstMetric(profilesDesc, prometheus.GaugeValue, float64(len(f.Profiles())))
+}

@@ -1,0 +1,279 @@
+// Package sqlite is the fleet store on an embedded SQLite database: one file
+// in WAL mode, written by a single connection, read by a small pool.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/migrate"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Store is a fleet.Store on SQLite.
+type Store struct {
+	w *sql.DB // the one writer
+	r *sql.DB // readers
+}
+
+// Open opens (creating if needed) the database file at path and applies the
+// migrations. Commits are durable (synchronous=FULL) unless durable is false.
+func Open(ctx context.Context, path string, durable bool) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, err
+	}
+	sync := "FULL"
+	if !durable {
+		sync = "NORMAL"
+	}
+	q := url.Values{}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous("+sync+")")
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "foreign_keys(OFF)")
+	q.Add("_pragma", "cache_size(-65536)")
+	q.Add("_txlock", "immediate")
+	dsn := "file:" + path + "?" + q.Encode()
+	w, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	ms, err := migrate.Load(migrations, "migrations")
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	if _, err := migrate.Apply(ctx, w, ms); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("sqlite %s: %w", path, err)
+	}
+	rq := url.Values{}
+	rq.Add("_pragma", "busy_timeout(10000)")
+	rq.Add("_pragma", "query_only(1)")
+	r, err := sql.Open("sqlite", "file:"+path+"?"+rq.Encode())
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	r.SetMaxOpenConns(4)
+	return &Store{w: w, r: r}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// Load implements fleet.Store.
+func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
+	var res fleet.LoadResult
+	rows, err := s.r.QueryContext(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
+	if err != nil {
+		return res, err
+	}
+	for rows.Next() {
+		var p fleet.Profile
+		var config string
+		var created, updated int64
+		if err := rows.Scan(&p.ID, &p.DeviceType, &p.Firmware, &p.Version, &config, &p.PushInterval, &created, &updated); err != nil {
+			rows.Close()
+			return res, err
+		}
+		p.Config = []byte(config)
+		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
+		res.Profiles = append(res.Profiles, p)
+		res.MaxProfileID = max(res.MaxProfileID, p.ID)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return res, err
+	}
+	rows, err = s.r.QueryContext(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
+		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
+	if err != nil {
+		return res, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d fleet.DeviceRecord
+		var registered, lastSeen, seq int64
+		if err := rows.Scan(&d.ID, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
+			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, &d.State.State); err != nil {
+			return res, err
+		}
+		d.RegisteredAt = time.Unix(registered, 0).UTC()
+		if lastSeen != 0 {
+			d.State.LastSeen = time.Unix(0, lastSeen).UTC()
+		}
+		d.State.DeviceID, d.State.Seq, d.State.Firmware = d.ID, uint64(seq), d.Firmware
+		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
+		if err := each(d); err != nil {
+			return res, err
+		}
+	}
+	return res, rows.Err()
+}
+
+const (
+	upsertProfile = `INSERT INTO profiles (id, device_type, firmware, version, config, push_interval, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET version = excluded.version, config = excluded.config,
+			push_interval = excluded.push_interval, updated_at = excluded.updated_at`
+	upsertDevice = `INSERT INTO devices (id, machine_id, device_type, model, firmware, serial, token_hash, registered_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET device_type = excluded.device_type, model = excluded.model,
+			firmware = excluded.firmware, serial = excluded.serial, token_hash = excluded.token_hash`
+	updateState = `UPDATE devices SET firmware = ?, last_seen = ?, seq = ?, applied_version = ?, config_error = ?, state = ? WHERE id = ?`
+	insertSample = `INSERT INTO samples (device_id, at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total,
+		temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+)
+
+// Commit implements fleet.Store: one transaction for the whole batch.
+func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+		}
+	}()
+	if len(b.Profiles) > 0 {
+		st, err := tx.PrepareContext(ctx, upsertProfile)
+		if err != nil {
+			return err
+		}
+		for _, p := range b.Profiles {
+			if _, err := st.ExecContext(ctx, p.ID, p.DeviceType, p.Firmware, p.Version, string(p.Config), p.PushInterval,
+				p.CreatedAt.UnixMilli(), p.UpdatedAt.UnixMilli()); err != nil {
+				return fmt.Errorf("profile %d: %w", p.ID, err)
+			}
+		}
+	}
+	if len(b.Devices) > 0 {
+		st, err := tx.PrepareContext(ctx, upsertDevice)
+		if err != nil {
+			return err
+		}
+		for _, d := range b.Devices {
+			if _, err := st.ExecContext(ctx, d.ID, d.MachineID, d.DeviceType, d.Model, d.Firmware, d.Serial, d.TokenHash,
+				d.RegisteredAt.Unix()); err != nil {
+				return fmt.Errorf("device %d: %w", d.ID, err)
+			}
+		}
+	}
+	if len(b.States) > 0 {
+		st, err := tx.PrepareContext(ctx, updateState)
+		if err != nil {
+			return err
+		}
+		for _, r := range b.States {
+			if _, err := st.ExecContext(ctx, r.Firmware, lastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion, r.ConfigError,
+				[]byte(r.State), r.DeviceID); err != nil {
+				return fmt.Errorf("state of device %d: %w", r.DeviceID, err)
+			}
+		}
+	}
+	if len(b.Samples) > 0 {
+		st, err := tx.PrepareContext(ctx, insertSample)
+		if err != nil {
+			return err
+		}
+		for _, m := range b.Samples {
+			if _, err := st.ExecContext(ctx, m.DeviceID, m.At.UnixMilli(), int64(m.Seq), m.Uptime, m.CPU, m.MemUsed, m.MemTotal,
+				m.DiskUsed, m.DiskTotal, m.Temperature, clampU(m.RxBytes), clampU(m.TxBytes), m.RSSI, m.RSRP, m.RSRQ, m.SINR); err != nil {
+				return fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
+			}
+		}
+	}
+	return tx.Commit()
+}
+
+func lastSeen(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// clampU stores counters above int64's range as its maximum.
+func clampU(v *uint64) *int64 {
+	if v == nil {
+		return nil
+	}
+	x := int64(math.MaxInt64)
+	if *v < math.MaxInt64 {
+		x = int64(*v)
+	}
+	return &x
+}
+
+// History implements fleet.Store.
+func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) {
+	from, to := int64(math.MinInt64), int64(math.MaxInt64)
+	if !q.From.IsZero() {
+		from = q.From.UnixMilli()
+	}
+	if !q.To.IsZero() {
+		to = q.To.UnixMilli()
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
+		rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM samples WHERE device_id = ? AND at >= ? AND at < ?
+		ORDER BY at, rowid LIMIT ?`, deviceID, from, to, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []fleet.Sample{}
+	for rows.Next() {
+		var m fleet.Sample
+		var at, seq int64
+		var rx, tx sql.NullInt64
+		if err := rows.Scan(&at, &seq, &m.Uptime, &m.CPU, &m.MemUsed, &m.MemTotal, &m.DiskUsed, &m.DiskTotal, &m.Temperature,
+			&rx, &tx, &m.RSSI, &m.RSRP, &m.RSRQ, &m.SINR); err != nil {
+			return nil, err
+		}
+		m.DeviceID, m.At, m.Seq = deviceID, time.UnixMilli(at).UTC(), uint64(seq)
+		if rx.Valid {
+			v := uint64(rx.Int64)
+			m.RxBytes = &v
+		}
+		if tx.Valid {
+			v := uint64(tx.Int64)
+			m.TxBytes = &v
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// PruneHistory implements fleet.Store.
+func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM samples WHERE rowid IN (SELECT rowid FROM samples WHERE at < ? ORDER BY at LIMIT ?)`,
+		before.UnixMilli(), limit)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
