@@ -41,6 +41,8 @@ type Service struct {
 	opts    Options
 	store   Store
 	persist Persister
+	// states reads current states from the store; nil: they stay in memory.
+	states StateReader
 	log     *slog.Logger
 	now     func() time.Time
 
@@ -79,6 +81,11 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		s.profiles = newProfiles(nil, 0)
 		return s, nil
 	}
+	if sr, ok := store.(StateReader); ok {
+		if _, wt := p.(*WriteThrough); wt {
+			s.states = sr
+		}
+	}
 	var loaded []*device
 	res, err := store.Load(ctx, func(r DeviceRecord) error {
 		d := &device{
@@ -90,7 +97,7 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		if !r.State.LastSeen.IsZero() {
 			d.lastSeen = r.State.LastSeen.UnixNano()
 		}
-		if len(r.State.State) > 0 {
+		if len(r.State.State) > 0 && s.states == nil {
 			d.state = append([]byte(nil), r.State.State...)
 		}
 		if r.State.Firmware != "" {
@@ -273,7 +280,9 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 		if d.configError != p.ConfigError {
 			d.configError = strings.Clone(p.ConfigError)
 		}
-		d.state = p.RawState
+		if s.states == nil {
+			d.state = p.RawState
+		}
 	}
 	d.mu.Unlock()
 	if err != nil {
@@ -380,12 +389,20 @@ func (s *Service) List(f Filter, after uint64, limit int) Page {
 }
 
 // Device returns one device with its current state.
-func (s *Service) Device(id uint64) (Device, bool) {
+func (s *Service) Device(ctx context.Context, id uint64) (Device, error) {
 	d := s.get(id)
 	if d == nil {
-		return Device{}, false
+		return Device{}, ErrNotFound
 	}
-	return d.snapshot(s.now().UnixNano(), true), true
+	snap := d.snapshot(s.now().UnixNano(), s.states == nil)
+	if s.states != nil && snap.LastSeen != nil {
+		st, err := s.states.DeviceState(ctx, id)
+		if err != nil {
+			return Device{}, err
+		}
+		snap.State = st
+	}
+	return snap, nil
 }
 
 // History reads a device's stored samples.

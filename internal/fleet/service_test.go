@@ -151,7 +151,7 @@ func TestRegisterAndReRegister(t *testing.T) {
 			t.Errorf("token %q: %v", bad, err)
 		}
 	}
-	d, _ := s.Device(1)
+	d, _ := s.Device(context.Background(), 1)
 	if d.Seq != 2 || d.MachineID != "m-1" {
 		t.Fatalf("device %+v", d)
 	}
@@ -162,7 +162,7 @@ func TestSyncStatesAndLiveness(t *testing.T) {
 	s, c, _ := newService(t, newRecStore())
 	r, _ := s.Register(ctx, reg("m"))
 	id := uint64(1)
-	state := func() (string, string) { d, _ := s.Device(id); return d.SyncState, d.Liveness }
+	state := func() (string, string) { d, _ := s.Device(context.Background(), id); return d.SyncState, d.Liveness }
 	if st, l := state(); st != "arriving" || l != "unknown" {
 		t.Fatalf("after register: %s %s", st, l)
 	}
@@ -256,7 +256,7 @@ func TestFirmwareUpgradeMovesProfile(t *testing.T) {
 	if _, err := s.Push(ctx, r.Token, p); err != nil {
 		t.Fatal(err)
 	}
-	d, _ := s.Device(1)
+	d, _ := s.Device(context.Background(), 1)
 	if d.Firmware != "7.0.0" || d.ProfileID != 2 || len(s.Profiles()) != 2 {
 		t.Fatalf("device %+v, %d profiles", d, len(s.Profiles()))
 	}
@@ -272,8 +272,8 @@ func TestRestartKeepsEverything(t *testing.T) {
 	wt.Close(ctx)
 
 	s2, _, _ := newService(t, st)
-	d, ok := s2.Device(1)
-	if !ok || d.Seq != 5 || d.SyncState != "synchronized" || string(d.State) != `{"cpu":10}` || d.DesiredVersion != 1 {
+	d, err := s2.Device(ctx, 1)
+	if err != nil || d.Seq != 5 || d.SyncState != "synchronized" || string(d.State) != `{"cpu":10}` || d.DesiredVersion != 1 {
 		t.Fatalf("after restart: %+v", d)
 	}
 	if _, err := s2.Push(ctx, r.Token, push(6, 1)); err != nil {

@@ -22,6 +22,13 @@ type Store interface {
 	Close() error
 }
 
+// StateReader is implemented by stores that read back one device's current
+// state. In write-through mode the fleet then keeps states only in the store,
+// not in memory.
+type StateReader interface {
+	DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error)
+}
+
 // LoadResult is what Store.Load returns besides the devices.
 type LoadResult struct {
 	Profiles     []Profile

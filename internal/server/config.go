@@ -36,6 +36,7 @@ type Config struct {
 	ShutdownTimeout  time.Duration
 	LogFormat        string
 	LogLevel         string
+	DebugListen      string
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
@@ -75,6 +76,7 @@ func (c *Config) flags(fs *flag.FlagSet) *string {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight requests and pending writes")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.DebugListen, "debug-listen", c.DebugListen, "address serving Go's /debug/pprof/ profiles, unauthenticated: keep it on loopback (empty: off)")
 	return fs.String("config", "", "TOML config file with the same keys as these flags (e.g. data-dir = \"/var/lib/drover\")")
 }
 

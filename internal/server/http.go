@@ -341,9 +341,13 @@ func (a *api) getDevice(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	d, ok := a.fleet.Device(id)
-	if !ok {
+	d, err := a.fleet.Device(r.Context(), id)
+	if errors.Is(err, fleet.ErrNotFound) {
 		a.fail(w, "admin", http.StatusNotFound, "not_found", "no device "+strconv.FormatUint(id, 10))
+		return
+	}
+	if err != nil {
+		a.storeFailure(w, "admin", nil, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, d)

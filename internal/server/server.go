@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -52,6 +53,7 @@ type Server struct {
 	CertPEM   []byte // the serving certificate, PEM
 	httpsLn   net.Listener
 	httpLn    net.Listener
+	debugLn   net.Listener
 	servers   []*http.Server
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
@@ -163,6 +165,21 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		s.httpLn = ln
 		s.servers = append(s.servers, newHTTP())
 	}
+	if cfg.DebugListen != "" {
+		ln, err := net.Listen("tcp", cfg.DebugListen)
+		if err != nil {
+			return nil, err
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		s.debugLn = ln
+		go (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ln)
+		log.Info("debug listener", "addr", ln.Addr().String())
+	}
 	ok = true
 	return s, nil
 }
@@ -271,6 +288,9 @@ func (s *Server) Serve(ctx context.Context) error {
 			serveErr = errors.Join(serveErr, fmt.Errorf("closing store: %w", err))
 		}
 	}
+	if s.debugLn != nil {
+		s.debugLn.Close()
+	}
 	s.log.Info("stopped")
 	return serveErr
 }
@@ -301,7 +321,7 @@ func (s *Server) pruneLoop(ctx context.Context) {
 
 // closeAll releases what New opened when New fails.
 func (s *Server) closeAll() {
-	for _, ln := range []net.Listener{s.httpsLn, s.httpLn} {
+	for _, ln := range []net.Listener{s.httpsLn, s.httpLn, s.debugLn} {
 		if ln != nil {
 			ln.Close()
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -268,12 +269,60 @@ func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQue
 	return out, rows.Err()
 }
 
-// PruneHistory implements fleet.Store.
+// DeviceState implements fleet.StateReader.
+func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error) {
+	var st []byte
+	err := s.r.QueryRowContext(ctx, `SELECT state FROM devices WHERE id = ?`, deviceID).Scan(&st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return st, err
+}
+
+// PruneHistory implements fleet.Store. Samples are appended in time order,
+// so rowids grow with time: it finds the first rowid at or after before by
+// binary search on the primary key, with no index on time to maintain.
 func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM samples WHERE rowid IN (SELECT rowid FROM samples WHERE at < ? ORDER BY at LIMIT ?)`,
-		before.UnixMilli(), limit)
+	cutoff, err := s.firstRowidFrom(ctx, before.UnixMilli())
+	if err != nil {
+		return 0, err
+	}
+	res, err := s.w.ExecContext(ctx, `DELETE FROM samples WHERE rowid IN (SELECT rowid FROM samples WHERE rowid < ? ORDER BY rowid LIMIT ?)`,
+		cutoff, limit)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
+}
+
+// firstRowidFrom returns the smallest rowid whose sample is at or after at
+// (max rowid + 1 when there is none).
+func (s *Store) firstRowidFrom(ctx context.Context, at int64) (int64, error) {
+	var lo, hi sql.NullInt64
+	if err := s.r.QueryRowContext(ctx, `SELECT min(rowid), max(rowid) FROM samples`).Scan(&lo, &hi); err != nil {
+		return 0, err
+	}
+	if !lo.Valid {
+		return 0, nil
+	}
+	// Invariant: every rowid < l is before at; answer within [l, h+1].
+	l, h := lo.Int64, hi.Int64+1
+	for l < h {
+		m := l + (h-l)/2
+		var rowid, t int64
+		err := s.r.QueryRowContext(ctx, `SELECT rowid, at FROM samples WHERE rowid >= ? ORDER BY rowid LIMIT 1`, m).Scan(&rowid, &t)
+		if errors.Is(err, sql.ErrNoRows) {
+			h = m
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if t < at {
+			l = rowid + 1
+		} else {
+			h = m
+		}
+	}
+	return l, nil
 }

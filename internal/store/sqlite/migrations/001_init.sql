@@ -46,5 +46,3 @@ CREATE TABLE samples (
 );
 -- +step
 CREATE INDEX samples_device_at ON samples (device_id, at);
--- +step
-CREATE INDEX samples_at ON samples (at);
