@@ -45,7 +45,7 @@ func Open(ctx context.Context, path string, durable bool) (*Store, error) {
 	q.Add("_pragma", "synchronous("+sync+")")
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "foreign_keys(OFF)")
-	q.Add("_pragma", "cache_size(-65536)")
+	q.Add("_pragma", "cache_size(-16384)")
 	q.Add("_txlock", "immediate")
 	dsn := "file:" + path + "?" + q.Encode()
 	w, err := sql.Open("sqlite", dsn)

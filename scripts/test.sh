@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The test command: installs what a fresh Debian machine lacks (when run as
+# root), then vets and runs every test. .ci/run calls this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/local/go/bin
+if ! command -v go >/dev/null; then
+  echo "scripts/test.sh: Go is not on PATH (expected /usr/local/go/bin/go)" >&2
+  exit 1
+fi
+
+# Debian packages the tests use: throwaway PostgreSQL and MariaDB servers are
+# started from these binaries; the shell agent is tested under dash and busybox.
+need=()
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
+{ command -v mariadbd || [ -x /usr/sbin/mariadbd ]; } >/dev/null 2>&1 || need+=(mariadb-server)
+command -v curl >/dev/null || need+=(curl)
+command -v dash >/dev/null || need+=(dash)
+command -v busybox >/dev/null || need+=(busybox)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing: ${need[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "scripts/test.sh: missing ${need[*]}; install them (Debian: apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
+
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change: $unformatted" >&2
+  exit 1
+fi
+go vet ./...
+if [ -x scripts/build-agents.sh ]; then
+  scripts/build-agents.sh
+fi
+# The race detector on the concurrent core, then every package.
+go test -race -count=1 ./internal/fleet/ ./internal/server/...
+go test -count=1 -timeout 20m ./...
