@@ -34,6 +34,19 @@ type Options struct {
 	DefaultPushInterval int // seconds, for profiles created by default
 	Logger              *slog.Logger
 	Now                 func() time.Time
+	// OnPush, when set, is called after every accepted push (for alert
+	// rules). It runs on the request's goroutine: keep it fast.
+	OnPush func(PushEvent)
+}
+
+// PushEvent describes one accepted push.
+type PushEvent struct {
+	DeviceID   uint64
+	DeviceType string
+	Firmware   string
+	At         time.Time
+	Seq        uint64
+	State      *protocol.State
 }
 
 // Service is the fleet.
@@ -290,6 +303,9 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 	}
 	if err := ticket.Wait(ctx); err != nil {
 		return protocol.PushResponse{}, err
+	}
+	if s.opts.OnPush != nil {
+		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: pe.get().DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State})
 	}
 	prof := pe.get()
 	resp := protocol.PushResponse{PushInterval: prof.PushInterval}
