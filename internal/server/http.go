@@ -16,6 +16,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	fastjson "github.com/goccy/go-json"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -253,7 +254,7 @@ func (a *api) fail(w http.ResponseWriter, endpoint string, status int, code, msg
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	if err := json.NewEncoder(buf).Encode(v); err != nil {
+	if err := fastjson.NewEncoder(buf).Encode(v); err != nil {
 		buf.Reset()
 		status = http.StatusInternalServerError
 		buf.WriteString(`{"error":{"code":"internal","message":"encoding the answer failed"}}` + "\n")
