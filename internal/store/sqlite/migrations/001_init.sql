@@ -12,7 +12,7 @@ CREATE TABLE profiles (
 -- +step
 CREATE TABLE devices (
 	id              INTEGER PRIMARY KEY,
-	machine_id      TEXT    NOT NULL UNIQUE,
+	machine_id      TEXT    NOT NULL, -- unique: enforced by the in-memory registry, no index to keep random inserts off the write path
 	device_type     TEXT    NOT NULL,
 	model           TEXT    NOT NULL DEFAULT '',
 	firmware        TEXT    NOT NULL,
