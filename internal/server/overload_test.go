@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/drover/drover/internal/fleet"
 )
@@ -30,3 +32,49 @@ func TestOverloadAnswers503WithRetryAfter(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// failingStore accepts nothing.
+type failingStore struct{}
+
+func (failingStore) Load(context.Context, func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
+	return fleet.LoadResult{}, nil
+}
+func (failingStore) Commit(context.Context, *fleet.Batch) error { return errors.New("disk full") }
+func (failingStore) History(context.Context, uint64, fleet.HistoryQuery) ([]fleet.Sample, error) {
+	return nil, errors.New("disk full")
+}
+func (failingStore) PruneHistory(context.Context, time.Time, int) (int64, error) { return 0, nil }
+func (failingStore) Close() error                                                { return nil }
+
+// A store that cannot commit gets 503 with Retry-After, never 200, and
+// readiness says why.
+func TestStoreFailureAnswers503(t *testing.T) {
+	s := &Server{log: discardLogger()}
+	s.m = newMetrics(func() *fleet.Service { return s.fleet })
+	wt := fleet.NewWriteThrough(failingStore{}, 0, func(n int, d time.Duration, err error) {
+		s.m.observeCommit(n, d, err)
+		if err != nil {
+			msg := err.Error()
+			s.storeErr.Store(&msg)
+		}
+	})
+	defer wt.Close(context.Background())
+	f, err := fleet.New(context.Background(), failingStore{}, wt, fleet.Options{EnrollmentSecret: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.fleet = f
+	a := &api{fleet: f, m: s.m, log: discardLogger(), slots: make(chan struct{}, 8), ready: s.ready}
+	h := a.routes()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/v1/register",
+		strings.NewReader(`{"machine_id":"m","device_type":"t","firmware":"f","enrollment_secret":"s"}`)))
+	if rec.Code != 503 || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), `"code":"unavailable"`) {
+		t.Fatalf("register with failing store: %d %q %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "disk full") {
+		t.Fatalf("readyz: %d %s", rec.Code, rec.Body)
+	}
+}
