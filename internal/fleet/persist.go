@@ -68,6 +68,11 @@ type WriteThrough struct {
 	observe    CommitObserver
 	timeout    time.Duration
 
+	// window is how long a commit waits for more writes when fewer are
+	// pending than the last commit carried (as PostgreSQL's commit_delay).
+	window   time.Duration
+	lastSize int
+
 	mu      sync.Mutex
 	cur     *group
 	spare   *Batch
@@ -92,7 +97,7 @@ func NewWriteThrough(store Store, maxPending int, observe CommitObserver) *Write
 		observe = func(int, time.Duration, error) {}
 	}
 	w := &WriteThrough{
-		store: store, maxPending: maxPending, observe: observe, timeout: 30 * time.Second,
+		store: store, maxPending: maxPending, observe: observe, timeout: 30 * time.Second, window: 500 * time.Microsecond,
 		cur:  &group{b: &Batch{}, done: make(chan struct{})},
 		wake: make(chan struct{}, 1), stopped: make(chan struct{}),
 	}
@@ -125,6 +130,7 @@ func (w *WriteThrough) run() {
 	for {
 		<-w.wake
 		for {
+			w.gather()
 			w.mu.Lock()
 			g := w.cur
 			if g.b.Len() == 0 {
@@ -143,6 +149,7 @@ func (w *WriteThrough) run() {
 			w.cur = &group{b: next, done: make(chan struct{})}
 			w.mu.Unlock()
 
+			w.lastSize = g.b.Len()
 			g.err = w.commit(g.b)
 			g.b.Reset()
 			w.mu.Lock()
@@ -151,6 +158,20 @@ func (w *WriteThrough) run() {
 			close(g.done)
 		}
 	}
+}
+
+// gather waits up to window while the pending group is less than half as
+// large as the last commit: under load, writers released by the last commit
+// are about to send their next writes, and one commit for all of them beats
+// one commit for the first and another for the rest. Idle, it never waits.
+func (w *WriteThrough) gather() {
+	w.mu.Lock()
+	n, closing := w.cur.b.Len(), w.closing
+	w.mu.Unlock()
+	if closing || n == 0 || n*2 >= w.lastSize {
+		return
+	}
+	time.Sleep(w.window)
 }
 
 func (w *WriteThrough) commit(b *Batch) error {
