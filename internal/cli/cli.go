@@ -5,10 +5,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 
+	"github.com/drover/drover/internal/agent"
+	"github.com/drover/drover/internal/emulator"
+	"github.com/drover/drover/internal/perf"
+	"github.com/drover/drover/internal/report"
 	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/store"
 )
 
 // Env is what a subcommand gets from the process.
@@ -27,6 +33,25 @@ type Command struct {
 
 func commands() map[string]Command {
 	return map[string]Command{
+		"agent": {"run the device agent (register, push state, apply configuration)", func(ctx context.Context, args []string, env Env) error {
+			return agent.Main(ctx, args, env.Stdout, env.Stderr)
+		}},
+		"emulate": {"emulate a fleet of devices against a server and measure it", func(ctx context.Context, args []string, env Env) error {
+			return emulator.Main(ctx, args, env.Stdout, env.Stderr)
+		}},
+		"report": {"render drover emulate results as text, Markdown or HTML", func(ctx context.Context, args []string, env Env) error {
+			return report.Main(ctx, args, env.Stdin, env.Stdout, env.Stderr)
+		}},
+		"perf": {"run the performance tests and write their protocols", func(ctx context.Context, args []string, env Env) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			return perf.Main(ctx, args, env.Stdout, env.Stderr, []string{exe, "serve"}, server.Version())
+		}},
+		"migrate": {"apply pending database migrations (--db DSN)", func(ctx context.Context, args []string, env Env) error {
+			return store.MigrateMain(ctx, args, env.Stdout, env.Stderr, env.Getenv)
+		}},
 		"serve": {"run the Drover server", func(ctx context.Context, args []string, env Env) error {
 			return server.Main(ctx, args, env.Stdout, env.Stderr, env.Getenv)
 		}},

@@ -78,6 +78,7 @@ type device struct {
 	configError    string
 	state          []byte // compact JSON of the latest push's state
 	profile        *profileEntry
+	labels         []uint16 // label IDs, sorted; replaced, never modified in place (labels.go)
 }
 
 // Device is a snapshot of one device for the operator API.

@@ -47,6 +47,11 @@ type PushEvent struct {
 	At         time.Time
 	Seq        uint64
 	State      *protocol.State
+	// Applied and desired configuration versions and the device's
+	// config_error, for sync history.
+	ConfigVersion  int64
+	DesiredVersion int64
+	ConfigError    string
 }
 
 // Service is the fleet.
@@ -56,8 +61,8 @@ type Service struct {
 	persist Persister
 	// states reads current states from the store; nil: they stay in memory.
 	states StateReader
-	log     *slog.Logger
-	now     func() time.Time
+	log    *slog.Logger
+	now    func() time.Time
 
 	regMu      sync.Mutex        // registration: machineIDs, nextID, interned
 	machineIDs map[string]uint64 // machine ID -> device ID
@@ -69,6 +74,8 @@ type Service struct {
 
 	profiles     *profiles
 	profileWrite sync.Mutex // serialises profile updates
+
+	labels labelRegistry // labels.go
 }
 
 // New loads the fleet from store (nil for none) and returns the Service.
@@ -304,10 +311,11 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 	if err := ticket.Wait(ctx); err != nil {
 		return protocol.PushResponse{}, err
 	}
-	if s.opts.OnPush != nil {
-		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: pe.get().DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State})
-	}
 	prof := pe.get()
+	if s.opts.OnPush != nil {
+		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State,
+			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError})
+	}
 	resp := protocol.PushResponse{PushInterval: prof.PushInterval}
 	if p.ConfigVersion < prof.Version {
 		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
@@ -342,7 +350,8 @@ type Filter struct {
 	DeviceType string
 	Firmware   string
 	ProfileID  uint64
-	Text       string // substring of machine ID or serial
+	Text       string   // substring of machine ID or serial
+	Labels     []uint16 // label IDs (LabelIDs); a device must have all
 }
 
 func (f *Filter) match(d *device, now int64) bool {
@@ -362,6 +371,9 @@ func (f *Filter) match(d *device, now int64) bool {
 		return false
 	}
 	if f.Text != "" && !strings.Contains(d.machineID, f.Text) && !strings.Contains(d.serial, f.Text) {
+		return false
+	}
+	if len(f.Labels) > 0 && !d.hasLabels(f.Labels) {
 		return false
 	}
 	return true

@@ -5,9 +5,9 @@ package protocol
 
 import (
 	"bytes"
-	json "github.com/goccy/go-json"
 	"errors"
 	"fmt"
+	json "github.com/goccy/go-json"
 	"io"
 	"math"
 	"strings"

@@ -301,6 +301,9 @@ func (a *api) listDevices(w http.ResponseWriter, r *http.Request) {
 		f.Liveness = &l
 	}
 	f.DeviceType, f.Firmware, f.Text = q.Get("device_type"), q.Get("firmware"), q.Get("q")
+	if v := q["label"]; len(v) > 0 {
+		f.Labels = a.fleet.LabelIDs(v) // alerts_api.go: labels
+	}
 	var err error
 	if f.ProfileID, err = optUint(q.Get("profile_id")); err != nil {
 		a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "profile_id must be a positive integer")

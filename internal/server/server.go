@@ -21,8 +21,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/store/sqlite"
+	"github.com/drover/drover/internal/store"
 )
 
 // Version is the build's version from the module information.
@@ -58,6 +59,7 @@ type Server struct {
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
 	pruneDone chan struct{}
+	alerts    *alert.Engine // alerts_api.go
 }
 
 // New opens the store, loads the fleet and binds the listeners.
@@ -110,14 +112,23 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			return nil, err
 		}
 		s.persist = fleet.NewWriteThrough(s.store, cfg.MaxPendingWrites, observe)
+	case "write-back":
+		if s.store, err = openStore(ctx, cfg.dbDSN()); err != nil {
+			return nil, err
+		}
+		s.persist = fleet.NewWriteBack(s.store, fleet.WriteBackOptions{FlushInterval: cfg.FlushInterval, Observe: observe, Logger: log})
 	default:
 		return nil, fmt.Errorf("persistence %q is not available in this build", cfg.Persistence)
 	}
 	start := time.Now()
+	hook := &alert.Hook{}
 	s.fleet, err = fleet.New(ctx, s.store, s.persist, fleet.Options{
-		EnrollmentSecret: secrets.EnrollmentSecret, DefaultPushInterval: cfg.PushInterval, Logger: log,
+		EnrollmentSecret: secrets.EnrollmentSecret, DefaultPushInterval: cfg.PushInterval, Logger: log, OnPush: hook.OnPush,
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := s.setupAlerts(ctx, hook); err != nil {
 		return nil, err
 	}
 	st := s.fleet.Stats()
@@ -128,7 +139,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		fleet: s.fleet, m: s.m, log: log, adminToken: []byte(secrets.AdminToken),
 		slots: make(chan struct{}, cfg.MaxInflight), ready: s.ready,
 	}
-	handler := a.routes()
+	handler, err := s.withDashboard(a)
+	if err != nil {
+		return nil, err
+	}
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
@@ -255,6 +269,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	pruneCtx, stopPrune := context.WithCancel(context.Background())
 	go s.pruneLoop(pruneCtx)
+	stopAlerts := s.startAlerts()
 
 	var serveErr error
 	select {
@@ -280,6 +295,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	stopAlerts()
 	if err := s.persist.Close(shutCtx); err != nil {
 		serveErr = errors.Join(serveErr, fmt.Errorf("draining writes: %w", err))
 	}
@@ -336,14 +352,7 @@ func (s *Server) closeAll() {
 
 // openStore opens the database a DSN names.
 func openStore(ctx context.Context, dsn string) (fleet.Store, error) {
-	path, ok := strings.CutPrefix(dsn, "sqlite:")
-	if !ok {
-		if strings.Contains(dsn, "://") {
-			return nil, fmt.Errorf("database %s: unsupported DSN scheme", redactDSN(dsn))
-		}
-		path = dsn
-	}
-	return sqlite.Open(ctx, path, true)
+	return store.Open(ctx, dsn)
 }
 
 // redactDSN hides a password in a DSN.

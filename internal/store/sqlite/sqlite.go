@@ -116,7 +116,7 @@ func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (
 		var d fleet.DeviceRecord
 		var registered, lastSeen, seq int64
 		if err := rows.Scan(&d.ID, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
-			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, &d.State.State); err != nil {
+			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, (*[]byte)(&d.State.State)); err != nil {
 			return res, err
 		}
 		d.RegisteredAt = time.Unix(registered, 0).UTC()
@@ -141,7 +141,7 @@ const (
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET device_type = excluded.device_type, model = excluded.model,
 			firmware = excluded.firmware, serial = excluded.serial, token_hash = excluded.token_hash`
-	updateState = `UPDATE devices SET firmware = ?, last_seen = ?, seq = ?, applied_version = ?, config_error = ?, state = ? WHERE id = ?`
+	updateState  = `UPDATE devices SET firmware = ?, last_seen = ?, seq = ?, applied_version = ?, config_error = ?, state = ? WHERE id = ?`
 	insertSample = `INSERT INTO samples (device_id, at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total,
 		temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 )

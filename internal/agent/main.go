@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strings"
+)
+
+// Main is `drover agent`.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return MainAs(ctx, "drover agent", args, stdout, stderr)
+}
+
+// MainAs runs the agent command under the program name prog.
+func MainAs(ctx context.Context, prog string, args []string, stdout, stderr io.Writer) error {
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var secretFile, interfaces, logFormat, logLevel, printPin string
+	fs.StringVar(&cfg.Server, "server", "", "server URL, e.g. https://drover.example.com:8443 (required)")
+	fs.StringVar(&cfg.EnrollSecret, "enroll-secret", "", "enrollment secret of the server (needed to register)")
+	fs.StringVar(&secretFile, "enroll-secret-file", "", "file holding the enrollment secret (keeps it out of the process list)")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for the machine ID, token, sequence number and applied configuration")
+	fs.StringVar(&cfg.TLS.CACert, "ca-cert", "", "PEM file of the CA, or of the server's self-signed certificate, to trust (default: system roots)")
+	fs.StringVar(&cfg.TLS.PinPubKey, "pin-pubkey", "", "trust only this server public key: sha256//BASE64[;sha256//...], as curl --pinnedpubkey; alone it replaces CA checks")
+	fs.BoolVar(&cfg.TLS.AllowHTTP, "allow-http", false, "allow an http:// server URL (token sent in clear)")
+	fs.StringVar(&cfg.Hook, "hook", "", "shell command that applies a configuration: JSON on stdin, exit 0 when applied (see docs/agent.md)")
+	fs.DurationVar(&cfg.HookTimeout, "hook-timeout", cfg.HookTimeout, "the hook is killed after this and the configuration reported as failed")
+	fs.DurationVar(&cfg.HookRetry, "hook-retry", cfg.HookRetry, "a configuration version whose hook failed is tried again after this (0: only a new version is tried)")
+	fs.StringVar(&cfg.Collector, "collector", "", "shell command printing signal values and extra key=value lines every push (see docs/agent.md)")
+	fs.DurationVar(&cfg.CollectorTimeout, "collector-timeout", cfg.CollectorTimeout, "the collector is killed after this")
+	fs.StringVar(&cfg.Identity.DeviceType, "device-type", "", "device type to register with (default: openwrt, or the os-release ID)")
+	fs.StringVar(&cfg.Identity.Model, "model", "", "model to register with (default: from /tmp/sysinfo, device tree or DMI)")
+	fs.StringVar(&cfg.Identity.Serial, "serial", "", "serial number to register with (default: from device tree or DMI)")
+	fs.StringVar(&cfg.Identity.Firmware, "firmware", "", "firmware to report (default: from /etc/openwrt_release or /etc/os-release)")
+	fs.StringVar(&cfg.MachineID, "machine-id", "", "machine ID to register with (default: generated once and kept in the state directory)")
+	fs.StringVar(&cfg.Root, "root", cfg.Root, "read /proc, /sys and /etc under this directory")
+	fs.StringVar(&cfg.DiskPath, "disk-path", cfg.DiskPath, "file system whose usage is reported (e.g. /overlay on OpenWrt)")
+	fs.StringVar(&interfaces, "interfaces", "", "comma-separated glob patterns of interfaces to report (default: all but lo)")
+	fs.DurationVar(&cfg.MaxBackoff, "max-backoff", cfg.MaxBackoff, "longest wait between retries after errors")
+	fs.DurationVar(&cfg.EnrollRetry, "enroll-retry", cfg.EnrollRetry, "wait before registering again after the enrollment secret was rejected")
+	fs.DurationVar(&cfg.RequestTimeout, "timeout", cfg.RequestTimeout, "timeout of one request to the server")
+	fs.BoolVar(&cfg.Once, "once", false, "register if needed, push once, apply a configuration if one comes, and exit (non-zero on failure)")
+	fs.StringVar(&logFormat, "log-format", "text", "text or json")
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&printPin, "print-pin", "", "print the --pin-pubkey value of a PEM certificate file and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: %s --server URL --enroll-secret S [flags]\n\n"+
+			"Registers this device with a Drover server, pushes its state every interval\n"+
+			"and applies the configuration the server sends through --hook.\n\nflags:\n", prog)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if printPin != "" {
+		b, err := os.ReadFile(printPin)
+		if err != nil {
+			return err
+		}
+		pin, err := PinOf(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", printPin, err)
+		}
+		_, err = fmt.Fprintln(stdout, pin)
+		return err
+	}
+	if secretFile != "" {
+		if cfg.EnrollSecret != "" {
+			return errors.New("--enroll-secret and --enroll-secret-file exclude each other")
+		}
+		b, err := os.ReadFile(secretFile)
+		if err != nil {
+			return fmt.Errorf("--enroll-secret-file: %w", err)
+		}
+		cfg.EnrollSecret = strings.TrimSpace(string(b))
+	}
+	for _, p := range strings.Split(interfaces, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			cfg.Interfaces = append(cfg.Interfaces, p)
+		}
+	}
+	log, err := newLogger(stderr, logFormat, logLevel)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	if os.Getenv("GOGC") == "" {
+		// Pushes are rare and small: a tight heap target costs no measurable
+		// CPU and keeps the resident size near the live heap.
+		debug.SetGCPercent(20)
+	}
+	a, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	return a.Run(ctx)
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level must be debug, info, warn or error, not %q", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}

@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Files in the state directory.
+const (
+	machineIDFile = "machine-id"          // written once, never rewritten
+	stateFile     = "state.json"          // rewritten atomically
+	pendingFile   = "config-pending.json" // desired configuration handed to the hook
+	appliedFile   = "config.json"         // last configuration the hook applied
+	lockFile      = "lock"
+)
+
+// seqBlock is how many sequence numbers are reserved per state-file write,
+// so that the flash of a router is not rewritten on every push.
+const seqBlock = 64
+
+// persisted is the content of state.json.
+type persisted struct {
+	DeviceID      string    `json:"device_id,omitempty"`
+	Token         string    `json:"token,omitempty"`
+	Server        string    `json:"server,omitempty"` // the server the token belongs to
+	Seq           uint64    `json:"seq"`              // no sequence number above this was sent
+	ConfigVersion int64     `json:"config_version"`
+	ConfigError   string    `json:"config_error,omitempty"`
+	FailedVersion int64     `json:"failed_version,omitempty"` // version whose hook failed last
+	FailedAt      time.Time `json:"failed_at,omitzero"`
+}
+
+// loadMachineID returns the machine ID kept in dir, creating one when there
+// is none. An explicit id replaces the stored one.
+func loadMachineID(dir, explicit string) (id string, created bool, err error) {
+	path := filepath.Join(dir, machineIDFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id = strings.TrimSpace(string(b))
+		if explicit == "" || explicit == id {
+			if id == "" {
+				return "", false, fmt.Errorf("%s is empty: delete it to get a new machine ID", path)
+			}
+			return id, false, nil
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return "", false, err
+	}
+	id = explicit
+	if id == "" {
+		var r [16]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return "", false, err
+		}
+		id = hex.EncodeToString(r[:])
+	}
+	return id, true, writeFileAtomic(path, []byte(id+"\n"), 0o600)
+}
+
+// loadState reads state.json. A missing file is an empty state; an
+// unreadable one is moved aside so that the agent can start over (the
+// machine ID lives in its own file and survives).
+func loadState(dir string) (persisted, error) {
+	var p persisted
+	path := filepath.Join(dir, stateFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return p, nil
+	}
+	if err != nil {
+		return p, err
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		bad := path + ".corrupt"
+		if rerr := os.Rename(path, bad); rerr != nil {
+			return persisted{}, fmt.Errorf("%s is corrupt (%v) and cannot be moved aside: %w", path, err, rerr)
+		}
+		return persisted{}, fmt.Errorf("%s was corrupt and was moved to %s: %w", path, bad, err)
+	}
+	return p, nil
+}
+
+func saveState(dir string, p *persisted) error {
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(dir, stateFile), append(b, '\n'), 0o600)
+}
+
+// writeFileAtomic replaces path with data: a crash leaves the old or the
+// new content, never a mix.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync() // best effort: some file systems refuse to sync directories
+		d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,38 @@
+//go:build unix
+
+package agent
+
+import (
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// statfs returns the size and the free space of the file system holding
+// path, in bytes; used = total - free, as df counts it.
+func statfs(path string) (total, free uint64, err error) {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(path, &fs); err != nil {
+		return 0, 0, err
+	}
+	bs := uint64(fs.Bsize)
+	return uint64(fs.Blocks) * bs, uint64(fs.Bfree) * bs, nil
+}
+
+// ownProcessGroup puts cmd in a process group of its own so that a timeout
+// kills whatever it started, too.
+func ownProcessGroup(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error {
+		if cmd.Process == nil {
+			return nil
+		}
+		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+// lockDir takes an exclusive lock on f, failing at once when another agent
+// holds it.
+func lockDir(f *os.File) error {
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+}

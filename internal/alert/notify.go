@@ -1,0 +1,513 @@
+package alert
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/mail"
+	"net/smtp"
+	"net/textproto"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Retry is the notification retry policy: waits double from First up to
+// Max, for Attempts tries in all.
+type Retry struct {
+	First    time.Duration // default 2 s
+	Max      time.Duration // default 5 min
+	Attempts int           // default 8
+}
+
+func (r Retry) withDefaults() Retry {
+	if r.First <= 0 {
+		r.First = 2 * time.Second
+	}
+	if r.Max <= 0 {
+		r.Max = 5 * time.Minute
+	}
+	if r.Attempts <= 0 {
+		r.Attempts = 8
+	}
+	return r
+}
+
+// Delivery is one notification: a batch of events sent to one destination.
+type Delivery struct {
+	ID          uint64     `json:"id,string"`
+	Channel     string     `json:"channel"` // webhook or email
+	Target      string     `json:"target"`  // URL or recipients
+	EventIDs    []uint64   `json:"event_ids"`
+	State       string     `json:"state"` // sending, retrying, delivered, failed
+	Attempts    int        `json:"attempts"`
+	LastError   string     `json:"last_error,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	NextAttempt *time.Time `json:"next_attempt,omitempty"`
+}
+
+// Delivery states.
+const (
+	Sending   = "sending"
+	Retrying  = "retrying"
+	Delivered = "delivered"
+	Failed    = "failed"
+)
+
+// SMTPSettings tell how to send e-mail.
+type SMTPSettings struct {
+	Addr     string `json:"addr"` // host:port of the relay
+	From     string `json:"from"`
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	// TLS: "starttls" (default: STARTTLS when the server offers it),
+	// "tls" (implicit TLS, usually port 465) or "none".
+	TLS string `json:"tls,omitempty"`
+}
+
+// Normalize checks the settings; empty Addr means e-mail is off.
+func (s *SMTPSettings) Normalize() error {
+	if s.TLS == "" {
+		s.TLS = "starttls"
+	}
+	if s.TLS != "starttls" && s.TLS != "tls" && s.TLS != "none" {
+		return errors.New("tls must be starttls, tls or none")
+	}
+	if s.Addr == "" {
+		return nil
+	}
+	if _, port, err := net.SplitHostPort(s.Addr); err != nil || port == "" {
+		return errors.New("addr must be host:port")
+	}
+	a, err := mail.ParseAddress(s.From)
+	if err != nil {
+		return fmt.Errorf("from: %v", err)
+	}
+	s.From = a.Address
+	return nil
+}
+
+const (
+	maxQueued  = 10000 // events waiting per destination; more are dropped
+	maxBatch   = 100   // events per notification
+	keptStatus = 200   // deliveries kept for display
+)
+
+type destKey struct{ channel, target string }
+
+type dest struct {
+	key     destKey
+	queue   []Event
+	dropped int
+	wake    chan struct{}
+	running bool
+}
+
+// notifier batches events per destination and delivers them with retries.
+type notifier struct {
+	e     *Engine
+	retry Retry
+
+	mu         sync.Mutex
+	ctx        context.Context // set by run
+	wg         sync.WaitGroup
+	dests      map[destKey]*dest
+	deliveries []*Delivery // newest last, at most keptStatus
+	nextID     uint64
+	counts     map[[2]string]uint64 // channel, outcome
+	smtp       SMTPSettings
+}
+
+func newNotifier(e *Engine) *notifier {
+	return &notifier{e: e, retry: e.opts.Retry.withDefaults(), dests: map[destKey]*dest{}, counts: map[[2]string]uint64{}}
+}
+
+// send queues ev for the rule's destinations.
+func (n *notifier) send(r *Rule, ev Event) {
+	if r.Webhook != "" {
+		n.queue(destKey{"webhook", r.Webhook}, ev)
+	}
+	if len(r.Email) > 0 {
+		n.queue(destKey{"email", strings.Join(r.Email, ", ")}, ev)
+	}
+}
+
+func (n *notifier) queue(k destKey, ev Event) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d := n.dests[k]
+	if d == nil {
+		d = &dest{key: k, wake: make(chan struct{}, 1)}
+		n.dests[k] = d
+	}
+	if len(d.queue) >= maxQueued {
+		d.dropped++
+		n.counts[[2]string{k.channel, "dropped"}]++
+		return
+	}
+	d.queue = append(d.queue, ev)
+	if !d.running && n.ctx != nil {
+		n.start(d)
+	}
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// start runs d's sender; n.mu held.
+func (n *notifier) start(d *dest) {
+	d.running = true
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.sender(n.ctx, d)
+	}()
+}
+
+func (n *notifier) run(ctx context.Context) {
+	n.mu.Lock()
+	n.ctx = ctx
+	for _, d := range n.dests {
+		if !d.running {
+			n.start(d)
+		}
+	}
+	n.mu.Unlock()
+	<-ctx.Done()
+	n.wg.Wait()
+}
+
+func (n *notifier) sender(ctx context.Context, d *dest) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		}
+		for ctx.Err() == nil {
+			n.mu.Lock()
+			k := min(len(d.queue), maxBatch)
+			batch := d.queue[:k:k]
+			d.queue = d.queue[k:]
+			n.mu.Unlock()
+			if k == 0 {
+				break
+			}
+			n.deliver(ctx, d.key, batch)
+		}
+	}
+}
+
+// permanent marks errors that retrying cannot fix.
+type permanent struct{ error }
+
+func (n *notifier) deliver(ctx context.Context, k destKey, batch []Event) {
+	now := n.e.now()
+	dl := &Delivery{Channel: k.channel, Target: k.target, State: Sending, CreatedAt: now, UpdatedAt: now}
+	for _, ev := range batch {
+		dl.EventIDs = append(dl.EventIDs, ev.ID)
+	}
+	n.mu.Lock()
+	n.nextID++
+	dl.ID = n.nextID
+	n.deliveries = append(n.deliveries, dl)
+	if len(n.deliveries) > keptStatus {
+		n.deliveries = append(n.deliveries[:0:0], n.deliveries[len(n.deliveries)-keptStatus:]...)
+	}
+	n.mu.Unlock()
+
+	wait := n.retry.First
+	for attempt := 1; ; attempt++ {
+		var err error
+		if k.channel == "webhook" {
+			err = n.webhook(ctx, k.target, batch)
+		} else {
+			err = n.email(ctx, k.target, batch)
+		}
+		var perm permanent
+		n.mu.Lock()
+		dl.Attempts, dl.UpdatedAt, dl.NextAttempt = attempt, n.e.now(), nil
+		switch {
+		case err == nil:
+			dl.State, dl.LastError = Delivered, ""
+			n.counts[[2]string{k.channel, "delivered"}]++
+		case errors.As(err, &perm) || attempt >= n.retry.Attempts || ctx.Err() != nil:
+			dl.State, dl.LastError = Failed, err.Error()
+			n.counts[[2]string{k.channel, "failed"}]++
+		default:
+			dl.State, dl.LastError = Retrying, err.Error()
+			next := dl.UpdatedAt.Add(wait)
+			dl.NextAttempt = &next
+			n.counts[[2]string{k.channel, "retried"}]++
+		}
+		state := dl.State
+		n.mu.Unlock()
+		if state != Retrying {
+			if state == Failed {
+				n.e.log.Warn("alert notification failed", "channel", k.channel, "target", k.target, "attempts", attempt, "err", err)
+			}
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			n.mu.Lock()
+			dl.State, dl.LastError, dl.NextAttempt = Failed, "server shutting down; last error: "+err.Error(), nil
+			n.counts[[2]string{k.channel, "failed"}]++
+			n.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, n.retry.Max)
+	}
+}
+
+// WebhookBody is the JSON a webhook receives.
+type WebhookBody struct {
+	Source string  `json:"source"` // "drover"
+	Events []Event `json:"events"`
+}
+
+func (n *notifier) webhook(ctx context.Context, url string, batch []Event) error {
+	body, err := json.Marshal(WebhookBody{Source: "drover", Events: batch})
+	if err != nil {
+		return permanent{err}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return permanent{err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "drover-alerts")
+	resp, err := n.e.opts.HTTPClient.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return nil
+	case resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != 408 && resp.StatusCode != 429:
+		return permanent{fmt.Errorf("HTTP %s", resp.Status)}
+	}
+	return fmt.Errorf("HTTP %s", resp.Status)
+}
+
+func (n *notifier) email(ctx context.Context, to string, batch []Event) error {
+	n.mu.Lock()
+	cfg := n.smtp
+	n.mu.Unlock()
+	if cfg.Addr == "" {
+		return errors.New("SMTP is not configured (alert settings)")
+	}
+	rcpts := strings.Split(to, ", ")
+	msg := composeMail(cfg.From, rcpts, batch, n.e.now())
+	return sendMail(ctx, cfg, rcpts, msg)
+}
+
+func composeMail(from string, to []string, batch []Event, now time.Time) []byte {
+	var raised, cleared int
+	for _, ev := range batch {
+		if ev.State == Raised {
+			raised++
+		} else {
+			cleared++
+		}
+	}
+	first := batch[0]
+	subject := fmt.Sprintf("[Drover] %s: %s on device %d", first.State, first.Rule, first.DeviceID)
+	if len(batch) > 1 {
+		subject = fmt.Sprintf("[Drover] %d alerts raised, %d cleared", raised, cleared)
+	}
+	var id [12]byte
+	rand.Read(id[:])
+	var b bytes.Buffer
+	hdr := func(k, v string) { fmt.Fprintf(&b, "%s: %s\r\n", k, v) }
+	hdr("From", from)
+	hdr("To", strings.Join(to, ", "))
+	hdr("Subject", mime.QEncoding.Encode("utf-8", subject))
+	hdr("Date", now.Format(time.RFC1123Z))
+	hdr("Message-ID", "<"+hex.EncodeToString(id[:])+"@drover>")
+	hdr("MIME-Version", "1.0")
+	hdr("Content-Type", "text/plain; charset=utf-8")
+	hdr("Content-Transfer-Encoding", "8bit")
+	b.WriteString("\r\n")
+	for _, ev := range batch {
+		when := ev.RaisedAt
+		if ev.ClearedAt != nil {
+			when = *ev.ClearedAt
+		}
+		fmt.Fprintf(&b, "%s  %-7s  %-8s  %s  device %d (%s): %s", when.Format(time.RFC3339), ev.State, ev.Severity, ev.Rule,
+			ev.DeviceID, ev.DeviceType, ev.Message)
+		if ev.ClearReason != "" {
+			fmt.Fprintf(&b, " (cleared: %s)", ev.ClearReason)
+		}
+		b.WriteString("\r\n")
+	}
+	// A line holding only "." would end DATA early; textproto's dot writer
+	// escapes it, so nothing else is needed here.
+	return b.Bytes()
+}
+
+func sendMail(ctx context.Context, cfg SMTPSettings, to []string, msg []byte) error {
+	host, _, _ := net.SplitHostPort(cfg.Addr)
+	d := net.Dialer{Timeout: 10 * time.Second}
+	var conn net.Conn
+	var err error
+	tlsCfg := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	if cfg.TLS == "tls" {
+		conn, err = (&tls.Dialer{NetDialer: &d, Config: tlsCfg}).DialContext(ctx, "tcp", cfg.Addr)
+	} else {
+		conn, err = d.DialContext(ctx, "tcp", cfg.Addr)
+	}
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(60 * time.Second))
+	c, err := smtp.NewClient(conn, host)
+	if err != nil {
+		return smtpErr(err)
+	}
+	defer c.Close()
+	if err := c.Hello("drover"); err != nil {
+		return smtpErr(err)
+	}
+	if ok, _ := c.Extension("STARTTLS"); ok && cfg.TLS == "starttls" {
+		if err := c.StartTLS(tlsCfg); err != nil {
+			return smtpErr(err)
+		}
+	}
+	if cfg.Username != "" {
+		if err := c.Auth(smtp.PlainAuth("", cfg.Username, cfg.Password, host)); err != nil {
+			return smtpErr(err)
+		}
+	}
+	if err := c.Mail(cfg.From); err != nil {
+		return smtpErr(err)
+	}
+	for _, r := range to {
+		if err := c.Rcpt(r); err != nil {
+			return smtpErr(err)
+		}
+	}
+	w, err := c.Data()
+	if err != nil {
+		return smtpErr(err)
+	}
+	if _, err := w.Write(msg); err != nil {
+		return err
+	}
+	if err := w.Close(); err != nil {
+		return smtpErr(err)
+	}
+	return c.Quit()
+}
+
+// smtpErr makes 5xx answers permanent.
+func smtpErr(err error) error {
+	var te *textproto.Error
+	if errors.As(err, &te) && te.Code >= 500 {
+		return permanent{err}
+	}
+	return err
+}
+
+// Deliveries returns the recent notifications, newest first.
+func (e *Engine) Deliveries() []Delivery {
+	n := e.notify
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]Delivery, 0, len(n.deliveries))
+	for i := len(n.deliveries) - 1; i >= 0; i-- {
+		d := *n.deliveries[i]
+		d.EventIDs = append([]uint64(nil), d.EventIDs...)
+		out = append(out, d)
+	}
+	return out
+}
+
+// Queued returns the events waiting per destination and those dropped
+// because a queue was full.
+func (e *Engine) Queued() (queued, dropped map[string]int) {
+	n := e.notify
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	queued, dropped = map[string]int{}, map[string]int{}
+	for k, d := range n.dests {
+		name := k.channel + " " + k.target
+		queued[name] = len(d.queue)
+		if d.dropped > 0 {
+			dropped[name] = d.dropped
+		}
+	}
+	return queued, dropped
+}
+
+const smtpKey = "smtp"
+
+// SMTP returns the e-mail settings.
+func (e *Engine) SMTP() SMTPSettings {
+	e.notify.mu.Lock()
+	defer e.notify.mu.Unlock()
+	return e.notify.smtp
+}
+
+// SetSMTP validates and stores the e-mail settings. An empty Password keeps
+// the stored one when the username is unchanged.
+func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, error) {
+	if err := s.Normalize(); err != nil {
+		return SMTPSettings{}, err
+	}
+	cur := e.SMTP()
+	if s.Password == "" && s.Username == cur.Username {
+		s.Password = cur.Password
+	}
+	b, _ := json.Marshal(s)
+	if err := e.store.PutSetting(ctx, smtpKey, string(b)); err != nil {
+		return SMTPSettings{}, err
+	}
+	e.notify.mu.Lock()
+	e.notify.smtp = s
+	e.notify.mu.Unlock()
+	return s, nil
+}
+
+func (e *Engine) loadSMTP(ctx context.Context) error {
+	v, err := e.store.Setting(ctx, smtpKey)
+	if err != nil || v == "" {
+		return err
+	}
+	var s SMTPSettings
+	if err := json.Unmarshal([]byte(v), &s); err != nil {
+		return fmt.Errorf("stored SMTP settings: %w", err)
+	}
+	e.notify.smtp = s
+	return nil
+}
+
+// NotificationCounts returns notifications by channel and outcome
+// (delivered, failed, retried, dropped).
+func (e *Engine) NotificationCounts() map[[2]string]uint64 {
+	n := e.notify
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[[2]string]uint64, len(n.counts))
+	for k, v := range n.counts {
+		out[k] = v
+	}
+	return out
+}

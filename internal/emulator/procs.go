@@ -1,0 +1,222 @@
+package emulator
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/drover/drover/internal/emulator/results"
+)
+
+// selfCommand is how a child emulator process is started: the program,
+// the arguments before the emulate flags, and extra environment.
+var selfCommand = func() (string, []string, []string, error) {
+	exe, err := os.Executable()
+	return exe, []string{"emulate"}, nil, err
+}
+
+// runProcs splits cfg's shard over procs child processes of this program,
+// copies their result streams to sink and merges them.
+func runProcs(ctx context.Context, fs *flag.FlagSet, cfg Config, procs int, sink io.Writer, pr *progressPrinter) (*results.Merged, error) {
+	exe, pre, env, err := selfCommand()
+	if err != nil {
+		return nil, fmt.Errorf("--procs: cannot find this program: %w", err)
+	}
+	skip := map[string]bool{"procs": true, "out": true, "progress": true, "shard": true, "run-id": true, "log-every": true, "secret": true}
+	var args []string
+	fs.Visit(func(f *flag.Flag) {
+		if !skip[f.Name] {
+			args = append(args, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	args = append(args, "--run-id="+cfg.RunID, "--out=-", "--progress=none")
+	env = append(append(os.Environ(), env...), "DROVER_ENROLLMENT_SECRET="+cfg.EnrollmentSecret)
+
+	var (
+		outMu  sync.Mutex
+		stream results.Stream
+		agg    = newAggregator(procs)
+		wg     sync.WaitGroup
+		errs   = make([]error, procs)
+		cmds   []*exec.Cmd
+	)
+	start := time.Now()
+	for i := 1; i <= procs; i++ {
+		sh := cfg.Shard.Sub(i, procs)
+		cmd := exec.Command(exe, append(append(append([]string(nil), pre...), args...), "--shard="+sh.String())...)
+		cmd.Env = env
+		cmd.Stderr = &prefixWriter{out: pr.println, prefix: "[shard " + sh.String() + "] "}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			for _, c := range cmds {
+				c.Process.Kill()
+				c.Wait()
+			}
+			return nil, fmt.Errorf("--procs: starting shard %s: %w", sh, err)
+		}
+		cmds = append(cmds, cmd)
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			sc := bufio.NewScanner(stdout)
+			sc.Buffer(make([]byte, 1<<20), 64<<20)
+			for sc.Scan() {
+				line := make([]byte, len(sc.Bytes()), len(sc.Bytes())+1)
+				copy(line, sc.Bytes())
+				outMu.Lock()
+				if _, err := sink.Write(append(line, '\n')); err != nil && errs[i-1] == nil {
+					errs[i-1] = err
+				}
+				if err := stream.Read(bytes.NewReader(line)); err != nil && errs[i-1] == nil {
+					errs[i-1] = fmt.Errorf("shard %s wrote a bad record: %w", sh, err)
+				}
+				outMu.Unlock()
+				agg.add(i-1, line)
+			}
+			if err := cmd.Wait(); err != nil && errs[i-1] == nil {
+				errs[i-1] = fmt.Errorf("shard %s: %w", sh, err)
+			}
+		}(i)
+	}
+	stopSig := context.AfterFunc(ctx, func() {
+		for _, c := range cmds {
+			c.Process.Signal(syscall.SIGINT)
+		}
+	})
+	defer stopSig()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-done:
+			break loop
+		case <-tick.C:
+			pr.show(agg.progress(cfg, start, false))
+		}
+	}
+	pr.show(agg.progress(cfg, start, true))
+	err = errors.Join(errs...)
+	if ctx.Err() != nil && err == nil {
+		err = ctx.Err()
+	}
+	outMu.Lock()
+	defer outMu.Unlock()
+	m, merr := stream.Merge()
+	if merr != nil {
+		return nil, errors.Join(err, merr)
+	}
+	if len(m.Missing) > 0 {
+		err = errors.Join(err, fmt.Errorf("shards %v ended without a summary", m.Missing))
+	}
+	return m, err
+}
+
+// aggregator sums the children's interval records for live progress.
+type aggregator struct {
+	mu       sync.Mutex
+	push     results.Counts
+	reg      results.Counts
+	last     []results.Interval
+	prevDone int64
+	prevReg  int64
+	prevT    time.Time
+}
+
+func newAggregator(n int) *aggregator { return &aggregator{last: make([]results.Interval, n)} }
+
+func (a *aggregator) add(child int, line []byte) {
+	var iv results.Interval
+	if json.Unmarshal(line, &iv) != nil || iv.Type != results.TypeInterval {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if op := iv.Ops[results.OpPush]; op != nil {
+		a.push.Add(op.Counts)
+	}
+	if op := iv.Ops[results.OpRegister]; op != nil {
+		a.reg.Add(op.Counts)
+	}
+	iv.Ops = nil
+	a.last[child] = iv
+}
+
+func (a *aggregator) progress(cfg Config, start time.Time, final bool) Progress {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	p := Progress{Phase: "push", Elapsed: now.Sub(start), Remaining: -1, Push: a.push, Reg: a.reg, Final: final}
+	p.Push.Rejected, p.Reg.Rejected = clone(a.push.Rejected), clone(a.reg.Rejected)
+	p.Push.Dropped, p.Reg.Dropped = clone(a.push.Dropped), clone(a.reg.Dropped)
+	if dt := now.Sub(a.prevT).Seconds(); !a.prevT.IsZero() && dt > 0 {
+		p.PushRate = float64(a.push.Done()-a.prevDone) / dt
+		p.RegRate = float64(a.reg.Done()-a.prevReg) / dt
+	}
+	a.prevT, a.prevDone, a.prevReg = now, a.push.Done(), a.reg.Done()
+	if p.PushRate == 0 && p.RegRate > 0 {
+		p.Phase = "register"
+	}
+	for _, iv := range a.last {
+		p.Inflight += iv.Inflight
+		p.Concurrency += iv.Concurrency
+		p.CPU += iv.CPU
+		p.RSS += iv.RSS
+	}
+	if cfg.Mode == ModeFleet {
+		p.Remaining = max(cfg.Duration-p.Elapsed, 0)
+	}
+	if final {
+		p.Phase, p.Remaining = "done", 0
+	}
+	return p
+}
+
+func clone(m map[string]int64) map[string]int64 {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// prefixWriter passes each whole line written to it, prefixed, to out.
+type prefixWriter struct {
+	mu     sync.Mutex
+	out    func(string)
+	prefix string
+	buf    []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			break
+		}
+		p.out(p.prefix + string(p.buf[:i]))
+		p.buf = p.buf[i+1:]
+	}
+	return len(b), nil
+}

@@ -1,0 +1,85 @@
+package emulator
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/server/servertest"
+)
+
+// The emulator's accepted count must equal the server's for the same run,
+// in every load model and connection mode, registrations too.
+func TestAcceptedCountsMatchTheRealServer(t *testing.T) {
+	srv := servertest.Start(t, servertest.Options{HTTP: true})
+	base := Config{EnrollmentSecret: srv.EnrollmentSecret, CACertPEM: srv.CACertPEM, Seed: "real", Devices: 60,
+		Workers: 6, Loops: 3, Timeout: 20 * time.Second}
+	var accepted, registered int64
+	check := func(name string, cfg Config) *results.Summary {
+		t.Helper()
+		sum, err := Run(context.Background(), cfg, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		push, reg := sum.Op(results.OpPush), sum.Op(results.OpRegister)
+		accepted += push.Accepted
+		registered += reg.New
+		if push.Errors() != 0 || reg.Errors() != 0 {
+			t.Fatalf("%s: push %+v register %+v", name, push.Counts, reg.Counts)
+		}
+		if got := int64(srv.Metric("drover_pushes_total", map[string]string{"outcome": "accepted"})); got != accepted {
+			t.Fatalf("%s: emulator counted %d accepted pushes, the server %d", name, accepted, got)
+		}
+		if got := int64(srv.Metric("drover_registrations_total", map[string]string{"outcome": "new"})); got != registered {
+			t.Fatalf("%s: emulator counted %d new registrations, the server %d", name, registered, got)
+		}
+		return sum
+	}
+
+	cfg := base
+	cfg.Target, cfg.Mode, cfg.Conn = srv.URL, ModeBenchmark, ConnKeepAlive
+	if sum := check("https keepalive", cfg); sum.Op(results.OpPush).Accepted != 180 || sum.Op(results.OpRegister).New != 60 {
+		t.Fatalf("https keepalive: %+v", sum.Op(results.OpPush).Counts)
+	}
+	cfg.Conn, cfg.Seed = ConnResume, "real-resume"
+	if sum := check("https resume", cfg); sum.Conns.TLSResumed == 0 {
+		t.Fatalf("no TLS session was resumed: %+v", sum.Conns)
+	}
+	cfg.Conn, cfg.Seed, cfg.Loops = ConnNew, "real-new", 1
+	check("https new", cfg)
+	cfg.Target, cfg.Conn, cfg.Seed = srv.HTTPURL, ConnKeepAlive, "real-http"
+	check("http keepalive", cfg)
+
+	cfg = base
+	cfg.Target, cfg.Mode, cfg.Seed, cfg.Devices = srv.URL, ModeFleet, "real-fleet", 30
+	cfg.Interval, cfg.Duration = time.Second, 2*time.Second
+	if sum := check("fleet", cfg); sum.Op(results.OpPush).Accepted != 60 {
+		t.Fatalf("fleet: %+v", sum.Op(results.OpPush).Counts)
+	}
+}
+
+// A device the server no longer knows (its token is refused) registers
+// again; Drover renews it under the same device ID.
+func TestRealServerReregistration(t *testing.T) {
+	srv := servertest.Start(t, servertest.Options{})
+	cfg := Config{Target: srv.URL, EnrollmentSecret: srv.EnrollmentSecret, CACertPEM: srv.CACertPEM, Seed: "rereg", Devices: 5,
+		Mode: ModeBenchmark, Workers: 5, Loops: 1, CredentialsFile: t.TempDir() + "/creds.jsonl"}
+	if _, err := Run(context.Background(), cfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Same fleet, other server: every saved token is unknown there.
+	srv2 := servertest.Start(t, servertest.Options{})
+	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM = srv2.URL, srv2.EnrollmentSecret, srv2.CACertPEM
+	sum, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	push := sum.Op(results.OpPush)
+	if push.Reregistered != 5 || push.Accepted != 5 || push.Errors() != 0 {
+		t.Fatalf("push %+v", push.Counts)
+	}
+	if got := srv2.Metric("drover_pushes_total", map[string]string{"outcome": "unauthorized"}); got != 5 {
+		t.Fatalf("server counted %v unauthorized pushes", got)
+	}
+}

@@ -1,0 +1,329 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+)
+
+// Label is a name operators attach to many devices at once.
+type Label struct {
+	ID      uint16 `json:"id"`
+	Name    string `json:"name"`
+	Devices int    `json:"devices"` // devices carrying it (Labels only)
+}
+
+// LabelStore is implemented by stores that keep labels. Without one, labels
+// live in memory only.
+type LabelStore interface {
+	// LoadLabels returns every label and streams every assignment.
+	LoadLabels(ctx context.Context, each func(deviceID uint64, labelID uint16) error) ([]Label, error)
+	CreateLabel(ctx context.Context, l Label) error
+	// DeleteLabel removes the label and all its assignments.
+	DeleteLabel(ctx context.Context, id uint16) error
+	// AssignLabel adds (on) or removes the label on the devices, atomically.
+	AssignLabel(ctx context.Context, id uint16, deviceIDs []uint64, on bool) error
+}
+
+// Errors of label operations.
+var (
+	ErrLabelName  = errors.New("label names are 1 to 64 bytes of printable UTF-8 without commas")
+	ErrTooManyIDs = errors.New("too many labels")
+)
+
+// labelRegistry maps label names to small IDs. Devices hold the IDs.
+type labelRegistry struct {
+	mu     sync.Mutex // serialises label changes
+	store  LabelStore
+	byName map[string]uint16
+	names  map[uint16]string
+	next   uint16
+	gen    atomic.Uint64 // changes when labels are created or deleted
+}
+
+// LabelsGeneration changes whenever a label is created or deleted, so that
+// holders of resolved label IDs know when to resolve again.
+func (s *Service) LabelsGeneration() uint64 { return s.labels.gen.Load() }
+
+func (r *labelRegistry) init() {
+	if r.byName == nil {
+		r.byName, r.names, r.next = map[string]uint16{}, map[uint16]string{}, 1
+	}
+}
+
+// hasLabels reports whether d carries every label in want; d.mu held.
+func (d *device) hasLabels(want []uint16) bool {
+	for _, w := range want {
+		if _, ok := slices.BinarySearch(d.labels, w); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidLabelName checks a label name.
+func ValidLabelName(name string) error {
+	if name == "" || len(name) > 64 || !utf8.ValidString(name) || strings.ContainsRune(name, ',') || strings.TrimSpace(name) != name {
+		return ErrLabelName
+	}
+	for _, r := range name {
+		if r < 0x20 || r == 0x7f {
+			return ErrLabelName
+		}
+	}
+	return nil
+}
+
+// AttachLabels loads labels from ls and keeps later changes there. Call it
+// once, before serving.
+func (s *Service) AttachLabels(ctx context.Context, ls LabelStore) error {
+	r := &s.labels
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	perDevice := map[uint64][]uint16{}
+	labels, err := ls.LoadLabels(ctx, func(dev uint64, id uint16) error {
+		perDevice[dev] = append(perDevice[dev], id)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load labels: %w", err)
+	}
+	for _, l := range labels {
+		r.byName[l.Name], r.names[l.ID] = l.ID, l.Name
+		if l.ID >= r.next {
+			r.next = l.ID + 1
+		}
+	}
+	for dev, ids := range perDevice {
+		if d := s.get(dev); d != nil {
+			slices.Sort(ids)
+			d.mu.Lock()
+			d.labels = slices.Compact(ids)
+			d.mu.Unlock()
+		}
+	}
+	r.store = ls
+	r.gen.Add(1)
+	return nil
+}
+
+// LabelIDs resolves names; an unknown name gives 0, which no device has.
+func (s *Service) LabelIDs(names []string) []uint16 {
+	r := &s.labels
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]uint16, len(names))
+	for i, n := range names {
+		out[i] = r.byName[n]
+	}
+	return out
+}
+
+// LabelNames returns the names of ids ("" for unknown ones).
+func (s *Service) LabelNames(ids []uint16) []string {
+	r := &s.labels
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = r.names[id]
+	}
+	return out
+}
+
+// DeviceLabels returns the names of a device's labels, sorted.
+func (s *Service) DeviceLabels(id uint64) []string {
+	d := s.get(id)
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	ids := d.labels
+	d.mu.Unlock()
+	names := s.LabelNames(ids)
+	sort.Strings(names)
+	return names
+}
+
+// HasLabel reports whether device id carries label.
+func (s *Service) HasLabel(id uint64, label uint16) bool {
+	d := s.get(id)
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := slices.BinarySearch(d.labels, label)
+	return ok
+}
+
+// LabelNamesSorted returns every label's name, sorted, without counting
+// devices.
+func (s *Service) LabelNamesSorted() []string {
+	r := &s.labels
+	r.mu.Lock()
+	out := make([]string, 0, len(r.names))
+	for _, n := range r.names {
+		out = append(out, n)
+	}
+	r.mu.Unlock()
+	sort.Strings(out)
+	return out
+}
+
+// Labels returns every label with its device count, ordered by name. It
+// visits every device.
+func (s *Service) Labels() []Label {
+	r := &s.labels
+	r.mu.Lock()
+	out := make([]Label, 0, len(r.names))
+	index := map[uint16]int{}
+	for id, n := range r.names {
+		index[id] = len(out)
+		out = append(out, Label{ID: id, Name: n})
+	}
+	r.mu.Unlock()
+	if len(out) > 0 {
+		s.each(func(d *device) {
+			for _, id := range d.labels {
+				if i, ok := index[id]; ok {
+					out[i].Devices++
+				}
+			}
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// each calls fn for every registered device with d.mu held.
+func (s *Service) each(fn func(d *device)) {
+	s.devMu.RLock()
+	all := s.devices
+	s.devMu.RUnlock()
+	for _, d := range all {
+		if d == nil {
+			continue
+		}
+		d.mu.Lock()
+		if d.profile != nil {
+			fn(d)
+		}
+		d.mu.Unlock()
+	}
+}
+
+// CreateLabel adds a label, or returns the existing one of that name.
+func (s *Service) CreateLabel(ctx context.Context, name string) (Label, error) {
+	r := &s.labels
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return s.createLabelLocked(ctx, name)
+}
+
+func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, error) {
+	r := &s.labels
+	r.init()
+	if err := ValidLabelName(name); err != nil {
+		return Label{}, err
+	}
+	if id, ok := r.byName[name]; ok {
+		return Label{ID: id, Name: name}, nil
+	}
+	if r.next == 0 { // wrapped past 65535
+		return Label{}, ErrTooManyIDs
+	}
+	l := Label{ID: r.next, Name: name}
+	if r.store != nil {
+		if err := r.store.CreateLabel(ctx, l); err != nil {
+			return Label{}, err
+		}
+	}
+	r.next++
+	r.byName[name], r.names[l.ID] = l.ID, name
+	r.gen.Add(1)
+	return l, nil
+}
+
+// DeleteLabel removes a label from every device and forgets it.
+func (s *Service) DeleteLabel(ctx context.Context, name string) error {
+	r := &s.labels
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	id, ok := r.byName[name]
+	if !ok {
+		return ErrNotFound
+	}
+	if r.store != nil {
+		if err := r.store.DeleteLabel(ctx, id); err != nil {
+			return err
+		}
+	}
+	s.each(func(d *device) {
+		if i, ok := slices.BinarySearch(d.labels, id); ok {
+			d.labels = slices.Delete(slices.Clone(d.labels), i, i+1)
+		}
+	})
+	delete(r.byName, name)
+	delete(r.names, id)
+	r.gen.Add(1)
+	return nil
+}
+
+// AssignLabel adds the label name (created if needed) to every device
+// matching f, or removes it (remove true). It returns how many devices
+// changed.
+func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove bool) (int, error) {
+	r := &s.labels
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var id uint16
+	if remove {
+		var ok bool
+		if id, ok = r.byName[name]; !ok {
+			return 0, ErrNotFound
+		}
+	} else {
+		l, err := s.createLabelLocked(ctx, name)
+		if err != nil {
+			return 0, err
+		}
+		id = l.ID
+	}
+	now := s.now().UnixNano()
+	var ids []uint64
+	s.each(func(d *device) {
+		_, has := slices.BinarySearch(d.labels, id)
+		if has == remove && f.match(d, now) {
+			ids = append(ids, d.id)
+		}
+	})
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if r.store != nil {
+		if err := r.store.AssignLabel(ctx, id, ids, !remove); err != nil {
+			return 0, err
+		}
+	}
+	for _, dev := range ids {
+		d := s.get(dev)
+		d.mu.Lock()
+		i, has := slices.BinarySearch(d.labels, id)
+		switch {
+		case remove && has:
+			d.labels = slices.Delete(slices.Clone(d.labels), i, i+1)
+		case !remove && !has:
+			d.labels = slices.Insert(slices.Clip(d.labels), i, id)
+		}
+		d.mu.Unlock()
+	}
+	return len(ids), nil
+}

@@ -1,0 +1,289 @@
+package perf
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Grade is a band of a utilisation scale: values below Below get Label;
+// Below 0 takes every value (the last band).
+type Grade struct {
+	Below float64 `json:"below"`
+	Label string  `json:"label"`
+}
+
+// Thresholds are the published limits a verdict is made against.
+type Thresholds struct {
+	MaxPushErrorPct float64 `json:"max_push_error_pct"` // stability and benchmark pass at or below
+	MaxLogErrors    int     `json:"max_log_errors"`     // ERROR entries in the server log
+	MaxRAMPct       float64 `json:"max_ram_pct"`        // OS RAM utilisation after the test
+	MaxLeakPct      float64 `json:"max_leak_pct"`       // RSS growth over the second half of a stability test
+	RAMGrades       []Grade `json:"ram_grades"`         // OS RAM utilisation %
+	CPUGrades       []Grade `json:"cpu_grades"`         // server CPU, % of all cores, average
+	MinAcceptedPct  float64 `json:"min_accepted_pct"`   // peak: accepted share below which the server broke
+}
+
+// DefaultThresholds are Drover's published thresholds (docs/perf.md). The
+// RAM bands reproduce the reports' grades (48 % reasonable, 33 % ok, 11 %
+// perfect (low)).
+func DefaultThresholds() Thresholds {
+	return Thresholds{
+		MaxPushErrorPct: 0.1,
+		MaxLogErrors:    0,
+		MaxRAMPct:       90,
+		MaxLeakPct:      20,
+		RAMGrades:       []Grade{{25, "perfect (low)"}, {40, "ok"}, {60, "reasonable"}, {90, "high"}, {0, "critical"}},
+		CPUGrades:       []Grade{{25, "perfect (low)"}, {50, "ok"}, {75, "reasonable"}, {90, "high"}, {0, "critical"}},
+		MinAcceptedPct:  99,
+	}
+}
+
+// GradeOf returns the label of v on a scale.
+func GradeOf(gs []Grade, v float64) string {
+	for _, g := range gs {
+		if v < g.Below || g.Below == 0 {
+			return g.Label
+		}
+	}
+	if len(gs) > 0 {
+		return gs[len(gs)-1].Label
+	}
+	return ""
+}
+
+// Verdicts.
+const (
+	Passed  = "PASSED"
+	Failed  = "FAILED"
+	Limited = "LIMIT REACHED" // peak: the server dropped or deferred requests at this load
+)
+
+// Calc is every derived figure of a result.
+type Calc struct {
+	// all tests
+	Performed    int64
+	Accepted     int64
+	ErrOrRetried int64
+	PushErrPct   float64
+	Crashes      int
+	LogWarnings  int
+	LogErrors    int
+
+	// stability
+	Minutes        float64
+	EstPushes      float64
+	EstReqPerSec   float64
+	RoughReqPerSec float64
+	TotalSec       float64
+	ProcessedLoops float64
+	RealLoopTime   float64
+	RSSBefore      float64 // MiB
+	RSSAfter       float64
+	RSSIncMiB      float64
+	RSSIncPct      float64
+	MiBPerDevice   float64
+	KiBPerDevice   float64
+	RAMUtilPct     float64 // 0 when OS memory was not measured
+	MaxSafe        int
+	Load15         float64
+	LoadPerCore    float64
+	CPUAvgPct      float64 // server CPU, % of all cores
+	CPUMaxPct      float64
+	LeakPct        float64 // RSS growth over the second half
+	RAMGrade       string
+	CPUGrade       string
+
+	// benchmark and peak, one row per part
+	Rows []Row
+	// the 0.8.0 rule, from the lowest SSL throughput (benchmark, SSL only)
+	Ideal080, Safe080 int
+	Lowest            float64
+
+	Verdict string
+	Reasons []string // why, one line each
+}
+
+// Row is one part of a benchmark or peak test.
+type Row struct {
+	Handlers     int
+	ElapsedSec   float64
+	Pushes       int64 // accepted pushes (registrations for PeakR)
+	PushesPerSec float64
+	Ideal        int // × loop time
+	Rec020       int // 20 % rule
+	Safe080      int // 80 % of this row's ideal
+	ErrPct       float64
+	P50, P99     float64
+	Broke        bool // dropped, resent or deferred requests
+	EmuCPU       float64
+}
+
+// Compute derives every figure of the methodology from r.
+func Compute(r *Result) Calc {
+	var c Calc
+	th := r.Thresholds
+	p := r.Preset
+	for _, part := range r.Parts {
+		op := part.Push
+		if p.Kind == Peak && p.Mode == PeakRegister {
+			op = part.Register
+		}
+		c.Performed += op.Performed()
+		c.Accepted += op.Accepted
+		c.ErrOrRetried += op.ErrOrRetried()
+		if part.ServerExit != "" {
+			c.Crashes++
+		}
+		c.Crashes += part.Restarts
+		c.LogWarnings += part.Log.Count("WARN")
+		c.LogErrors += part.Log.Count("ERROR")
+	}
+	c.PushErrPct = PushErrorPct(c.ErrOrRetried, c.Performed)
+
+	switch p.Kind {
+	case Stability:
+		computeStability(r, &c)
+	default:
+		computeRows(r, &c)
+	}
+
+	// Verdict.
+	fail := func(format string, a ...any) { c.Reasons = append(c.Reasons, fmt.Sprintf(format, a...)) }
+	if c.Crashes > 0 {
+		fail("the server crashed or restarted %d time(s)", c.Crashes)
+	}
+	for _, part := range r.Parts {
+		if part.Err != "" {
+			fail("the run failed: %s", part.Err)
+		}
+	}
+	if c.LogErrors > th.MaxLogErrors {
+		fail("%d ERROR entries in the server log (at most %d allowed)", c.LogErrors, th.MaxLogErrors)
+	}
+	if c.Performed == 0 {
+		fail("no request was performed")
+	}
+	switch p.Kind {
+	case Stability, Benchmark:
+		if c.PushErrPct > th.MaxPushErrorPct {
+			fail("push errors %.3f %% exceed %.3g %%", c.PushErrPct, th.MaxPushErrorPct)
+		}
+		if p.Kind == Stability {
+			if c.RAMUtilPct > th.MaxRAMPct {
+				fail("RAM utilisation %.2f %% exceeds %.3g %%", c.RAMUtilPct, th.MaxRAMPct)
+			}
+			if c.LeakPct > th.MaxLeakPct {
+				fail("server RSS grew %.1f %% over the second half of the test (more than %.3g %%: a leak?)", c.LeakPct, th.MaxLeakPct)
+			}
+		}
+		c.Verdict = Passed
+		if len(c.Reasons) > 0 {
+			c.Verdict = Failed
+		}
+	case Peak:
+		if len(c.Reasons) > 0 {
+			c.Verdict = Failed
+			break
+		}
+		c.Verdict = Passed
+		acc := 100.0
+		if c.Performed > 0 {
+			acc = float64(c.Accepted) / float64(c.Performed) * 100
+		}
+		for _, row := range c.Rows {
+			if row.Broke || acc < th.MinAcceptedPct {
+				c.Verdict = Limited
+				c.Reasons = append(c.Reasons, fmt.Sprintf("at %d threads the server dropped, deferred or refused requests: %.2f %% accepted, %.3f %% error-or-retried", p.Threads, acc, c.PushErrPct))
+				break
+			}
+		}
+	}
+	return c
+}
+
+func computeStability(r *Result, c *Calc) {
+	p := r.Preset
+	if len(r.Parts) == 0 {
+		return
+	}
+	part := r.Parts[0]
+	c.Minutes = p.Minutes()
+	c.EstPushes = EstimatedPushes(p.Devices, c.Minutes, float64(p.LoopTime))
+	c.EstReqPerSec = EstimatedReqPerSec(p.Devices, float64(p.LoopTime))
+	c.TotalSec = part.Ended.Sub(part.Started).Seconds()
+	c.RoughReqPerSec = RoughReqPerSec(c.Performed, c.TotalSec)
+	c.ProcessedLoops = ProcessedLoops(c.Performed, p.Devices)
+	c.RealLoopTime = RealLoopTime(c.TotalSec, c.ProcessedLoops)
+	c.RSSBefore, c.RSSAfter = part.Before.RSSMiB, part.After.RSSMiB
+	c.RSSIncMiB = RSSIncrease(c.RSSBefore, c.RSSAfter)
+	c.RSSIncPct = RSSIncreasePct(c.RSSBefore, c.RSSAfter)
+	c.MiBPerDevice = PerDevice(c.RSSIncMiB, p.Devices)
+	c.KiBPerDevice = PerDevice(c.RSSIncMiB*1024, p.Devices)
+	if part.After.Machine && r.Env.RAMMiB > 0 {
+		c.RAMUtilPct = RAMUtilisationPct(part.After.UsedMiB, r.Env.RAMMiB)
+		c.MaxSafe = MaxSafeDevices(p.Devices, c.RAMUtilPct)
+		c.Load15 = part.After.Load15
+		c.LoadPerCore = LoadPerCore(c.Load15, r.Env.Cores)
+		c.RAMGrade = GradeOf(r.Thresholds.RAMGrades, c.RAMUtilPct)
+	}
+	if c.TotalSec > 0 && r.Env.Threads > 0 {
+		c.CPUAvgPct = (part.After.CPUSecs - part.Before.CPUSecs) / c.TotalSec / float64(r.Env.Threads) * 100
+	}
+	for _, s := range part.Samples {
+		if r.Env.Threads > 0 {
+			c.CPUMaxPct = max(c.CPUMaxPct, s.CPUPct/float64(r.Env.Threads))
+		}
+	}
+	c.CPUGrade = GradeOf(r.Thresholds.CPUGrades, c.CPUAvgPct)
+	c.LeakPct = secondHalfGrowth(part.Samples, float64(p.LoopTime), c.TotalSec)
+}
+
+// secondHalfGrowth is the RSS growth in % from the middle of a test (or
+// one and a half loops, when that is later: the fleet has registered and
+// pushed by then) to its end; 0 when the test is too short to tell.
+func secondHalfGrowth(samples []Sample, loopTime, total float64) float64 {
+	from := max(total/2, 1.5*loopTime)
+	if len(samples) < 4 || from >= total*0.9 {
+		return 0
+	}
+	i := sort.Search(len(samples), func(i int) bool { return samples[i].T >= from })
+	if i >= len(samples)-1 {
+		return 0
+	}
+	mid, end := samples[i].RSSMiB, samples[len(samples)-1].RSSMiB
+	if mid <= 0 {
+		return 0
+	}
+	return max(0, (end-mid)/mid*100)
+}
+
+func computeRows(r *Result, c *Calc) {
+	p := r.Preset
+	c.Lowest = math.Inf(1)
+	for _, part := range r.Parts {
+		op := part.Push
+		if p.Kind == Peak && p.Mode == PeakRegister {
+			op = part.Register
+		}
+		row := Row{Handlers: part.HandlerThreads, ElapsedSec: op.ElapsedSec, Pushes: op.Accepted,
+			ErrPct: PushErrorPct(op.ErrOrRetried(), op.Performed()), P50: op.LatencyMs.P50, P99: op.LatencyMs.P99,
+			EmuCPU: part.Emulator.CPUAvg}
+		row.PushesPerSec = PushesPerSec(op.Accepted, op.ElapsedSec)
+		row.Ideal = IdealMaxDevices(row.PushesPerSec, float64(p.LoopTime))
+		row.Rec020 = RecommendedMax(row.Ideal, Rule060.Pct)
+		row.Safe080 = RecommendedMax(row.Ideal, Rule080.Pct)
+		row.Broke = sumMap(op.Dropped) > 0 || op.Resent > 0 || op.Retried > 0 || op.Rejected["503"] > 0 || op.Rejected["429"] > 0
+		c.Rows = append(c.Rows, row)
+		if row.PushesPerSec > 0 && row.PushesPerSec < c.Lowest {
+			c.Lowest = row.PushesPerSec
+		}
+	}
+	if math.IsInf(c.Lowest, 1) {
+		c.Lowest = 0
+	}
+	if p.Kind == Benchmark && p.SSL && c.Lowest > 0 {
+		c.Ideal080 = IdealMaxDevices(c.Lowest, float64(p.LoopTime))
+		c.Safe080 = RecommendedMax(c.Ideal080, Rule080.Pct)
+	}
+}

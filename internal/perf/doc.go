@@ -1,0 +1,308 @@
+package perf
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"strings"
+)
+
+// doc is a protocol as a list of blocks, rendered to Markdown or HTML.
+type doc struct {
+	title  string
+	blocks []block
+}
+
+type block struct {
+	heading string   // a section heading
+	para    string   // a paragraph (Markdown inline: only `code` and **bold**)
+	table   *table   // a table
+	items   []string // a bullet list
+	chart   *chart   // HTML only
+}
+
+type table struct {
+	head []string
+	rows [][]string
+}
+
+func (d *doc) h(s string)           { d.blocks = append(d.blocks, block{heading: s}) }
+func (d *doc) p(f string, a ...any) { d.blocks = append(d.blocks, block{para: fmt.Sprintf(f, a...)}) }
+func (d *doc) list(items ...string) { d.blocks = append(d.blocks, block{items: items}) }
+func (d *doc) tab(t *table)         { d.blocks = append(d.blocks, block{table: t}) }
+func (d *doc) chartBlock(c *chart)  { d.blocks = append(d.blocks, block{chart: c}) }
+
+func newTable(head ...string) *table { return &table{head: head} }
+func (t *table) row(cells ...string) { t.rows = append(t.rows, cells) }
+
+func mdCell(s string) string {
+	s = strings.ReplaceAll(s, "|", `\|`)
+	return strings.ReplaceAll(s, "\n", " ")
+}
+
+// markdown renders d as GitHub-flavoured Markdown.
+func (d *doc) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s\n", d.title)
+	for _, bl := range d.blocks {
+		switch {
+		case bl.heading != "":
+			fmt.Fprintf(&b, "\n## %s\n", bl.heading)
+		case bl.para != "":
+			fmt.Fprintf(&b, "\n%s\n", bl.para)
+		case bl.items != nil:
+			b.WriteString("\n")
+			for _, it := range bl.items {
+				fmt.Fprintf(&b, "- %s\n", it)
+			}
+		case bl.table != nil:
+			t := bl.table
+			b.WriteString("\n|")
+			for _, h := range t.head {
+				fmt.Fprintf(&b, " %s |", mdCell(h))
+			}
+			b.WriteString("\n|")
+			for i := range t.head {
+				if i == 0 {
+					b.WriteString("---|")
+				} else {
+					b.WriteString("--:|")
+				}
+			}
+			b.WriteString("\n")
+			for _, r := range t.rows {
+				b.WriteString("|")
+				for _, c := range r {
+					fmt.Fprintf(&b, " %s |", mdCell(c))
+				}
+				b.WriteString("\n")
+			}
+		}
+	}
+	return b.String()
+}
+
+// inline turns the Markdown subset of paragraphs into HTML.
+func inline(s string) string {
+	s = html.EscapeString(s)
+	s = replacePairs(s, "`", "<code>", "</code>")
+	s = replacePairs(s, "**", "<strong>", "</strong>")
+	return s
+}
+
+func replacePairs(s, mark, open, close string) string {
+	var b strings.Builder
+	on := false
+	for {
+		i := strings.Index(s, mark)
+		if i < 0 {
+			break
+		}
+		b.WriteString(s[:i])
+		if on {
+			b.WriteString(close)
+		} else {
+			b.WriteString(open)
+		}
+		on = !on
+		s = s[i+len(mark):]
+	}
+	b.WriteString(s)
+	if on {
+		b.WriteString(close)
+	}
+	return b.String()
+}
+
+const htmlStyle = `body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#1d2330}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #d8dde6}
+table{border-collapse:collapse;margin:.6em 0}th,td{border:1px solid #d8dde6;padding:.25em .6em;text-align:right;vertical-align:top}
+th:first-child,td:first-child,td.t{text-align:left}th{background:#f1f4f8}code{background:#f1f4f8;padding:0 .2em}
+.pass{color:#17803d;font-weight:bold}.fail{color:#b42318;font-weight:bold}.limit{color:#b54708;font-weight:bold}
+svg{display:block;margin:.8em 0}svg text{font:11px system-ui,sans-serif;fill:#444}`
+
+// html renders d as one self-contained HTML page: inline CSS and SVG, no
+// script, nothing fetched.
+func (d *doc) html() string {
+	var b strings.Builder
+	b.WriteString("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n")
+	fmt.Fprintf(&b, "<title>%s</title>\n<style>\n%s\n</style>\n</head>\n<body>\n<h1>%s</h1>\n", html.EscapeString(d.title), htmlStyle, html.EscapeString(d.title))
+	for _, bl := range d.blocks {
+		switch {
+		case bl.heading != "":
+			fmt.Fprintf(&b, "<h2>%s</h2>\n", html.EscapeString(bl.heading))
+		case bl.para != "":
+			fmt.Fprintf(&b, "<p>%s</p>\n", verdictClass(inline(bl.para)))
+		case bl.items != nil:
+			b.WriteString("<ul>\n")
+			for _, it := range bl.items {
+				fmt.Fprintf(&b, "<li>%s</li>\n", inline(it))
+			}
+			b.WriteString("</ul>\n")
+		case bl.table != nil:
+			b.WriteString("<table>\n<tr>")
+			for _, h := range bl.table.head {
+				fmt.Fprintf(&b, "<th>%s</th>", html.EscapeString(h))
+			}
+			b.WriteString("</tr>\n")
+			for _, r := range bl.table.rows {
+				b.WriteString("<tr>")
+				for _, c := range r {
+					if numeric(c) {
+						fmt.Fprintf(&b, "<td>%s</td>", verdictClass(inline(c)))
+					} else {
+						fmt.Fprintf(&b, "<td class=\"t\">%s</td>", verdictClass(inline(c)))
+					}
+				}
+				b.WriteString("</tr>\n")
+			}
+			b.WriteString("</table>\n")
+		case bl.chart != nil:
+			b.WriteString(bl.chart.svg())
+		}
+	}
+	b.WriteString("</body>\n</html>\n")
+	return b.String()
+}
+
+// numeric tells a cell that reads as a number (right-aligned) from text.
+func numeric(s string) bool {
+	if s == "" || s == "—" || s == "n/a" {
+		return true
+	}
+	c := s[0]
+	return c >= '0' && c <= '9' || c == '-' && len(s) > 1
+}
+
+func verdictClass(s string) string {
+	s = strings.ReplaceAll(s, "<strong>"+Passed+"</strong>", `<span class="pass">`+Passed+`</span>`)
+	s = strings.ReplaceAll(s, "<strong>"+Failed+"</strong>", `<span class="fail">`+Failed+`</span>`)
+	return strings.ReplaceAll(s, "<strong>"+Limited+"</strong>", `<span class="limit">`+Limited+`</span>`)
+}
+
+// chart is a line chart over time.
+type chart struct {
+	title  string
+	unit   string
+	xs     []float64 // seconds
+	series []line
+}
+
+type line struct {
+	name  string
+	color string
+	ys    []float64
+}
+
+var palette = []string{"#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c"}
+
+func (c *chart) add(name string, ys []float64) {
+	c.series = append(c.series, line{name: name, color: palette[len(c.series)%len(palette)], ys: ys})
+}
+
+// svg draws the chart; coordinates are printed with fixed precision so that
+// the output is stable.
+func (c *chart) svg() string {
+	const W, H, left, right, top, bottom = 900.0, 240.0, 64.0, 16.0, 28.0, 40.0
+	pw, ph := W-left-right, H-top-bottom
+	var b strings.Builder
+	fmt.Fprintf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"%s\">\n",
+		W, H, W, H, html.EscapeString(c.title))
+	fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"16\" style=\"font-weight:bold\">%s</text>\n", left, html.EscapeString(c.title))
+	if len(c.xs) == 0 {
+		fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.0f\">no data</text>\n</svg>\n", left, top+ph/2)
+		return b.String()
+	}
+	xmax := c.xs[len(c.xs)-1]
+	if xmax <= 0 {
+		xmax = 1
+	}
+	ymax := 0.0
+	for _, s := range c.series {
+		for _, y := range s.ys {
+			if !math.IsNaN(y) {
+				ymax = max(ymax, y)
+			}
+		}
+	}
+	ymax = niceCeil(ymax)
+	fmt.Fprintf(&b, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#ccc\"/>\n", left, top, pw, ph)
+	for i := 0; i <= 4; i++ {
+		y := top + ph - ph*float64(i)/4
+		fmt.Fprintf(&b, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#eee\"/>", left, y, left+pw, y)
+		fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left-4, y+4, axisNum(ymax*float64(i)/4))
+		x := left + pw*float64(i)/4
+		anchor := "middle"
+		if i == 4 {
+			anchor = "end"
+		}
+		fmt.Fprintf(&b, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"%s\">%s</text>\n", x, top+ph+16, anchor, axisTime(xmax*float64(i)/4))
+	}
+	fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%s</text>\n", left+pw, top+ph+34, html.EscapeString("time since start; "+c.unit))
+	lx := left + 8
+	for _, s := range c.series {
+		var pts strings.Builder
+		for i, y := range s.ys {
+			if i >= len(c.xs) || math.IsNaN(y) {
+				continue
+			}
+			x := left + pw*c.xs[i]/xmax
+			yy := top + ph
+			if ymax > 0 {
+				yy -= ph * y / ymax
+			}
+			fmt.Fprintf(&pts, "%.1f,%.1f ", x, yy)
+		}
+		fmt.Fprintf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n", s.color, strings.TrimSpace(pts.String()))
+		fmt.Fprintf(&b, "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+			lx, top+6, s.color, lx+14, top+15, html.EscapeString(s.name))
+		lx += 36 + 8*float64(len([]rune(s.name)))
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// niceCeil rounds up to 1, 2 or 5 × a power of ten.
+func niceCeil(v float64) float64 {
+	if v <= 0 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if v <= m*p*(1+1e-9) {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+func axisNum(v float64) string {
+	switch {
+	case v == 0:
+		return "0"
+	case math.Abs(v) >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case math.Abs(v) >= 1:
+		return trimZeros(fmt.Sprintf("%.1f", v))
+	default:
+		return trimZeros(fmt.Sprintf("%.3f", v))
+	}
+}
+
+func trimZeros(s string) string {
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s
+}
+
+func axisTime(sec float64) string {
+	switch {
+	case sec >= 7200:
+		return trimZeros(fmt.Sprintf("%.1f h", sec/3600))
+	case sec >= 120:
+		return trimZeros(fmt.Sprintf("%.1f min", sec/60))
+	default:
+		return trimZeros(fmt.Sprintf("%.1f s", sec))
+	}
+}

@@ -1,0 +1,157 @@
+package perf
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/server"
+)
+
+// The test binary doubles as `drover serve` for the servers the suite
+// starts: a separate process, as with the real binary.
+const serveEnv = "DROVER_PERF_TEST_SERVE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(serveEnv) == "1" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		err := server.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "serve:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func testOptions(t *testing.T, o Override) Options {
+	return Options{ServerCmd: []string{os.Args[0]}, ServerEnv: []string{serveEnv + "=1"}, WorkDir: t.TempDir(),
+		Override: o, Version: "test", Command: "go test", ProgressEvery: time.Hour}
+}
+
+func runE2E(t *testing.T, name string, o Override) (*Result, Calc) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts servers")
+	}
+	p, _ := Lookup(name)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r, err := Run(ctx, p, testOptions(t, o))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Compute(r)
+	if c.Verdict != Passed {
+		t.Errorf("verdict %s: %v; push %+v; log %+v", c.Verdict, c.Reasons, r.Parts[0].Push, r.Parts[0].Log)
+	}
+	for _, part := range r.Parts {
+		if part.Before.RSSMiB <= 0 || part.After.RSSMiB <= 0 || !part.LogReviewed || part.Log.Lines == 0 || len(part.Series) == 0 {
+			t.Errorf("part %d: RSS %.1f → %.1f, log %+v, %d points", part.HandlerThreads, part.Before.RSSMiB, part.After.RSSMiB, part.Log, len(part.Series))
+		}
+	}
+	// The reports render from the measured result.
+	dir := t.TempDir()
+	if _, err := WriteReports(r, dir); err != nil {
+		t.Fatal(err)
+	}
+	back, err := LoadResult(dir + "/" + r.FileBase() + ".json")
+	if err != nil || Markdown(back) != Markdown(r) {
+		t.Errorf("round trip: %v", err)
+	}
+	if !strings.Contains(Markdown(r), "(scaled down: ") {
+		t.Error("a scaled run's title must say so")
+	}
+	return r, c
+}
+
+func TestE2EBenchmark(t *testing.T) {
+	r, c := runE2E(t, "Bench-6-SSL", Override{Devices: 60, Handlers: []int{1, 2}})
+	if len(r.Parts) != 2 || r.Parts[0].HandlerThreads != 1 || r.Parts[1].HandlerThreads != 2 {
+		t.Fatalf("parts %+v", r.Parts)
+	}
+	for _, part := range r.Parts {
+		if part.Push.Accepted != 600 || part.Register.Accepted != 60 || part.Push.ElapsedSec <= 0 {
+			t.Errorf("handlers %d: push %+v register %+v", part.HandlerThreads, part.Push, part.Register)
+		}
+	}
+	if len(c.Rows) != 2 || c.Rows[0].PushesPerSec <= 0 || c.Safe080 <= 0 || c.Safe080 != RecommendedMax(IdealMaxDevices(c.Lowest, 200), 80) {
+		t.Errorf("rows %+v, safe %d", c.Rows, c.Safe080)
+	}
+	if !r.Setup.TLS || !r.Setup.Local || r.Env.Threads < 1 {
+		t.Errorf("setup %+v env %+v", r.Setup, r.Env)
+	}
+}
+
+func TestE2EStability(t *testing.T) {
+	r, c := runE2E(t, "Stab-2-2", Override{Devices: 100, Duration: 8 * time.Second, LoopTime: 2})
+	// 100 devices every 2 s for 8 s: 4 loops, 400 pushes (a few may be cut
+	// off by the end of the run).
+	if c.Performed < 300 || c.Performed > 400 || c.EstPushes != 400 {
+		t.Errorf("performed %d, estimated %.0f", c.Performed, c.EstPushes)
+	}
+	if c.ProcessedLoops < 3 || c.RealLoopTime < 1.9 || c.RealLoopTime > 3 {
+		t.Errorf("loops %.2f, real loop time %.2f", c.ProcessedLoops, c.RealLoopTime)
+	}
+	if c.RAMUtilPct <= 0 || c.MaxSafe <= 0 || c.RAMGrade == "" || len(r.Parts[0].Samples) < 5 {
+		t.Errorf("RAM %.2f %%, max safe %d, grade %q, %d samples", c.RAMUtilPct, c.MaxSafe, c.RAMGrade, len(r.Parts[0].Samples))
+	}
+}
+
+func TestE2EPeakFullCycle(t *testing.T) {
+	r, _ := runE2E(t, "PeakF-64-max", Override{Devices: 100, Threads: 8, Duration: 7 * time.Second})
+	part := r.Parts[0]
+	if part.ConfigChanges < 1 || part.Push.ConfigsSeen < 100 || part.Register.Accepted != 100 {
+		t.Errorf("config changes %d, configs seen %d, registered %d", part.ConfigChanges, part.Push.ConfigsSeen, part.Register.Accepted)
+	}
+	if len(part.SyncStates) == 0 {
+		t.Error("no sync states from /metrics")
+	}
+}
+
+func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	// A server this test runs in-process, given to perf by URL: samples come
+	// from its /metrics.
+	dir := t.TempDir()
+	cfg := server.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.HTTPListen = dir, "", "127.0.0.1:0"
+	cfg.EnrollmentSecret, cfg.AdminToken = "perf-secret", "perf-admin"
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := server.New(ctx, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	p, _ := Lookup("PeakD-64-max")
+	o := testOptions(t, Override{Devices: 100, Threads: 4, Duration: 4 * time.Second})
+	o.ServerCmd, o.URL, o.EnrollmentSecret = nil, "http://"+srv.HTTPAddr(), "perf-secret"
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+	r, err := Run(rctx, p, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := r.Parts[0]
+	if part.Push.Accepted < 100 || part.Register.Accepted != 0 || part.Before.RSSMiB <= 0 || part.After.CPUSecs <= part.Before.CPUSecs || part.Before.Machine {
+		t.Errorf("push %+v register %+v before %+v after %+v", part.Push, part.Register, part.Before, part.After)
+	}
+	if part.LogReviewed || r.Setup.Local || r.Setup.TLS {
+		t.Errorf("remote setup %+v, log reviewed %v", r.Setup, part.LogReviewed)
+	}
+	if c := Compute(r); c.Verdict != Passed {
+		t.Errorf("verdict %s %v", c.Verdict, c.Reasons)
+	}
+}

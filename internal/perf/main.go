@@ -1,0 +1,312 @@
+package perf
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/drover/drover/internal/emulator"
+)
+
+// Main is `drover perf`. serverCmd starts a server (e.g. the own binary
+// and "serve"); version is Drover's version.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, serverCmd []string, version string) error {
+	usage := func() {
+		fmt.Fprint(stderr, `usage: drover perf <command> [flags]
+
+commands:
+  list                          the presets of the test matrix
+  run [flags] NAME...           run presets and write their protocols
+  report RESULT.json...         render protocols again from result files
+  compare PREVIOUS CURRENT      version comparison (result files or directories)
+  summary DIR...                a Markdown index of results (verdicts, figures, commands)
+  size --devices N --interval S [--from DIR]
+                                whether this machine carries a fleet
+
+Run 'drover perf <command> --help' for a command's flags. docs/perf.md explains the tests.
+`)
+	}
+	if len(args) == 0 {
+		usage()
+		return flag.ErrHelp
+	}
+	switch args[0] {
+	case "list":
+		return list(stdout)
+	case "run":
+		return runCmd(ctx, args[1:], stdout, stderr, serverCmd, version)
+	case "report":
+		return reportCmd(args[1:], stdout, stderr)
+	case "compare":
+		return compareCmd(args[1:], stdout, stderr)
+	case "size":
+		return sizeCmd(args[1:], stdout, stderr)
+	case "summary":
+		if len(args) < 2 {
+			return errors.New("give result files or directories")
+		}
+		rs, err := LoadResults(args[1:]...)
+		if err != nil {
+			return err
+		}
+		return Summary(stdout, rs)
+	case "-h", "--help", "help":
+		usage()
+		return nil
+	}
+	usage()
+	return fmt.Errorf("unknown perf command %q", args[0])
+}
+
+func list(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tTYPE\tSSL\tDEVICES\tTHREADS\tHANDLERS\tLOOPS\tDURATION\tLOOP TIME\tNOTE")
+	for _, p := range Presets() {
+		loops, hs := "—", "—"
+		if p.Loops > 0 {
+			loops = strconv.Itoa(p.Loops)
+		}
+		if len(p.Handlers) > 0 {
+			hs = joinInts(p.Handlers)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d s\t%s\n", p.Name, p.Kind, yesNo(p.SSL), p.Devices, p.Threads, hs, loops,
+			fmtDuration(p.Duration), p.LoopTime, p.Note)
+	}
+	return tw.Flush()
+}
+
+func parseInts(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q: want positive integers separated by commas", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, " ") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+// shellQuote quotes an argument for a POSIX shell when needed.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,@+") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, serverCmd []string, version string) error {
+	fs := flag.NewFlagSet("drover perf run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o Options
+	var serverArgs, userNotes multi
+	fs.StringVar(&o.URL, "url", "", "test a running server at this URL (default: start `drover serve` for each test)")
+	fs.StringVar(&o.EnrollmentSecret, "enrollment-secret", "", "the running server's enrollment secret")
+	fs.StringVar(&o.AdminToken, "admin-token", "", "the running server's admin token (PeakF changes the profile)")
+	fs.StringVar(&o.CAFile, "ca-cert", "", "PEM certificate to trust for the running server")
+	fs.BoolVar(&o.Insecure, "insecure", false, "do not verify the running server's certificate")
+	fs.StringVar(&o.ServerLog, "server-log", "", "the running server's log file, to review warnings and errors")
+	fs.StringVar(&o.Persistence, "persistence", "write-through", "started server: memory, write-through or write-back")
+	fs.StringVar(&o.DB, "db", "", "started server: database DSN (default: SQLite in a temporary data dir)")
+	fs.Var(&serverArgs, "server-arg", "started server: one more flag for `drover serve` (repeatable)")
+	fs.StringVar(&o.WorkDir, "work-dir", "", "where temporary data dirs go (default: the system's temp dir)")
+	fs.Float64Var(&o.Override.Scale, "scale", 0, "shorten the test: multiply devices and duration by this (0 < scale < 1)")
+	fs.IntVar(&o.Override.Devices, "devices", 0, "replace the number of devices")
+	fs.DurationVar(&o.Override.Duration, "duration", 0, "replace the duration (stability, peak)")
+	fs.IntVar(&o.Override.LoopTime, "loop-time", 0, "replace the loop time (push interval) in seconds")
+	fs.IntVar(&o.Override.Threads, "threads", 0, "replace the number of emulator threads")
+	handlers := fs.String("handlers", "", "replace the server handler threads of a benchmark, e.g. 1,2")
+	conn := fs.String("conn", "new", "emulator connections: new (per request, as agents do), resume or keepalive")
+	sources := fs.String("source-addrs", "", "local addresses to connect from, e.g. 127.0.0.1-127.0.0.8 (default for a started server)")
+	out := fs.String("out", "perf-results", "directory for the protocols (NAME.md, NAME.html, NAME.json)")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	fs.Var(&userNotes, "note", "a note for the protocol's Notes (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return errors.New("name at least one preset (drover perf list)")
+	}
+	var presets []Preset
+	for _, n := range fs.Args() {
+		p, ok := Lookup(n)
+		if !ok {
+			return fmt.Errorf("no preset %q (drover perf list)", n)
+		}
+		presets = append(presets, p)
+	}
+	var err error
+	if o.Override.Handlers, err = parseInts(*handlers); err != nil {
+		return fmt.Errorf("--handlers %w", err)
+	}
+	o.Conn = emulator.ConnMode(*conn)
+	if *sources != "" {
+		if o.SourceAddrs, err = emulator.ParseSourceAddrs(*sources); err != nil {
+			return err
+		}
+	} else if o.URL != "" {
+		o.SourceAddrs = []net.IP{}
+	}
+	o.ServerArgs = serverArgs
+	o.ServerCmd = serverCmd
+	o.Version = version
+	if !*quiet {
+		o.Progress = stderr
+	}
+	quoted := []string{"drover", "perf", "run"}
+	for _, a := range args {
+		quoted = append(quoted, shellQuote(a))
+	}
+	o.Command = strings.Join(quoted, " ")
+	for _, secret := range []string{o.EnrollmentSecret, o.AdminToken} {
+		if secret != "" {
+			o.Command = strings.ReplaceAll(o.Command, shellQuote(secret), "***")
+		}
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return err
+	}
+	var failed []string
+	for _, p := range presets {
+		if ctx.Err() != nil {
+			break
+		}
+		fmt.Fprintf(stderr, "%s %s: starting\n", time.Now().Format("15:04:05"), p.Name)
+		r, err := Run(ctx, p, o)
+		if r == nil {
+			return err
+		}
+		r.Notes = append(r.Notes, userNotes...)
+		if err != nil {
+			r.Notes = append(r.Notes, "The run ended early: "+err.Error())
+		}
+		paths, werr := WriteReports(r, *out)
+		if werr != nil {
+			return werr
+		}
+		c := Compute(r)
+		fmt.Fprintf(stdout, "%s: %s — %s\n", r.Title(), c.Verdict, strings.Join(paths, ", "))
+		if c.Verdict == Failed {
+			failed = append(failed, p.Name)
+		}
+		if err != nil && ctx.Err() != nil {
+			return err
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("failed: %s", strings.Join(failed, ", "))
+	}
+	return ctx.Err()
+}
+
+// WriteReports writes r's JSON, Markdown and HTML into dir.
+func WriteReports(r *Result, dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	base := filepath.Join(dir, r.FileBase())
+	if err := r.Save(base + ".json"); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(base+".md", []byte(Markdown(r)), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(base+".html", []byte(HTML(r)), 0o644); err != nil {
+		return nil, err
+	}
+	return []string{base + ".md", base + ".html", base + ".json"}, nil
+}
+
+func reportCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("drover perf report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "", "directory for the protocols (default: next to each result)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return errors.New("give result files (NAME.json)")
+	}
+	for _, f := range fs.Args() {
+		r, err := LoadResult(f)
+		if err != nil {
+			return err
+		}
+		dir := *out
+		if dir == "" {
+			dir = filepath.Dir(f)
+		}
+		paths, err := WriteReports(r, dir)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, strings.Join(paths, ", "))
+	}
+	return nil
+}
+
+func compareCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("drover perf compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: drover perf compare PREVIOUS CURRENT\n\nEach is a result file or a directory of them: RSS and KiB per device come from\nthe largest stability test, pushes/s from the lowest SSL benchmark.")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		fs.Usage()
+		return errors.New("want two arguments")
+	}
+	prev, err := LoadResults(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	cur, err := LoadResults(fs.Arg(1))
+	if err != nil {
+		return err
+	}
+	return Compare(stdout, fs.Arg(0), prev, fs.Arg(1), cur)
+}
+
+func sizeCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("drover perf size", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	devices := fs.Int("devices", 0, "devices in the fleet")
+	interval := fs.Float64("interval", 200, "push interval in seconds")
+	from := fs.String("from", "perf-results", "results (a directory or files separated by commas)")
+	noSSL := fs.Bool("no-ssl", false, "TLS is terminated in front of Drover: size from the noSSL benchmarks")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *devices <= 0 {
+		return errors.New("--devices is required")
+	}
+	rs, err := LoadResults(strings.Split(*from, ",")...)
+	if err != nil {
+		return err
+	}
+	s, err := Size(rs, *devices, *interval, !*noSSL)
+	if err != nil {
+		return err
+	}
+	s.Write(stdout)
+	return nil
+}

@@ -1,0 +1,208 @@
+// Package perf is `drover perf`: the Stability, Benchmark and Peak tests of
+// the seed reports (docs/perf.md), run against a server the suite starts or
+// one given by URL, with the seed reports' formulas, verdicts and protocols.
+package perf
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Kind is a test type.
+type Kind string
+
+// Test types.
+const (
+	Stability Kind = "stability"
+	Benchmark Kind = "benchmark"
+	Peak      Kind = "peak"
+)
+
+// PeakMode says what a Peak test storms the server with.
+type PeakMode string
+
+// Peak modes (the seed reports' R, D and F).
+const (
+	PeakRegister PeakMode = "R" // every device registers at once
+	PeakData     PeakMode = "D" // registered devices push as fast as the threads allow
+	PeakFull     PeakMode = "F" // register, push, receive and acknowledge configuration
+)
+
+// Preset is one test of the seed matrix.
+type Preset struct {
+	Name     string        `json:"name"`
+	Kind     Kind          `json:"kind"`
+	SSL      bool          `json:"ssl"`
+	Devices  int           `json:"devices"`
+	Threads  int           `json:"threads"`            // emulator threads
+	Handlers []int         `json:"handlers,omitempty"` // server handler threads, one run each (Benchmark)
+	Loops    int           `json:"loops,omitempty"`    // Benchmark: immediate loops
+	Duration time.Duration `json:"duration,omitempty"` // Stability, Peak
+	LoopTime int           `json:"loop_time_s"`        // device push interval in seconds
+	Mode     PeakMode      `json:"peak_mode,omitempty"`
+	Note     string        `json:"note,omitempty"`
+}
+
+// Minutes is the duration in minutes (0 for Benchmark).
+func (p Preset) Minutes() float64 { return p.Duration.Minutes() }
+
+// LoopTime of the 0.8.0 matrix, seconds.
+const defaultLoopTime = 200
+
+// PeakDevices is the Peak tests' fleet.
+const PeakDevices = 61440
+
+// Presets returns the seed matrix (0.8.0 names), as
+// /work/shared/docs/perf-methodology.md lists it.
+func Presets() []Preset {
+	var ps []Preset
+	stab := func(name string, devices, threads int, minutes int, note string) {
+		ps = append(ps, Preset{Name: name, Kind: Stability, SSL: true, Devices: devices, Threads: threads,
+			Duration: time.Duration(minutes) * time.Minute, LoopTime: defaultLoopTime, Note: note})
+	}
+	stab("Stab-2-2", 1000, 2, 120, "")
+	stab("Stab-4-2", 3000, 4, 120, "")
+	stab("Stab-8-2", 10000, 8, 120, "")
+	stab("Stab-16-2", 30000, 16, 120, "")
+	stab("Stab-4-48", 3000, 4, 2880, "")
+	stab("Stab-8-48-top", 40000, 8, 2880, "the 40,000-device target")
+	stab("Stab-4-672", 3000, 4, 40320, "four weeks")
+	for _, b := range []struct{ threads, devices int }{{6, 1200}, {12, 2400}, {24, 4800}, {48, 9600}} {
+		for _, ssl := range []bool{true, false} {
+			suffix := "noSSL"
+			if ssl {
+				suffix = "SSL"
+			}
+			ps = append(ps, Preset{Name: fmt.Sprintf("Bench-%d-%s", b.threads, suffix), Kind: Benchmark, SSL: ssl,
+				Devices: b.devices, Threads: b.threads, Handlers: []int{1, 2, 4, 8}, Loops: 10, LoopTime: defaultLoopTime})
+		}
+	}
+	for _, m := range []struct {
+		mode PeakMode
+		note string
+	}{{PeakRegister, "registration storm"}, {PeakData, "data-push storm"}, {PeakFull, "full cycle with configuration sync"}} {
+		for _, t := range []int{64, 256, 1024} {
+			ps = append(ps, Preset{Name: fmt.Sprintf("Peak%s-%d-max", m.mode, t), Kind: Peak, Devices: PeakDevices, Threads: t,
+				Duration: 10 * time.Minute, LoopTime: defaultLoopTime, Mode: m.mode, Note: m.note})
+		}
+	}
+	return ps
+}
+
+// Lookup finds a preset by name, case-insensitively.
+func Lookup(name string) (Preset, bool) {
+	for _, p := range Presets() {
+		if strings.EqualFold(p.Name, name) {
+			return p, true
+		}
+	}
+	return Preset{}, false
+}
+
+// Override changes a preset for a quick look; zero fields keep the preset's.
+type Override struct {
+	Scale    float64       // multiplies devices and duration (0 < scale ≤ 1)
+	Devices  int           // replaces devices (after scale)
+	Duration time.Duration // replaces duration (after scale)
+	LoopTime int           // replaces loop time, seconds
+	Handlers []int         // replaces server handler threads
+	Threads  int           // replaces emulator threads
+}
+
+// Apply returns p changed by o, and a description of the changes ("" when
+// p is unchanged).
+func (o Override) Apply(p Preset) (Preset, string, error) {
+	orig := p
+	var notes []string
+	if o.Scale < 0 || o.Scale > 1 {
+		return p, "", fmt.Errorf("scale %g: want 0 < scale ≤ 1", o.Scale)
+	}
+	if o.Scale > 0 && o.Scale < 1 {
+		p.Devices = max(1, int(math.Ceil(float64(p.Devices)*o.Scale)))
+		if p.Duration > 0 {
+			p.Duration = max(time.Second, time.Duration(float64(p.Duration)*o.Scale).Round(time.Second))
+		}
+		notes = append(notes, fmt.Sprintf("scale %g", o.Scale))
+	}
+	if o.Devices < 0 || o.Duration < 0 || o.LoopTime < 0 || o.Threads < 0 {
+		return p, "", fmt.Errorf("overrides must be positive")
+	}
+	if o.Devices > 0 {
+		p.Devices = o.Devices
+	}
+	if o.Duration > 0 {
+		if p.Kind == Benchmark {
+			return p, "", fmt.Errorf("%s: a benchmark runs %d loops, it has no duration", p.Name, p.Loops)
+		}
+		p.Duration = o.Duration
+	}
+	if o.LoopTime > 0 {
+		p.LoopTime = o.LoopTime
+	}
+	if o.Threads > 0 {
+		p.Threads = o.Threads
+	}
+	if len(o.Handlers) > 0 {
+		for _, h := range o.Handlers {
+			if h < 1 {
+				return p, "", fmt.Errorf("handler threads must be positive")
+			}
+		}
+		p.Handlers = append([]int(nil), o.Handlers...)
+	}
+	if p.Devices != orig.Devices {
+		notes = append(notes, fmt.Sprintf("%d devices instead of %d", p.Devices, orig.Devices))
+	}
+	if p.Duration != orig.Duration {
+		notes = append(notes, fmt.Sprintf("%s instead of %s", fmtDuration(p.Duration), fmtDuration(orig.Duration)))
+	}
+	if p.LoopTime != orig.LoopTime {
+		notes = append(notes, fmt.Sprintf("loop time %d s instead of %d s", p.LoopTime, orig.LoopTime))
+	}
+	if p.Threads != orig.Threads {
+		notes = append(notes, fmt.Sprintf("%d emulator threads instead of %d", p.Threads, orig.Threads))
+	}
+	if fmt.Sprint(p.Handlers) != fmt.Sprint(orig.Handlers) {
+		notes = append(notes, fmt.Sprintf("handler threads %s instead of %s", joinInts(p.Handlers), joinInts(orig.Handlers)))
+	}
+	if len(notes) == 1 && strings.HasPrefix(notes[0], "scale") {
+		notes = nil // scale 1 or a scale that changed nothing
+	}
+	return p, strings.Join(notes, ", "), nil
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// fmtDuration prints whole hours, minutes or seconds as a person would.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "—"
+	case d%time.Hour == 0 && d >= 48*time.Hour && d%(24*time.Hour) == 0:
+		return fmt.Sprintf("%d days", d/(24*time.Hour))
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%d h", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%d min", d/time.Minute)
+	default:
+		return fmt.Sprintf("%d s", d/time.Second)
+	}
+}
+
+// SortPresets orders presets as the matrix does.
+func SortPresets(ps []Preset) {
+	order := map[string]int{}
+	for i, p := range Presets() {
+		order[p.Name] = i
+	}
+	sort.SliceStable(ps, func(i, j int) bool { return order[ps[i].Name] < order[ps[j].Name] })
+}

@@ -1,0 +1,86 @@
+package perf
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPresetsAreTheMatrix(t *testing.T) {
+	ps := Presets()
+	if len(ps) != 7+8+9 {
+		t.Fatalf("%d presets, want 24", len(ps))
+	}
+	want := map[string]struct {
+		devices, threads int
+		minutes          float64
+		ssl              bool
+	}{
+		"Stab-2-2": {1000, 2, 120, true}, "Stab-4-2": {3000, 4, 120, true}, "Stab-8-2": {10000, 8, 120, true},
+		"Stab-16-2": {30000, 16, 120, true}, "Stab-4-48": {3000, 4, 2880, true}, "Stab-8-48-top": {40000, 8, 2880, true},
+		"Stab-4-672":  {3000, 4, 40320, true},
+		"Bench-6-SSL": {1200, 6, 0, true}, "Bench-6-noSSL": {1200, 6, 0, false}, "Bench-12-SSL": {2400, 12, 0, true},
+		"Bench-12-noSSL": {2400, 12, 0, false}, "Bench-24-SSL": {4800, 24, 0, true}, "Bench-24-noSSL": {4800, 24, 0, false},
+		"Bench-48-SSL": {9600, 48, 0, true}, "Bench-48-noSSL": {9600, 48, 0, false},
+	}
+	for _, m := range []string{"R", "D", "F"} {
+		for _, n := range []string{"64", "256", "1024"} {
+			th := map[string]int{"64": 64, "256": 256, "1024": 1024}[n]
+			want["Peak"+m+"-"+n+"-max"] = struct {
+				devices, threads int
+				minutes          float64
+				ssl              bool
+			}{61440, th, 10, false}
+		}
+	}
+	for _, p := range ps {
+		w, ok := want[p.Name]
+		if !ok {
+			t.Errorf("unexpected preset %s", p.Name)
+			continue
+		}
+		if p.Devices != w.devices || p.Threads != w.threads || p.Minutes() != w.minutes || p.SSL != w.ssl || p.LoopTime != 200 {
+			t.Errorf("%s = %+v, want %+v", p.Name, p, w)
+		}
+		if p.Kind == Benchmark && (p.Loops != 10 || joinInts(p.Handlers) != "1,2,4,8") {
+			t.Errorf("%s: loops %d handlers %v", p.Name, p.Loops, p.Handlers)
+		}
+		delete(want, p.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("missing presets %v", want)
+	}
+	if p, ok := Lookup("peakf-256-MAX"); !ok || p.Mode != PeakFull {
+		t.Errorf("lookup: %+v %v", p, ok)
+	}
+}
+
+func TestOverride(t *testing.T) {
+	stab, _ := Lookup("Stab-2-2")
+	p, ch, err := Override{Scale: 0.1}.Apply(stab)
+	if err != nil || p.Devices != 100 || p.Duration != 12*time.Minute || !strings.Contains(ch, "100 devices instead of 1000") || !strings.Contains(ch, "12 min instead of 2 h") {
+		t.Errorf("scale: %+v %q %v", p, ch, err)
+	}
+	if _, ch, _ := (Override{Scale: 1}).Apply(stab); ch != "" {
+		t.Errorf("scale 1 changed %q", ch)
+	}
+	p, ch, err = Override{Devices: 50, Duration: 20 * time.Second, LoopTime: 5}.Apply(stab)
+	if err != nil || p.Devices != 50 || p.Duration != 20*time.Second || p.LoopTime != 5 || !strings.Contains(ch, "loop time 5 s instead of 200 s") {
+		t.Errorf("overrides: %+v %q %v", p, ch, err)
+	}
+	r := &Result{Preset: p, Changes: ch}
+	if !strings.Contains(r.Title(), "scaled down") || r.FileBase() != "Stab-2-2-scaled" {
+		t.Errorf("title %q base %q", r.Title(), r.FileBase())
+	}
+	bench, _ := Lookup("Bench-6-SSL")
+	if _, _, err := (Override{Duration: time.Minute}).Apply(bench); err == nil {
+		t.Error("a benchmark has no duration: want an error")
+	}
+	if _, _, err := (Override{Scale: 2}).Apply(bench); err == nil {
+		t.Error("scale 2: want an error")
+	}
+	p, _, _ = Override{Handlers: []int{1, 2}}.Apply(bench)
+	if joinInts(p.Handlers) != "1,2" || joinInts(bench.Handlers) != "1,2,4,8" {
+		t.Errorf("handlers %v, preset %v", p.Handlers, bench.Handlers)
+	}
+}

@@ -1,0 +1,539 @@
+package perf
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Markdown renders r's protocol as Markdown.
+func Markdown(r *Result) string { return protocol(r, false).markdown() }
+
+// HTML renders r's protocol as a self-contained HTML page with charts.
+func HTML(r *Result) string { return protocol(r, true).html() }
+
+// group writes an integer with thousands separators.
+func group(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func gi(n int) string { return group(int64(n)) }
+
+// fx writes v with prec decimals and grouped thousands.
+func fx(v float64, prec int) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "—"
+	}
+	s := strconv.FormatFloat(math.Abs(v), 'f', prec, 64)
+	ip, fp, _ := strings.Cut(s, ".")
+	n, _ := strconv.ParseInt(ip, 10, 64)
+	out := group(n)
+	if fp != "" {
+		out += "." + fp
+	}
+	if v < 0 && strings.Trim(s, "0.") != "" {
+		out = "-" + out
+	}
+	return out
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "Yes"
+	}
+	return "No"
+}
+
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") }
+
+func orNA(ok bool, s string) string {
+	if !ok {
+		return "n/a"
+	}
+	return s
+}
+
+func protocol(r *Result, charts bool) *doc {
+	c := Compute(r)
+	p := r.Preset
+	d := &doc{title: "Drover performance protocol: " + r.Title()}
+	d.p("Verdict: **%s** — %s, %s to %s.", c.Verdict, kindName(p), stamp(r.Started), stamp(r.Ended))
+	if r.Changes != "" {
+		d.p("This is a **scaled-down** run (%s): a quick look, not a protocol of the %s test itself.", r.Changes, p.Name)
+	}
+
+	d.h("Test specs")
+	t := newTable("ID", "SSL?", "# of devices", "push/work threads", "# of loops", "# of minutes", "loop time / s", "notes")
+	loops, minutes := "N/A", "N/A"
+	if p.Loops > 0 {
+		loops = gi(p.Loops)
+	}
+	if p.Duration > 0 {
+		minutes = trimZeros(fx(p.Minutes(), 2))
+	}
+	hs := "as configured"
+	if len(p.Handlers) > 0 && r.Setup.Local {
+		hs = joinInts(p.Handlers)
+	} else if r.Setup.Local {
+		hs = "one per CPU"
+	}
+	t.row(p.Name, yesNo(p.SSL), gi(p.Devices), fmt.Sprintf("%d/%s", p.Threads, hs), loops, minutes, gi(p.LoopTime), specNote(p))
+	d.tab(t)
+
+	d.h("Environment")
+	e := r.Env
+	t = newTable("item", "value")
+	t.row("host", e.Host)
+	t.row("CPU", e.CPUModel)
+	t.row("CPU cores / threads", fmt.Sprintf("%d / %d", e.Cores, e.Threads))
+	t.row("RAM / MiB", fx(e.RAMMiB, 0))
+	t.row("kernel", e.Kernel)
+	t.row("OS", e.OS)
+	t.row("Go / Drover", e.GoVersion+" / "+e.DroverVersion)
+	t.row("server", r.Setup.Target)
+	t.row("backend / persistence", r.Setup.Backend+" / "+r.Setup.Persistence)
+	t.row("TLS", yesNo(r.Setup.TLS))
+	t.row("emulator connections", connName(r.Setup.Conn))
+	t.row("emulator", e.Emulator)
+	if e.OpenFiles > 0 {
+		t.row("open files limit", group(int64(e.OpenFiles)))
+	}
+	if len(r.Setup.ServerArgs) > 0 {
+		t.row("extra server flags", "`"+strings.Join(r.Setup.ServerArgs, " ")+"`")
+	}
+	d.tab(t)
+
+	switch p.Kind {
+	case Stability:
+		stabilitySections(d, r, &c)
+	default:
+		rowSections(d, r, &c)
+	}
+
+	d.h("Log analysis")
+	logSection(d, r)
+
+	d.h("Summary")
+	t = newTable("item", "value")
+	if p.Kind == Stability {
+		t.row("RAM utilisation note", orNA(c.RAMGrade != "", c.RAMGrade))
+		t.row("CPU utilisation note", c.CPUGrade)
+	}
+	t.row("push errors (%)", fx(c.PushErrPct, 3))
+	t.row("crashes / restarts", gi(c.Crashes))
+	t.row("Verdict", "**"+c.Verdict+"**")
+	d.tab(t)
+
+	d.h("Verdict")
+	if len(c.Reasons) == 0 {
+		d.p("**%s**: every threshold below was met.", c.Verdict)
+	} else {
+		d.p("**%s**:", c.Verdict)
+		d.list(c.Reasons...)
+	}
+	th := r.Thresholds
+	t = newTable("threshold", "value")
+	switch p.Kind {
+	case Stability:
+		t.row("push errors (error-or-retried / performed) at most", fx(th.MaxPushErrorPct, 3)+" %")
+		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.row("crashes and restarts", "0")
+		t.row("OS RAM utilisation after the test at most", fx(th.MaxRAMPct, 0)+" %")
+		t.row("server RSS growth over the second half at most", fx(th.MaxLeakPct, 0)+" %")
+		t.row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
+		t.row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
+	case Benchmark:
+		t.row("push errors at most", fx(th.MaxPushErrorPct, 3)+" %")
+		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.row("crashes and restarts", "0")
+	case Peak:
+		t.row("FAILED", "a crash, a restart or ERROR entries in the server log")
+		t.row("LIMIT REACHED", fmt.Sprintf("dropped, resent or deferred (503/429) requests, or less than %s %% accepted", fx(th.MinAcceptedPct, 0)))
+		t.row("PASSED", "none of these at this thread count")
+	}
+	d.tab(t)
+
+	if charts {
+		d.h("Charts")
+		chartSections(d, r)
+	}
+
+	d.h("Notes")
+	d.list(notes(r, &c)...)
+	return d
+}
+
+func kindName(p Preset) string {
+	switch p.Kind {
+	case Stability:
+		return "stability test"
+	case Benchmark:
+		return "benchmark"
+	default:
+		return "peak test (" + p.Note + ")"
+	}
+}
+
+func specNote(p Preset) string {
+	switch p.Kind {
+	case Stability:
+		return "open loop: every device pushes once per loop time"
+	case Benchmark:
+		return "closed loop: " + gi(p.Loops) + " immediate loops"
+	default:
+		return p.Note
+	}
+}
+
+func connName(c string) string {
+	switch c {
+	case "new":
+		return "a new connection (and TLS handshake) per request, as device agents do"
+	case "resume":
+		return "a new connection per request, TLS sessions resumed"
+	case "keepalive":
+		return "kept-alive connections"
+	}
+	return c
+}
+
+func gradeText(gs []Grade) string {
+	var parts []string
+	lo := 0.0
+	for _, g := range gs {
+		if g.Below == 0 {
+			parts = append(parts, fmt.Sprintf("≥ %s %%: %s", fx(lo, 0), g.Label))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("< %s %%: %s", fx(g.Below, 0), g.Label))
+		lo = g.Below
+	}
+	return strings.Join(parts, "; ")
+}
+
+func stabilitySections(d *doc, r *Result, c *Calc) {
+	var part Part
+	if len(r.Parts) > 0 {
+		part = r.Parts[0]
+	}
+	machine := part.Before.Machine
+	d.h("Resources")
+	t := newTable("", "", "value")
+	t.row("HW specs", "CPU cores / threads", fmt.Sprintf("%d / %d", r.Env.Cores, r.Env.Threads))
+	t.row("", "RAM / MiB", fx(r.Env.RAMMiB, 0))
+	t.row("Pre-test", "available MiB OS", orNA(machine, fx(part.Before.AvailMiB, 0)))
+	t.row("", "used MiB OS", orNA(machine, fx(part.Before.UsedMiB, 0)))
+	t.row("", "drover RSS (MiB)", fx(c.RSSBefore, 1))
+	t.row("Post-test", "available MiB OS", orNA(part.After.Machine, fx(part.After.AvailMiB, 0)))
+	t.row("", "used MiB OS", orNA(part.After.Machine, fx(part.After.UsedMiB, 0)))
+	t.row("", "drover RSS (MiB)", fx(c.RSSAfter, 1))
+	t.row("", "avg load 15", orNA(part.After.Machine, fx(c.Load15, 2)))
+	t.row("", "avg load 15 / CPU core", orNA(part.After.Machine, fx(c.LoadPerCore, 2)))
+	t.row("", "drover CPU, avg / max (% of all CPU threads)", fx(c.CPUAvgPct, 2)+" / "+fx(c.CPUMaxPct, 2))
+	d.tab(t)
+
+	d.h("Results")
+	t = newTable("", "", "value")
+	t.row("Test numbers", "processed loops", fx(c.ProcessedLoops, 2))
+	t.row("", "total time / s", fx(c.TotalSec, 0))
+	t.row("", "real loop time / s", fx(c.RealLoopTime, 0))
+	t.row("", "estimated data-pushes", fx(c.EstPushes, 0))
+	t.row("", "performed pushes", group(c.Performed))
+	t.row("", "accepted pushes", group(c.Accepted))
+	t.row("", "estimated avg req/s", fx(c.EstReqPerSec, 2))
+	t.row("", "rough avg req/s", fx(c.RoughReqPerSec, 2))
+	t.row("", "push latency p50 / p99 / max (ms, from the intended send time)", latencyText(part.Push.LatencyMs))
+	t.row("", "late sends (more than 100 ms behind schedule)", group(part.Push.Late))
+	t.row("Errors", "data errors / retries", group(c.ErrOrRetried))
+	t.row("", "push errors (%)", fx(c.PushErrPct, 3))
+	t.row("", "crashes", gi(c.Crashes))
+	t.row("", "log entries (warnings + errors)", gi(c.LogWarnings+c.LogErrors))
+	d.tab(t)
+	opBreakdown(d, r)
+
+	d.h("Calculations")
+	t = newTable("item", "value", "formula")
+	t.row("RSS increase MiB", fx(c.RSSIncMiB, 1), "RSS after − RSS before")
+	t.row("RSS increase %", fx(c.RSSIncPct, 2), "increase / RSS before")
+	t.row("MiB per device", fx(c.MiBPerDevice, 4), "increase / devices")
+	t.row("KiB per device", fx(c.KiBPerDevice, 2), "increase × 1024 / devices")
+	t.row("RAM utilisation %", orNA(c.RAMGrade != "", fx(c.RAMUtilPct, 2)), "OS used memory after / RAM")
+	t.row("max safe # of devices", orNA(c.RAMGrade != "", gi(c.MaxSafe)), "devices / RAM utilisation")
+	t.row("RSS growth over the second half %", fx(c.LeakPct, 2), "RSS at the end / RSS at max(½ duration, 1.5 loops) − 1")
+	d.tab(t)
+}
+
+func latencyText(l Latency) string {
+	return fx(l.P50, 1) + " / " + fx(l.P99, 1) + " / " + fx(l.Max, 1)
+}
+
+func opBreakdown(d *doc, r *Result) {
+	t := newTable("part", "operation", "accepted", "rejected", "dropped", "retried", "aborted at the end", "skipped / unregistered", "configs received")
+	for _, part := range r.Parts {
+		name := partName(r, part)
+		for _, o := range []struct {
+			n  string
+			op OpStats
+		}{{"register", part.Register}, {"push", part.Push}} {
+			if o.op.Performed() == 0 && o.op.Aborted == 0 {
+				continue
+			}
+			t.row(name, o.n, group(o.op.Accepted), mapText(o.op.Rejected), mapText(o.op.Dropped), group(o.op.Retried),
+				group(o.op.Aborted), group(o.op.Skipped)+" / "+group(o.op.Unregistered), group(o.op.ConfigsSeen))
+		}
+	}
+	if len(t.rows) > 0 {
+		d.tab(t)
+	}
+}
+
+func partName(r *Result, part Part) string {
+	if part.HandlerThreads > 0 && len(r.Parts) == 1 {
+		return fmt.Sprintf("%s, %d handler thread(s)", r.Preset.Name, part.HandlerThreads)
+	}
+	if part.HandlerThreads > 0 {
+		return fmt.Sprintf("%d handler thread(s)", part.HandlerThreads)
+	}
+	return r.Preset.Name
+}
+
+func mapText(m map[string]int64) string {
+	if len(m) == 0 {
+		return "0"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s: %s", k, group(m[k])))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func rowSections(d *doc, r *Result, c *Calc) {
+	p := r.Preset
+	d.h("Resources")
+	t := newTable("part", "RSS before (MiB)", "RSS after (MiB)", "server CPU avg (% of one core)", "OS used MiB after", "load 15 after", "emulator CPU (cores)")
+	for _, part := range r.Parts {
+		cpu := 0.0
+		if dt := part.After.At.Sub(part.Before.At).Seconds(); dt > 0 {
+			cpu = (part.After.CPUSecs - part.Before.CPUSecs) / dt * 100
+		}
+		t.row(partName(r, part), fx(part.Before.RSSMiB, 1), fx(part.After.RSSMiB, 1), fx(cpu, 0),
+			orNA(part.After.Machine, fx(part.After.UsedMiB, 0)), orNA(part.After.Machine, fx(part.After.Load15, 2)), fx(part.Emulator.CPUAvg, 2))
+	}
+	d.tab(t)
+
+	d.h("Results")
+	what := "pushes"
+	if p.Kind == Peak && p.Mode == PeakRegister {
+		what = "registrations"
+	}
+	t = newTable("handler threads", "elapsed time / s", "accepted "+what, what+" / s", "p50 / p99 latency (ms)", "errors (%)", "drops or retries")
+	for i, row := range c.Rows {
+		h := handlersText(r, row.Handlers)
+		_ = i
+		t.row(h, fx(row.ElapsedSec, 2), group(row.Pushes), fx(row.PushesPerSec, 2), fx(row.P50, 1)+" / "+fx(row.P99, 1), fx(row.ErrPct, 3), yesNo(row.Broke))
+	}
+	d.tab(t)
+	opBreakdown(d, r)
+	if p.Kind == Peak && p.Mode == PeakFull {
+		var changes int
+		var seen int64
+		for _, part := range r.Parts {
+			changes += part.ConfigChanges
+			seen += part.Push.ConfigsSeen
+		}
+		d.p("Configuration: the profile was changed %d time(s) during the test; devices received a new configuration %s times and acknowledged it on their next push.", changes, group(seen))
+		for _, part := range r.Parts {
+			if len(part.SyncStates) > 0 {
+				d.p("Devices by sync state at the end: %s.", floatMapText(part.SyncStates))
+			}
+		}
+	}
+
+	d.h("Calculations")
+	if p.Kind == Benchmark {
+		t = newTable("handler threads", "pushes / s", fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), "rec. max # devs (20 %, 0.6.0)", "safe max # devs (80 %)")
+		for _, row := range c.Rows {
+			h := handlersText(r, row.Handlers)
+			t.row(h, fx(row.PushesPerSec, 2), gi(row.Ideal), gi(row.Rec020), gi(row.Safe080))
+		}
+		d.tab(t)
+		if p.SSL {
+			d.p("Sizing rule applied: %s. Lowest SSL throughput of this test: %s pushes/s → ideal max %s devices, **safe max %s devices** at a %d s push interval.",
+				Rule080.Text, fx(c.Lowest, 2), gi(c.Ideal080), gi(c.Safe080), p.LoopTime)
+		} else {
+			d.p("Without TLS the 0.8.0 rule does not apply (it takes the lowest SSL throughput); the table gives both rules per row: %s; and 80 %% of the row's ideal.", Rule060.Text)
+		}
+	} else {
+		t = newTable("item", "value", "formula")
+		for _, row := range c.Rows {
+			t.row(what+" / s", fx(row.PushesPerSec, 2), "accepted / elapsed")
+			if p.Mode != PeakRegister {
+				t.row(fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), gi(row.Ideal), "pushes/s × loop time")
+			}
+			t.row("drops, resends or deferrals at "+gi(p.Threads)+" threads", yesNo(row.Broke), "dropped + resent + retried + 503/429 > 0")
+		}
+		d.tab(t)
+	}
+}
+
+func handlersText(r *Result, h int) string {
+	switch {
+	case h > 0:
+		return gi(h)
+	case r.Setup.Local:
+		return "one per CPU"
+	}
+	return "as configured"
+}
+
+func floatMapText(m map[string]float64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %s", k, fx(m[k], 0)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func logSection(d *doc, r *Result) {
+	reviewed := false
+	for _, part := range r.Parts {
+		reviewed = reviewed || part.LogReviewed
+	}
+	if !reviewed {
+		d.p("The server log was not reviewed (a running server: give `--server-log FILE` to review it).")
+		return
+	}
+	t := newTable("part", "level", "message", "count", "first", "last")
+	lines := 0
+	for _, part := range r.Parts {
+		lines += part.Log.Lines
+		for _, g := range part.Log.Groups {
+			first, last := "", ""
+			if !g.First.IsZero() {
+				first = g.First.UTC().Format("15:04:05")
+			}
+			if !g.Last.IsZero() {
+				last = g.Last.UTC().Format("15:04:05")
+			}
+			t.row(partName(r, part), g.Level, g.Msg, gi(g.Count), first, last)
+		}
+	}
+	if len(t.rows) == 0 {
+		d.p("%s log lines reviewed: no warnings, no errors.", gi(lines))
+		return
+	}
+	d.p("%s log lines reviewed; warnings and errors grouped by level and message:", gi(lines))
+	d.tab(t)
+}
+
+func chartSections(d *doc, r *Result) {
+	for _, part := range r.Parts {
+		name := ""
+		if len(r.Parts) > 1 {
+			name = " — " + partName(r, part)
+		}
+		xs := make([]float64, len(part.Series))
+		done, acc, errs, regs, p50, p90, p99 := make([]float64, len(xs)), make([]float64, len(xs)), make([]float64, len(xs)),
+			make([]float64, len(xs)), make([]float64, len(xs)), make([]float64, len(xs)), make([]float64, len(xs))
+		anyRegs := false
+		for i, pt := range part.Series {
+			xs[i] = pt.T
+			done[i], acc[i], errs[i], regs[i] = pt.Done, pt.Accepted, pt.Errors, pt.Regs
+			p50[i], p90[i], p99[i] = pt.P50, pt.P90, pt.P99
+			anyRegs = anyRegs || pt.Regs > 0
+		}
+		th := &chart{title: "Throughput" + name, unit: "requests/s", xs: xs}
+		th.add("pushes done/s", done)
+		th.add("pushes accepted/s", acc)
+		if anyRegs {
+			th.add("registrations/s", regs)
+		}
+		d.chartBlock(th)
+		lat := &chart{title: "Latency percentiles" + name, unit: "ms", xs: xs}
+		lat.add("p50", p50)
+		lat.add("p90", p90)
+		lat.add("p99", p99)
+		d.chartBlock(lat)
+		ec := &chart{title: "Errors" + name, unit: "rejected, dropped or retried per s", xs: xs}
+		ec.add("errors/s", errs)
+		d.chartBlock(ec)
+		sx := make([]float64, len(part.Samples))
+		rss, cpu := make([]float64, len(sx)), make([]float64, len(sx))
+		for i, s := range part.Samples {
+			sx[i], rss[i], cpu[i] = s.T, s.RSSMiB, s.CPUPct
+		}
+		rc := &chart{title: "Server RSS" + name, unit: "MiB", xs: sx}
+		rc.add("RSS", rss)
+		d.chartBlock(rc)
+		cc := &chart{title: "Server CPU" + name, unit: "% of one core", xs: sx}
+		cc.add("CPU", cpu)
+		d.chartBlock(cc)
+	}
+}
+
+func notes(r *Result, c *Calc) []string {
+	p := r.Preset
+	var n []string
+	if r.Changes != "" {
+		n = append(n, "Scaled down: "+r.Changes+". Figures that depend on the fleet size or duration (RSS increase, loops, max devices) are those of the smaller test.")
+	}
+	n = append(n, "Command: `"+r.Command+"`")
+	switch p.Kind {
+	case Stability:
+		n = append(n,
+			"Total time runs from the emulator's start to its end; it includes each device's registration before its first push, so the real loop time is a little longer than the set loop time (as in the seed reports).",
+			"Estimated data-pushes = devices × minutes × 60 / loop time; rough avg req/s = performed pushes / total time; real loop time = total time / (performed pushes / devices).",
+			"Max safe # of devices = devices / RAM utilisation: the fleet at which the OS memory would be fully used if it grew with the fleet. OS used memory = MemTotal − MemAvailable and includes everything else on the machine.",
+			fmt.Sprintf("Each device pushes once per %d s at its own phase (open loop); at most %d requests are in flight at once (the emulator threads).", p.LoopTime, p.Threads))
+	case Benchmark:
+		n = append(n, fmt.Sprintf("Elapsed time runs from the first push to the last answer of the %d loops; registration is before it and not counted. Pushes/s = accepted pushes / elapsed (devices × loops / elapsed when all are accepted).", p.Loops),
+			"Each handler-thread count is a fresh server (`--threads N`, Go's GOMAXPROCS) with a fresh database.")
+	case Peak:
+		switch p.Mode {
+		case PeakRegister:
+			n = append(n, "R = registration storm: every device registers at once, as after a server reinstall; the test ends when all have registered or the duration is over.")
+		case PeakData:
+			n = append(n, "D = data-push storm: the fleet registered first (not measured), then pushes as fast as the threads allow for the duration.")
+		case PeakFull:
+			n = append(n, "F = full cycle: devices register, push and receive the configuration, which the test changes every tenth of its duration; a device acknowledges a configuration by reporting its version in the next push.")
+		}
+		n = append(n, "A peak test looks for the thread count at which requests start to be dropped and resent; run the 64, 256 and 1024 variants to find it.")
+	}
+	if r.Setup.Local {
+		n = append(n, "The emulator ran on the same machine as the server and shared its CPU: on small machines it limits the throughput it measures. Its own CPU use is in the Resources table.")
+	}
+	for _, part := range r.Parts {
+		for _, w := range part.Emulator.Warnings {
+			n = append(n, "Emulator warning ("+partName(r, part)+"): "+w)
+		}
+	}
+	n = append(n, r.Notes...)
+	return n
+}

@@ -1,0 +1,749 @@
+package perf
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/drover/drover/internal/emulator"
+	"github.com/drover/drover/internal/emulator/results"
+)
+
+// Options configure a run of one or more presets.
+type Options struct {
+	// A running server; empty: start one per run with ServerCmd.
+	URL              string
+	EnrollmentSecret string
+	AdminToken       string // needed by PeakF (it changes the profile)
+	CAFile           string
+	Insecure         bool
+	ServerLog        string // remote: the server's log file, reviewed from its size at the start
+
+	// A server started by perf: ServerCmd + "serve"-style flags.
+	ServerCmd   []string // e.g. [/usr/bin/drover serve]
+	ServerEnv   []string // added to the environment
+	Persistence string   // default write-through
+	DB          string   // default: SQLite in the temporary data dir
+	ServerArgs  []string // passed through
+	WorkDir     string   // parent of temporary data dirs (default: os.TempDir())
+
+	Override    Override
+	Conn        emulator.ConnMode // default: new connection per request
+	SourceAddrs []net.IP          // default for a local server: 127.0.0.1-127.0.0.8
+
+	Version  string    // drover version for the environment
+	Command  string    // the command line, for the protocol
+	Progress io.Writer // one line every ProgressEvery (nil: none)
+	// ProgressEvery defaults to 10 s.
+	ProgressEvery time.Duration
+	Thresholds    *Thresholds
+}
+
+// Run runs one preset and returns its result. The result is returned with
+// its parts so far when ctx ends early.
+func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
+	p, changes, err := o.Override.Apply(preset)
+	if err != nil {
+		return nil, err
+	}
+	if o.URL != "" && len(o.Override.Handlers) > 0 {
+		return nil, errors.New("--handlers needs a server started by drover perf: a running server keeps its own threads")
+	}
+	if o.URL == "" && len(o.ServerCmd) == 0 {
+		return nil, errors.New("no server: give a URL or a server command")
+	}
+	if p.Kind == Peak && p.Mode == PeakFull && o.URL != "" && o.AdminToken == "" {
+		return nil, errors.New(p.Name + " changes the configuration profile during the test: give --admin-token")
+	}
+	if o.Persistence == "" {
+		o.Persistence = "write-through"
+	}
+	if o.Conn == "" {
+		o.Conn = emulator.ConnNew
+	}
+	if o.ProgressEvery == 0 {
+		o.ProgressEvery = 10 * time.Second
+	}
+	th := DefaultThresholds()
+	if o.Thresholds != nil {
+		th = *o.Thresholds
+	}
+	r := &Result{Format: resultFormat, Preset: p, Changes: changes, Command: o.Command, Started: time.Now().UTC(),
+		Env: ReadEnvironment(o.Version), Thresholds: th}
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		r.Env.OpenFiles = lim.Cur
+	}
+	r.Setup = Setup{Target: o.URL, Local: o.URL == "", Persistence: o.Persistence, TLS: p.SSL, Conn: string(o.Conn), ServerArgs: o.ServerArgs}
+	r.Setup.Backend = backendName(o.DB, o.Persistence)
+	if o.URL != "" {
+		r.Setup.TLS = strings.HasPrefix(o.URL, "https://")
+		r.Setup.Persistence, r.Setup.Backend = "as configured on the server", "as configured on the server"
+		r.Env.Emulator = fmt.Sprintf("this machine (%s), in the drover perf process (GOMAXPROCS %d); the server at %s", r.Env.Host, runtime.GOMAXPROCS(0), o.URL)
+	} else {
+		r.Env.Emulator = fmt.Sprintf("the same machine as the server, in the drover perf process (GOMAXPROCS %d); the server a separate process", runtime.GOMAXPROCS(0))
+		if o.SourceAddrs == nil {
+			for i := 1; i <= 8; i++ {
+				o.SourceAddrs = append(o.SourceAddrs, net.IPv4(127, 0, 0, byte(i)))
+			}
+		}
+	}
+	handlers := []int{0}
+	if p.Kind == Benchmark && o.URL == "" && len(p.Handlers) > 0 {
+		handlers = p.Handlers
+	}
+	defer func() { r.Ended = time.Now().UTC() }()
+	for _, h := range handlers {
+		part, err := runPart(ctx, r, p, h, o)
+		r.Parts = append(r.Parts, part)
+		if err != nil {
+			return r, err
+		}
+		if ctx.Err() != nil {
+			return r, ctx.Err()
+		}
+	}
+	return r, nil
+}
+
+func backendName(db, persistence string) string {
+	if persistence == "memory" {
+		return "none (in memory)"
+	}
+	switch {
+	case db == "":
+		return "SQLite (embedded)"
+	case strings.HasPrefix(db, "postgres"):
+		return "PostgreSQL"
+	case strings.HasPrefix(db, "mysql"), strings.HasPrefix(db, "mariadb"):
+		return "MariaDB/MySQL"
+	default:
+		return "SQLite"
+	}
+}
+
+// target is the server under test during one part.
+type target struct {
+	url, secret, admin string
+	tlsConf            *tls.Config
+	caPEM              []byte
+	client             *http.Client
+	local              *localServer
+	review             *LogReview
+	logFile            string
+	logOffset          int64
+}
+
+func randomToken() string {
+	b := make([]byte, 18)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) (Part, error) {
+	part := Part{HandlerThreads: handlers}
+	t, err := openTarget(ctx, p, handlers, o)
+	if err != nil {
+		part.Err = err.Error()
+		return part, err
+	}
+	defer t.close()
+	if r.Setup.Target == "" || !r.Setup.Local {
+		r.Setup.Target = t.url
+	}
+	if t.local != nil {
+		r.Setup.Target = "local " + t.url
+	}
+
+	// Settle, then the pre-test snapshot.
+	sleepCtx(ctx, 2*time.Second)
+	before, err := t.snapshot()
+	if err != nil {
+		part.Err = err.Error()
+		return part, fmt.Errorf("sampling the server: %w", err)
+	}
+	part.Before = before
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	every := time.Second
+	if p.Duration > 0 {
+		every = max(time.Second, (p.Duration / 1500).Round(time.Second))
+	}
+	smp := &sampler{t: t, every: every, cancel: cancel, before: before}
+	smpDone := make(chan struct{})
+	go func() { smp.loop(runCtx); close(smpDone) }()
+
+	var wg sync.WaitGroup
+	if p.Kind == Peak && p.Mode == PeakFull {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			part.ConfigChanges = t.changeConfig(runCtx, max(p.Duration/10, 3*time.Second))
+		}()
+	}
+	part.Started = time.Now().UTC()
+	sum, series, err := drive(runCtx, p, t, o, part.Started)
+	part.Ended = time.Now().UTC()
+	cancel()
+	wg.Wait()
+	<-smpDone
+	part.Samples = smp.samples
+	part.Restarts = smp.restarts
+	if smp.exit != "" {
+		part.ServerExit = smp.exit
+	}
+	part.Series = series
+	if sum != nil {
+		part.Push = opStats(sum.Op(results.OpPush))
+		part.Register = opStats(sum.Op(results.OpRegister))
+		res := sum.Resources
+		part.Emulator = EmuStats{CPUAvg: res.CPUAvg, CPUMax: res.CPUMax, RSSMiB: mib(res.RSSMax), Cores: res.Cores, Warnings: sum.Warnings}
+		if sum.Err != "" && err == nil && ctx.Err() == nil && part.ServerExit == "" {
+			part.Err = sum.Err
+		}
+	}
+	if err != nil && part.ServerExit == "" && ctx.Err() == nil {
+		part.Err = err.Error()
+	}
+	if part.ServerExit == "" {
+		if after, err := t.snapshot(); err == nil {
+			part.After = after
+		} else {
+			part.After = smp.last
+		}
+		if m, err := t.metrics(); err == nil {
+			part.SyncStates = m.SyncStates
+		}
+	} else {
+		part.After = smp.last
+	}
+	part.Log, part.LogReviewed = t.logSummary()
+	if ctx.Err() != nil && part.Err == "" {
+		part.Err = "interrupted before the end of the test"
+	}
+	if part.ServerExit != "" {
+		return part, fmt.Errorf("the server ended during the test: %s", part.ServerExit)
+	}
+	if err != nil && ctx.Err() == nil {
+		return part, err
+	}
+	return part, nil
+}
+
+func opStats(o *results.OpSummary) OpStats {
+	s := OpStats{Accepted: o.Accepted, Rejected: o.Rejected, Dropped: o.Dropped, Aborted: o.Aborted, Retried: o.Retried,
+		Resent: o.Resent, Reregistered: o.Reregistered, Skipped: o.Skipped, Unregistered: o.Unregistered, Late: o.Late,
+		ConfigsSeen: o.ConfigsSeen, ElapsedSec: o.Elapsed().Seconds()}
+	if o.Latency != nil && o.Latency.Count() > 0 {
+		s.LatencyMs = Latency{P50: ms(o.Latency.Quantile(.5)), P90: ms(o.Latency.Quantile(.9)), P99: ms(o.Latency.Quantile(.99)),
+			Max: ms(o.Latency.Max()), Mean: ms(o.Latency.Mean())}
+	}
+	return s
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// drive runs the emulator for one part.
+func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []Point, error) {
+	cfg := emulator.Config{
+		Target: t.url, EnrollmentSecret: t.secret, CACertPEM: t.caPEM, Insecure: o.Insecure && t.local == nil,
+		Devices: p.Devices, Seed: "perf-" + strings.ToLower(p.Name) + "-" + strconv.FormatInt(start.Unix(), 36),
+		Conn: o.Conn, SourceAddrs: o.SourceAddrs, Workers: p.Threads,
+	}
+	var prog progress
+	prog.w, prog.every, prog.name = o.Progress, o.ProgressEvery, p.Name
+	cfg.Progress = prog.show
+	cfg.Warn = prog.warn
+	switch p.Kind {
+	case Stability:
+		cfg.Mode = emulator.ModeFleet
+		cfg.Interval = time.Duration(p.LoopTime) * time.Second
+		cfg.Duration = p.Duration
+		cfg.MaxInflight = p.Threads
+	case Benchmark:
+		cfg.Mode = emulator.ModeBenchmark
+		cfg.Loops = p.Loops
+	case Peak:
+		cfg.Mode = emulator.ModeBenchmark
+		cfg.Duration = p.Duration
+		switch p.Mode {
+		case PeakRegister:
+			cfg.Loops, cfg.LoopsSet = 0, true
+		case PeakData:
+			// Register first, unmeasured; the storm then starts from saved credentials.
+			dir, err := os.MkdirTemp(o.WorkDir, "drover-perf-cred")
+			if err != nil {
+				return nil, nil, err
+			}
+			defer os.RemoveAll(dir)
+			cfg.CredentialsFile = filepath.Join(dir, "credentials.jsonl")
+			reg := cfg
+			reg.Loops, reg.LoopsSet, reg.Duration = 0, true, 0
+			reg.Progress, reg.Warn = nil, nil
+			pre, err2 := emulator.Run(ctx, reg, nil)
+			if err2 != nil {
+				return nil, nil, fmt.Errorf("registering the fleet before the storm: %w", err2)
+			}
+			if n := pre.Op(results.OpRegister).Accepted; n < int64(p.Devices) {
+				return nil, nil, fmt.Errorf("registering the fleet before the storm: %d of %d devices registered", n, p.Devices)
+			}
+			cfg.Loops = 1 << 30
+		case PeakFull:
+			cfg.Loops = 1 << 30
+		}
+	}
+	width := time.Second
+	if p.Duration > 0 {
+		width = max(time.Second, (p.Duration / 600).Round(time.Second))
+	}
+	sink := newSeriesSink(start, width)
+	if cfg.Mode == emulator.ModeFleet {
+		sum, err := emulator.Run(ctx, cfg, sink)
+		return sum, sink.points(), err
+	}
+	// A closed loop's duration ends by cancellation, not by a context
+	// deadline: once a deadline has passed, dials fail at once while the
+	// context may not yet report it, and the emulator would count those
+	// failures as dropped requests. Cancelled in-flight requests count as
+	// aborted.
+	dur := cfg.Duration
+	cfg.Duration = 0
+	dctx, dcancel := context.WithCancel(ctx)
+	defer dcancel()
+	if dur > 0 {
+		t := time.AfterFunc(dur, dcancel)
+		defer t.Stop()
+	}
+	sum, err := emulator.Run(dctx, cfg, sink)
+	if dctx.Err() != nil && ctx.Err() == nil {
+		err = nil // the test's own duration
+		if sum != nil {
+			sum.Err = ""
+		}
+	}
+	return sum, sink.points(), err
+}
+
+// progress prints a line every so often.
+type progress struct {
+	w     io.Writer
+	every time.Duration
+	name  string
+	mu    sync.Mutex
+	last  time.Time
+}
+
+func (pr *progress) show(pg emulator.Progress) {
+	if pr.w == nil {
+		return
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if !pg.Final && time.Since(pr.last) < pr.every {
+		return
+	}
+	pr.last = time.Now()
+	fmt.Fprintf(pr.w, "%s %s %s: push %d ok %d err (%.0f/s, p99 %s), register %d ok, emulator CPU %.2f\n",
+		time.Now().Format("15:04:05"), pr.name, pg.Phase, pg.Push.Accepted, pg.Push.Errors(), pg.PushRate,
+		pg.PushP99.Round(time.Millisecond), pg.Reg.Accepted, pg.CPU)
+}
+
+func (pr *progress) warn(msg string) {
+	if pr.w != nil {
+		fmt.Fprintf(pr.w, "%s %s emulator warning: %s\n", time.Now().Format("15:04:05"), pr.name, msg)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// --- the server under test ---
+
+func openTarget(ctx context.Context, p Preset, handlers int, o Options) (*target, error) {
+	t := &target{}
+	if o.URL == "" {
+		ls, err := startLocal(ctx, p, handlers, o)
+		if err != nil {
+			return nil, err
+		}
+		t.local, t.review = ls, ls.review
+		t.url, t.secret, t.admin, t.caPEM = ls.url, ls.secret, ls.admin, ls.caPEM
+	} else {
+		u, err := url.Parse(o.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("--url %q: want http(s)://host:port", o.URL)
+		}
+		t.url = strings.TrimSuffix(o.URL, "/")
+		t.secret, t.admin = o.EnrollmentSecret, o.AdminToken
+		if t.secret == "" {
+			return nil, errors.New("a running server needs --enrollment-secret")
+		}
+		if o.CAFile != "" {
+			if t.caPEM, err = os.ReadFile(o.CAFile); err != nil {
+				return nil, err
+			}
+		}
+		if o.ServerLog != "" {
+			st, err := os.Stat(o.ServerLog)
+			if err != nil {
+				return nil, fmt.Errorf("--server-log: %w", err)
+			}
+			t.logFile, t.logOffset = o.ServerLog, st.Size()
+		}
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.Insecure && t.local == nil}
+	if len(t.caPEM) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(t.caPEM) {
+			t.close()
+			return nil, errors.New("CA certificate: no PEM certificate found")
+		}
+		tc.RootCAs = pool
+	}
+	t.tlsConf = tc
+	t.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 2}}
+	if t.local == nil {
+		if _, err := t.metrics(); err != nil {
+			return nil, fmt.Errorf("%s/metrics: %w", t.url, err)
+		}
+	}
+	return t, nil
+}
+
+func (t *target) close() {
+	if t.local != nil {
+		t.local.stop()
+	}
+	if t.client != nil {
+		t.client.CloseIdleConnections()
+	}
+}
+
+func (t *target) metrics() (Metrics, error) {
+	resp, err := t.client.Get(t.url + "/metrics")
+	if err != nil {
+		return Metrics{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return Metrics{}, fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return ParseMetrics(resp.Body)
+}
+
+// snapshot samples the server (from /proc when local, /metrics when
+// remote) and, when local, the machine.
+func (t *target) snapshot() (Snapshot, error) {
+	s := Snapshot{At: time.Now().UTC()}
+	if t.local != nil {
+		ps, err := ReadProc(t.local.cmd.Process.Pid)
+		if err != nil {
+			return s, err
+		}
+		s.RSSMiB, s.CPUSecs = mib(ps.RSS), ps.CPUSecs
+		mi, err1 := ReadMemInfo()
+		l15, err2 := ReadLoad15()
+		if err1 == nil && err2 == nil {
+			s.UsedMiB, s.AvailMiB, s.Load15, s.Machine = mib(mi.Used), mib(mi.Available), l15, true
+		}
+		return s, nil
+	}
+	m, err := t.metrics()
+	if err != nil {
+		return s, err
+	}
+	s.RSSMiB, s.CPUSecs = mib(m.RSS), m.CPUSecs
+	return s, nil
+}
+
+func (t *target) logSummary() (LogSummary, bool) {
+	if t.review != nil {
+		return t.review.Summary(), true
+	}
+	if t.logFile == "" {
+		return LogSummary{}, false
+	}
+	f, err := os.Open(t.logFile)
+	if err != nil {
+		return LogSummary{}, false
+	}
+	defer f.Close()
+	if _, err := f.Seek(t.logOffset, io.SeekStart); err != nil {
+		return LogSummary{}, false
+	}
+	rv := NewLogReview(nil)
+	if _, err := io.Copy(rv, f); err != nil {
+		return LogSummary{}, false
+	}
+	return rv.Summary(), true
+}
+
+// changeConfig updates every profile's configuration every period, so that
+// devices receive and acknowledge it; it returns the updates made.
+func (t *target) changeConfig(ctx context.Context, period time.Duration) int {
+	n := 0
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return n
+		case <-tick.C:
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", t.url+"/api/v1/profiles", nil)
+		req.Header.Set("Authorization", "Bearer "+t.admin)
+		resp, err := t.client.Do(req)
+		if err != nil {
+			continue
+		}
+		var list struct {
+			Profiles []struct {
+				ID json.Number `json:"id"`
+			} `json:"profiles"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&list)
+		resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		for _, pr := range list.Profiles {
+			body := fmt.Sprintf(`{"config":{"perf_change":%d,"ntp":"pool.ntp.org","log_level":"info"}}`, n+1)
+			req, _ := http.NewRequestWithContext(ctx, "PATCH", t.url+"/api/v1/profiles/"+pr.ID.String(), strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+t.admin)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := t.client.Do(req)
+			if err != nil {
+				continue
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				n++
+			}
+		}
+	}
+}
+
+// sampler samples the server while the emulator runs.
+type sampler struct {
+	t        *target
+	every    time.Duration
+	cancel   context.CancelFunc
+	before   Snapshot
+	samples  []Sample
+	last     Snapshot
+	exit     string
+	restarts int
+}
+
+func (s *sampler) loop(ctx context.Context) {
+	prev := s.before
+	s.last = prev
+	start := time.Now()
+	var startTime float64
+	if s.t.local == nil {
+		if m, err := s.t.metrics(); err == nil {
+			startTime = m.StartTime
+		}
+	}
+	tick := time.NewTicker(s.every)
+	defer tick.Stop()
+	var exited <-chan struct{}
+	if s.t.local != nil {
+		exited = s.t.local.done
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-exited:
+			s.exit = s.t.local.exitReason()
+			s.cancel()
+			return
+		case <-tick.C:
+		}
+		snap, err := s.t.snapshot()
+		if err != nil {
+			if s.t.local != nil {
+				continue // the exit shows on done
+			}
+			continue // remote: a failed scrape is a gap in the chart
+		}
+		if s.t.local == nil && startTime != 0 {
+			if m, err := s.t.metrics(); err == nil && m.StartTime != 0 && m.StartTime != startTime {
+				s.restarts++
+				startTime = m.StartTime
+			}
+		}
+		sm := Sample{T: time.Since(start).Seconds(), RSSMiB: snap.RSSMiB}
+		if dt := snap.At.Sub(prev.At).Seconds(); dt > 0 && snap.CPUSecs >= prev.CPUSecs {
+			sm.CPUPct = (snap.CPUSecs - prev.CPUSecs) / dt * 100
+		}
+		if snap.Machine {
+			sm.UsedMiB, sm.AvailMiB, sm.Load15 = snap.UsedMiB, snap.AvailMiB, snap.Load15
+		}
+		s.samples = append(s.samples, sm)
+		prev, s.last = snap, snap
+	}
+}
+
+// localServer is `drover serve` started by perf.
+type localServer struct {
+	cmd                *exec.Cmd
+	dir                string
+	url, secret, admin string
+	caPEM              []byte
+	review             *LogReview
+	done               chan struct{}
+	waitErr            error
+	stopping           bool
+	mu                 sync.Mutex
+	stderrDone         chan struct{}
+}
+
+func startLocal(ctx context.Context, p Preset, handlers int, o Options) (*localServer, error) {
+	dir, err := os.MkdirTemp(o.WorkDir, "drover-perf-")
+	if err != nil {
+		return nil, err
+	}
+	ls := &localServer{dir: dir, secret: randomToken(), admin: randomToken(), done: make(chan struct{}), stderrDone: make(chan struct{})}
+	args := append([]string{}, o.ServerCmd[1:]...)
+	args = append(args, "--data-dir", filepath.Join(dir, "data"), "--log-format", "json", "--persistence", o.Persistence,
+		"--enrollment-secret", ls.secret, "--admin-token", ls.admin, "--push-interval", strconv.Itoa(p.LoopTime))
+	if o.DB != "" {
+		args = append(args, "--db", o.DB)
+	}
+	if handlers > 0 {
+		args = append(args, "--threads", strconv.Itoa(handlers))
+	}
+	if p.SSL {
+		args = append(args, "--listen", "127.0.0.1:0")
+	} else {
+		args = append(args, "--listen=", "--http-listen", "127.0.0.1:0")
+	}
+	args = append(args, o.ServerArgs...)
+	ls.cmd = exec.Command(o.ServerCmd[0], args...)
+	ls.cmd.Env = append(os.Environ(), o.ServerEnv...)
+	ls.cmd.Stdout = io.Discard
+	addr := make(chan string, 1)
+	ls.review = NewLogReview(func(_ []byte, rec LogRecord) {
+		if rec.Msg == "listening" && rec.Attrs["addr"] != "" {
+			select {
+			case addr <- rec.Attrs["proto"] + "://" + rec.Attrs["addr"]:
+			default:
+			}
+		}
+	})
+	var tail bytes.Buffer // the first lines, for an early exit
+	pr, pw := io.Pipe()
+	ls.cmd.Stderr = pw
+	go func() {
+		defer close(ls.stderrDone)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := pr.Read(buf)
+			if n > 0 {
+				ls.review.Write(buf[:n])
+				ls.mu.Lock()
+				if tail.Len() < 8<<10 {
+					tail.Write(buf[:n])
+				}
+				ls.mu.Unlock()
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	if err := ls.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting the server: %w", err)
+	}
+	go func() {
+		ls.waitErr = ls.cmd.Wait()
+		pw.Close()
+		close(ls.done)
+	}()
+	select {
+	case ls.url = <-addr:
+	case <-ls.done:
+		<-ls.stderrDone
+		ls.mu.Lock()
+		out := strings.TrimSpace(tail.String())
+		ls.mu.Unlock()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("the server exited at start (%v): %s", ls.waitErr, out)
+	case <-time.After(2 * time.Minute):
+		ls.stop()
+		return nil, errors.New("the server did not listen within 2 minutes")
+	case <-ctx.Done():
+		ls.stop()
+		return nil, ctx.Err()
+	}
+	if p.SSL {
+		if ls.caPEM, err = os.ReadFile(filepath.Join(dir, "data", "tls", "cert.pem")); err != nil {
+			ls.stop()
+			return nil, fmt.Errorf("the server's certificate: %w", err)
+		}
+	}
+	return ls, nil
+}
+
+func (ls *localServer) exitReason() string {
+	<-ls.done
+	if ls.waitErr != nil {
+		return ls.waitErr.Error()
+	}
+	return "exited with status 0"
+}
+
+// stop ends the server with SIGTERM (SIGKILL after a minute) and removes
+// its data.
+func (ls *localServer) stop() {
+	ls.mu.Lock()
+	already := ls.stopping
+	ls.stopping = true
+	ls.mu.Unlock()
+	if already {
+		return
+	}
+	if ls.cmd.Process != nil {
+		ls.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-ls.done:
+		case <-time.After(time.Minute):
+			ls.cmd.Process.Kill()
+			<-ls.done
+		}
+		<-ls.stderrDone
+	}
+	os.RemoveAll(ls.dir)
+}

@@ -1,0 +1,114 @@
+package perf
+
+import (
+	"bytes"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/drover/drover/internal/emulator/results"
+)
+
+// maxBuckets bounds a chart's points: when a run outlasts them, adjacent
+// buckets merge and the bucket width doubles.
+const maxBuckets = 1200
+
+// seriesSink reads the emulator's result stream (JSON lines) and keeps its
+// per-second interval records as time buckets with merged histograms.
+type seriesSink struct {
+	mu      sync.Mutex
+	start   int64 // unix second of the part's start
+	width   int64 // seconds per bucket
+	buf     []byte
+	buckets []*bucket
+}
+
+type bucket struct {
+	dur       float64
+	push, reg results.Op
+}
+
+func newSeriesSink(start time.Time, width time.Duration) *seriesSink {
+	return &seriesSink{start: start.Unix(), width: max(1, int64(width/time.Second))}
+}
+
+func (s *seriesSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf = append(s.buf, p...)
+	for {
+		i := bytes.IndexByte(s.buf, '\n')
+		if i < 0 {
+			break
+		}
+		s.record(s.buf[:i])
+		s.buf = s.buf[i+1:]
+	}
+	return len(p), nil
+}
+
+func (s *seriesSink) record(line []byte) {
+	if !bytes.Contains(line, []byte(`"type":"interval"`)) {
+		return
+	}
+	var iv results.Interval
+	if json.Unmarshal(line, &iv) != nil {
+		return
+	}
+	idx := (iv.TS - s.start) / s.width
+	if idx < 0 {
+		idx = 0
+	}
+	for idx >= maxBuckets {
+		s.halve()
+		idx = (iv.TS - s.start) / s.width
+	}
+	for int64(len(s.buckets)) <= idx {
+		s.buckets = append(s.buckets, &bucket{})
+	}
+	b := s.buckets[idx]
+	b.dur += iv.Dur
+	b.push.Merge(iv.Ops[results.OpPush])
+	b.reg.Merge(iv.Ops[results.OpRegister])
+}
+
+// halve merges adjacent buckets.
+func (s *seriesSink) halve() {
+	var out []*bucket
+	for i := 0; i < len(s.buckets); i += 2 {
+		b := s.buckets[i]
+		if i+1 < len(s.buckets) {
+			o := s.buckets[i+1]
+			b.dur += o.dur
+			b.push.Merge(&o.push)
+			b.reg.Merge(&o.reg)
+		}
+		out = append(out, b)
+	}
+	s.buckets = out
+	s.width *= 2
+}
+
+func (s *seriesSink) points() []Point {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pts []Point
+	for i, b := range s.buckets {
+		d := b.dur
+		if d <= 0 {
+			d = float64(s.width)
+		}
+		pt := Point{T: float64(int64(i) * s.width), Dur: d}
+		pt.Done = float64(b.push.Done()) / d
+		pt.Accepted = float64(b.push.Accepted) / d
+		pt.Errors = float64(b.push.Errors()+b.push.Retried+b.reg.Errors()+b.reg.Retried) / d
+		pt.Regs = float64(b.reg.Accepted) / d
+		if h := b.push.Latency; h.Count() > 0 {
+			pt.P50, pt.P90, pt.P99 = ms(h.Quantile(.5)), ms(h.Quantile(.9)), ms(h.Quantile(.99))
+		} else if h := b.reg.Latency; h.Count() > 0 {
+			pt.P50, pt.P90, pt.P99 = ms(h.Quantile(.5)), ms(h.Quantile(.9)), ms(h.Quantile(.99))
+		}
+		pts = append(pts, pt)
+	}
+	return pts
+}

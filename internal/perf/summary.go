@@ -1,0 +1,70 @@
+package perf
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Summary writes a Markdown index of results: one row per test with its
+// verdict, headline figures and protocol files, then the commands that
+// produced them.
+func Summary(w io.Writer, rs []*Result) error {
+	SortResults(rs)
+	var b strings.Builder
+	b.WriteString("| test | verdict | figures | protocol |\n|---|---|---|---|\n")
+	var cmds []string
+	tests := map[string][]string{}
+	for _, r := range rs {
+		c := Compute(r)
+		var fig string
+		switch r.Preset.Kind {
+		case Stability:
+			fig = fmt.Sprintf("%s devices, RSS %s → %s MiB (%s KiB/device), RAM utilisation %s %%, rough %s req/s, push errors %s %%",
+				gi(r.Preset.Devices), fx(c.RSSBefore, 1), fx(c.RSSAfter, 1), fx(c.KiBPerDevice, 2), fx(c.RAMUtilPct, 2), fx(c.RoughReqPerSec, 2), fx(c.PushErrPct, 3))
+		case Benchmark:
+			var rates []string
+			for _, row := range c.Rows {
+				rates = append(rates, fmt.Sprintf("%s: %s", handlersText(r, row.Handlers), fx(row.PushesPerSec, 2)))
+			}
+			fig = "pushes/s by handler threads — " + strings.Join(rates, ", ")
+			if c.Safe080 > 0 {
+				fig += fmt.Sprintf("; safe max %s devices at %d s", gi(c.Safe080), r.Preset.LoopTime)
+			}
+		case Peak:
+			unit := "pushes/s"
+			if r.Preset.Mode == PeakRegister {
+				unit = "registrations/s"
+			}
+			for _, row := range c.Rows {
+				fig = fmt.Sprintf("%s %s at %d threads, error-or-retried %s %%", fx(row.PushesPerSec, 2), unit, r.Preset.Threads, fx(row.ErrPct, 3))
+			}
+		}
+		base := r.FileBase()
+		fmt.Fprintf(&b, "| %s | %s | %s | [%s.md](%s.md), [%s.html](%s.html) |\n",
+			mdCell(r.Title()), c.Verdict, mdCell(fig), base, base, base, base)
+		if tests[r.Command] == nil {
+			cmds = append(cmds, r.Command)
+		}
+		tests[r.Command] = append(tests[r.Command], r.Preset.Name)
+	}
+	b.WriteString("\nCommands:\n")
+	for _, cmd := range cmds {
+		fmt.Fprintf(&b, "\n- %s:\n\n  ```sh\n  %s\n  ```\n", strings.Join(tests[cmd], ", "), cmd)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// SortResults orders results as the matrix does.
+func SortResults(rs []*Result) {
+	order := map[string]int{}
+	for i, p := range Presets() {
+		order[p.Name] = i
+	}
+	for i := 1; i < len(rs); i++ {
+		for j := i; j > 0 && order[rs[j].Preset.Name] < order[rs[j-1].Preset.Name]; j-- {
+			rs[j], rs[j-1] = rs[j-1], rs[j]
+		}
+	}
+}

@@ -1,0 +1,451 @@
+// Package mariadb is the fleet store on MariaDB or MySQL (InnoDB), through
+// go-sql-driver/mysql. A commit is one transaction of multi-row statements
+// of at most about 1 MiB each. Their values are written as literals: hex
+// for every byte string (exact whatever the connection's character set or
+// SQL mode), decimal for numbers; nothing else reaches the SQL text.
+package mariadb
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/internal/batchutil"
+	"github.com/drover/drover/internal/store/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// maxStatement bounds one statement's text, well below the smallest
+// max_allowed_packet in use (4 MiB, MySQL 5.7; MariaDB's is 16 MiB).
+const maxStatement = 1 << 20
+
+// Store is a fleet.Store on MariaDB or MySQL.
+type Store struct {
+	db *sql.DB
+}
+
+// ParseDSN reads go-sql-driver's DSN (user:pass@tcp(host:port)/db?params)
+// or the URL form user:pass@host:port/db?params, either without the
+// mysql:// or mariadb:// prefix.
+func ParseDSN(dsn string) (*mysql.Config, error) {
+	at := strings.LastIndexByte(dsn, '@')
+	hostPart := dsn[at+1:]
+	if slash := strings.IndexByte(hostPart, '/'); slash >= 0 {
+		hostPart = hostPart[:slash]
+	}
+	if strings.Contains(hostPart, "(") || hostPart == "" {
+		return mysql.ParseDSN(dsn)
+	}
+	u, err := url.Parse("mysql://" + dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg := mysql.NewConfig()
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.Net, cfg.Addr = "tcp", u.Host
+	if u.Port() == "" {
+		cfg.Addr += ":3306"
+	}
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	if u.RawQuery != "" {
+		// Let the driver read the parameters it knows.
+		withParams, err := mysql.ParseDSN("/?" + u.RawQuery)
+		if err != nil {
+			return nil, err
+		}
+		withParams.User, withParams.Passwd, withParams.Net, withParams.Addr, withParams.DBName = cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName
+		cfg = withParams
+	}
+	return cfg, nil
+}
+
+// Open connects to the database dsn names (see ParseDSN) and applies the
+// migrations.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("mysql DSN: %w", err)
+	}
+	if cfg.DBName == "" {
+		return nil, errors.New("mysql DSN: no database name")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	cfg.InterpolateParams = true // one round trip per query, no server-side prepare
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := Migrate(ctx, connector); err != nil {
+		return nil, err
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(8)
+	db.SetMaxIdleConns(8)
+	db.SetConnMaxIdleTime(time.Minute)
+	return &Store{db: db}, nil
+}
+
+// Migrate applies the migrations not yet applied and returns how many ran.
+// A named lock keeps two servers starting at once from racing.
+func Migrate(ctx context.Context, c driver.Connector) (int, error) {
+	ms, err := migrate.Load(migrations, "migrations")
+	if err != nil {
+		return 0, err
+	}
+	db := sql.OpenDB(c)
+	defer db.Close()
+	db.SetMaxOpenConns(1) // the lock is the session's
+	var got sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT GET_LOCK('drover_migrate', 60)`).Scan(&got); err != nil {
+		return 0, fmt.Errorf("mariadb: %w", err)
+	}
+	if got.Int64 != 1 {
+		return 0, errors.New("mariadb: another process holds the migration lock")
+	}
+	n, err := migrate.Apply(ctx, db, ms)
+	if err != nil {
+		return n, fmt.Errorf("mariadb: %w", err)
+	}
+	_, err = db.ExecContext(ctx, `DO RELEASE_LOCK('drover_migrate')`)
+	return n, err
+}
+
+// Close closes the connection pool.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Load implements fleet.Store.
+func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
+	var res fleet.LoadResult
+	rows, err := s.db.QueryContext(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
+	if err != nil {
+		return res, err
+	}
+	for rows.Next() {
+		var p fleet.Profile
+		var created, updated int64
+		if err := rows.Scan(&p.ID, &p.DeviceType, &p.Firmware, &p.Version, (*[]byte)(&p.Config), &p.PushInterval, &created, &updated); err != nil {
+			rows.Close()
+			return res, err
+		}
+		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
+		res.Profiles = append(res.Profiles, p)
+		res.MaxProfileID = max(res.MaxProfileID, p.ID)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return res, err
+	}
+	rows, err = s.db.QueryContext(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
+		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
+	if err != nil {
+		return res, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d fleet.DeviceRecord
+		var registered, lastSeen, seq int64
+		if err := rows.Scan(&d.ID, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
+			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, (*[]byte)(&d.State.State)); err != nil {
+			return res, err
+		}
+		d.RegisteredAt = time.Unix(registered, 0).UTC()
+		d.State.LastSeen = batchutil.FromLastSeen(lastSeen)
+		d.State.DeviceID, d.State.Seq, d.State.Firmware = d.ID, uint64(seq), d.Firmware
+		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
+		if err := each(d); err != nil {
+			return res, err
+		}
+	}
+	return res, rows.Err()
+}
+
+// Commit implements fleet.Store. Deadlocks and lock wait timeouts with a
+// concurrent writer are retried.
+func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
+	if b.Len() == 0 {
+		return nil
+	}
+	stmts := statements(batchutil.Profiles(b.Profiles), batchutil.Devices(b.Devices), batchutil.States(b.States), b.Samples)
+	for attempt := 1; ; attempt++ {
+		err := s.commit(ctx, stmts)
+		if err == nil {
+			return nil
+		}
+		var myErr *mysql.MySQLError
+		retry := errors.As(err, &myErr) && (myErr.Number == 1213 || myErr.Number == 1205)
+		if !retry || attempt == 5 || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
+	}
+}
+
+func (s *Store) commit(ctx context.Context, stmts []string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	for _, q := range stmts {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			tx.Rollback()
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// statements renders a batch as SQL, in the order profiles, devices,
+// states, samples.
+func statements(profiles []fleet.Profile, devices []fleet.DeviceRecord, states []fleet.StateRecord, samples []fleet.Sample) []string {
+	var out []string
+	var w lit
+	flush := func(tail string) {
+		if len(w.b) > 0 {
+			out = append(out, string(w.b)+tail)
+			w.b = w.b[:0]
+		}
+	}
+	const profileHead = `INSERT INTO profiles (id, device_type, firmware, version, config, push_interval, created_at, updated_at) VALUES `
+	// Rows are upserted by id; a clash on another unique key sets id to
+	// NULL, which fails the statement as on the other backends.
+	const profileTail = ` ON DUPLICATE KEY UPDATE id = IF(id = VALUES(id), id, NULL), version = VALUES(version), config = VALUES(config),
+		push_interval = VALUES(push_interval), updated_at = VALUES(updated_at)`
+	for _, p := range profiles {
+		w.row(profileHead)
+		w.u(p.ID).c().s(p.DeviceType).c().s(p.Firmware).c().i(p.Version).c().bs(nonNil(p.Config)).c().i(int64(p.PushInterval)).c().
+			i(p.CreatedAt.UnixMilli()).c().i(p.UpdatedAt.UnixMilli()).end()
+		if len(w.b) > maxStatement {
+			flush(profileTail)
+		}
+	}
+	flush(profileTail)
+	const deviceHead = `INSERT INTO devices (id, machine_id, device_type, model, firmware, serial, token_hash, registered_at) VALUES `
+	const deviceTail = ` ON DUPLICATE KEY UPDATE id = IF(id = VALUES(id), id, NULL), device_type = VALUES(device_type), model = VALUES(model),
+		firmware = VALUES(firmware), serial = VALUES(serial), token_hash = VALUES(token_hash)`
+	for _, d := range devices {
+		w.row(deviceHead)
+		w.u(d.ID).c().s(d.MachineID).c().s(d.DeviceType).c().s(d.Model).c().s(d.Firmware).c().s(d.Serial).c().
+			bs(nonNil(d.TokenHash)).c().i(d.RegisteredAt.Unix()).end()
+		if len(w.b) > maxStatement {
+			flush(deviceTail)
+		}
+	}
+	flush(deviceTail)
+	// A multi-row UPDATE: the rows as a derived table, joined on the key.
+	const stateHead = `UPDATE devices AS d JOIN (`
+	const stateTail = `) AS v ON d.id = v.id SET d.firmware = v.firmware, d.last_seen = v.last_seen, d.seq = v.seq,
+		d.applied_version = v.applied_version, d.config_error = v.config_error, d.state = v.state`
+	for _, r := range states {
+		if len(w.b) == 0 {
+			// The first row names the columns.
+			w.raw(stateHead + "SELECT ").u(r.DeviceID).raw(" AS id, ").s(r.Firmware).raw(" AS firmware, ").
+				i(batchutil.LastSeen(r.LastSeen)).raw(" AS last_seen, ").i(int64(r.Seq)).raw(" AS seq, ").
+				i(r.AppliedVersion).raw(" AS applied_version, ").s(r.ConfigError).raw(" AS config_error, ").bs(r.State).raw(" AS state")
+		} else {
+			w.raw(" UNION ALL SELECT ").u(r.DeviceID).c().s(r.Firmware).c().i(batchutil.LastSeen(r.LastSeen)).c().i(int64(r.Seq)).c().
+				i(r.AppliedVersion).c().s(r.ConfigError).c().bs(r.State)
+		}
+		if len(w.b) > maxStatement {
+			flush(stateTail)
+		}
+	}
+	flush(stateTail)
+	const sampleHead = `INSERT INTO samples (device_id, at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total,
+		temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr) VALUES `
+	for i := range samples {
+		m := &samples[i]
+		w.row(sampleHead)
+		w.u(m.DeviceID).c().i(m.At.UnixMilli()).c().i(int64(m.Seq)).c().pi(m.Uptime).c().pf(m.CPU).c().pi(m.MemUsed).c().
+			pi(m.MemTotal).c().pi(m.DiskUsed).c().pi(m.DiskTotal).c().pf(m.Temperature).c().pi(batchutil.ClampU(m.RxBytes)).c().
+			pi(batchutil.ClampU(m.TxBytes)).c().pf(m.RSSI).c().pf(m.RSRP).c().pf(m.RSRQ).c().pf(m.SINR).end()
+		if len(w.b) > maxStatement {
+			flush("")
+		}
+	}
+	flush("")
+	return out
+}
+
+// lit appends SQL literals.
+type lit struct{ b []byte }
+
+// row starts a VALUES row, with head first in a new statement.
+func (w *lit) row(head string) {
+	if len(w.b) == 0 {
+		w.b = append(w.b, head...)
+	} else {
+		w.b = append(w.b, ',')
+	}
+	w.b = append(w.b, '(')
+}
+
+func (w *lit) raw(sql string) *lit { w.b = append(w.b, sql...); return w }
+func (w *lit) end() *lit           { w.b = append(w.b, ')'); return w }
+func (w *lit) c() *lit             { w.b = append(w.b, ','); return w }
+func (w *lit) i(v int64) *lit {
+	w.b = strconv.AppendInt(w.b, v, 10)
+	return w
+}
+func (w *lit) u(v uint64) *lit {
+	w.b = strconv.AppendUint(w.b, v, 10)
+	return w
+}
+
+func (w *lit) pi(v *int64) *lit {
+	if v == nil {
+		w.b = append(w.b, "NULL"...)
+		return w
+	}
+	return w.i(*v)
+}
+
+func (w *lit) pf(v *float64) *lit {
+	if v == nil || math.IsNaN(*v) || math.IsInf(*v, 0) {
+		w.b = append(w.b, "NULL"...)
+		return w
+	}
+	w.b = strconv.AppendFloat(w.b, *v, 'e', -1, 64)
+	return w
+}
+
+// bs writes bytes as a hex literal, NULL for nil.
+func (w *lit) bs(v []byte) *lit {
+	if v == nil {
+		w.b = append(w.b, "NULL"...)
+		return w
+	}
+	w.b = append(w.b, "X'"...)
+	w.b = hex.AppendEncode(w.b, v)
+	w.b = append(w.b, '\'')
+	return w
+}
+
+// s writes a string as a hex literal.
+func (w *lit) s(v string) *lit {
+	const digits = "0123456789abcdef"
+	w.b = append(w.b, "X'"...)
+	for i := 0; i < len(v); i++ {
+		w.b = append(w.b, digits[v[i]>>4], digits[v[i]&15])
+	}
+	w.b = append(w.b, '\'')
+	return w
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// History implements fleet.Store.
+func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) {
+	from, to := int64(math.MinInt64), int64(math.MaxInt64)
+	if !q.From.IsZero() {
+		from = q.From.UnixMilli()
+	}
+	if !q.To.IsZero() {
+		to = q.To.UnixMilli()
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
+		rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM samples WHERE device_id = ? AND at >= ? AND at < ?
+		ORDER BY at, id LIMIT ?`, deviceID, from, to, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []fleet.Sample{}
+	for rows.Next() {
+		var m fleet.Sample
+		var at, seq int64
+		var rx, tx *int64
+		if err := rows.Scan(&at, &seq, &m.Uptime, &m.CPU, &m.MemUsed, &m.MemTotal, &m.DiskUsed, &m.DiskTotal, &m.Temperature,
+			&rx, &tx, &m.RSSI, &m.RSRP, &m.RSRQ, &m.SINR); err != nil {
+			return nil, err
+		}
+		m.DeviceID, m.At, m.Seq = deviceID, time.UnixMilli(at).UTC(), uint64(seq)
+		m.RxBytes, m.TxBytes = batchutil.UnclampU(rx), batchutil.UnclampU(tx)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// DeviceState implements fleet.StateReader.
+func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error) {
+	var st []byte
+	err := s.db.QueryRowContext(ctx, `SELECT state FROM devices WHERE id = ?`, deviceID).Scan(&st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return st, err
+}
+
+// PruneHistory implements fleet.Store. Samples are appended in time order,
+// so ids grow with time: it finds the first id at or after before by binary
+// search on the primary key, with no index on time to maintain.
+func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
+	cutoff, err := s.firstIDFrom(ctx, before.UnixMilli())
+	if err != nil {
+		return 0, err
+	}
+	res, err := s.db.ExecContext(ctx, `DELETE FROM samples WHERE id < ? ORDER BY id LIMIT ?`, cutoff, limit)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// firstIDFrom returns the smallest id whose sample is at or after at (max
+// id + 1 when there is none).
+func (s *Store) firstIDFrom(ctx context.Context, at int64) (uint64, error) {
+	var lo, hi sql.Null[uint64]
+	if err := s.db.QueryRowContext(ctx, `SELECT min(id), max(id) FROM samples`).Scan(&lo, &hi); err != nil {
+		return 0, err
+	}
+	if !lo.Valid {
+		return 0, nil
+	}
+	// Invariant: every id < l is before at; the answer is within [l, h+1].
+	l, h := lo.V, hi.V+1
+	for l < h {
+		m := l + (h-l)/2
+		var id uint64
+		var t int64
+		err := s.db.QueryRowContext(ctx, `SELECT id, at FROM samples WHERE id >= ? ORDER BY id LIMIT 1`, m).Scan(&id, &t)
+		if errors.Is(err, sql.ErrNoRows) {
+			h = m
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if t < at {
+			l = id + 1
+		} else {
+			h = m
+		}
+	}
+	return l, nil
+}

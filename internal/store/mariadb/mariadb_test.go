@@ -1,0 +1,70 @@
+package mariadb
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/store/storetest"
+)
+
+var server *dbtest.Server
+
+func TestMain(m *testing.M) {
+	os.Exit(dbtest.Main(m, map[dbtest.Kind]**dbtest.Server{dbtest.MariaDB: &server}))
+}
+
+func openDSN(t testing.TB, dsn string) fleet.Store {
+	t.Helper()
+	s, err := Open(context.Background(), strings.TrimPrefix(dsn, "mysql://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, newDB) }
+
+func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
+
+func newDB(t testing.TB) storetest.Opener {
+	dsn := dbtest.Need(t, dbtest.MariaDB, server).NewDB(t)
+	return func(t testing.TB) fleet.Store { return openDSN(t, dsn) }
+}
+
+// A statement failing late in a commit undoes the earlier ones: here the
+// device upsert (machine IDs are unique in this schema) after the profile.
+func TestCommitIsAtomic(t *testing.T) {
+	ctx := context.Background()
+	s := newDB(t)(t)
+	defer s.Close()
+	dev := func(id uint64, machine string) fleet.DeviceRecord {
+		return fleet.DeviceRecord{ID: id, MachineID: machine, DeviceType: "t", Firmware: "f", TokenHash: []byte{1}, RegisteredAt: time.Unix(1, 0)}
+	}
+	if err := s.Commit(ctx, &fleet.Batch{Devices: []fleet.DeviceRecord{dev(1, "m")}}); err != nil {
+		t.Fatal(err)
+	}
+	bad := &fleet.Batch{
+		Profiles: []fleet.Profile{{ID: 1, DeviceType: "t", Firmware: "f", Config: []byte("{}"), PushInterval: 60}},
+		Devices:  []fleet.DeviceRecord{dev(2, "m")},
+		States:   []fleet.StateRecord{{DeviceID: 1, Seq: 9, State: []byte("{}")}},
+	}
+	if err := s.Commit(ctx, bad); err == nil {
+		t.Fatal("two devices with one machine ID committed")
+	}
+	var devices int
+	res, err := s.Load(ctx, func(d fleet.DeviceRecord) error {
+		devices++
+		if d.State.Seq != 0 {
+			t.Errorf("device %d has seq %d from the failed commit", d.ID, d.State.Seq)
+		}
+		return nil
+	})
+	if err != nil || devices != 1 || len(res.Profiles) != 0 {
+		t.Fatalf("after a failed commit: %d devices, %d profiles, %v", devices, len(res.Profiles), err)
+	}
+}

@@ -1,0 +1,203 @@
+// Package store opens the fleet store a DSN names, on SQLite, PostgreSQL or
+// MariaDB/MySQL, and applies its migrations (docs/persistence.md).
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/mariadb"
+	"github.com/drover/drover/internal/store/postgres"
+	"github.com/drover/drover/internal/store/sqlite"
+)
+
+// Backends.
+const (
+	SQLite   = "sqlite"
+	Postgres = "postgres"
+	MySQL    = "mysql"
+)
+
+// Parse splits a DSN into its backend and the backend's own DSN:
+//
+//	sqlite:PATH, sqlite://PATH or a bare PATH     SQLite file
+//	postgres://… or postgresql://…                PostgreSQL URL (libpq/pgx syntax)
+//	mysql://… or mariadb://…                      user:pass@tcp(host:port)/db?params
+//	                                              or user:pass@host:port/db?params
+func Parse(dsn string) (backend, rest string, err error) {
+	switch {
+	case dsn == "":
+		return "", "", errors.New("empty database DSN")
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return Postgres, dsn, nil
+	case strings.HasPrefix(dsn, "mysql://"):
+		return MySQL, strings.TrimPrefix(dsn, "mysql://"), nil
+	case strings.HasPrefix(dsn, "mariadb://"):
+		return MySQL, strings.TrimPrefix(dsn, "mariadb://"), nil
+	case strings.HasPrefix(dsn, "sqlite:"):
+		path := strings.TrimPrefix(dsn, "sqlite:")
+		if strings.HasPrefix(path, "//") {
+			path = strings.TrimPrefix(path, "//") // sqlite:///abs/path
+		}
+		if path == "" {
+			return "", "", errors.New("sqlite DSN without a path")
+		}
+		return SQLite, path, nil
+	case strings.Contains(dsn, "://"):
+		scheme, _, _ := strings.Cut(dsn, "://")
+		return "", "", fmt.Errorf("unsupported database scheme %q (want sqlite:, postgres:// or mysql://)", scheme)
+	}
+	return SQLite, dsn, nil
+}
+
+// Open opens the store dsn names (see Parse), creating a SQLite file if
+// needed, and applies pending migrations. SQLite commits are durable
+// (synchronous=FULL).
+func Open(ctx context.Context, dsn string) (fleet.Store, error) {
+	backend, rest, err := Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	switch backend {
+	case Postgres:
+		return postgres.Open(ctx, rest)
+	case MySQL:
+		return mariadb.Open(ctx, rest)
+	}
+	return sqlite.Open(ctx, rest, true)
+}
+
+// MigrateResult reports what Migrate did.
+type MigrateResult struct {
+	Backend string
+	Applied int // migrations run now
+	Version int // highest migration applied
+}
+
+// Migrate applies dsn's pending migrations.
+func Migrate(ctx context.Context, dsn string) (MigrateResult, error) {
+	backend, rest, err := Parse(dsn)
+	res := MigrateResult{Backend: backend}
+	if err != nil {
+		return res, err
+	}
+	before, err := schemaVersions(ctx, backend, rest)
+	if err != nil {
+		return res, err
+	}
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		return res, err
+	}
+	if err := s.Close(); err != nil {
+		return res, err
+	}
+	after, err := schemaVersions(ctx, backend, rest)
+	if err != nil {
+		return res, err
+	}
+	res.Applied = len(after) - len(before)
+	for _, v := range after {
+		res.Version = max(res.Version, v)
+	}
+	return res, nil
+}
+
+// schemaVersions lists the applied migrations (none when the database or
+// the table does not exist yet).
+func schemaVersions(ctx context.Context, backend, rest string) ([]int, error) {
+	var db *sql.DB
+	var err error
+	switch backend {
+	case SQLite:
+		if _, statErr := os.Stat(rest); statErr != nil {
+			return nil, nil
+		}
+		db, err = sql.Open("sqlite", "file:"+rest+"?mode=ro")
+	case Postgres:
+		db, err = sql.Open("pgx", rest)
+	default:
+		cfg, perr := mariadb.ParseDSN(rest)
+		if perr != nil {
+			return nil, perr
+		}
+		db, err = sql.Open("mysql", cfg.FormatDSN())
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	exists := `SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations' AND table_schema = `
+	switch backend {
+	case SQLite:
+		exists = `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`
+	case Postgres:
+		exists += `current_schema()`
+	default:
+		exists += `database()`
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, exists).Scan(&n); err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	rows, err := db.QueryContext(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var vs []int
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		vs = append(vs, v)
+	}
+	return vs, rows.Err()
+}
+
+// MigrateMain is `drover migrate`.
+func MigrateMain(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	fs := flag.NewFlagSet("drover migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dataDir := getenv("DROVER_DATA_DIR")
+	if dataDir == "" {
+		dataDir = "drover-data"
+	}
+	db := fs.String("db", getenv("DROVER_DB"), "database DSN: sqlite:PATH, postgres://… or mysql://… (empty: SQLite at data-dir/drover.db)")
+	fs.StringVar(&dataDir, "data-dir", dataDir, "data directory of drover serve, whose SQLite database is the default")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: drover migrate [flags]\n\nApplies the database migrations this drover embeds and that the database\nlacks. drover serve does the same when it starts.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	dsn := *db
+	if dsn == "" {
+		dsn = "sqlite:" + filepath.Join(dataDir, "drover.db")
+	}
+	res, err := Migrate(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s: applied %d migration(s); schema version %d\n", res.Backend, res.Applied, res.Version)
+	return err
+}

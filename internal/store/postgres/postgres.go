@@ -1,0 +1,339 @@
+// Package postgres is the fleet store on PostgreSQL, through pgx's native
+// pool. A commit is one pipeline of set-based statements (INSERT/UPDATE
+// from unnest of arrays), which PostgreSQL runs as one implicit
+// transaction: a batch of thousands of pushes costs one round trip.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/internal/batchutil"
+	"github.com/drover/drover/internal/store/migrate"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Store is a fleet.Store on PostgreSQL.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// Open connects to the database a postgres:// URL (or key=value string)
+// names and applies the migrations.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	cfg.MaxConnIdleTime = time.Minute
+	if _, err := Migrate(ctx, cfg.ConnConfig); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool}, nil
+}
+
+// Migrate applies the migrations not yet applied and returns how many ran.
+// An advisory lock keeps two servers starting at once from racing.
+func Migrate(ctx context.Context, cc *pgx.ConnConfig) (int, error) {
+	ms, err := migrate.Load(migrations, "migrations")
+	if err != nil {
+		return 0, err
+	}
+	db := stdlib.OpenDB(*cc)
+	defer db.Close()
+	db.SetMaxOpenConns(1) // the lock is the session's
+	const lock = `SELECT pg_advisory_lock(7283409581)`
+	if _, err := db.ExecContext(ctx, lock); err != nil {
+		return 0, fmt.Errorf("postgres: %w", err)
+	}
+	n, err := migrate.Apply(ctx, db, ms)
+	if err != nil {
+		return n, fmt.Errorf("postgres: %w", err)
+	}
+	_, err = db.ExecContext(ctx, `SELECT pg_advisory_unlock(7283409581)`)
+	return n, err
+}
+
+// Close closes the pool.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// Load implements fleet.Store.
+func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
+	var res fleet.LoadResult
+	rows, err := s.pool.Query(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
+	if err != nil {
+		return res, err
+	}
+	for rows.Next() {
+		var p fleet.Profile
+		var id, created, updated int64
+		if err := rows.Scan(&id, &p.DeviceType, &p.Firmware, &p.Version, (*[]byte)(&p.Config), &p.PushInterval, &created, &updated); err != nil {
+			rows.Close()
+			return res, err
+		}
+		p.ID = uint64(id)
+		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
+		res.Profiles = append(res.Profiles, p)
+		res.MaxProfileID = max(res.MaxProfileID, p.ID)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return res, err
+	}
+	rows, err = s.pool.Query(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
+		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
+	if err != nil {
+		return res, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d fleet.DeviceRecord
+		var id, registered, lastSeen, seq int64
+		var configError []byte
+		if err := rows.Scan(&id, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
+			&lastSeen, &seq, &d.State.AppliedVersion, &configError, (*[]byte)(&d.State.State)); err != nil {
+			return res, err
+		}
+		d.ID = uint64(id)
+		d.RegisteredAt = time.Unix(registered, 0).UTC()
+		d.State.LastSeen = batchutil.FromLastSeen(lastSeen)
+		d.State.DeviceID, d.State.Seq, d.State.Firmware, d.State.ConfigError = d.ID, uint64(seq), d.Firmware, string(configError)
+		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
+		if err := each(d); err != nil {
+			return res, err
+		}
+	}
+	return res, rows.Err()
+}
+
+const (
+	upsertProfiles = `INSERT INTO profiles (id, device_type, firmware, version, config, push_interval, created_at, updated_at)
+		SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::integer[], $7::bigint[], $8::bigint[])
+		ON CONFLICT (id) DO UPDATE SET version = excluded.version, config = excluded.config,
+			push_interval = excluded.push_interval, updated_at = excluded.updated_at`
+	upsertDevices = `INSERT INTO devices (id, machine_id, device_type, model, firmware, serial, token_hash, registered_at)
+		SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::bigint[])
+		ON CONFLICT (id) DO UPDATE SET device_type = excluded.device_type, model = excluded.model,
+			firmware = excluded.firmware, serial = excluded.serial, token_hash = excluded.token_hash`
+	updateStates = `UPDATE devices AS d SET firmware = v.firmware, last_seen = v.last_seen, seq = v.seq,
+			applied_version = v.applied_version, config_error = v.config_error, state = v.state
+		FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bytea[], $7::bytea[])
+			AS v(id, firmware, last_seen, seq, applied_version, config_error, state)
+		WHERE d.id = v.id`
+	insertSamples = `INSERT INTO samples (device_id, at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total,
+			temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::float8[], $6::bigint[], $7::bigint[],
+			$8::bigint[], $9::bigint[], $10::float8[], $11::bigint[], $12::bigint[], $13::float8[], $14::float8[], $15::float8[], $16::float8[])`
+)
+
+// Commit implements fleet.Store. Deadlocks with a concurrent writer are
+// retried; a lost connection resets the pool so that the next commit
+// connects afresh.
+func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
+	if b.Len() == 0 {
+		return nil
+	}
+	profiles, devices, states := batchutil.Profiles(b.Profiles), batchutil.Devices(b.Devices), batchutil.States(b.States)
+	for attempt := 1; ; attempt++ {
+		err := s.commit(ctx, profiles, devices, states, b.Samples)
+		if err == nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		isPG := errors.As(err, &pgErr)
+		if !isPG || pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") {
+			// The connection or the server went away: the pool's other
+			// connections are as stale as this one.
+			s.pool.Reset()
+		}
+		retry := isPG && (pgErr.Code == "40P01" || pgErr.Code == "40001") || pgconn.SafeToRetry(err)
+		if !retry || attempt == 5 || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
+	}
+}
+
+// commit sends the whole batch as one pipeline: PostgreSQL runs a
+// pipeline's statements as one implicit transaction, committed at its end,
+// so a commit costs one round trip.
+func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []fleet.DeviceRecord, states []fleet.StateRecord, samples []fleet.Sample) error {
+	var q pgx.Batch
+	if len(profiles) > 0 {
+		n := len(profiles)
+		id, typ, fw, ver, cfg, iv, cr, up := make([]int64, n), make([]string, n), make([]string, n), make([]int64, n),
+			make([][]byte, n), make([]int32, n), make([]int64, n), make([]int64, n)
+		for i, p := range profiles {
+			id[i], typ[i], fw[i], ver[i], cfg[i] = int64(p.ID), p.DeviceType, p.Firmware, p.Version, nonNil(p.Config)
+			iv[i], cr[i], up[i] = int32(min(p.PushInterval, math.MaxInt32)), p.CreatedAt.UnixMilli(), p.UpdatedAt.UnixMilli()
+		}
+		q.Queue(upsertProfiles, id, typ, fw, ver, cfg, iv, cr, up)
+	}
+	if len(devices) > 0 {
+		n := len(devices)
+		id, mid, typ, model, fw, serial, hash, reg := make([]int64, n), make([]string, n), make([]string, n), make([]string, n),
+			make([]string, n), make([]string, n), make([][]byte, n), make([]int64, n)
+		for i, d := range devices {
+			id[i], mid[i], typ[i], model[i], fw[i] = int64(d.ID), d.MachineID, d.DeviceType, d.Model, d.Firmware
+			serial[i], hash[i], reg[i] = d.Serial, nonNil(d.TokenHash), d.RegisteredAt.Unix()
+		}
+		q.Queue(upsertDevices, id, mid, typ, model, fw, serial, hash, reg)
+	}
+	if len(states) > 0 {
+		n := len(states)
+		id, fw, seen, seq, av, ce, st := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n),
+			make([]int64, n), make([][]byte, n), make([][]byte, n)
+		for i, r := range states {
+			id[i], fw[i], seen[i], seq[i], av[i] = int64(r.DeviceID), r.Firmware, batchutil.LastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion
+			ce[i], st[i] = []byte(r.ConfigError), r.State
+		}
+		q.Queue(updateStates, id, fw, seen, seq, av, ce, st)
+	}
+	if len(samples) > 0 {
+		n := len(samples)
+		dev, at, seq := make([]int64, n), make([]int64, n), make([]int64, n)
+		ints := [7][]*int64{}     // uptime, mem_used, mem_total, disk_used, disk_total, rx_bytes, tx_bytes
+		floats := [6][]*float64{} // cpu, temperature, rssi, rsrp, rsrq, sinr
+		for k := range ints {
+			ints[k] = make([]*int64, n)
+		}
+		for k := range floats {
+			floats[k] = make([]*float64, n)
+		}
+		for i := range samples {
+			m := &samples[i]
+			dev[i], at[i], seq[i] = int64(m.DeviceID), m.At.UnixMilli(), int64(m.Seq)
+			ints[0][i], ints[1][i], ints[2][i], ints[3][i], ints[4][i] = m.Uptime, m.MemUsed, m.MemTotal, m.DiskUsed, m.DiskTotal
+			ints[5][i], ints[6][i] = batchutil.ClampU(m.RxBytes), batchutil.ClampU(m.TxBytes)
+			floats[0][i], floats[1][i], floats[2][i], floats[3][i], floats[4][i], floats[5][i] = m.CPU, m.Temperature, m.RSSI, m.RSRP, m.RSRQ, m.SINR
+		}
+		q.Queue(insertSamples, dev, at, seq, ints[0], floats[0], ints[1], ints[2], ints[3], ints[4], floats[1], ints[5], ints[6],
+			floats[2], floats[3], floats[4], floats[5])
+	}
+	return s.pool.SendBatch(ctx, &q).Close()
+}
+
+// nonNil keeps NOT NULL bytea columns from receiving NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// History implements fleet.Store.
+func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) {
+	from, to := int64(math.MinInt64), int64(math.MaxInt64)
+	if !q.From.IsZero() {
+		from = q.From.UnixMilli()
+	}
+	if !q.To.IsZero() {
+		to = q.To.UnixMilli()
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.pool.Query(ctx, `SELECT at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
+		rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM samples WHERE device_id = $1 AND at >= $2 AND at < $3
+		ORDER BY at, id LIMIT $4`, int64(deviceID), from, to, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []fleet.Sample{}
+	for rows.Next() {
+		var m fleet.Sample
+		var at, seq int64
+		var rx, tx *int64
+		if err := rows.Scan(&at, &seq, &m.Uptime, &m.CPU, &m.MemUsed, &m.MemTotal, &m.DiskUsed, &m.DiskTotal, &m.Temperature,
+			&rx, &tx, &m.RSSI, &m.RSRP, &m.RSRQ, &m.SINR); err != nil {
+			return nil, err
+		}
+		m.DeviceID, m.At, m.Seq = deviceID, time.UnixMilli(at).UTC(), uint64(seq)
+		m.RxBytes, m.TxBytes = batchutil.UnclampU(rx), batchutil.UnclampU(tx)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// DeviceState implements fleet.StateReader.
+func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error) {
+	var st []byte
+	err := s.pool.QueryRow(ctx, `SELECT state FROM devices WHERE id = $1`, int64(deviceID)).Scan(&st)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	return st, err
+}
+
+// PruneHistory implements fleet.Store. Samples are appended in time order,
+// so ids grow with time: it finds the first id at or after before by binary
+// search on the primary key, with no index on time to maintain.
+func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
+	cutoff, err := s.firstIDFrom(ctx, before.UnixMilli())
+	if err != nil {
+		return 0, err
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM samples WHERE id IN (SELECT id FROM samples WHERE id < $1 ORDER BY id LIMIT $2)`, cutoff, limit)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// firstIDFrom returns the smallest id whose sample is at or after at (max
+// id + 1 when there is none).
+func (s *Store) firstIDFrom(ctx context.Context, at int64) (int64, error) {
+	var lo, hi *int64
+	if err := s.pool.QueryRow(ctx, `SELECT min(id), max(id) FROM samples`).Scan(&lo, &hi); err != nil {
+		return 0, err
+	}
+	if lo == nil {
+		return 0, nil
+	}
+	// Invariant: every id < l is before at; the answer is within [l, h+1].
+	l, h := *lo, *hi+1
+	for l < h {
+		m := l + (h-l)/2
+		var id, t int64
+		err := s.pool.QueryRow(ctx, `SELECT id, at FROM samples WHERE id >= $1 ORDER BY id LIMIT 1`, m).Scan(&id, &t)
+		if errors.Is(err, pgx.ErrNoRows) {
+			h = m
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if t < at {
+			l = id + 1
+		} else {
+			h = m
+		}
+	}
+	return l, nil
+}

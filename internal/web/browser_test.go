@@ -1,0 +1,431 @@
+package web_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/drover/drover/internal/alert"
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/store/sqlite"
+)
+
+// findChromium returns the browser to drive. Without one the test fails
+// under CI (CI=true) and is skipped elsewhere.
+func findChromium(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "/usr/bin/chromium"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("no chromium on PATH: the browser tests need it (Debian: apt-get install chromium)")
+	}
+	t.Skip("skipping the browser test: no chromium on PATH (Debian: apt-get install chromium)")
+	return ""
+}
+
+// fleetSeed describes the emulated fleet written into the database before
+// the server starts.
+type fleetSeed struct {
+	devices  int
+	target   int // index of the device the test looks for
+	history  []int
+	tokens   map[int]string
+	machines map[int]string
+}
+
+var seedTypes = []struct{ typ, fw string }{{"ICR-3241", "6.3.5"}, {"ICR-3241", "6.4.0"}, {"ICR-4461", "6.3.5"}, {"ICR-2031", "6.2.1"}}
+
+func machineID(i int) string { return fmt.Sprintf("icr-%06d", i) }
+
+// seedDatabase writes profiles, devices with states and 24 h of history for
+// a few devices straight into the SQLite store: 10,000 devices in one
+// transaction, in about a second.
+func seedDatabase(t *testing.T, path string, sd *fleetSeed, now time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b := &fleet.Batch{}
+	for i, p := range seedTypes {
+		b.Profiles = append(b.Profiles, fleet.Profile{ID: uint64(i + 1), DeviceType: p.typ, Firmware: p.fw, Config: json.RawMessage(`{}`),
+			PushInterval: 200, CreatedAt: now.Add(-48 * time.Hour), UpdatedAt: now.Add(-48 * time.Hour)})
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	sd.tokens, sd.machines = map[int]string{}, map[int]string{}
+	hist := map[int]bool{}
+	for _, h := range sd.history {
+		hist[h] = true
+	}
+	for i := 0; i < sd.devices; i++ {
+		id := uint64(i + 1)
+		p := seedTypes[i%len(seedTypes)]
+		if i == sd.target {
+			p = seedTypes[2]
+		}
+		tok := fmt.Sprintf("%d.seed-token-%d", id, i)
+		sum := sha256.Sum256([]byte(tok))
+		sd.tokens[i], sd.machines[i] = tok, machineID(i)
+		b.Devices = append(b.Devices, fleet.DeviceRecord{ID: id, MachineID: machineID(i), DeviceType: p.typ, Firmware: p.fw,
+			Serial: fmt.Sprintf("R%07d", 1000000+i*7), TokenHash: sum[:], RegisteredAt: now.Add(-40 * time.Hour)})
+		ago := time.Duration(rng.IntN(150)) * time.Second
+		switch {
+		case i%97 == 5:
+			ago = 2 * time.Hour // offline
+		case i%61 == 3:
+			ago = 7 * time.Minute // late
+		}
+		state := fmt.Sprintf(`{"uptime":%d,"cpu":%.1f,"temperature":%.1f,"mem_total":268435456,"mem_used":%d,"disk_total":134217728,"disk_used":%d,`+
+			`"interfaces":[{"name":"wwan0","rx_bytes":%d,"tx_bytes":%d}],"signal":{"rssi":%d,"rsrp":%d,"sinr":%d,"operator":"Op","technology":"LTE"}}`,
+			86400+i, 5+rng.Float64()*30, 38+rng.Float64()*12, 90000000+rng.IntN(50000000), 40000000+rng.IntN(20000000),
+			rng.IntN(1<<30), rng.IntN(1<<28), -60-rng.IntN(30), -85-rng.IntN(30), rng.IntN(20))
+		if !hist[i] {
+			b.States = append(b.States, fleet.StateRecord{DeviceID: id, Firmware: p.fw, LastSeen: now.Add(-ago), Seq: 400, State: json.RawMessage(state)})
+			continue
+		}
+		// 24 h of pushes every 5 minutes, the last one just now.
+		var rx, tx uint64 = 1 << 20, 1 << 18
+		cpu := 12.0
+		steps := 24 * 12
+		for k := steps; k >= 0; k-- {
+			at := now.Add(-time.Duration(k) * 5 * time.Minute)
+			hour := float64(at.Hour()) + float64(at.Minute())/60
+			cpu = math.Max(1, math.Min(95, cpu+rng.NormFloat64()*4))
+			temp := 42 + 8*math.Sin((hour-9)/24*2*math.Pi) + rng.NormFloat64()
+			rx += uint64(2e6 + 1.5e6*math.Sin(hour/24*2*math.Pi) + rng.Float64()*5e5)
+			tx += uint64(4e5 + rng.Float64()*2e5)
+			rssi := -72 + 4*math.Sin(hour/3) + rng.NormFloat64()
+			rsrp := rssi - 25 + rng.NormFloat64()
+			sinr := 12 + 3*math.Sin(hour/2) + rng.NormFloat64()
+			up := int64(86400 + (steps-k)*300)
+			r, t := rx, tx
+			b.Samples = append(b.Samples, fleet.Sample{DeviceID: id, At: at, Seq: uint64(steps - k), Uptime: &up, CPU: ptr(cpu), Temperature: ptr(temp),
+				RxBytes: &r, TxBytes: &t, RSSI: ptr(rssi), RSRP: ptr(rsrp), SINR: ptr(sinr)})
+		}
+		b.States = append(b.States, fleet.StateRecord{DeviceID: id, Firmware: p.fw, LastSeen: now, Seq: uint64(steps), State: json.RawMessage(state)})
+	}
+	if err := st.Commit(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ptr(v float64) *float64 { return &v }
+
+// hookReceiver records webhook POSTs.
+type hookReceiver struct {
+	mu     sync.Mutex
+	bodies []alert.WebhookBody
+}
+
+func (h *hookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var b alert.WebhookBody
+	if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
+	h.mu.Lock()
+	h.bodies = append(h.bodies, b)
+	h.mu.Unlock()
+}
+
+func (h *hookReceiver) events() []alert.Event {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []alert.Event
+	for _, b := range h.bodies {
+		out = append(out, b.Events...)
+	}
+	return out
+}
+
+func TestBrowser(t *testing.T) {
+	chrome := findChromium(t)
+	now := time.Now().UTC()
+	dir := t.TempDir()
+	sd := &fleetSeed{devices: 10000, target: 4242, history: []int{4242, 17, 18}}
+	start := time.Now()
+	seedDatabase(t, filepath.Join(dir, "drover.db"), sd, now)
+	srv := servertest.Start(t, servertest.Options{DataDir: dir, Configure: func(c *server.Config) { c.PushInterval = 200 }})
+	t.Logf("10,000 devices seeded and loaded in %v", time.Since(start).Round(time.Millisecond))
+	if n := srv.Srv.Fleet().Stats().Devices; n != sd.devices {
+		t.Fatalf("server loaded %d devices", n)
+	}
+	hook := &hookReceiver{}
+	hookSrv := httptest.NewServer(hook)
+	defer hookSrv.Close()
+
+	shots := os.Getenv("DROVER_SCREENSHOTS") // e.g. docs/screenshots (relative to the repository)
+	if shots != "" && !filepath.IsAbs(shots) {
+		shots = filepath.Join("..", "..", shots)
+	}
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("headless", true), chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.Flag("ignore-certificate-errors", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1360, 900),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	defer cancelCtx()
+	ctx, cancel := context.WithTimeout(ctx, 100*time.Second)
+	defer cancel()
+
+	var consoleMu sync.Mutex
+	var problems []string
+	listen := func(ev any) {
+		consoleMu.Lock()
+		defer consoleMu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, "exception: "+e.ExceptionDetails.Text)
+		case *log.EventEntryAdded:
+			if e.Entry.Level == log.EntryLevelError && !strings.Contains(e.Entry.Text, "status of 400") {
+				problems = append(problems, "console: "+e.Entry.Text)
+			}
+		}
+	}
+	if err := chromedp.Listen(ctx, listen); err != nil {
+		t.Fatalf("starting chromium: %v", err)
+	}
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return strings.TrimSpace(v)
+	}
+	count := func(sel string) int {
+		t.Helper()
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", sel)))
+		if err != nil {
+			t.Fatalf("count %s: %v", sel, err)
+		}
+		return n
+	}
+	evalBool := func(expr string) bool {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](expr))
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		return v
+	}
+	shot := func(name string) {
+		t.Helper()
+		if shots == "" {
+			return
+		}
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		if err := os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := srv.URL + "/ui/"
+	id := func(v string) chromedp.ID { return chromedp.ID(v) }
+	css := func(v string) chromedp.CSS { return chromedp.CSS(v) }
+
+	// 1. Log in.
+	do("login page", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(id("password")))
+	shot("login")
+	do("log in", chromedp.SendKeys(id("password"), srv.AdminToken), chromedp.Submit(id("login")), chromedp.WaitVisible(id("status")))
+	if level, _ := chromedp.Run(ctx, chromedp.AttributeValue(id("status"), "class")); !strings.Contains(level.Value, "yellow") {
+		t.Fatalf("status light %q: the seed has late and offline devices", level.Value)
+	}
+
+	// 2. Find one device among 10,000 by filter.
+	target := sd.machines[sd.target]
+	do("devices", chromedp.Navigate(base+"devices"), chromedp.WaitVisible(id("devices")))
+	if sum := text("#summary"); !strings.Contains(sum, "10,000 devices") {
+		t.Fatalf("devices summary %q", sum)
+	}
+	shot("devices")
+	do("filter", chromedp.SetValue(css(`select[name="device_type"]`), "ICR-4461"), chromedp.SendKeys(id("q"), target),
+		chromedp.Click(id("apply")), chromedp.WaitVisible(css(`a[href="/ui/devices/4243"]`)))
+	if sum := text("#summary"); !strings.HasPrefix(sum, "1 matching devices") {
+		loc, _ := chromedp.Run(ctx, chromedp.Location())
+		t.Fatalf("filtered summary %q at %s:\n%s", sum, loc, text("#devices"))
+	}
+	if n := count("#devices tbody tr"); n != 1 {
+		t.Fatalf("%d rows after filtering", n)
+	}
+
+	// 3. Its page shows the charts.
+	do("device page", chromedp.Click(css(`a[href="/ui/devices/4243"]`)), chromedp.WaitVisible(id("charts")))
+	if n := count("#charts svg.chart"); n != 4 {
+		t.Fatalf("%d charts", n)
+	}
+	if n := count("#charts svg.chart polyline.line"); n < 7 { // CPU, temperature, 2 traffic, 3 signal
+		t.Fatalf("%d chart lines", n)
+	}
+
+	// 4. Edit the profile: the device goes Sync pending, then Synchronized
+	// after its next push.
+	do("profile", chromedp.Navigate(base+"profiles/3"), chromedp.WaitVisible(id("config")))
+	do("invalid JSON", chromedp.SetValue(id("config"), `{"apn": "iot.example",}`))
+	if !evalBool(`document.getElementById("config").dispatchEvent(new Event("input")); document.getElementById("save").disabled`) {
+		t.Fatal("the save button stays enabled with invalid JSON")
+	}
+	if msg := text("#jsonerror"); !strings.Contains(msg, "Not valid JSON") {
+		t.Fatalf("JSON error shown: %q", msg)
+	}
+	do("valid JSON", chromedp.SetValue(id("config"), `{"apn": "iot.example", "wifi": {"ssid": "field"}}`))
+	if evalBool(`document.getElementById("config").dispatchEvent(new Event("input")); document.getElementById("save").disabled`) {
+		t.Fatal("the save button stays disabled with valid JSON")
+	}
+	do("save profile", chromedp.Click(id("save")), chromedp.WaitVisible(id("flash")))
+	if flash := text("#flash"); !strings.Contains(flash, "version 1") {
+		t.Fatalf("flash %q", flash)
+	}
+	shot("profile")
+	do("device pending", chromedp.Navigate(base+"devices/4243"), chromedp.WaitVisible(id("syncstate")))
+	if st := text("#syncstate"); st != "sync pending" {
+		t.Fatalf("after the profile change the device is %q", st)
+	}
+	tok := sd.tokens[sd.target]
+	resp := devicePush(t, srv, tok, 1000, 0, 45) // the device learns version 1 ...
+	if resp.Config == nil || resp.Config.Version != 1 || !strings.Contains(string(resp.Config.Data), "iot.example") {
+		t.Fatalf("push answer %+v", resp)
+	}
+	devicePush(t, srv, tok, 1001, 1, 45) // ... applies it and says so
+	do("device synchronized", chromedp.Reload(), chromedp.WaitVisible(id("synchistory")))
+	if st := text("#syncstate"); st != "synchronized" {
+		t.Fatalf("after applying, the device is %q", st)
+	}
+	if h := text("#synchistory"); !strings.Contains(h, "sync pending") || !strings.Contains(h, "1 / 1") {
+		t.Fatalf("sync history %q", h)
+	}
+
+	// 5. An alert rule with a webhook: raised, shown, received.
+	do("new rule", chromedp.Navigate(base+"alerts/rules/new"), chromedp.WaitVisible(id("ruleform")),
+		chromedp.SendKeys(id("rulename"), "Hot router"), chromedp.SetValue(id("kind"), "temperature_above"),
+		chromedp.SetValue(id("threshold"), "75"), chromedp.SetValue(css(`select[name="severity"]`), "critical"),
+		chromedp.SendKeys(id("webhook"), hookSrv.URL+"/drover"), chromedp.Click(id("saverule")), chromedp.WaitVisible(id("rules")))
+	shot("rules")
+	devicePush(t, srv, tok, 1002, 1, 82.5)
+	deadline := time.Now().Add(15 * time.Second)
+	for len(hook.events()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the webhook received nothing")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ev := hook.events()[0]
+	if ev.Rule != "Hot router" || ev.DeviceID != 4243 || ev.State != alert.Raised || ev.Value != 82.5 || ev.Severity != alert.Critical {
+		t.Fatalf("webhook event %+v", ev)
+	}
+	do("alerts page", chromedp.Navigate(base+"alerts"), chromedp.WaitVisible(id("active")))
+	if a := text("#active"); !strings.Contains(a, "Hot router") || !strings.Contains(a, "4243") || !strings.Contains(a, "82.5 °C") {
+		t.Fatalf("active alerts %q", a)
+	}
+	shot("alerts")
+	do("deliveries", chromedp.Navigate(base+"alerts/deliveries"), chromedp.WaitVisible(id("deliveries")))
+	if d := text("#deliveries"); !strings.Contains(d, "delivered") || !strings.Contains(d, hookSrv.URL) {
+		t.Fatalf("deliveries %q", d)
+	}
+	shot("notifications")
+	do("overview", chromedp.Navigate(base), chromedp.WaitVisible(id("status")))
+	if r := text("#statusreasons"); !strings.Contains(r, "1 alert raised") || !strings.Contains(r, "devices offline") {
+		t.Fatalf("status reasons %q", r)
+	}
+	shot("overview")
+	do("device again", chromedp.Navigate(base+"devices/4243"), chromedp.WaitVisible(id("alerthistory")))
+	shot("device")
+	if m := metrics(t, srv); !strings.Contains(m, `drover_alerts_active{rule="Hot router"} 1`+"\n") ||
+		!strings.Contains(m, `drover_alert_notifications_total{channel="webhook",outcome="delivered"} 1`+"\n") {
+		t.Fatalf("alert metrics missing from:\n%s", m)
+	}
+
+	// 6. Labels: assign to a filtered set from the devices page.
+	do("label", chromedp.Navigate(base+"devices?device_type=ICR-2031"), chromedp.WaitVisible(id("bulk")),
+		chromedp.SendKeys(id("labelname"), "north-field"), chromedp.Click(id("addlabel")), chromedp.WaitVisible(id("flash")))
+	if flash := text("#flash"); !strings.Contains(flash, "added to 2,500 devices") {
+		t.Fatalf("label flash %q", flash)
+	}
+	do("labels page", chromedp.Navigate(base+"labels"), chromedp.WaitVisible(id("labels")))
+	shot("labels")
+
+	consoleMu.Lock()
+	defer consoleMu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("the browser reported problems (CSP violations or script errors):\n%s", strings.Join(problems, "\n"))
+	}
+}
+
+// metrics reads /metrics (servertest.Metric cannot read label values with
+// spaces).
+func metrics(t *testing.T, srv *servertest.Server) string {
+	t.Helper()
+	resp, err := srv.Client().Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+type pushAnswer struct {
+	PushInterval int `json:"push_interval"`
+	Config       *struct {
+		Version int64           `json:"version"`
+		Data    json.RawMessage `json:"data"`
+	} `json:"config"`
+}
+
+// devicePush pushes as a device does, over HTTPS.
+func devicePush(t *testing.T, srv *servertest.Server, token string, seq, applied int64, temp float64) pushAnswer {
+	t.Helper()
+	body := fmt.Sprintf(`{"seq":%d,"config_version":%d,"state":{"uptime":200000,"cpu":20,"temperature":%g,"signal":{"rssi":-71}}}`, seq, applied, temp)
+	req, _ := http.NewRequest("POST", srv.URL+"/api/v1/push", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("push: %d %s", resp.StatusCode, raw)
+	}
+	var a pushAnswer
+	if err := json.Unmarshal(raw, &a); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}

@@ -1,0 +1,363 @@
+// Package web is the operator's dashboard: server-rendered pages under /ui/
+// with a little JavaScript, every asset embedded, no external requests.
+package web
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/base64"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/drover/drover/internal/alert"
+	"github.com/drover/drover/internal/fleet"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Options configure the dashboard.
+type Options struct {
+	Fleet      *fleet.Service
+	Alerts     *alert.Engine
+	AdminToken string
+	// Ready returns why the service cannot work right now (store failing,
+	// shutting down), or nil.
+	Ready func() error
+	// Overloaded returns why requests are being refused, or "".
+	Overloaded func() string
+	Logger     *slog.Logger
+	Now        func() time.Time
+	// SessionTTL is how long a login lasts (default 12 h).
+	SessionTTL time.Duration
+}
+
+// Prefix is where the dashboard is mounted.
+const Prefix = "/ui/"
+
+// Handler serves the dashboard.
+type Handler struct {
+	opts  Options
+	fleet *fleet.Service
+	eng   *alert.Engine
+	log   *slog.Logger
+	now   func() time.Time
+	mux   *http.ServeMux
+	pages map[string]*template.Template
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	failures map[string]*failure // login failures by client address
+
+	cachedStatus Status
+}
+
+type session struct {
+	csrf    string
+	expires time.Time
+	flash   string
+}
+
+type failure struct {
+	count int
+	until time.Time
+}
+
+// New builds the dashboard handler; mount it at Prefix.
+func New(opts Options) (*Handler, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.SessionTTL <= 0 {
+		opts.SessionTTL = 12 * time.Hour
+	}
+	if opts.Ready == nil {
+		opts.Ready = func() error { return nil }
+	}
+	if opts.Overloaded == nil {
+		opts.Overloaded = func() string { return "" }
+	}
+	h := &Handler{
+		opts: opts, fleet: opts.Fleet, eng: opts.Alerts, log: opts.Logger, now: opts.Now,
+		sessions: map[string]*session{}, failures: map[string]*failure{},
+	}
+	if err := h.parseTemplates(); err != nil {
+		return nil, err
+	}
+	h.routes()
+	return h, nil
+}
+
+func (h *Handler) routes() {
+	m := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	files := http.StripPrefix(Prefix+"static/", http.FileServer(http.FS(static)))
+	m.Handle("GET "+Prefix+"static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=3600")
+		files.ServeHTTP(w, r)
+	}))
+	m.HandleFunc("GET "+Prefix+"login", h.loginPage)
+	m.HandleFunc("POST "+Prefix+"login", h.login)
+	m.HandleFunc("POST "+Prefix+"logout", h.auth(h.logout))
+	m.HandleFunc("GET "+Prefix+"{$}", h.auth(h.overview))
+	m.HandleFunc("GET "+Prefix+"status.json", h.auth(h.statusJSON))
+	m.HandleFunc("GET "+Prefix+"devices", h.auth(h.devices))
+	m.HandleFunc("POST "+Prefix+"devices/label", h.auth(h.labelDevices))
+	m.HandleFunc("GET "+Prefix+"devices/{id}", h.auth(h.device))
+	m.HandleFunc("GET "+Prefix+"profiles", h.auth(h.profiles))
+	m.HandleFunc("GET "+Prefix+"profiles/{id}", h.auth(h.profile))
+	m.HandleFunc("POST "+Prefix+"profiles/{id}", h.auth(h.saveProfile))
+	m.HandleFunc("GET "+Prefix+"labels", h.auth(h.labels))
+	m.HandleFunc("POST "+Prefix+"labels", h.auth(h.createLabel))
+	m.HandleFunc("POST "+Prefix+"labels/delete", h.auth(h.deleteLabel))
+	m.HandleFunc("GET "+Prefix+"alerts", h.auth(h.alerts))
+	m.HandleFunc("GET "+Prefix+"alerts/rules", h.auth(h.rules))
+	m.HandleFunc("GET "+Prefix+"alerts/rules/new", h.auth(h.ruleForm))
+	m.HandleFunc("GET "+Prefix+"alerts/rules/{id}", h.auth(h.ruleForm))
+	m.HandleFunc("POST "+Prefix+"alerts/rules", h.auth(h.saveRule))
+	m.HandleFunc("POST "+Prefix+"alerts/rules/{id}", h.auth(h.saveRule))
+	m.HandleFunc("POST "+Prefix+"alerts/rules/{id}/delete", h.auth(h.deleteRule))
+	m.HandleFunc("GET "+Prefix+"alerts/deliveries", h.auth(h.deliveries))
+	m.HandleFunc("GET "+Prefix+"settings", h.auth(h.settings))
+	m.HandleFunc("POST "+Prefix+"settings", h.auth(h.saveSettings))
+	m.HandleFunc(Prefix, h.auth(func(w http.ResponseWriter, r *http.Request, s *session) {
+		h.render(w, r, http.StatusNotFound, "error", s, page{Title: "Not found", Data: "No page at " + r.URL.Path})
+	}))
+	h.mux = m
+}
+
+// ServeHTTP sets the security headers and dispatches.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
+		"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "same-origin")
+	hd.Set("Cross-Origin-Opener-Policy", "same-origin")
+	hd.Set("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
+	if r.TLS != nil {
+		hd.Set("Strict-Transport-Security", "max-age=31536000")
+	}
+	if !strings.HasPrefix(r.URL.Path, Prefix+"static/") {
+		hd.Set("Cache-Control", "no-store")
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+const (
+	sessionCookie = "drover_session"
+	loginCookie   = "drover_login" // CSRF token of the login form
+)
+
+func randomToken() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+func (h *Handler) setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{
+		Name: name, Value: value, Path: Prefix, MaxAge: maxAge,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+	})
+}
+
+// session returns the request's live session, or nil.
+func (h *Handler) session(r *http.Request) *session {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.sessions[c.Value]
+	if s == nil {
+		return nil
+	}
+	if h.now().After(s.expires) {
+		delete(h.sessions, c.Value)
+		return nil
+	}
+	return s
+}
+
+// sameOrigin rejects cross-site form posts (defence in depth besides the
+// CSRF token and SameSite cookies).
+func sameOrigin(r *http.Request) bool {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+		return false
+	}
+	if o := r.Header.Get("Origin"); o != "" && o != "null" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host != r.Host {
+			return false
+		}
+	}
+	return true
+}
+
+// auth requires a session; POSTs also need the session's CSRF token.
+func (h *Handler) auth(fn func(http.ResponseWriter, *http.Request, *session)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s := h.session(r)
+		if s == nil {
+			if r.Method == http.MethodGet && !strings.HasSuffix(r.URL.Path, ".json") {
+				http.Redirect(w, r, Prefix+"login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+				return
+			}
+			http.Error(w, "not logged in", http.StatusUnauthorized)
+			return
+		}
+		if r.Method == http.MethodPost {
+			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+			if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(s.csrf)) != 1 {
+				http.Error(w, "invalid or missing CSRF token: reload the page and try again", http.StatusForbidden)
+				return
+			}
+		}
+		fn(w, r, s)
+	}
+}
+
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// safeNext keeps redirects after login on the dashboard.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
+		return Prefix
+	}
+	return next
+}
+
+func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
+	if h.session(r) != nil {
+		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
+		return
+	}
+	h.showLogin(w, r, http.StatusOK, "")
+}
+
+func (h *Handler) showLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	tok := randomToken()
+	h.setCookie(w, r, loginCookie, tok, 3600)
+	h.render(w, r, status, "login", nil, page{Title: "Log in", Data: map[string]string{
+		"CSRF": tok, "Next": safeNext(r.FormValue("next")), "Error": msg,
+	}})
+}
+
+const (
+	maxFailures  = 5
+	failureBlock = 5 * time.Minute
+	maxSessions  = 1000
+)
+
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	c, err := r.Cookie(loginCookie)
+	if !sameOrigin(r) || err != nil || subtle.ConstantTimeCompare([]byte(c.Value), []byte(r.PostFormValue("csrf"))) != 1 {
+		h.showLogin(w, r, http.StatusForbidden, "The form expired; please try again.")
+		return
+	}
+	addr := clientAddr(r)
+	now := h.now()
+	h.mu.Lock()
+	f := h.failures[addr]
+	blocked := f != nil && f.count >= maxFailures && now.Before(f.until)
+	h.mu.Unlock()
+	if blocked {
+		h.showLogin(w, r, http.StatusTooManyRequests, "Too many failed attempts; wait a few minutes.")
+		return
+	}
+	user, pass := r.PostFormValue("username"), r.PostFormValue("password")
+	if (user != "" && user != "admin") || h.opts.AdminToken == "" ||
+		subtle.ConstantTimeCompare([]byte(pass), []byte(h.opts.AdminToken)) != 1 {
+		h.mu.Lock()
+		f := h.failures[addr]
+		if f == nil || now.After(f.until) {
+			f = &failure{}
+			h.failures[addr] = f
+		}
+		f.count++
+		f.until = now.Add(failureBlock)
+		if len(h.failures) > 10000 {
+			for k, v := range h.failures {
+				if now.After(v.until) {
+					delete(h.failures, k)
+				}
+			}
+		}
+		h.mu.Unlock()
+		h.log.Warn("dashboard login failed", "addr", addr)
+		h.showLogin(w, r, http.StatusUnauthorized, "Wrong admin token.")
+		return
+	}
+	id := randomToken()
+	h.mu.Lock()
+	delete(h.failures, addr)
+	if len(h.sessions) >= maxSessions {
+		var oldest string
+		for k, s := range h.sessions {
+			if oldest == "" || s.expires.Before(h.sessions[oldest].expires) {
+				oldest = k
+			}
+		}
+		delete(h.sessions, oldest)
+	}
+	h.sessions[id] = &session{csrf: randomToken(), expires: now.Add(h.opts.SessionTTL)}
+	h.mu.Unlock()
+	h.setCookie(w, r, loginCookie, "", -1)
+	h.setCookie(w, r, sessionCookie, id, int(h.opts.SessionTTL/time.Second))
+	h.log.Info("dashboard login", "addr", addr)
+	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+}
+
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request, s *session) {
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		h.mu.Lock()
+		delete(h.sessions, c.Value)
+		h.mu.Unlock()
+	}
+	h.setCookie(w, r, sessionCookie, "", -1)
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// flash keeps a message for the next page of the session.
+func (h *Handler) flash(s *session, msg string) {
+	h.mu.Lock()
+	s.flash = msg
+	h.mu.Unlock()
+}
+
+func (h *Handler) takeFlash(s *session) string {
+	if s == nil {
+		return ""
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := s.flash
+	s.flash = ""
+	return m
+}
