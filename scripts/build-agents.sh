@@ -26,7 +26,7 @@ echo "$TARGETS" | while read -r name goos goarch goarm gomips; do
 	[ "$goarm" != - ] || goarm=
 	[ "$gomips" != - ] || gomips=
 	env CGO_ENABLED=0 GOOS="$goos" GOARCH="$goarch" GOARM="$goarm" GOMIPS="$gomips" \
-		go build -trimpath -ldflags='-s -w' -o "$DIST/$name" ./cmd/drover-agent
+		go build -tags drover_stdjson -trimpath -ldflags='-s -w' -o "$DIST/$name" ./cmd/drover-agent
 	# A static binary has no program interpreter.
 	if od -An -c "$DIST/$name" | tr -d ' \n' | grep -q 'ld-linux\|ld-musl\|ld\.so'; then
 		echo "$name is not static" >&2

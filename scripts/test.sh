@@ -17,6 +17,8 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 command -v curl >/dev/null || need+=(curl)
 command -v dash >/dev/null || need+=(dash)
 command -v busybox >/dev/null || need+=(busybox)
+command -v shellcheck >/dev/null || need+=(shellcheck)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing: ${need[*]}" >&2

@@ -217,7 +217,7 @@ func (e *Engine) OnPush(ev fleet.PushEvent) {
 	switch {
 	case ev.ConfigError != "":
 		syncNow = uint64(fleet.SyncError)
-	case ev.ConfigVersion < ev.DesiredVersion:
+	case fleet.Behind(ev.ConfigVersion, ev.DesiredVersion):
 		syncNow = uint64(fleet.SyncPending)
 	}
 	// Slot: bits 0-2 sync state, bit 3 uptime known, bits 32-63 uptime.

@@ -21,11 +21,11 @@ type collector struct {
 	cpuStart time.Duration
 	cores    float64
 
-	cpuMax           float64
-	rssMax           int64
-	busySum, busyN   float64
+	cpuMax                     float64
+	rssMax                     int64
+	busySum, busyN             float64
 	hotSecs, hogSecs, fullSecs int
-	lastP            Progress
+	lastP                      Progress
 }
 
 type collectedOp struct {

@@ -514,3 +514,16 @@ func TestProgressLine(t *testing.T) {
 		t.Fatalf("log output:\n%s", buf.String())
 	}
 }
+
+// At a benchmark's time limit, cut-off dials are aborted, not dropped, and
+// what the server accepted is what the emulator counted.
+func TestDurationLimitEndsCleanly(t *testing.T) {
+	f := newFake(t, false)
+	cfg := f.cfg(ModeBenchmark, 20)
+	cfg.Conn, cfg.Loops, cfg.Duration = ConnNew, 1000000, 700*time.Millisecond
+	sum, _ := run(t, cfg)
+	push := sum.Op(results.OpPush)
+	if push.DroppedTotal() != 0 || push.Accepted == 0 || push.Accepted != f.accepted.Load() {
+		t.Fatalf("%+v, server accepted %d", push.Counts, f.accepted.Load())
+	}
+}

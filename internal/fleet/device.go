@@ -102,6 +102,12 @@ type Device struct {
 	State          json.RawMessage `json:"state,omitempty"`
 }
 
+// Behind says whether a device running applied must be sent desired.
+// Configuration versions are unique across profiles (see UpdateProfile), so
+// any other version, also one from a profile the device left after a firmware
+// change, is out of date. Version 0 means no managed configuration.
+func Behind(applied, desired int64) bool { return desired != 0 && applied != desired }
+
 // syncState derives the sync state; d.mu must be held.
 func (d *device) syncState() SyncState {
 	switch {
@@ -109,7 +115,7 @@ func (d *device) syncState() SyncState {
 		return Arriving
 	case d.configError != "":
 		return SyncError
-	case d.appliedVersion < d.profile.version():
+	case Behind(d.appliedVersion, d.profile.version()):
 		return SyncPending
 	default:
 		return Synchronized

@@ -97,6 +97,21 @@ func (s *Service) ensureProfile(ctx context.Context, key profileKey) (*profileEn
 	return e, nil
 }
 
+// maxVersion is the highest configuration version of any profile: versions
+// are unique across profiles so that a device moving between profiles never
+// mistakes another profile's configuration for its own.
+func (ps *profiles) maxVersion() int64 {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var v int64
+	for _, e := range ps.byID {
+		if p := e.get(); p != nil {
+			v = max(v, p.Version)
+		}
+	}
+	return v
+}
+
 // Profiles returns every profile ordered by ID.
 func (s *Service) Profiles() []Profile {
 	ps := s.profiles
@@ -138,8 +153,8 @@ type ProfileUpdate struct {
 	PushInterval *int            `json:"push_interval,omitempty"`
 }
 
-// UpdateProfile applies u durably. A configuration change raises the
-// version, which puts the profile's devices into Sync pending.
+// UpdateProfile applies u durably. A configuration change gives the profile
+// a version above every profile's, which puts its devices into Sync pending.
 func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate) (Profile, error) {
 	ps := s.profiles
 	ps.mu.Lock()
@@ -157,7 +172,7 @@ func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate)
 	next := *e.get()
 	if u.Config != nil {
 		next.Config = u.Config
-		next.Version++
+		next.Version = s.profiles.maxVersion() + 1
 	}
 	if u.PushInterval != nil {
 		next.PushInterval = *u.PushInterval

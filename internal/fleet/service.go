@@ -317,7 +317,7 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError})
 	}
 	resp := protocol.PushResponse{PushInterval: prof.PushInterval}
-	if p.ConfigVersion < prof.Version {
+	if Behind(p.ConfigVersion, prof.Version) {
 		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
 	}
 	return resp, nil

@@ -416,3 +416,31 @@ func BenchmarkRegisterMemory(b *testing.B) {
 		}
 	})
 }
+
+// A device that moves to another profile by a firmware upgrade gets that
+// profile's configuration even when its version number is lower than the one
+// the device applied from its old profile.
+func TestFirmwareUpgradeGetsNewProfilesConfig(t *testing.T) {
+	ctx := context.Background()
+	s, _, _ := newService(t, newRecStore())
+	other := reg("other")
+	other.Firmware = "7.0.0"
+	s.Register(ctx, other) // creates profile 1 for 7.0.0
+	r, _ := s.Register(ctx, reg("m"))
+	d, _ := s.Device(ctx, 2)
+	p7, _ := s.UpdateProfile(ctx, 1, ProfileUpdate{Config: json.RawMessage(`{"fw":7}`)})
+	p6, _ := s.UpdateProfile(ctx, d.ProfileID, ProfileUpdate{Config: json.RawMessage(`{"fw":6}`)})
+	if p6.Version <= p7.Version {
+		t.Fatalf("versions not unique across profiles: %d then %d", p7.Version, p6.Version)
+	}
+	s.Push(ctx, r.Token, push(1, p6.Version))
+	up := push(2, p6.Version)
+	up.State.Firmware = "7.0.0"
+	resp, err := s.Push(ctx, r.Token, up)
+	if err != nil || resp.Config == nil || resp.Config.Version != p7.Version {
+		t.Fatalf("after upgrade: %+v %v", resp, err)
+	}
+	if d, _ := s.Device(ctx, 2); d.SyncState != "sync_pending" {
+		t.Fatalf("sync state %s", d.SyncState)
+	}
+}

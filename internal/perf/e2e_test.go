@@ -111,8 +111,10 @@ func TestE2EPeakFullCycle(t *testing.T) {
 	if part.ConfigChanges < 1 || part.Push.ConfigsSeen < 100 || part.Register.Accepted != 100 {
 		t.Errorf("config changes %d, configs seen %d, registered %d", part.ConfigChanges, part.Push.ConfigsSeen, part.Register.Accepted)
 	}
-	if len(part.SyncStates) == 0 {
-		t.Error("no sync states from /metrics")
+	// The last change came a third of the test before its end: the fleet
+	// acknowledged it since.
+	if part.SyncStates["synchronized"] < 90 {
+		t.Errorf("devices by sync state at the end: %v; want the fleet synchronized", part.SyncStates)
 	}
 }
 

@@ -363,7 +363,7 @@ func rowSections(d *doc, r *Result, c *Calc) {
 			changes += part.ConfigChanges
 			seen += part.Push.ConfigsSeen
 		}
-		d.p("Configuration: the profile was changed %d time(s) during the test; devices received a new configuration %s times and acknowledged it on their next push.", changes, group(seen))
+		d.p("Configuration: the profiles were changed %d time(s) during the test; devices received a new configuration %s times and report its version in their next push, which acknowledges it.", changes, group(seen))
 		for _, part := range r.Parts {
 			if len(part.SyncStates) > 0 {
 				d.p("Devices by sync state at the end: %s.", floatMapText(part.SyncStates))
@@ -522,7 +522,7 @@ func notes(r *Result, c *Calc) []string {
 		case PeakData:
 			n = append(n, "D = data-push storm: the fleet registered first (not measured), then pushes as fast as the threads allow for the duration.")
 		case PeakFull:
-			n = append(n, "F = full cycle: devices register, push and receive the configuration, which the test changes every tenth of its duration; a device acknowledges a configuration by reporting its version in the next push.")
+			n = append(n, "F = full cycle: devices register, push and receive the configuration, which the test changes every third of its duration; a device acknowledges a configuration by reporting its version in the next push, and the server then counts it as synchronized.")
 		}
 		n = append(n, "A peak test looks for the thread count at which requests start to be dropped and resent; run the 64, 256 and 1024 variants to find it.")
 	}

@@ -198,7 +198,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			part.ConfigChanges = t.changeConfig(runCtx, max(p.Duration/10, 3*time.Second))
+			part.ConfigChanges = t.changeConfig(runCtx, max(p.Duration/3, 3*time.Second), time.Now().Add(p.Duration))
 		}()
 	}
 	part.Started = time.Now().UTC()
@@ -506,9 +506,11 @@ func (t *target) logSummary() (LogSummary, bool) {
 	return rv.Summary(), true
 }
 
-// changeConfig updates every profile's configuration every period, so that
-// devices receive and acknowledge it; it returns the updates made.
-func (t *target) changeConfig(ctx context.Context, period time.Duration) int {
+// changeConfig updates every profile's configuration every period (a third
+// of the test: long enough for the fleet to cycle), so that devices receive
+// and acknowledge it; no change comes less than half a period before end.
+// It returns the updates made.
+func (t *target) changeConfig(ctx context.Context, period time.Duration, end time.Time) int {
 	n := 0
 	tick := time.NewTicker(period)
 	defer tick.Stop()
@@ -517,6 +519,9 @@ func (t *target) changeConfig(ctx context.Context, period time.Duration) int {
 		case <-ctx.Done():
 			return n
 		case <-tick.C:
+		}
+		if time.Until(end) < period/2 {
+			return n
 		}
 		req, _ := http.NewRequestWithContext(ctx, "GET", t.url+"/api/v1/profiles", nil)
 		req.Header.Set("Authorization", "Bearer "+t.admin)

@@ -5,9 +5,9 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
-	json "github.com/goccy/go-json"
 	"io"
 	"math"
 	"strings"
@@ -186,7 +186,7 @@ func DecodePush(body []byte) (PushRequest, error) {
 	if len(raw) == 0 || raw[0] != '{' {
 		return p, invalid("state must be a JSON object")
 	}
-	if err := json.Unmarshal(raw, &p.State); err != nil {
+	if err := codec.unmarshal(raw, &p.State); err != nil {
 		e := jsonError(err)
 		if e.Code == CodeInvalidField && !strings.HasPrefix(e.Message, "state") {
 			e.Message = "state." + e.Message
@@ -195,7 +195,7 @@ func DecodePush(body []byte) (PushRequest, error) {
 	}
 	var compact bytes.Buffer
 	compact.Grow(len(raw))
-	if err := json.Compact(&compact, raw); err != nil {
+	if err := codec.compact(&compact, raw); err != nil {
 		return p, jsonError(err)
 	}
 	p.RawState = compact.Bytes()
@@ -321,28 +321,27 @@ func decodeStrict(body []byte, v any) error {
 	if len(body) == 0 || body[0] != '{' {
 		return &Error{Code: CodeMalformedJSON, Message: "body must be a JSON object"}
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(v); err != nil {
+	trailing, err := codec.decodeOne(body, v)
+	if err != nil {
 		return jsonError(err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	if trailing {
 		return &Error{Code: CodeMalformedJSON, Message: "unexpected data after the JSON object"}
 	}
 	return nil
 }
 
 func jsonError(err error) *Error {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
-	switch {
-	case errors.As(err, &typeErr):
-		field := typeErr.Field
+	if field, kind, value, ok := codec.typeError(err); ok {
 		if field == "" {
 			field = "value"
 		}
-		return invalid("%s must be %s, not JSON %s", field, goTypeToJSON(typeErr.Type.Kind().String()), typeErr.Value)
-	case errors.As(err, &syntaxErr):
-		return &Error{Code: CodeMalformedJSON, Message: fmt.Sprintf("invalid JSON at byte %d: %s", syntaxErr.Offset, syntaxErr.Error())}
+		return invalid("%s must be %s, not JSON %s", field, goTypeToJSON(kind), value)
+	}
+	if offset, ok := codec.syntaxError(err); ok {
+		return &Error{Code: CodeMalformedJSON, Message: fmt.Sprintf("invalid JSON at byte %d: %s", offset, err.Error())}
+	}
+	switch {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return &Error{Code: CodeMalformedJSON, Message: "truncated JSON"}
 	default:

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -55,5 +56,19 @@ func TestPruneByRowidWithGaps(t *testing.T) {
 	}
 	if n, err := s.PruneHistory(ctx, base.Add(time.Hour), 10000); n != 0 || err != nil {
 		t.Fatalf("prune empty: %d %v", n, err)
+	}
+}
+
+// A path with URI metacharacters opens exactly that file.
+func TestOddPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a#b?c%41")
+	path := filepath.Join(dir, "d.db")
+	s, err := Open(context.Background(), path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("database not at %s: %v", path, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
@@ -48,7 +49,7 @@ func Open(ctx context.Context, path string, durable bool) (*Store, error) {
 	q.Add("_pragma", "cache_size(-16384)")
 	q.Add("_pragma", "wal_autocheckpoint(10000)") // 40 MB: a hot page is checkpointed once per 40 MB of WAL, not per 4 MB
 	q.Add("_txlock", "immediate")
-	dsn := "file:" + path + "?" + q.Encode()
+	dsn := "file:" + uriPath(path) + "?" + q.Encode()
 	w, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, err
@@ -68,13 +69,19 @@ func Open(ctx context.Context, path string, durable bool) (*Store, error) {
 	rq := url.Values{}
 	rq.Add("_pragma", "busy_timeout(10000)")
 	rq.Add("_pragma", "query_only(1)")
-	r, err := sql.Open("sqlite", "file:"+path+"?"+rq.Encode())
+	r, err := sql.Open("sqlite", "file:"+uriPath(path)+"?"+rq.Encode())
 	if err != nil {
 		w.Close()
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
 	return &Store{w: w, r: r}, nil
+}
+
+// uriPath escapes what a SQLite URI filename would otherwise read as query,
+// fragment or escape: a data dir may well contain '#' or '?'.
+func uriPath(path string) string {
+	return strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
 }
 
 // Close closes the database.
