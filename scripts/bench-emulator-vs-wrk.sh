@@ -106,6 +106,7 @@ for i in $(seq "$runs"); do
     name=${t%%|*} url=${t##*|}
     read -r wr we wc <<<"$(wrkrate "$url")"; read -r er ee ec <<<"$(emu "$url" --conn keepalive --workers "$conns")"
     res["wrk $name"]+="$wr "; res["emu $name"]+="$er "; res["wrkcpu $name"]+="$wc "; res["emucpu $name"]+="$ec "
+    res["ratio $name"]+="$(awk -v a="$er" -v b="$wr" 'BEGIN {printf "%.3f", a/b}') "
     printf '  %-24s wrk %7s req/s %6s µs CPU/req (non-2xx %s)   emulator %7s req/s %6s µs CPU/req (errors %s)   ratio %s   load %s\n' \
       "$name" "$wr" "$wc" "$we" "$er" "$ec" "$ee" "$(awk -v a="$er" -v b="$wr" 'BEGIN {printf "%.2f", a/b}')" "$(cut -d' ' -f1 /proc/loadavg)" >&2
   done
@@ -115,14 +116,15 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR
 echo
 echo "## Emulator vs wrk (keep-alive, $conns connections, ${dur}s, median of $runs; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
 echo
-echo "| endpoint | wrk runs (req/s) | emulator runs (req/s) | wrk median | emulator median | emulator / wrk | CPU µs/req wrk | CPU µs/req emulator |"
+echo "| endpoint | wrk runs (req/s) | emulator runs (req/s) | wrk median | emulator median | emulator / wrk, median of the paired runs | CPU µs/req wrk | CPU µs/req emulator |"
 echo "|---|---|---|---:|---:|---:|---:|---:|"
 for t in "${targets[@]}"; do
   name=${t%%|*}
   wm=$(echo "${res["wrk $name"]}" | median); em=$(echo "${res["emu $name"]}" | median)
   wc=$(echo "${res["wrkcpu $name"]}" | median); ec=$(echo "${res["emucpu $name"]}" | median)
+  rm=$(echo "${res["ratio $name"]}" | median)
   printf '| %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f |\n' "$name" "$(echo ${res["wrk $name"]} | sed 's/ /, /g')" \
-    "$(echo ${res["emu $name"]} | sed 's/ /, /g')" "$wm" "$em" "$(awk -v a="$em" -v b="$wm" 'BEGIN {print a/b}')" "$wc" "$ec"
+    "$(echo ${res["emu $name"]} | sed 's/ /, /g')" "$wm" "$em" "$rm" "$wc" "$ec"
 done
 echo
 echo "Load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores (other processes disturb rates; CPU per request less so)." 

@@ -19,6 +19,7 @@ command -v dash >/dev/null || need+=(dash)
 command -v busybox >/dev/null || need+=(busybox)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v chromium >/dev/null || need+=(chromium)
+[ -e /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing: ${need[*]}" >&2
