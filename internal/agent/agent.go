@@ -11,10 +11,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/buildinfo"
+	"github.com/drover/drover/internal/fsutil"
 	"github.com/drover/drover/internal/protocol"
 )
 
@@ -65,20 +66,8 @@ func DefaultConfig() Config {
 	}
 }
 
-// Version is the build's version from the module information.
-func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if v := bi.Main.Version; v != "" && v != "(devel)" {
-			return v
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				return "devel-" + s.Value[:12]
-			}
-		}
-	}
-	return "devel"
-}
+// Version is the build's version.
+func Version() string { return buildinfo.Version() }
 
 // defaultInterval is used until the server names one.
 const defaultInterval = time.Minute
@@ -462,7 +451,7 @@ func (a *Agent) runHook(ctx context.Context, c *protocol.Config) hookResult {
 		data = []byte("null")
 	}
 	data = append(data[:len(data):len(data)], '\n')
-	if err := writeFileAtomic(pending, data, 0o600); err != nil {
+	if err := fsutil.WriteFileAtomic(pending, data, 0o600); err != nil {
 		return hookResult{err: clean("agent could not write the configuration: "+err.Error(), protocol.MaxConfigErrorLen)}
 	}
 	env := append(a.env(),

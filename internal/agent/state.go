@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/internal/fsutil"
 )
 
 // Files in the state directory.
@@ -62,7 +64,7 @@ func loadMachineID(dir, explicit string) (id string, created bool, err error) {
 		}
 		id = hex.EncodeToString(r[:])
 	}
-	return id, true, writeFileAtomic(path, []byte(id+"\n"), 0o600)
+	return id, true, fsutil.WriteFileAtomic(path, []byte(id+"\n"), 0o600)
 }
 
 // loadState reads state.json. A missing file is an empty state; an
@@ -93,39 +95,5 @@ func saveState(dir string, p *persisted) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, stateFile), append(b, '\n'), 0o600)
-}
-
-// writeFileAtomic replaces path with data: a crash leaves the old or the
-// new content, never a mix.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync() // best effort: some file systems refuse to sync directories
-		d.Close()
-	}
-	return nil
+	return fsutil.WriteFileAtomic(filepath.Join(dir, stateFile), append(b, '\n'), 0o600)
 }

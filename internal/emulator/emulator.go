@@ -25,7 +25,6 @@ import (
 	"net/url"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/protocol"
 )
@@ -360,7 +360,7 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 	e.rc.start = e.start
 	host, _ := os.Hostname()
 	st := &results.Start{
-		Type: results.TypeStart, RunID: cfg.RunID, Shard: cfg.Shard.String(), Version: version(), Started: e.start.UTC(),
+		Type: results.TypeStart, RunID: cfg.RunID, Shard: cfg.Shard.String(), Version: buildinfo.Version(), Started: e.start.UTC(),
 		Mode: string(cfg.Mode), Target: cfg.Target, Conn: string(cfg.Conn), Devices: cfg.Devices, ShardDevices: len(e.devs),
 		Seed: cfg.Seed, Template: e.tpl.Name, Host: host, GOMAXPROCS: runtime.GOMAXPROCS(0), CPUs: runtime.NumCPU(),
 	}
@@ -433,13 +433,6 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 		runErr = nil // the run's own duration limit
 	}
 	return sum, runErr
-}
-
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "devel"
 }
 
 // warn records a warning once (by key) and reports it at once.

@@ -17,6 +17,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/drover/drover/internal/fsutil"
 )
 
 // Secrets are generated on first start and kept in data-dir/secrets.json.
@@ -50,34 +52,10 @@ func loadSecrets(dir string) (Secrets, bool, error) {
 	}
 	s = Secrets{EnrollmentSecret: randomString(18), AdminToken: randomString(24)}
 	b, _ = json.MarshalIndent(s, "", "  ")
-	if err := writeFileAtomic(path, append(b, '\n'), 0o600); err != nil {
+	if err := fsutil.WriteFileAtomic(path, append(b, '\n'), 0o600); err != nil {
 		return s, false, err
 	}
 	return s, true, nil
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path))
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // loadCertificate returns the operator's certificate, or the self-signed one
@@ -101,10 +79,10 @@ func loadCertificate(cfg *Config) (tls.Certificate, bool, error) {
 	if err != nil {
 		return tls.Certificate{}, false, err
 	}
-	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
+	if err := fsutil.WriteFileAtomic(keyPath, keyPEM, 0o600); err != nil {
 		return tls.Certificate{}, false, err
 	}
-	if err := writeFileAtomic(certPath, certPEM, 0o644); err != nil {
+	if err := fsutil.WriteFileAtomic(certPath, certPEM, 0o644); err != nil {
 		return tls.Certificate{}, false, err
 	}
 	c, err := tls.X509KeyPair(certPEM, keyPEM)

@@ -15,31 +15,19 @@ import (
 	"net/http/pprof"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/drover/drover/internal/alert"
+	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store"
 )
 
-// Version is the build's version from the module information.
-func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if v := bi.Main.Version; v != "" && v != "(devel)" {
-			return v
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				return "devel-" + s.Value[:12]
-			}
-		}
-	}
-	return "devel"
-}
+// Version is the build's version.
+func Version() string { return buildinfo.Version() }
 
 // Server is a running Drover server.
 type Server struct {
