@@ -113,7 +113,7 @@ func Size(rs []*Result, devices int, interval float64, ssl bool) (Sizing, error)
 		s.Advice = append(s.Advice,
 			fmt.Sprintf("lengthen the push interval to at least %.0f s, or", math.Ceil(float64(devices)/s.SafeCapacity)),
 			fmt.Sprintf("keep at most %s devices at %g s on this machine, or", gi(int(s.SafeCapacity*interval)), interval),
-			fmt.Sprintf("give the server about %.1f× the CPU (more or faster cores)", 1/s.CPUHeadroom))
+			fmt.Sprintf("give the server about %s× the CPU (more or faster cores)", fx(1/s.CPUHeadroom, 2)))
 		if ssl && s.NoSSLRate > lowest {
 			s.Advice = append(s.Advice, fmt.Sprintf("or terminate TLS in front of Drover: without TLS this machine measured %s pushes/s", fx(s.NoSSLRate, 2)))
 		}
