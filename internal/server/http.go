@@ -346,15 +346,20 @@ func (a *api) getDevice(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := a.fleet.Device(r.Context(), id)
-	if errors.Is(err, fleet.ErrNotFound) {
-		a.fail(w, "admin", http.StatusNotFound, "not_found", "no device "+strconv.FormatUint(id, 10))
-		return
-	}
-	if err != nil {
+	a.answer(w, "device", id, d, err)
+}
+
+// answer writes v, or 404 when the fleet has no such thing, or 503 when the
+// store failed.
+func (a *api) answer(w http.ResponseWriter, what string, id uint64, v any, err error) {
+	switch {
+	case errors.Is(err, fleet.ErrNotFound):
+		a.fail(w, "admin", http.StatusNotFound, "not_found", "no "+what+" "+strconv.FormatUint(id, 10))
+	case err != nil:
 		a.storeFailure(w, "admin", nil, err)
-		return
+	default:
+		writeJSON(w, http.StatusOK, v)
 	}
-	writeJSON(w, http.StatusOK, d)
 }
 
 func (a *api) getHistory(w http.ResponseWriter, r *http.Request) {
@@ -386,15 +391,7 @@ func (a *api) getHistory(w http.ResponseWriter, r *http.Request) {
 		hq.Limit = n
 	}
 	samples, err := a.fleet.History(r.Context(), id, hq)
-	if errors.Is(err, fleet.ErrNotFound) {
-		a.fail(w, "admin", http.StatusNotFound, "not_found", "no device "+strconv.FormatUint(id, 10))
-		return
-	}
-	if err != nil {
-		a.storeFailure(w, "admin", nil, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"device_id": strconv.FormatUint(id, 10), "samples": samples})
+	a.answer(w, "device", id, map[string]any{"device_id": strconv.FormatUint(id, 10), "samples": samples}, err)
 }
 
 func (a *api) listProfiles(w http.ResponseWriter, r *http.Request) {
@@ -450,15 +447,7 @@ func (a *api) updateProfile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := a.fleet.UpdateProfile(r.Context(), id, u)
-	if errors.Is(err, fleet.ErrNotFound) {
-		a.fail(w, "admin", http.StatusNotFound, "not_found", "no profile "+strconv.FormatUint(id, 10))
-		return
-	}
-	if err != nil {
-		a.storeFailure(w, "admin", nil, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, p)
+	a.answer(w, "profile", id, p, err)
 }
 
 func (a *api) stats(w http.ResponseWriter, r *http.Request) {
