@@ -14,63 +14,158 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	fastjson "github.com/goccy/go-json"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// api serves the device protocol, the operator API and the probes.
+// api serves the device protocol, the operator API and the probes; its
+// routes are in routes.go.
 type api struct {
 	fleet      *fleet.Service
+	alerts     *alert.Engine
+	ui         http.Handler // the dashboard; nil: none
 	m          *metrics
 	log        *slog.Logger
 	adminToken []byte
 	slots      chan struct{} // bounds device requests in flight
 	ready      func() error
 	warnLimit  rateLimiter
+	// refused counts device requests refused with 503 for overload.
+	refused atomic.Uint64
+
+	allowed *http.ServeMux      // the table's paths, for 405
+	methods map[string][]string // the methods of each path in allowed
 }
 
 var bufPool = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, 2048)) }}
 
-func (a *api) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+protocol.PathRegister, a.register)
-	mux.HandleFunc("POST "+protocol.PathPush, a.push)
-	mux.HandleFunc("GET /api/v1/devices", a.admin(a.listDevices))
-	mux.HandleFunc("GET /api/v1/devices/{id}", a.admin(a.getDevice))
-	mux.HandleFunc("GET /api/v1/devices/{id}/history", a.admin(a.getHistory))
-	mux.HandleFunc("GET /api/v1/profiles", a.admin(a.listProfiles))
-	mux.HandleFunc("GET /api/v1/profiles/{id}", a.admin(a.getProfile))
-	mux.HandleFunc("PUT /api/v1/profiles/{id}", a.admin(a.updateProfile))
-	mux.HandleFunc("PATCH /api/v1/profiles/{id}", a.admin(a.updateProfile))
-	mux.HandleFunc("GET /api/v1/stats", a.admin(a.stats))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := a.ready(); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		a.fail(w, "other", http.StatusNotFound, "not_found", "no such endpoint: "+r.Method+" "+r.URL.Path)
-	})
-	return mux
+// apiError is an answer other than 2xx.
+type apiError struct {
+	status  int
+	code    string // the JSON error code
+	msg     string
+	outcome string // counted by device endpoints
+	// retryAfter is the Retry-After header, in seconds; "" for none.
+	retryAfter string
+	// log is the line logged (rate-limited) for this answer; "" for none.
+	log   string
+	cause error
 }
 
-// readBody reads a bounded request body into a pooled buffer.
-func readBody(w http.ResponseWriter, r *http.Request) (*bytes.Buffer, error) {
+func (e *apiError) Error() string { return e.msg }
+
+// badField is a 400 for a wrong request field or parameter.
+func badField(msg string) error {
+	return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: msg, outcome: outInvalid}
+}
+
+// malformed is a 400 for a body that is not the JSON expected.
+func malformed(msg string) error {
+	return &apiError{status: http.StatusBadRequest, code: "malformed_json", msg: msg, outcome: outInvalid}
+}
+
+// notFound is a 404 for the thing named.
+func notFound(what string) error {
+	return &apiError{status: http.StatusNotFound, code: "not_found", msg: "no " + what}
+}
+
+// ifNotFound turns a not-found error of the domain into notFound(what).
+func ifNotFound(err error, what string) error {
+	if errors.Is(err, fleet.ErrNotFound) || errors.Is(err, alert.ErrNotFound) {
+		return notFound(what)
+	}
+	return err
+}
+
+func overloaded(why string) *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, code: "overloaded", msg: why + "; retry later",
+		outcome: outOverloaded, retryAfter: "2", log: "overloaded"}
+}
+
+var (
+	errInflight      = overloaded("too many requests in flight")
+	errWritesPending = overloaded("too many writes pending")
+	errAdminToken    = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "admin token missing or wrong", outcome: outUnauth}
+	errNoBearer      = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "missing bearer token", outcome: outUnauth}
+	errDeviceToken   = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "unknown or revoked token: register again", outcome: outUnauth}
+	errEnrollment    = &apiError{status: http.StatusForbidden, code: "wrong_enrollment_secret", msg: "the enrollment secret is wrong", outcome: outForbidden}
+	errCancelled     = &apiError{status: http.StatusServiceUnavailable, code: "unavailable", msg: "the request was cancelled before it was stored",
+		outcome: outUnavailable, retryAfter: "5"}
+)
+
+// answerError maps any error a handler returns to its answer: the one place
+// where domain errors meet HTTP.
+func answerError(err error) *apiError {
+	var ae *apiError
+	var pe *protocol.Error
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &pe):
+		status := http.StatusBadRequest
+		if pe.Code == protocol.CodeTooLarge {
+			status = http.StatusRequestEntityTooLarge
+		}
+		return &apiError{status: status, code: pe.Code, msg: pe.Message, outcome: outInvalid}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return errCancelled
+	case errors.Is(err, fleet.ErrOverloaded):
+		return errWritesPending
+	case errors.Is(err, fleet.ErrEnrollment):
+		return errEnrollment
+	case errors.Is(err, fleet.ErrUnauthorized):
+		return errDeviceToken
+	case errors.Is(err, alert.ErrInvalid):
+		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: err.Error(), outcome: outInvalid}
+	case errors.Is(err, fleet.ErrNotFound), errors.Is(err, alert.ErrNotFound):
+		return &apiError{status: http.StatusNotFound, code: "not_found", msg: err.Error()}
+	case errors.Is(err, alert.ErrDuplicateName):
+		return &apiError{status: http.StatusConflict, code: "duplicate_name", msg: err.Error()}
+	default:
+		return &apiError{status: http.StatusServiceUnavailable, code: "unavailable",
+			msg: "the store could not make this durable; retry later", outcome: outUnavailable, retryAfter: "5",
+			log: "store unavailable", cause: err}
+	}
+}
+
+// fail answers err with its JSON error body, counts it and logs it.
+func (a *api) fail(w http.ResponseWriter, rt *route, err error) {
+	e := answerError(err)
+	if rt.outcomes != nil && e.outcome != "" {
+		rt.outcomes.WithLabelValues(e.outcome).Inc()
+		if e.outcome == outOverloaded {
+			a.refused.Add(1)
+		}
+	}
+	if e.log != "" && a.warnLimit.allow() {
+		if e.cause != nil {
+			a.log.Error(e.log, "endpoint", rt.endpoint, "err", e.cause)
+		} else {
+			a.log.Warn(e.log, "endpoint", rt.endpoint, "reason", strings.TrimSuffix(e.msg, "; retry later"))
+		}
+	}
+	h := w.Header()
+	if e.retryAfter != "" {
+		h.Set("Retry-After", e.retryAfter)
+	}
+	if e.status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="drover"`)
+	}
+	a.m.badRequests.WithLabelValues(rt.endpoint, strconv.Itoa(e.status), e.code).Inc()
+	writeJSON(w, e.status, protocol.ErrorBody{Error: protocol.ErrorDetail{Code: e.code, Message: e.msg}})
+}
+
+// readBody reads a bounded request body into a pooled buffer; wrap has
+// bounded r.Body.
+func readBody(r *http.Request) (*bytes.Buffer, error) {
 	if r.ContentLength > protocol.MaxBodyBytes {
 		return nil, &protocol.Error{Code: protocol.CodeTooLarge, Message: "body exceeds " + strconv.Itoa(protocol.MaxBodyBytes) + " bytes"}
 	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, protocol.MaxBodyBytes))
+	_, err := buf.ReadFrom(r.Body)
 	if err != nil {
 		putBuf(buf)
 		var tooBig *http.MaxBytesError
@@ -88,106 +183,49 @@ func putBuf(b *bytes.Buffer) {
 	}
 }
 
-// acquire takes a request slot or answers 503.
-func (a *api) acquire(w http.ResponseWriter, endpoint string) bool {
-	select {
-	case a.slots <- struct{}{}:
-		a.m.inflight.Inc()
-		return true
-	default:
-		a.overloaded(w, endpoint, "too many requests in flight")
-		return false
-	}
-}
-
-func (a *api) release() {
-	<-a.slots
-	a.m.inflight.Dec()
-}
-
-func (a *api) overloaded(w http.ResponseWriter, endpoint, why string) {
-	if a.warnLimit.allow() {
-		a.log.Warn("overloaded", "endpoint", endpoint, "reason", why)
-	}
-	w.Header().Set("Retry-After", "2")
-	a.fail(w, endpoint, http.StatusServiceUnavailable, "overloaded", why+"; retry later")
-}
-
-func (a *api) register(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	defer func() { a.m.regDuration.Observe(time.Since(start).Seconds()) }()
-	if !a.acquire(w, "register") {
-		a.m.registrations.WithLabelValues(outOverloaded).Inc()
-		return
-	}
-	defer a.release()
-	buf, err := readBody(w, r)
+// decodeStrict reads a JSON body that must not have unknown fields.
+func decodeStrict(r *http.Request, what string, v any) error {
+	buf, err := readBody(r)
 	if err != nil {
-		a.badInput(w, "register", a.m.registrations, err)
-		return
+		return err
+	}
+	defer putBuf(buf)
+	dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return malformed(what + err.Error())
+	}
+	return nil
+}
+
+func (a *api) register(r *http.Request) (any, error) {
+	buf, err := readBody(r)
+	if err != nil {
+		return nil, err
 	}
 	req, err := protocol.DecodeRegister(buf.Bytes())
 	putBuf(buf)
 	if err != nil {
-		a.badInput(w, "register", a.m.registrations, err)
-		return
+		return nil, err
 	}
-	resp, err := a.fleet.Register(r.Context(), req)
-	if err != nil {
-		switch {
-		case errors.Is(err, fleet.ErrEnrollment):
-			a.m.registrations.WithLabelValues(outForbidden).Inc()
-			a.fail(w, "register", http.StatusForbidden, "wrong_enrollment_secret", "the enrollment secret is wrong")
-		default:
-			a.storeFailure(w, "register", a.m.registrations, err)
-		}
-		return
-	}
-	if resp.New {
-		a.m.regNew.Inc()
-	} else {
-		a.m.regRenewed.Inc()
-	}
-	writeJSON(w, http.StatusOK, resp)
+	return a.fleet.Register(r.Context(), req)
 }
 
-func (a *api) push(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	defer func() { a.m.pushDuration.Observe(time.Since(start).Seconds()) }()
-	if !a.acquire(w, "push") {
-		a.m.pushes.WithLabelValues(outOverloaded).Inc()
-		return
-	}
-	defer a.release()
+func (a *api) push(r *http.Request) (any, error) {
 	token, ok := bearer(r)
 	if !ok {
-		a.m.pushes.WithLabelValues(outUnauth).Inc()
-		a.unauthorized(w, "push", "missing bearer token")
-		return
+		return nil, errNoBearer
 	}
-	buf, err := readBody(w, r)
+	buf, err := readBody(r)
 	if err != nil {
-		a.badInput(w, "push", a.m.pushes, err)
-		return
+		return nil, err
 	}
 	req, err := protocol.DecodePush(buf.Bytes())
 	putBuf(buf)
 	if err != nil {
-		a.badInput(w, "push", a.m.pushes, err)
-		return
+		return nil, err
 	}
-	resp, err := a.fleet.Push(r.Context(), token, req)
-	if err != nil {
-		if errors.Is(err, fleet.ErrUnauthorized) {
-			a.m.pushes.WithLabelValues(outUnauth).Inc()
-			a.unauthorized(w, "push", "unknown or revoked token: register again")
-			return
-		}
-		a.storeFailure(w, "push", a.m.pushes, err)
-		return
-	}
-	a.m.pushAccepted.Inc()
-	writeJSON(w, http.StatusOK, resp)
+	return a.fleet.Push(r.Context(), token, req)
 }
 
 func bearer(r *http.Request) (string, bool) {
@@ -199,56 +237,10 @@ func bearer(r *http.Request) (string, bool) {
 	return t, t != ""
 }
 
-func (a *api) unauthorized(w http.ResponseWriter, endpoint, msg string) {
-	w.Header().Set("WWW-Authenticate", `Bearer realm="drover"`)
-	a.fail(w, endpoint, http.StatusUnauthorized, "unauthorized", msg)
-}
-
-func (a *api) badInput(w http.ResponseWriter, endpoint string, c counterVec, err error) {
-	count(c, outInvalid)
-	var pe *protocol.Error
-	status, code, msg := http.StatusBadRequest, "bad_request", err.Error()
-	if errors.As(err, &pe) {
-		code, msg = pe.Code, pe.Message
-		if pe.Code == protocol.CodeTooLarge {
-			status = http.StatusRequestEntityTooLarge
-		}
-	}
-	a.fail(w, endpoint, status, code, msg)
-}
-
-func (a *api) storeFailure(w http.ResponseWriter, endpoint string, c counterVec, err error) {
-	switch {
-	case errors.Is(err, fleet.ErrOverloaded):
-		count(c, outOverloaded)
-		a.overloaded(w, endpoint, "too many writes pending")
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		count(c, outUnavailable)
-		w.Header().Set("Retry-After", "5")
-		a.fail(w, endpoint, http.StatusServiceUnavailable, "unavailable", "the request was cancelled before it was stored")
-	default:
-		count(c, outUnavailable)
-		if a.warnLimit.allow() {
-			a.log.Error("store unavailable", "endpoint", endpoint, "err", err)
-		}
-		w.Header().Set("Retry-After", "5")
-		a.fail(w, endpoint, http.StatusServiceUnavailable, "unavailable", "the store could not make this durable; retry later")
-	}
-}
-
-// counterVec counts outcomes; nil counts nothing.
-type counterVec = *prometheus.CounterVec
-
-func count(c counterVec, outcome string) {
-	if c != nil {
-		c.WithLabelValues(outcome).Inc()
-	}
-}
-
-// fail writes the JSON error body and counts it.
-func (a *api) fail(w http.ResponseWriter, endpoint string, status int, code, msg string) {
-	a.m.badRequests.WithLabelValues(endpoint, strconv.Itoa(status), code).Inc()
-	writeJSON(w, status, protocol.ErrorBody{Error: protocol.ErrorDetail{Code: code, Message: msg}})
+// isAdmin checks the admin token in constant time.
+func (a *api) isAdmin(r *http.Request) bool {
+	t, ok := bearer(r)
+	return ok && subtle.ConstantTimeCompare([]byte(t), a.adminToken) == 1
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -267,61 +259,42 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	putBuf(buf)
 }
 
-// admin wraps operator endpoints with bearer-token authentication.
-func (a *api) admin(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		t, ok := bearer(r)
-		if !ok || subtle.ConstantTimeCompare([]byte(t), a.adminToken) != 1 {
-			a.unauthorized(w, "admin", "admin token missing or wrong")
-			return
-		}
-		start := time.Now()
-		h(w, r)
-		a.m.duration.WithLabelValues("admin").Observe(time.Since(start).Seconds())
-	}
-}
-
-func (a *api) listDevices(w http.ResponseWriter, r *http.Request) {
+func (a *api) listDevices(r *http.Request) (any, error) {
 	q := r.URL.Query()
 	var f fleet.Filter
 	if v := q.Get("sync_state"); v != "" {
 		s, ok := fleet.ParseSyncState(v)
 		if !ok {
-			a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "sync_state must be arriving, synchronized, sync_pending or sync_error")
-			return
+			return nil, badField("sync_state must be arriving, synchronized, sync_pending or sync_error")
 		}
 		f.SyncState = &s
 	}
 	if v := q.Get("liveness"); v != "" {
 		l, ok := fleet.ParseLiveness(v)
 		if !ok {
-			a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "liveness must be online, late, offline or unknown")
-			return
+			return nil, badField("liveness must be online, late, offline or unknown")
 		}
 		f.Liveness = &l
 	}
 	f.DeviceType, f.Firmware, f.Text = q.Get("device_type"), q.Get("firmware"), q.Get("q")
 	if v := q["label"]; len(v) > 0 {
-		f.Labels = a.fleet.LabelIDs(v) // alerts_api.go: labels
+		f.Labels = a.fleet.LabelIDs(v)
 	}
 	var err error
 	if f.ProfileID, err = optUint(q.Get("profile_id")); err != nil {
-		a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "profile_id must be a positive integer")
-		return
+		return nil, badField("profile_id must be a positive integer")
 	}
 	cursor, err := optUint(q.Get("cursor"))
 	if err != nil {
-		a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "cursor must be a next_cursor value")
-		return
+		return nil, badField("cursor must be a next_cursor value")
 	}
 	limit := 100
 	if v := q.Get("limit"); v != "" {
 		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
-			a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "limit must be 1..1000")
-			return
+			return nil, badField("limit must be 1..1000")
 		}
 	}
-	writeJSON(w, http.StatusOK, a.fleet.List(f, cursor, limit))
+	return a.fleet.List(f, cursor, limit), nil
 }
 
 func optUint(v string) (uint64, error) {
@@ -331,41 +304,28 @@ func optUint(v string) (uint64, error) {
 	return strconv.ParseUint(v, 10, 64)
 }
 
-func (a *api) pathID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
+// pathID is the {id} of the path.
+func pathID(r *http.Request) (uint64, error) {
 	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
 	if err != nil || id == 0 {
-		a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "id must be a positive integer")
-		return 0, false
+		return 0, badField("id must be a positive integer")
 	}
-	return id, true
+	return id, nil
 }
 
-func (a *api) getDevice(w http.ResponseWriter, r *http.Request) {
-	id, ok := a.pathID(w, r)
-	if !ok {
-		return
+func (a *api) getDevice(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
 	}
 	d, err := a.fleet.Device(r.Context(), id)
-	a.answer(w, "device", id, d, err)
+	return d, ifNotFound(err, "device "+strconv.FormatUint(id, 10))
 }
 
-// answer writes v, or 404 when the fleet has no such thing, or 503 when the
-// store failed.
-func (a *api) answer(w http.ResponseWriter, what string, id uint64, v any, err error) {
-	switch {
-	case errors.Is(err, fleet.ErrNotFound):
-		a.fail(w, "admin", http.StatusNotFound, "not_found", "no "+what+" "+strconv.FormatUint(id, 10))
-	case err != nil:
-		a.storeFailure(w, "admin", nil, err)
-	default:
-		writeJSON(w, http.StatusOK, v)
-	}
-}
-
-func (a *api) getHistory(w http.ResponseWriter, r *http.Request) {
-	id, ok := a.pathID(w, r)
-	if !ok {
-		return
+func (a *api) getHistory(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
 	}
 	var hq fleet.HistoryQuery
 	q := r.URL.Query()
@@ -376,8 +336,7 @@ func (a *api) getHistory(w http.ResponseWriter, r *http.Request) {
 		if v := q.Get(p.name); v != "" {
 			t, err := time.Parse(time.RFC3339Nano, v)
 			if err != nil {
-				a.fail(w, "admin", http.StatusBadRequest, "invalid_field", p.name+" must be an RFC 3339 time")
-				return
+				return nil, badField(p.name + " must be an RFC 3339 time")
 			}
 			*p.t = t
 		}
@@ -385,73 +344,62 @@ func (a *api) getHistory(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 10000 {
-			a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "limit must be 1..10000")
-			return
+			return nil, badField("limit must be 1..10000")
 		}
 		hq.Limit = n
 	}
 	samples, err := a.fleet.History(r.Context(), id, hq)
-	a.answer(w, "device", id, map[string]any{"device_id": strconv.FormatUint(id, 10), "samples": samples}, err)
+	if err != nil {
+		return nil, ifNotFound(err, "device "+strconv.FormatUint(id, 10))
+	}
+	return map[string]any{"device_id": strconv.FormatUint(id, 10), "samples": samples}, nil
 }
 
-func (a *api) listProfiles(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"profiles": a.fleet.Profiles()})
+func (a *api) listProfiles(r *http.Request) (any, error) {
+	return map[string]any{"profiles": a.fleet.Profiles()}, nil
 }
 
-func (a *api) getProfile(w http.ResponseWriter, r *http.Request) {
-	id, ok := a.pathID(w, r)
-	if !ok {
-		return
+func (a *api) getProfile(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
 	}
 	p, ok := a.fleet.Profile(id)
 	if !ok {
-		a.fail(w, "admin", http.StatusNotFound, "not_found", "no profile "+strconv.FormatUint(id, 10))
-		return
+		return nil, notFound("profile " + strconv.FormatUint(id, 10))
 	}
-	writeJSON(w, http.StatusOK, p)
+	return p, nil
 }
 
-func (a *api) updateProfile(w http.ResponseWriter, r *http.Request) {
-	id, ok := a.pathID(w, r)
-	if !ok {
-		return
-	}
-	buf, err := readBody(w, r)
+func (a *api) updateProfile(r *http.Request) (any, error) {
+	id, err := pathID(r)
 	if err != nil {
-		a.badInput(w, "admin", nil, err)
-		return
+		return nil, err
 	}
-	defer putBuf(buf)
 	var u fleet.ProfileUpdate
-	dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&u); err != nil {
-		a.fail(w, "admin", http.StatusBadRequest, "malformed_json", "profile update: "+err.Error())
-		return
+	if err := decodeStrict(r, "profile update: ", &u); err != nil {
+		return nil, err
 	}
 	if u.Config != nil {
 		c := bytes.TrimSpace(u.Config)
 		if len(c) == 0 || c[0] != '{' {
-			a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "config must be a JSON object")
-			return
+			return nil, badField("config must be a JSON object")
 		}
 		var compact bytes.Buffer
 		if err := json.Compact(&compact, c); err != nil {
-			a.fail(w, "admin", http.StatusBadRequest, "malformed_json", "config: "+err.Error())
-			return
+			return nil, malformed("config: " + err.Error())
 		}
 		u.Config = compact.Bytes()
 	}
 	if u.PushInterval != nil && (*u.PushInterval < 1 || *u.PushInterval > 7*24*3600) {
-		a.fail(w, "admin", http.StatusBadRequest, "invalid_field", "push_interval must be 1..604800 seconds")
-		return
+		return nil, badField("push_interval must be 1..604800 seconds")
 	}
 	p, err := a.fleet.UpdateProfile(r.Context(), id, u)
-	a.answer(w, "profile", id, p, err)
+	return p, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
 }
 
-func (a *api) stats(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, a.fleet.Stats())
+func (a *api) stats(r *http.Request) (any, error) {
+	return a.fleet.Stats(), nil
 }
 
 // rateLimiter lets one event per second through, so that a flood of the

@@ -37,7 +37,7 @@ type metrics struct {
 	pushDuration, regDuration        prometheus.Observer
 }
 
-func newMetrics(fl func() *fleet.Service) *metrics {
+func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.registrations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "drover_registrations_total", Help: "Registration requests by outcome.",
@@ -72,8 +72,7 @@ func newMetrics(fl func() *fleet.Service) *metrics {
 	m.storeUp.Set(1)
 	m.reg.MustRegister(m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
 		m.commitSize, m.commitTime, m.commitErrors, m.storeUp,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&fleetCollector{fleet: fl})
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable} {
 		m.pushes.WithLabelValues(o)
 	}
@@ -84,6 +83,11 @@ func newMetrics(fl func() *fleet.Service) *metrics {
 	m.regNew, m.regRenewed = m.registrations.WithLabelValues(outNew), m.registrations.WithLabelValues(outRenewed)
 	m.pushDuration, m.regDuration = m.duration.WithLabelValues("push"), m.duration.WithLabelValues("register")
 	return m
+}
+
+// watchFleet exports the fleet's device and profile counts.
+func (m *metrics) watchFleet(f *fleet.Service) {
+	m.reg.MustRegister(&fleetCollector{fleet: f})
 }
 
 func (m *metrics) observeCommit(records int, took time.Duration, err error) {
@@ -98,7 +102,7 @@ func (m *metrics) observeCommit(records int, took time.Duration, err error) {
 }
 
 // fleetCollector reports device counts, computed when scraped.
-type fleetCollector struct{ fleet func() *fleet.Service }
+type fleetCollector struct{ fleet *fleet.Service }
 
 var (
 	devicesDesc  = prometheus.NewDesc("drover_devices", "Registered devices by sync state.", []string{"sync_state"}, nil)
@@ -113,10 +117,7 @@ func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
-	f := c.fleet()
-	if f == nil {
-		return
-	}
+	f := c.fleet
 	syncs, lives, _ := f.Counts()
 	for _, s := range fleet.AllSyncStates() {
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(syncs[s]), s.String())

@@ -18,7 +18,7 @@ func TestOverloadAnswers503WithRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &api{fleet: f, m: newMetrics(func() *fleet.Service { return f }), log: discardLogger(), slots: make(chan struct{}, 1),
+	a := &api{fleet: f, m: newMetrics(), log: discardLogger(), slots: make(chan struct{}, 1),
 		ready: func() error { return nil }}
 	a.slots <- struct{}{} // the only slot is busy
 	h := a.routes()
@@ -50,7 +50,7 @@ func (failingStore) Close() error                                               
 // readiness says why.
 func TestStoreFailureAnswers503(t *testing.T) {
 	s := &Server{log: discardLogger()}
-	s.m = newMetrics(func() *fleet.Service { return s.fleet })
+	s.m = newMetrics()
 	wt := fleet.NewWriteThrough(failingStore{}, 0, func(n int, d time.Duration, err error) {
 		s.m.observeCommit(n, d, err)
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store"
+	"github.com/drover/drover/internal/web"
 )
 
 // Version is the build's version.
@@ -43,6 +44,7 @@ type Server struct {
 	httpsLn   net.Listener
 	httpLn    net.Listener
 	debugLn   net.Listener
+	debugSrv  *http.Server // pprof, on debugLn; closed when Serve returns
 	servers   []*http.Server
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
@@ -58,80 +60,130 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
-		return nil, err
-	}
-	s := &Server{cfg: cfg, log: log, pruneDone: make(chan struct{})}
-	secrets, created, err := loadSecrets(cfg.DataDir)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.EnrollmentSecret != "" {
-		secrets.EnrollmentSecret = cfg.EnrollmentSecret
-	}
-	if cfg.AdminToken != "" {
-		secrets.AdminToken = cfg.AdminToken
-	}
-	s.Secrets, s.FirstRun = secrets, created
-	s.m = newMetrics(func() *fleet.Service { return s.fleet })
-
+	s := &Server{cfg: cfg, log: log, m: newMetrics(), pruneDone: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
 			s.closeAll()
 		}
 	}()
-	observe := func(n int, took time.Duration, err error) {
-		s.m.observeCommit(n, took, err)
-		if err != nil {
-			msg := err.Error()
-			if s.storeErr.Swap(&msg) == nil {
-				log.Error("store commit failed", "records", n, "err", err)
-			}
-		} else if s.storeErr.Swap(nil) != nil {
-			log.Info("store commit recovered")
+	steps := []func(context.Context) error{
+		s.loadSecrets,     // data directory and credentials
+		s.openPersistence, // store and write mode
+		s.loadFleet,       // devices, profiles, labels, alert rules
+		s.listen,          // HTTPS, plain HTTP and debug listeners
+	}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return nil, err
 		}
 	}
-	switch cfg.Persistence {
+	ok = true
+	return s, nil
+}
+
+// loadSecrets reads or creates the credentials in the data directory; the
+// configuration's own secrets win.
+func (s *Server) loadSecrets(context.Context) error {
+	if err := os.MkdirAll(s.cfg.DataDir, 0o750); err != nil {
+		return err
+	}
+	secrets, created, err := loadSecrets(s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if s.cfg.EnrollmentSecret != "" {
+		secrets.EnrollmentSecret = s.cfg.EnrollmentSecret
+	}
+	if s.cfg.AdminToken != "" {
+		secrets.AdminToken = s.cfg.AdminToken
+	}
+	s.Secrets, s.FirstRun = secrets, created
+	return nil
+}
+
+// openPersistence opens the store and the write mode over it.
+func (s *Server) openPersistence(ctx context.Context) error {
+	var err error
+	switch s.cfg.Persistence {
 	case "memory":
 		s.persist = fleet.Memory{}
 	case "write-through":
-		if s.store, err = openStore(ctx, cfg.dbDSN()); err != nil {
-			return nil, err
+		if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
+			return err
 		}
-		s.persist = fleet.NewWriteThrough(s.store, cfg.MaxPendingWrites, observe)
+		s.persist = fleet.NewWriteThrough(s.store, s.cfg.MaxPendingWrites, s.observeCommit)
 	case "write-back":
-		if s.store, err = openStore(ctx, cfg.dbDSN()); err != nil {
-			return nil, err
+		if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
+			return err
 		}
-		s.persist = fleet.NewWriteBack(s.store, fleet.WriteBackOptions{FlushInterval: cfg.FlushInterval, Observe: observe, Logger: log})
+		s.persist = fleet.NewWriteBack(s.store, fleet.WriteBackOptions{FlushInterval: s.cfg.FlushInterval, Observe: s.observeCommit, Logger: s.log})
 	default:
-		return nil, fmt.Errorf("persistence %q is not available in this build", cfg.Persistence)
+		return fmt.Errorf("persistence %q is not available in this build", s.cfg.Persistence)
 	}
+	return nil
+}
+
+// observeCommit counts a store commit and keeps the last failure for
+// readiness.
+func (s *Server) observeCommit(n int, took time.Duration, err error) {
+	s.m.observeCommit(n, took, err)
+	if err != nil {
+		msg := err.Error()
+		if s.storeErr.Swap(&msg) == nil {
+			s.log.Error("store commit failed", "records", n, "err", err)
+		}
+	} else if s.storeErr.Swap(nil) != nil {
+		s.log.Info("store commit recovered")
+	}
+}
+
+// loadFleet loads the fleet from the store, with its labels and the alert
+// engine that watches it.
+func (s *Server) loadFleet(ctx context.Context) error {
 	start := time.Now()
-	hook := &alert.Hook{}
+	hook := &alert.Hook{} // the engine is made after the fleet it watches
+	var err error
 	s.fleet, err = fleet.New(ctx, s.store, s.persist, fleet.Options{
-		EnrollmentSecret: secrets.EnrollmentSecret, DefaultPushInterval: cfg.PushInterval, Logger: log, OnPush: hook.OnPush,
+		EnrollmentSecret: s.Secrets.EnrollmentSecret, DefaultPushInterval: s.cfg.PushInterval, Logger: s.log, OnPush: hook.OnPush,
+	})
+	if err != nil {
+		return err
+	}
+	s.m.watchFleet(s.fleet)
+	if err := s.setupAlerts(ctx, hook); err != nil {
+		return err
+	}
+	st := s.fleet.Stats()
+	s.log.Info("fleet loaded", "devices", st.Devices, "profiles", len(s.fleet.Profiles()), "took", time.Since(start).Round(time.Millisecond),
+		"persistence", s.cfg.Persistence, "db", redactDSN(s.cfg.dbDSN()))
+	return nil
+}
+
+// handler builds the API and the dashboard behind one routes table.
+func (s *Server) handler() (http.Handler, error) {
+	a := &api{
+		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log, adminToken: []byte(s.Secrets.AdminToken),
+		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready,
+	}
+	ov := &overloadWatch{refused: a.refused.Load}
+	ui, err := web.New(web.Options{
+		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := s.setupAlerts(ctx, hook); err != nil {
-		return nil, err
-	}
-	st := s.fleet.Stats()
-	log.Info("fleet loaded", "devices", st.Devices, "profiles", len(s.fleet.Profiles()), "took", time.Since(start).Round(time.Millisecond),
-		"persistence", cfg.Persistence, "db", redactDSN(cfg.dbDSN()))
+	a.ui = ui
+	return a.routes(), nil
+}
 
-	a := &api{
-		fleet: s.fleet, m: s.m, log: log, adminToken: []byte(secrets.AdminToken),
-		slots: make(chan struct{}, cfg.MaxInflight), ready: s.ready,
-	}
-	handler, err := s.withDashboard(a)
+// listen binds the configured listeners and makes their servers.
+func (s *Server) listen(context.Context) error {
+	handler, err := s.handler()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
 			Handler: handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10,
@@ -139,38 +191,38 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			WriteTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		}
 	}
-	if cfg.Listen != "" {
-		cert, generated, err := loadCertificate(&cfg)
+	if s.cfg.Listen != "" {
+		cert, generated, err := loadCertificate(&s.cfg)
 		if err != nil {
-			return nil, fmt.Errorf("tls: %w", err)
+			return fmt.Errorf("tls: %w", err)
 		}
 		if generated {
-			log.Info("generated self-signed certificate", "path", cfg.DataDir+"/tls/cert.pem")
+			s.log.Info("generated self-signed certificate", "path", s.cfg.DataDir+"/tls/cert.pem")
 		}
 		for _, der := range cert.Certificate {
 			s.CertPEM = append(s.CertPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
 		}
-		ln, err := net.Listen("tcp", cfg.Listen)
+		ln, err := net.Listen("tcp", s.cfg.Listen)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.httpsLn = tlsListener(ln, cert)
 		srv := newHTTP()
 		srv.TLSConfig = s.httpsLn.(*tlsLn).cfg
 		s.servers = append(s.servers, srv)
 	}
-	if cfg.HTTPListen != "" {
-		ln, err := net.Listen("tcp", cfg.HTTPListen)
+	if s.cfg.HTTPListen != "" {
+		ln, err := net.Listen("tcp", s.cfg.HTTPListen)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.httpLn = ln
 		s.servers = append(s.servers, newHTTP())
 	}
-	if cfg.DebugListen != "" {
-		ln, err := net.Listen("tcp", cfg.DebugListen)
+	if s.cfg.DebugListen != "" {
+		ln, err := net.Listen("tcp", s.cfg.DebugListen)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -179,11 +231,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		s.debugLn = ln
-		go (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ln)
-		log.Info("debug listener", "addr", ln.Addr().String())
+		s.debugSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog}
 	}
-	ok = true
-	return s, nil
+	return nil
 }
 
 type tlsLn struct {
@@ -209,6 +259,14 @@ func (s *Server) HTTPSAddr() string {
 		return ""
 	}
 	return s.httpsLn.Addr().String()
+}
+
+// DebugAddr is the bound debug (pprof) address, or "".
+func (s *Server) DebugAddr() string {
+	if s.debugLn == nil {
+		return ""
+	}
+	return s.debugLn.Addr().String()
 }
 
 // HTTPAddr is the bound plain-HTTP address, or "".
@@ -255,6 +313,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}(s.servers[i], ln)
 	}
+	if s.debugSrv != nil {
+		s.log.Info("debug listener", "addr", s.debugLn.Addr().String())
+		go s.debugSrv.Serve(s.debugLn)
+	}
 	pruneCtx, stopPrune := context.WithCancel(context.Background())
 	go s.pruneLoop(pruneCtx)
 	stopAlerts := s.startAlerts()
@@ -292,8 +354,8 @@ func (s *Server) Serve(ctx context.Context) error {
 			serveErr = errors.Join(serveErr, fmt.Errorf("closing store: %w", err))
 		}
 	}
-	if s.debugLn != nil {
-		s.debugLn.Close()
+	if s.debugSrv != nil {
+		s.debugSrv.Close() // profiles being taken are cut short
 	}
 	s.log.Info("stopped")
 	return serveErr

@@ -1,0 +1,204 @@
+package server
+
+// The whole HTTP interface of `drover serve`, on one page.
+//
+// To add an endpoint: add one line to (*api).table below and write its
+// handler as an apiFunc, func(*http.Request) (any, error). Return the answer
+// (written as JSON with 200, or created(v) for 201) or an error: an
+// *apiError made with badField, notFound... or a domain error, which
+// answerError maps to HTTP status, JSON error code, outcome metrics and log
+// line, once for every endpoint. Access is checked from the table (admin:
+// the operator's bearer token); a path in the table asked with another method
+// gets 405 with Allow, any other path 404, both with the JSON error body.
+// Plain handlers (probes, /metrics, the dashboard) are listed with h instead.
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/web"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// apiFunc answers one request with a value for the JSON body, or an error.
+type apiFunc func(r *http.Request) (any, error)
+
+// access says who may call a route.
+type access uint8
+
+const (
+	public access = iota // anyone (devices authenticate inside their handlers)
+	admin                // the operator's admin token
+)
+
+// route is one line of the table.
+type route struct {
+	method, path string // path as http.ServeMux takes it; method "" for any
+	access       access
+	endpoint     string // the endpoint label of the request metrics
+	fn           apiFunc
+	h            http.Handler // instead of fn: served as is
+	limited      bool         // takes a device request slot (503 when none free)
+	// Device endpoints count every answer in outcomes; ok names the
+	// counter of a success.
+	outcomes *prometheus.CounterVec
+	ok       func(v any) prometheus.Counter
+}
+
+// table is the whole API.
+func (a *api) table() []route {
+	m := a.m
+	pushOK := func(any) prometheus.Counter { return m.pushAccepted }
+	regOK := func(v any) prometheus.Counter {
+		if v.(protocol.RegisterResponse).New {
+			return m.regNew
+		}
+		return m.regRenewed
+	}
+	return []route{
+		// Device protocol (docs/protocol.md).
+		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.register, limited: true, outcomes: m.registrations, ok: regOK},
+		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, outcomes: m.pushes, ok: pushOK},
+
+		// Operator API (docs/operations.md).
+		{method: "GET", path: "/api/v1/devices", access: admin, fn: a.listDevices},
+		{method: "GET", path: "/api/v1/devices/{id}", access: admin, fn: a.getDevice},
+		{method: "GET", path: "/api/v1/devices/{id}/history", access: admin, fn: a.getHistory},
+		{method: "GET", path: "/api/v1/profiles", access: admin, fn: a.listProfiles},
+		{method: "GET", path: "/api/v1/profiles/{id}", access: admin, fn: a.getProfile},
+		{method: "PUT", path: "/api/v1/profiles/{id}", access: admin, fn: a.updateProfile},
+		{method: "PATCH", path: "/api/v1/profiles/{id}", access: admin, fn: a.updateProfile},
+		{method: "GET", path: "/api/v1/stats", access: admin, fn: a.stats},
+		{method: "GET", path: "/api/v1/labels", access: admin, fn: a.listLabels},
+		{method: "POST", path: "/api/v1/labels/assign", access: admin, fn: a.assignLabel},
+		{method: "DELETE", path: "/api/v1/labels/{name}", access: admin, fn: a.deleteLabel},
+		{method: "GET", path: "/api/v1/alerts", access: admin, fn: a.listAlerts},
+		{method: "GET", path: "/api/v1/alerts/rules", access: admin, fn: a.listRules},
+		{method: "POST", path: "/api/v1/alerts/rules", access: admin, fn: a.createRule},
+		{method: "GET", path: "/api/v1/alerts/rules/{id}", access: admin, fn: a.getRule},
+		{method: "PUT", path: "/api/v1/alerts/rules/{id}", access: admin, fn: a.updateRule},
+		{method: "DELETE", path: "/api/v1/alerts/rules/{id}", access: admin, fn: a.deleteRule},
+		{method: "GET", path: "/api/v1/alerts/deliveries", access: admin, fn: a.deliveries},
+		{method: "GET", path: "/api/v1/alerts/smtp", access: admin, fn: a.getSMTP},
+		{method: "PUT", path: "/api/v1/alerts/smtp", access: admin, fn: a.putSMTP},
+
+		// Dashboard (docs/dashboard.md): its own sessions, methods and errors.
+		{path: web.Prefix, h: a.ui},
+		{method: "GET", path: "/{$}", h: http.RedirectHandler(web.Prefix, http.StatusFound)},
+
+		// Probes and metrics, unauthenticated.
+		{method: "GET", path: "/metrics", h: promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})},
+		{method: "GET", path: "/healthz", h: http.HandlerFunc(a.healthz)},
+		{method: "GET", path: "/readyz", h: http.HandlerFunc(a.readyz)},
+	}
+}
+
+// routes builds the handler for the whole table.
+func (a *api) routes() http.Handler {
+	mux := http.NewServeMux()
+	a.allowed = http.NewServeMux()
+	a.methods = map[string][]string{}
+	for _, rt := range a.table() {
+		if rt.fn == nil && rt.h == nil {
+			continue // a part this server runs without (no dashboard in some tests)
+		}
+		h := rt.h
+		if rt.fn != nil {
+			h = a.wrap(rt)
+		}
+		pattern := rt.path
+		if rt.method != "" {
+			pattern = rt.method + " " + rt.path
+			if _, seen := a.methods[rt.path]; !seen {
+				a.allowed.Handle(rt.path, http.NotFoundHandler())
+			}
+			a.methods[rt.path] = append(a.methods[rt.path], rt.method)
+			if rt.method == http.MethodGet {
+				a.methods[rt.path] = append(a.methods[rt.path], http.MethodHead)
+			}
+		}
+		mux.Handle(pattern, h)
+	}
+	mux.HandleFunc("/", a.unrouted)
+	return mux
+}
+
+// wrap turns an apiFunc into a handler: access, request slots, the answer
+// or its error, and the metrics.
+func (a *api) wrap(rt route) http.HandlerFunc {
+	if rt.endpoint == "" {
+		rt.endpoint = "admin"
+	}
+	duration := a.m.duration.WithLabelValues(rt.endpoint)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if rt.access == admin && !a.isAdmin(r) {
+			a.fail(w, &rt, errAdminToken)
+			return
+		}
+		start := time.Now()
+		defer func() { duration.Observe(time.Since(start).Seconds()) }()
+		if rt.limited {
+			select {
+			case a.slots <- struct{}{}:
+				a.m.inflight.Inc()
+				defer a.release()
+			default:
+				a.fail(w, &rt, errInflight)
+				return
+			}
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, protocol.MaxBodyBytes)
+		v, err := rt.fn(r)
+		if err != nil {
+			a.fail(w, &rt, err)
+			return
+		}
+		status := http.StatusOK
+		if c, ok := v.(createdBody); ok {
+			status, v = http.StatusCreated, c.v
+		}
+		if rt.ok != nil {
+			rt.ok(v).Inc()
+		}
+		writeJSON(w, status, v)
+	}
+}
+
+func (a *api) release() {
+	<-a.slots
+	a.m.inflight.Dec()
+}
+
+// createdBody is an answer sent with 201 Created.
+type createdBody struct{ v any }
+
+func created(v any) any { return createdBody{v} }
+
+// unrouted answers paths outside the table with 404, and paths in it asked
+// with another method with 405 and Allow.
+func (a *api) unrouted(w http.ResponseWriter, r *http.Request) {
+	other := &route{endpoint: "other"}
+	if _, pattern := a.allowed.Handler(r); pattern != "" {
+		allow := strings.Join(a.methods[pattern], ", ")
+		w.Header().Set("Allow", allow)
+		a.fail(w, other, &apiError{status: http.StatusMethodNotAllowed, code: "method_not_allowed",
+			msg: r.Method + " is not allowed on " + r.URL.Path + "; allowed: " + allow})
+		return
+	}
+	a.fail(w, other, &apiError{status: http.StatusNotFound, code: "not_found", msg: "no such endpoint: " + r.Method + " " + r.URL.Path})
+}
+
+func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := a.ready(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
