@@ -105,15 +105,15 @@ func TestLabelsAssignFilterAndRestart(t *testing.T) {
 	if n, _ := s.AssignLabel(ctx, "pushed", Filter{SyncState: &synced}, false); n != 10 {
 		t.Fatalf("assign by state: %d", n)
 	}
-	both := s.List(Filter{Labels: s.LabelIDs([]string{"north", "pushed"})}, 0, 100)
+	both := page(t, s, Filter{Labels: s.LabelIDs([]string{"north", "pushed"})}, "", 100)
 	if len(both.Devices) != 0 {
 		t.Fatalf("north and pushed: %d devices", len(both.Devices))
 	}
-	north := s.List(Filter{Labels: s.LabelIDs([]string{"north"})}, 0, 100)
+	north := page(t, s, Filter{Labels: s.LabelIDs([]string{"north"})}, "", 100)
 	if len(north.Devices) != 10 || north.Devices[0].MachineID != "m-10" {
 		t.Fatalf("north: %+v", north.Devices)
 	}
-	if got := s.List(Filter{Labels: s.LabelIDs([]string{"nope"})}, 0, 100); len(got.Devices) != 0 {
+	if got := page(t, s, Filter{Labels: s.LabelIDs([]string{"nope"})}, "", 100); len(got.Devices) != 0 {
 		t.Fatalf("unknown label matched %d", len(got.Devices))
 	}
 	if got := s.DeviceLabels(north.Devices[0].ID); !slices.Equal(got, []string{"north"}) {
@@ -150,7 +150,7 @@ func TestLabelsAssignFilterAndRestart(t *testing.T) {
 	if err := s2.DeleteLabel(ctx, "north"); err != nil {
 		t.Fatal(err)
 	}
-	if got := s2.List(Filter{Labels: s2.LabelIDs([]string{"north"})}, 0, 100); len(got.Devices) != 0 {
+	if got := page(t, s2, Filter{Labels: s2.LabelIDs([]string{"north"})}, "", 100); len(got.Devices) != 0 {
 		t.Fatalf("deleted label still matches %d", len(got.Devices))
 	}
 	if l, _ := s2.CreateLabel(ctx, "again"); l.ID != 3 {
@@ -216,6 +216,26 @@ func TestQuerySortAndPaging(t *testing.T) {
 				if !tc.less(got[i-1], got[i]) {
 					t.Fatalf("out of order at %d: %+v then %+v", i, got[i-1], got[i])
 				}
+			}
+			// Without the total, the same pages.
+			after = ""
+			for i := 0; ; i += 10 {
+				r, err := s.Query(Query{Sort: tc.by, Desc: tc.desc, After: after, Limit: 10, NoTotal: true})
+				if err != nil || r.Total != 0 || len(r.Devices) != min(10, n-i) {
+					t.Fatalf("no total, page at %d: %d devices, total %d, %v", i, len(r.Devices), r.Total, err)
+				}
+				for j, d := range r.Devices {
+					if d.ID != got[i+j].ID {
+						t.Fatalf("no total: device %d is %d, with the total %d", i+j, d.ID, got[i+j].ID)
+					}
+				}
+				if r.Next == "" {
+					if i+len(r.Devices) != n {
+						t.Fatalf("no total: paging ended after %d devices", i+len(r.Devices))
+					}
+					break
+				}
+				after = r.Next
 			}
 		})
 	}

@@ -153,9 +153,13 @@ type ProfileUpdate struct {
 	PushInterval *int            `json:"push_interval,omitempty"`
 }
 
-// UpdateProfile applies u durably. A configuration change gives the profile
-// a version above every profile's, which puts its devices into Sync pending.
+// UpdateProfile checks u (a *FieldError when it breaks a rule) and applies
+// it durably. A configuration change gives the profile a version above every
+// profile's, which puts its devices into Sync pending.
 func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate) (Profile, error) {
+	if err := u.Normalize(); err != nil {
+		return Profile{}, err
+	}
 	ps := s.profiles
 	ps.mu.Lock()
 	e, ok := ps.byID[id]

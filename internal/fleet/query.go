@@ -34,17 +34,21 @@ func ParseSortBy(v string) (SortBy, bool) {
 	return 0, false
 }
 
-// Query asks for one page of devices in any order.
+// Query asks for one page of devices in any order: the one way to list
+// devices, for the API and the dashboard.
 type Query struct {
 	Filter Filter
 	Sort   SortBy
 	Desc   bool
 	After  string // a Result.Next; "" for the first page
 	Limit  int    // 1..1000, default 100
+	// NoTotal leaves Result.Total 0; in ID order the page then costs its
+	// own devices, not a pass over the whole fleet.
+	NoTotal bool
 }
 
-// Result is one page; Next is "" on the last page. Total counts every
-// device matching the filter.
+// Result is one page; Next is "" on the last page (in ID order, the last
+// device's ID). Total counts every device matching the filter.
 type Result struct {
 	Devices []Device `json:"devices"`
 	Next    string   `json:"next_cursor,omitempty"`
@@ -169,6 +173,9 @@ func (s *Service) Query(q Query) (Result, error) {
 	if q.Limit <= 0 || q.Limit > 1000 {
 		q.Limit = 100
 	}
+	if q.Sort == SortID {
+		return s.queryByID(q)
+	}
 	var after *sortKey
 	if q.After != "" {
 		k, err := decodeCursor(q.After)
@@ -206,7 +213,82 @@ func (s *Service) Query(q Query) (Result, error) {
 	for _, k := range keys {
 		res.Devices = append(res.Devices, k.d.snapshot(now, false))
 	}
+	if q.NoTotal {
+		return res.noTotal(), nil
+	}
 	return res, nil
+}
+
+// queryByID walks the registry, which is kept in ID order, from the cursor
+// on; its cursor is the last ID of the page before.
+func (s *Service) queryByID(q Query) (Result, error) {
+	var after uint64
+	if q.After != "" {
+		var err error
+		if after, err = strconv.ParseUint(q.After, 10, 64); err != nil {
+			return Result{}, ErrCursor
+		}
+	}
+	inPage := func(id uint64) bool {
+		switch {
+		case q.After == "":
+			return true
+		case q.Desc:
+			return id < after
+		default:
+			return id > after
+		}
+	}
+	now := s.now().UnixNano()
+	s.devMu.RLock()
+	all := s.devices
+	s.devMu.RUnlock()
+	// Without a total, start at the cursor.
+	lo, hi := 0, len(all)-1
+	if q.NoTotal && q.After != "" {
+		if q.Desc {
+			hi = int(min(after, uint64(len(all)))) - 1
+		} else {
+			lo = int(min(after, uint64(len(all))))
+		}
+	}
+	res := Result{Devices: make([]Device, 0, min(q.Limit, 64))}
+	for i := lo; i <= hi; i++ {
+		id := uint64(i)
+		if q.Desc {
+			id = uint64(hi - (i - lo))
+		}
+		d := all[id]
+		if d == nil {
+			continue
+		}
+		d.mu.Lock()
+		ok := d.profile != nil && q.Filter.match(d, now)
+		d.mu.Unlock()
+		if !ok {
+			continue
+		}
+		res.Total++
+		switch {
+		case !inPage(id) || res.Next != "":
+		case len(res.Devices) < q.Limit:
+			res.Devices = append(res.Devices, d.snapshot(now, false))
+		default: // one more after a full page
+			res.Next = strconv.FormatUint(res.Devices[q.Limit-1].ID, 10)
+			if q.NoTotal {
+				return res.noTotal(), nil
+			}
+		}
+	}
+	if q.NoTotal {
+		return res.noTotal(), nil
+	}
+	return res, nil
+}
+
+func (r Result) noTotal() Result {
+	r.Total = 0
+	return r
 }
 
 // DeviceInfo is the light view of a device that Scan gives.

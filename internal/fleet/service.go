@@ -379,43 +379,6 @@ func (f *Filter) match(d *device, now int64) bool {
 	return true
 }
 
-// Page is one page of devices ordered by ID; Next is the cursor of the
-// following page, 0 when this is the last.
-type Page struct {
-	Devices []Device `json:"devices"`
-	Next    uint64   `json:"next_cursor,string,omitempty"`
-}
-
-// List returns up to limit devices with ID > after that match f.
-func (s *Service) List(f Filter, after uint64, limit int) Page {
-	if limit <= 0 || limit > 1000 {
-		limit = 100
-	}
-	now := s.now().UnixNano()
-	s.devMu.RLock()
-	all := s.devices
-	s.devMu.RUnlock()
-	page := Page{Devices: make([]Device, 0, min(limit, 64))}
-	for id := after + 1; id < uint64(len(all)); id++ {
-		d := all[id]
-		if d == nil {
-			continue
-		}
-		d.mu.Lock()
-		ok := d.profile != nil && f.match(d, now)
-		d.mu.Unlock()
-		if !ok {
-			continue
-		}
-		if len(page.Devices) == limit {
-			page.Next = page.Devices[limit-1].ID
-			break
-		}
-		page.Devices = append(page.Devices, d.snapshot(now, false))
-	}
-	return page
-}
-
 // Device returns one device with its current state.
 func (s *Service) Device(ctx context.Context, id uint64) (Device, error) {
 	d := s.get(id)

@@ -356,13 +356,13 @@ func TestListFilterAndPaging(t *testing.T) {
 	}
 	arriving := Arriving
 	var got []string
-	cursor := uint64(0)
+	cursor := ""
 	for {
-		p := s.List(Filter{SyncState: &arriving}, cursor, 5)
+		p := page(t, s, Filter{SyncState: &arriving}, cursor, 5)
 		for _, d := range p.Devices {
 			got = append(got, d.MachineID)
 		}
-		if p.Next == 0 {
+		if p.Next == "" {
 			break
 		}
 		cursor = p.Next
@@ -370,7 +370,7 @@ func TestListFilterAndPaging(t *testing.T) {
 	if len(got) != 12 || got[0] != "m-01" || got[11] != "m-23" {
 		t.Fatalf("arriving devices %v", got)
 	}
-	if p := s.List(Filter{Text: "m-1"}, 0, 100); len(p.Devices) != 10 {
+	if p := page(t, s, Filter{Text: "m-1"}, "", 100); len(p.Devices) != 10 {
 		t.Fatalf("text filter: %d", len(p.Devices))
 	}
 }
@@ -443,4 +443,14 @@ func TestFirmwareUpgradeGetsNewProfilesConfig(t *testing.T) {
 	if d, _ := s.Device(ctx, 2); d.SyncState != "sync_pending" {
 		t.Fatalf("sync state %s", d.SyncState)
 	}
+}
+
+// page lists the devices in ID order after the cursor, as the API does.
+func page(t *testing.T, s *Service, f Filter, after string, limit int) Result {
+	t.Helper()
+	r, err := s.Query(Query{Filter: f, After: after, Limit: limit, NoTotal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/drover/drover/internal/fleet"
 )
 
 // Config is everything `drover serve` can be told. Each field is a flag;
@@ -154,8 +155,8 @@ func (c *Config) Validate() error {
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return errors.New("-tls-cert and -tls-key go together")
 	}
-	if c.PushInterval < 1 || c.PushInterval > 7*24*3600 {
-		return fmt.Errorf("-push-interval must be 1..604800 seconds, not %d", c.PushInterval)
+	if err := fleet.CheckPushInterval(c.PushInterval); err != nil {
+		return fmt.Errorf("-push-interval %d: %w", c.PushInterval, err)
 	}
 	if c.FlushInterval <= 0 {
 		return errors.New("-flush-interval must be positive")

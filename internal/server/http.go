@@ -117,7 +117,9 @@ func answerError(err error) *apiError {
 		return errEnrollment
 	case errors.Is(err, fleet.ErrUnauthorized):
 		return errDeviceToken
-	case errors.Is(err, alert.ErrInvalid):
+	case errors.Is(err, fleet.ErrCursor):
+		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: "cursor must be a next_cursor value", outcome: outInvalid}
+	case errors.Is(err, fleet.ErrInvalid), errors.Is(err, alert.ErrInvalid):
 		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: err.Error(), outcome: outInvalid}
 	case errors.Is(err, fleet.ErrNotFound), errors.Is(err, alert.ErrNotFound):
 		return &apiError{status: http.StatusNotFound, code: "not_found", msg: err.Error()}
@@ -261,32 +263,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func (a *api) listDevices(r *http.Request) (any, error) {
 	q := r.URL.Query()
-	var f fleet.Filter
-	if v := q.Get("sync_state"); v != "" {
-		s, ok := fleet.ParseSyncState(v)
-		if !ok {
-			return nil, badField("sync_state must be arriving, synchronized, sync_pending or sync_error")
-		}
-		f.SyncState = &s
-	}
-	if v := q.Get("liveness"); v != "" {
-		l, ok := fleet.ParseLiveness(v)
-		if !ok {
-			return nil, badField("liveness must be online, late, offline or unknown")
-		}
-		f.Liveness = &l
-	}
-	f.DeviceType, f.Firmware, f.Text = q.Get("device_type"), q.Get("firmware"), q.Get("q")
-	if v := q["label"]; len(v) > 0 {
-		f.Labels = a.fleet.LabelIDs(v)
-	}
-	var err error
-	if f.ProfileID, err = optUint(q.Get("profile_id")); err != nil {
-		return nil, badField("profile_id must be a positive integer")
-	}
-	cursor, err := optUint(q.Get("cursor"))
+	f, err := a.fleet.ParseFilter(q)
 	if err != nil {
-		return nil, badField("cursor must be a next_cursor value")
+		return nil, err
 	}
 	limit := 100
 	if v := q.Get("limit"); v != "" {
@@ -294,7 +273,17 @@ func (a *api) listDevices(r *http.Request) (any, error) {
 			return nil, badField("limit must be 1..1000")
 		}
 	}
-	return a.fleet.List(f, cursor, limit), nil
+	res, err := a.fleet.Query(fleet.Query{Filter: f, After: q.Get("cursor"), Limit: limit, NoTotal: true})
+	if err != nil {
+		return nil, err
+	}
+	return devicePage{res.Devices, res.Next}, nil
+}
+
+// devicePage is a page of the devices list, in ID order.
+type devicePage struct {
+	Devices []fleet.Device `json:"devices"`
+	Next    string         `json:"next_cursor,omitempty"`
 }
 
 func optUint(v string) (uint64, error) {
@@ -379,20 +368,6 @@ func (a *api) updateProfile(r *http.Request) (any, error) {
 	var u fleet.ProfileUpdate
 	if err := decodeStrict(r, "profile update: ", &u); err != nil {
 		return nil, err
-	}
-	if u.Config != nil {
-		c := bytes.TrimSpace(u.Config)
-		if len(c) == 0 || c[0] != '{' {
-			return nil, badField("config must be a JSON object")
-		}
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, c); err != nil {
-			return nil, malformed("config: " + err.Error())
-		}
-		u.Config = compact.Bytes()
-	}
-	if u.PushInterval != nil && (*u.PushInterval < 1 || *u.PushInterval > 7*24*3600) {
-		return nil, badField("push_interval must be 1..604800 seconds")
 	}
 	p, err := a.fleet.UpdateProfile(r.Context(), id, u)
 	return p, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"net/http"
+	"net/url"
 	"strconv"
 
 	"github.com/drover/drover/internal/fleet"
@@ -35,9 +36,9 @@ func (a *api) assignLabel(r *http.Request) (any, error) {
 	if in.Filter == nil {
 		return nil, badField(`filter is required ({} selects every device)`)
 	}
-	f, msg := in.Filter.fleetFilter(a.fleet)
-	if msg != "" {
-		return nil, badField(msg)
+	f, err := a.fleet.ParseFilter(in.Filter.values())
+	if err != nil {
+		return nil, err
 	}
 	n, err := a.fleet.AssignLabel(r.Context(), in.Label, f, in.Remove)
 	switch {
@@ -49,27 +50,19 @@ func (a *api) assignLabel(r *http.Request) (any, error) {
 	return map[string]any{"label": in.Label, "changed": n, "removed": in.Remove}, nil
 }
 
-func (f *labelFilter) fleetFilter(fl *fleet.Service) (fleet.Filter, string) {
-	var out fleet.Filter
-	if f.SyncState != "" {
-		v, ok := fleet.ParseSyncState(f.SyncState)
-		if !ok {
-			return out, "sync_state must be arriving, synchronized, sync_pending or sync_error"
-		}
-		out.SyncState = &v
+// values is the filter as fleet.ParseFilter reads it.
+func (f *labelFilter) values() url.Values {
+	v := url.Values{fleet.FilterLabel: f.Labels}
+	for k, val := range map[string]string{
+		fleet.FilterSyncState: f.SyncState, fleet.FilterLiveness: f.Liveness, fleet.FilterDeviceType: f.DeviceType,
+		fleet.FilterFirmware: f.Firmware, fleet.FilterText: f.Q,
+	} {
+		v.Set(k, val)
 	}
-	if f.Liveness != "" {
-		v, ok := fleet.ParseLiveness(f.Liveness)
-		if !ok {
-			return out, "liveness must be online, late, offline or unknown"
-		}
-		out.Liveness = &v
+	if f.ProfileID != 0 {
+		v.Set(fleet.FilterProfileID, strconv.FormatUint(f.ProfileID, 10))
 	}
-	out.DeviceType, out.Firmware, out.ProfileID, out.Text = f.DeviceType, f.Firmware, f.ProfileID, f.Q
-	if len(f.Labels) > 0 {
-		out.Labels = fl.LabelIDs(f.Labels)
-	}
-	return out, ""
+	return v
 }
 
 func (a *api) deleteLabel(r *http.Request) (any, error) {

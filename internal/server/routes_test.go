@@ -5,9 +5,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
 )
@@ -76,5 +79,37 @@ func TestDebugServerShutDownWithServe(t *testing.T) {
 	if c, err := net.Dial("tcp", addr); err == nil {
 		c.Close()
 		t.Fatalf("debug listener %s still accepts connections after Serve returned", addr)
+	}
+}
+
+// The operator API applies the fleet's rules with the fleet's messages, as
+// the dashboard does.
+func TestOperatorInputRules(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	c.register("m-1")
+	big := `{"a":"` + strings.Repeat("x", fleet.MaxConfigBytes) + `"}` // under the 64 KiB body limit
+	_, bigErr := fleet.NormalizeConfig([]byte(big))
+	_, filterErr := s.Srv.Fleet().ParseFilter(url.Values{"sync_state": {"bogus"}})
+	for _, tc := range []struct {
+		method, path string
+		body         any
+		want         string
+	}{
+		{"PUT", "/api/v1/profiles/1", `{"config":` + big + `}`, bigErr.Error()},
+		{"PATCH", "/api/v1/profiles/1", `{"push_interval":0}`, fleet.CheckPushInterval(0).Error()},
+		{"PUT", "/api/v1/profiles/1", `{"push_interval":604801}`, fleet.CheckPushInterval(604801).Error()},
+		{"GET", "/api/v1/devices?sync_state=bogus", nil, filterErr.Error()},
+		{"GET", "/api/v1/devices?cursor=x", nil, "cursor must be a next_cursor value"},
+		{"POST", "/api/v1/labels/assign", `{"label":"north","filter":{"sync_state":"bogus"}}`, filterErr.Error()},
+	} {
+		st, _, out := c.do(tc.method, tc.path, s.AdminToken, tc.body)
+		e, _ := out["error"].(map[string]any)
+		if st != 400 || e == nil || e["code"] != "invalid_field" || e["message"] != tc.want {
+			t.Errorf("%s %s: %d %v, want 400 invalid_field %q", tc.method, tc.path, st, out, tc.want)
+		}
+	}
+	if _, _, p := c.do("GET", "/api/v1/profiles/1", s.AdminToken, nil); p["version"] != 0.0 || p["push_interval"] != 200.0 {
+		t.Fatalf("refused updates changed the profile: %v", p)
 	}
 }

@@ -97,34 +97,8 @@ func parseDevFilter(v url.Values) devFilter {
 
 // filter converts to the fleet's filter; problems are reported, not fatal.
 func (f devFilter) filter(fl *fleet.Service) (fleet.Filter, []string) {
-	var out fleet.Filter
-	var problems []string
-	if f.SyncState != "" {
-		if v, ok := fleet.ParseSyncState(f.SyncState); ok {
-			out.SyncState = &v
-		} else {
-			problems = append(problems, "unknown sync state "+strconv.Quote(f.SyncState))
-		}
-	}
-	if f.Liveness != "" {
-		if v, ok := fleet.ParseLiveness(f.Liveness); ok {
-			out.Liveness = &v
-		} else {
-			problems = append(problems, "unknown liveness "+strconv.Quote(f.Liveness))
-		}
-	}
-	if f.ProfileID != "" {
-		if id, err := strconv.ParseUint(f.ProfileID, 10, 64); err == nil {
-			out.ProfileID = id
-		} else {
-			problems = append(problems, "profile must be a number")
-		}
-	}
-	out.DeviceType, out.Firmware, out.Text = f.DeviceType, f.Firmware, f.Q
-	if f.Label != "" {
-		out.Labels = fl.LabelIDs([]string{f.Label})
-	}
-	return out, problems
+	out, err := fl.ParseFilter(f.values())
+	return out, fleet.Problems(err)
 }
 
 func (f devFilter) values() url.Values {
@@ -476,10 +450,6 @@ func (h *Handler) showProfile(w http.ResponseWriter, r *http.Request, s *session
 	h.render(w, r, status, "profile", s, page{Title: "Profile " + d.P.DeviceType + " " + d.P.Firmware, Nav: "profiles", Data: d})
 }
 
-// maxConfigBytes bounds a configuration so that a push answer stays well
-// under the protocol's body limit.
-const maxConfigBytes = 48 << 10
-
 func (h *Handler) saveProfile(w http.ResponseWriter, r *http.Request, s *session) {
 	p, ok := h.findProfile(r.PathValue("id"))
 	if !ok {
@@ -488,30 +458,18 @@ func (h *Handler) saveProfile(w http.ResponseWriter, r *http.Request, s *session
 	}
 	d := profilePage{P: p, Config: r.PostFormValue("config"), Interval: strings.TrimSpace(r.PostFormValue("push_interval"))}
 	var u fleet.ProfileUpdate
-	cfg := bytes.TrimSpace([]byte(d.Config))
-	var compact bytes.Buffer
-	switch {
-	case len(cfg) == 0 || cfg[0] != '{':
-		d.Error = "The configuration must be a JSON object, e.g. {\"apn\": \"iot.example\"}."
-	case len(cfg) > maxConfigBytes:
-		d.Error = fmt.Sprintf("The configuration is larger than %d bytes.", maxConfigBytes)
-	default:
-		if err := json.Compact(&compact, cfg); err != nil {
-			d.Error = "The configuration is not valid JSON: " + err.Error()
-		} else if err := json.Unmarshal(compact.Bytes(), new(map[string]any)); err != nil {
-			d.Error = "The configuration is not a JSON object: " + err.Error()
-		}
+	cfg, err := fleet.NormalizeConfig([]byte(d.Config))
+	var iv int
+	if err == nil {
+		iv, err = fleet.ParsePushInterval(d.Interval)
 	}
-	iv, err := strconv.Atoi(d.Interval)
-	if d.Error == "" && (err != nil || iv < 1 || iv > 7*24*3600) {
-		d.Error = "The push interval must be a whole number of seconds, 1 to 604800."
-	}
-	if d.Error != "" {
+	if err != nil {
+		d.Error = err.Error()
 		h.showProfile(w, r, s, http.StatusBadRequest, d)
 		return
 	}
-	if !bytes.Equal(compact.Bytes(), p.Config) {
-		u.Config = compact.Bytes()
+	if !bytes.Equal(cfg, p.Config) {
+		u.Config = cfg
 	}
 	if iv != p.PushInterval {
 		u.PushInterval = &iv

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -342,6 +343,22 @@ func TestPages(t *testing.T) {
 	}
 	if st, _, body := s.post("/ui/profiles/"+pid[1], url.Values{"csrf": {csrf}, "config": {`["x"]`}, "push_interval": {"60"}}, nil); st != 400 || !strings.Contains(body, "must be a JSON object") {
 		t.Fatalf("array config: %d", st)
+	}
+	// The fleet's rules, with the fleet's messages (the API shows the same).
+	big := `{"a":"` + strings.Repeat("x", fleet.MaxConfigBytes) + `"}`
+	_, bigErr := fleet.NormalizeConfig([]byte(big))
+	for _, tc := range []struct {
+		config, interval string
+		want             error
+	}{
+		{big, "60", bigErr},
+		{`{"apn": "x"}`, "0", fleet.CheckPushInterval(0)},
+		{`{"apn": "x"}`, "604801", fleet.CheckPushInterval(604801)},
+	} {
+		st, _, body := s.post("/ui/profiles/"+pid[1], url.Values{"csrf": {csrf}, "config": {tc.config}, "push_interval": {tc.interval}}, nil)
+		if tc.want == nil || st != 400 || !strings.Contains(body, html.EscapeString(tc.want.Error())) {
+			t.Fatalf("config %.20q, interval %s: %d, want 400 with %v", tc.config, tc.interval, st, tc.want)
+		}
 	}
 	st, _, _ = s.post("/ui/profiles/"+pid[1], url.Values{"csrf": {csrf}, "config": {`{"apn": "iot.example"}`}, "push_interval": {"120"}}, nil)
 	if st != http.StatusSeeOther {
