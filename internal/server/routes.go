@@ -11,6 +11,9 @@ package server
 // the operator's bearer token); a path in the table asked with another method
 // gets 405 with Allow, any other path 404, both with the JSON error body.
 // Plain handlers (probes, /metrics, the dashboard) are listed with h instead.
+// Unknown query parameters are still ignored; refusing them (issue 17) means
+// listing each route's parameters here and checking them in wrap
+// (fleet.FilterParams lists the devices filter's).
 
 import (
 	"net/http"

@@ -45,6 +45,7 @@ type Server struct {
 	httpLn    net.Listener
 	debugLn   net.Listener
 	debugSrv  *http.Server // pprof, on debugLn; closed when Serve returns
+	handler   http.Handler // routes.go
 	servers   []*http.Server
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
@@ -71,6 +72,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		s.loadSecrets,     // data directory and credentials
 		s.openPersistence, // store and write mode
 		s.loadFleet,       // devices, profiles, labels, alert rules
+		s.buildHandler,    // the routes table and the dashboard
 		s.listen,          // HTTPS, plain HTTP and debug listeners
 	}
 	for _, step := range steps {
@@ -160,8 +162,8 @@ func (s *Server) loadFleet(ctx context.Context) error {
 	return nil
 }
 
-// handler builds the API and the dashboard behind one routes table.
-func (s *Server) handler() (http.Handler, error) {
+// buildHandler builds the API and the dashboard behind one routes table.
+func (s *Server) buildHandler(context.Context) error {
 	a := &api{
 		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log, adminToken: []byte(s.Secrets.AdminToken),
 		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready,
@@ -171,22 +173,19 @@ func (s *Server) handler() (http.Handler, error) {
 		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	a.ui = ui
-	return a.routes(), nil
+	s.handler = a.routes()
+	return nil
 }
 
 // listen binds the configured listeners and makes their servers.
 func (s *Server) listen(context.Context) error {
-	handler, err := s.handler()
-	if err != nil {
-		return err
-	}
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
-			Handler: handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10,
+			Handler: s.handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10,
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		}
