@@ -83,6 +83,9 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 	if opts.DefaultPushInterval <= 0 {
 		opts.DefaultPushInterval = 200
 	}
+	if err := CheckPushInterval(opts.DefaultPushInterval); err != nil {
+		return nil, fmt.Errorf("default push interval %d: %w", opts.DefaultPushInterval, err)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -103,3 +103,9 @@ func TestParseFilter(t *testing.T) {
 		t.Fatalf("the right parameters are kept: %+v", f)
 	}
 }
+
+func TestNewRefusesDefaultPushIntervalOutOfRange(t *testing.T) {
+	if _, err := New(context.Background(), nil, nil, Options{DefaultPushInterval: MaxPushInterval + 1}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -2,11 +2,8 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
@@ -46,33 +43,6 @@ func (s *Server) startAlerts() (stop func()) {
 		cancel()
 		<-done
 	}
-}
-
-// overloadWatch reports 503s for overload within the last minute.
-type overloadWatch struct {
-	refused func() uint64 // device requests refused for overload so far
-	mu      sync.Mutex
-	last    uint64
-	changed time.Time
-	recent  uint64
-}
-
-func (o *overloadWatch) reason() string {
-	total := o.refused()
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	now := time.Now()
-	if total > o.last {
-		if now.Sub(o.changed) > time.Minute {
-			o.recent = 0
-		}
-		o.recent += total - o.last
-		o.last, o.changed = total, now
-	}
-	if o.changed.IsZero() || now.Sub(o.changed) > time.Minute {
-		return ""
-	}
-	return fmt.Sprintf("%d device requests refused with 503 in the last minute (too many in flight or pending writes)", o.recent)
 }
 
 func (a *api) listAlerts(r *http.Request) (any, error) {

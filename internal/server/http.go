@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -375,6 +376,33 @@ func (a *api) updateProfile(r *http.Request) (any, error) {
 
 func (a *api) stats(r *http.Request) (any, error) {
 	return a.fleet.Stats(), nil
+}
+
+// overloadWatch reports 503s for overload within the last minute.
+type overloadWatch struct {
+	refused func() uint64 // device requests refused for overload so far
+	mu      sync.Mutex
+	last    uint64
+	changed time.Time
+	recent  uint64
+}
+
+func (o *overloadWatch) reason() string {
+	total := o.refused()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	if total > o.last {
+		if now.Sub(o.changed) > time.Minute {
+			o.recent = 0
+		}
+		o.recent += total - o.last
+		o.last, o.changed = total, now
+	}
+	if o.changed.IsZero() || now.Sub(o.changed) > time.Minute {
+		return ""
+	}
+	return fmt.Sprintf("%d device requests refused with 503 in the last minute (too many in flight or pending writes)", o.recent)
 }
 
 // rateLimiter lets one event per second through, so that a flood of the
