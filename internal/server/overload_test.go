@@ -78,3 +78,25 @@ func TestStoreFailureAnswers503(t *testing.T) {
 		t.Fatalf("readyz: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// The dashboard's overload note counts the device requests refused for
+// overload, from the API's own counter.
+func TestOverloadWatchCountsRefusals(t *testing.T) {
+	f, err := fleet.New(context.Background(), nil, nil, fleet.Options{EnrollmentSecret: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &api{fleet: f, m: newMetrics(), log: discardLogger(), slots: make(chan struct{}, 1), ready: func() error { return nil }}
+	ov := &overloadWatch{refused: a.refused.Load}
+	if r := ov.reason(); r != "" {
+		t.Fatalf("before any refusal: %q", r)
+	}
+	h := a.routes()
+	a.slots <- struct{}{}
+	for _, path := range []string{"/api/v1/push", "/api/v1/register", "/api/v1/push"} {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, path, strings.NewReader(`{}`)))
+	}
+	if r := ov.reason(); !strings.HasPrefix(r, "3 device requests refused with 503") {
+		t.Fatalf("after 3 refusals: %q", r)
+	}
+}
