@@ -41,7 +41,7 @@ const (
 type route struct {
 	method, path string // path as http.ServeMux takes it; method "" for any
 	access       access
-	endpoint     string // the endpoint label of the request metrics
+	endpoint     string // the endpoint label of the request metrics (default: "admin", or the path)
 	fn           apiFunc
 	h            http.Handler // instead of fn: served as is
 	limited      bool         // takes a device request slot (503 when none free)
@@ -132,8 +132,10 @@ func (a *api) routes() http.Handler {
 // wrap turns an apiFunc into a handler: access, request slots, the answer
 // or its error, and the metrics.
 func (a *api) wrap(rt route) http.HandlerFunc {
-	if rt.endpoint == "" {
+	if rt.endpoint == "" && rt.access == admin {
 		rt.endpoint = "admin"
+	} else if rt.endpoint == "" {
+		rt.endpoint = rt.path
 	}
 	duration := a.m.duration.WithLabelValues(rt.endpoint)
 	return func(w http.ResponseWriter, r *http.Request) {
