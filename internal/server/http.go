@@ -32,6 +32,7 @@ type api struct {
 	adminToken []byte
 	slots      chan struct{} // bounds device requests in flight
 	ready      func() error
+	writable   func() error // non-nil: device writes are refused (instance lock lost)
 	warnLimit  rateLimiter
 	// refused counts device requests refused with 503 for overload.
 	refused atomic.Uint64

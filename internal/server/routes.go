@@ -145,6 +145,13 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 		}
 		start := time.Now()
 		defer func() { duration.Observe(time.Since(start).Seconds()) }()
+		if rt.limited && a.writable != nil {
+			if err := a.writable(); err != nil {
+				a.fail(w, &rt, &apiError{status: http.StatusServiceUnavailable, code: "unavailable", msg: err.Error(),
+					outcome: outUnavailable, retryAfter: "60", log: "refusing device writes", cause: err})
+				return
+			}
+		}
 		if rt.limited {
 			select {
 			case a.slots <- struct{}{}:

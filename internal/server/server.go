@@ -34,7 +34,7 @@ func Version() string { return buildinfo.Version() }
 type Server struct {
 	cfg       Config
 	log       *slog.Logger
-	store     fleet.Store
+	store     store.Store // nil in memory mode
 	persist   fleet.Persister
 	fleet     *fleet.Service
 	m         *metrics
@@ -166,7 +166,7 @@ func (s *Server) loadFleet(ctx context.Context) error {
 func (s *Server) buildHandler(context.Context) error {
 	a := &api{
 		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log, adminToken: []byte(s.Secrets.AdminToken),
-		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready,
+		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable,
 	}
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
@@ -283,10 +283,21 @@ func (s *Server) ready() error {
 	if s.draining.Load() {
 		return errors.New("shutting down")
 	}
+	if err := s.writable(); err != nil {
+		return err
+	}
 	if e := s.storeErr.Load(); e != nil {
 		return errors.New("store failing: " + *e)
 	}
 	return nil
+}
+
+// writable is nil unless another server took the store's instance lock.
+func (s *Server) writable() error {
+	if s.store == nil {
+		return nil
+	}
+	return s.store.LockLost()
 }
 
 // Serve answers requests until ctx ends, then drains in-flight requests and
@@ -399,9 +410,9 @@ func (s *Server) closeAll() {
 	}
 }
 
-// openStore opens the database a DSN names.
-func openStore(ctx context.Context, dsn string) (fleet.Store, error) {
-	return store.Open(ctx, dsn)
+// openStore opens the database a DSN names, taking its instance lock.
+func openStore(ctx context.Context, dsn string) (store.Store, error) {
+	return store.Open(ctx, dsn, store.Options{})
 }
 
 // redactDSN hides a password in a DSN.

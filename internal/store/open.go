@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/mariadb"
 	"github.com/drover/drover/internal/store/postgres"
 	"github.com/drover/drover/internal/store/sqlite"
@@ -58,21 +58,73 @@ func Parse(dsn string) (backend, rest string, err error) {
 	return SQLite, dsn, nil
 }
 
-// Open opens the store dsn names (see Parse), creating a SQLite file if
-// needed, and applies pending migrations. SQLite commits are durable
-// (synchronous=FULL).
-func Open(ctx context.Context, dsn string) (fleet.Store, error) {
+// Options are how Open opens a store.
+type Options struct {
+	// Cluster is reserved for cluster mode (issue 12), which is not built:
+	// several servers would share one PostgreSQL database, so Open would
+	// take no instance lock. Leave it false: with it, nothing keeps two
+	// servers from handing out the same IDs. SQLite refuses it.
+	Cluster bool
+}
+
+// HeldError is what Open returns when another server holds the store's
+// instance lock; its message names the holder (host, PID, since when).
+type HeldError = instlock.HeldError
+
+// ErrLockLost is wrapped by the writes of a store whose instance lock
+// another server took while the database was unreachable.
+var ErrLockLost = instlock.ErrLost
+
+// Open opens the store dsn names (see Parse) for one server: it takes the
+// store's instance lock (a second server gets a *HeldError), creates a
+// SQLite file if needed, and applies pending migrations. SQLite commits are
+// durable (synchronous=FULL).
+func Open(ctx context.Context, dsn string, o Options) (Store, error) {
 	backend, rest, err := Parse(dsn)
 	if err != nil {
 		return nil, err
 	}
+	var st Store
+	switch {
+	case backend == Postgres:
+		open := postgres.Open
+		if o.Cluster {
+			open = postgres.OpenUnlocked
+		}
+		st, err = nilIfErr(open(ctx, rest))
+	case backend == MySQL:
+		open := mariadb.Open
+		if o.Cluster {
+			open = mariadb.OpenUnlocked
+		}
+		st, err = nilIfErr(open(ctx, rest))
+	case o.Cluster:
+		err = errors.New("cluster mode needs a database server; a SQLite file has one writer")
+	default:
+		st, err = nilIfErr(sqlite.Open(ctx, rest, true))
+	}
+	return st, err
+}
+
+// nilIfErr keeps a failed open's nil pointer out of the interface.
+func nilIfErr[S Store](s S, err error) (Store, error) {
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openForMigration opens the store without the instance lock: migrations
+// are transactions of their own (and serialised by a lock of their own on
+// PostgreSQL and MariaDB), so drover migrate may run next to a server.
+func openForMigration(ctx context.Context, backend, rest string) (io.Closer, error) {
 	switch backend {
 	case Postgres:
-		return postgres.Open(ctx, rest)
+		return postgres.OpenUnlocked(ctx, rest)
 	case MySQL:
-		return mariadb.Open(ctx, rest)
+		return mariadb.OpenUnlocked(ctx, rest)
 	}
-	return sqlite.Open(ctx, rest, true)
+	return sqlite.OpenForMigration(ctx, rest)
 }
 
 // MigrateResult reports what Migrate did.
@@ -93,7 +145,7 @@ func Migrate(ctx context.Context, dsn string) (MigrateResult, error) {
 	if err != nil {
 		return res, err
 	}
-	s, err := Open(ctx, dsn)
+	s, err := openForMigration(ctx, backend, rest)
 	if err != nil {
 		return res, err
 	}

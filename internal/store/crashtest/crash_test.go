@@ -731,3 +731,57 @@ func TestDatabaseOutage(t *testing.T) {
 		}
 	}
 }
+
+// TestSecondServerRefused: a second drover serve on the same SQLite file or
+// database refuses to start, naming the first (host, PID, since when); once
+// the first is stopped, the second starts.
+func TestSecondServerRefused(t *testing.T) {
+	for i, mk := range backends(t) {
+		t.Run(backendNames[i], func(t *testing.T) {
+			b := mk(t)
+			data := t.TempDir()
+			first := startServe(t, data, b.dsn, "write-through", 0)
+			other := data
+			if b.srv != nil {
+				other = t.TempDir() // same database, another data directory
+			}
+			args := []string{"serve", "--data-dir", other, "--listen", "127.0.0.1:0", "--persistence", "write-through",
+				"--enrollment-secret", secret, "--admin-token", adminToken}
+			if b.dsn != "" {
+				args = append(args, "--db", b.dsn)
+			}
+			cmd := exec.Command(droverBin, args...)
+			done := make(chan struct{})
+			var out []byte
+			var err error
+			go func() {
+				out, err = cmd.CombinedOutput()
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(60 * time.Second):
+				cmd.Process.Kill()
+				<-done
+				t.Fatalf("the second server did not exit within 60 s:\n%s", out)
+			}
+			host, _ := os.Hostname()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() == 0 {
+				t.Fatalf("second server: %v\n%s", err, out)
+			}
+			for _, want := range []string{"in use by another drover serve", "PID " + strconv.Itoa(first.cmd.Process.Pid), "host " + host, "since "} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("the second server's message lacks %q:\n%s", want, out)
+				}
+			}
+			// The first one goes on serving.
+			if st, _, body, err := first.do("GET", "/readyz", "", ""); err != nil || st != 200 {
+				t.Errorf("first server after the refusal: %d %v %s", st, err, body)
+			}
+			first.stop()
+			second := startServe(t, other, b.dsn, "write-through", 0)
+			second.stop()
+		})
+	}
+}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/internal/batchutil"
+	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/migrate"
 )
 
@@ -36,7 +37,8 @@ const maxStatement = 1 << 20
 
 // Store is a fleet.Store on MariaDB or MySQL.
 type Store struct {
-	db *sql.DB
+	db   *sql.DB
+	lock *lock // nil: no instance lock (drover migrate, cluster mode)
 }
 
 // ParseDSN reads go-sql-driver's DSN (user:pass@tcp(host:port)/db?params)
@@ -77,7 +79,25 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 
 // Open connects to the database dsn names (see ParseDSN) and applies the
 // migrations.
+//
+// It first takes the instance lock, GET_LOCK on a connection of its own,
+// and records this server in instance_lock: a second Open of the same
+// database fails with an *instlock.HeldError naming the holder. After a
+// database restart the lock is taken again; commits are fenced by the
+// recorded holder, so that a server that lost the lock to another one
+// meanwhile fails its writes rather than mix them in.
 func Open(ctx context.Context, dsn string) (*Store, error) {
+	return open(ctx, dsn, true)
+}
+
+// OpenUnlocked opens the database without the instance lock: for drover
+// migrate, and reserved for a cluster mode (not built) where several
+// servers share one database.
+func OpenUnlocked(ctx context.Context, dsn string) (*Store, error) {
+	return open(ctx, dsn, false)
+}
+
+func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error) {
 	cfg, err := ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysql DSN: %w", err)
@@ -93,14 +113,39 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	s = &Store{}
+	if exclusive {
+		if s.lock, err = takeLock(ctx, connector, cfg); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				s.lock.close()
+			}
+		}()
+	}
 	if _, err := Migrate(ctx, connector); err != nil {
 		return nil, err
 	}
-	db := sql.OpenDB(connector)
-	db.SetMaxOpenConns(8)
-	db.SetMaxIdleConns(8)
-	db.SetConnMaxIdleTime(time.Minute)
-	return &Store{db: db}, nil
+	if s.lock != nil {
+		if err := s.lock.record(ctx); err != nil {
+			return nil, err
+		}
+	}
+	s.db = sql.OpenDB(connector)
+	s.db.SetMaxOpenConns(8)
+	s.db.SetMaxIdleConns(8)
+	s.db.SetConnMaxIdleTime(time.Minute)
+	return s, nil
+}
+
+// LockLost returns an error once the instance lock is lost to another
+// server for good, else nil.
+func (s *Store) LockLost() error {
+	if s.lock == nil {
+		return nil
+	}
+	return s.lock.lost()
 }
 
 // Migrate applies the migrations not yet applied and returns how many ran.
@@ -128,8 +173,14 @@ func Migrate(ctx context.Context, c driver.Connector) (int, error) {
 	return n, err
 }
 
-// Close closes the connection pool.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the connection pool and releases the instance lock.
+func (s *Store) Close() error {
+	err := s.db.Close()
+	if s.lock != nil {
+		s.lock.close()
+	}
+	return err
+}
 
 // Load implements fleet.Store.
 func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
@@ -183,11 +234,17 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 	if b.Len() == 0 {
 		return nil
 	}
+	if err := s.LockLost(); err != nil {
+		return err
+	}
 	stmts := statements(batchutil.Profiles(b.Profiles), batchutil.Devices(b.Devices), batchutil.States(b.States), b.Samples)
 	for attempt := 1; ; attempt++ {
 		err := s.commit(ctx, stmts)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, instlock.ErrLost) {
+			return err
 		}
 		var myErr *mysql.MySQLError
 		retry := errors.As(err, &myErr) && (myErr.Number == 1213 || myErr.Number == 1205)
@@ -202,6 +259,12 @@ func (s *Store) commit(ctx context.Context, stmts []string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
+	}
+	if s.lock != nil {
+		if err := s.lock.fence(ctx, tx); err != nil {
+			tx.Rollback()
+			return err
+		}
 	}
 	for _, q := range stmts {
 		if _, err := tx.ExecContext(ctx, q); err != nil {

@@ -2,7 +2,9 @@ package mariadb
 
 import (
 	"context"
+	"database/sql"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,14 +35,16 @@ func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
 
 func newDB(t testing.TB) storetest.Opener {
 	dsn := dbtest.Need(t, dbtest.MariaDB, server).NewDB(t)
-	return func(t testing.TB) fleet.Store { return openDSN(t, dsn) }
+	return func(t testing.TB) (fleet.Store, error) {
+		return Open(context.Background(), strings.TrimPrefix(dsn, "mysql://"))
+	}
 }
 
 // A statement failing late in a commit undoes the earlier ones: here the
 // device upsert (machine IDs are unique in this schema) after the profile.
 func TestCommitIsAtomic(t *testing.T) {
 	ctx := context.Background()
-	s := newDB(t)(t)
+	s := openDSN(t, dbtest.Need(t, dbtest.MariaDB, server).NewDB(t))
 	defer s.Close()
 	dev := func(id uint64, machine string) fleet.DeviceRecord {
 		return fleet.DeviceRecord{ID: id, MachineID: machine, DeviceType: "t", Firmware: "f", TokenHash: []byte{1}, RegisteredAt: time.Unix(1, 0)}
@@ -67,4 +71,22 @@ func TestCommitIsAtomic(t *testing.T) {
 	if err != nil || devices != 1 || len(res.Profiles) != 0 {
 		t.Fatalf("after a failed commit: %d devices, %d profiles, %v", devices, len(res.Profiles), err)
 	}
+}
+
+// The database ends the lock's session; another server opens the store
+// before the first takes the lock back.
+func TestTakeover(t *testing.T) {
+	storetest.RunTakeover(t, newDB, func(t testing.TB, s fleet.Store) {
+		st := s.(*Store)
+		var id sql.NullInt64
+		ctx := context.Background()
+		if err := st.db.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?)`, st.lock.name).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if id.Valid {
+			if _, err := st.db.ExecContext(ctx, `KILL CONNECTION `+strconv.FormatInt(id.Int64, 10)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/internal/batchutil"
+	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/migrate"
 )
 
@@ -30,11 +31,30 @@ var migrations embed.FS
 // Store is a fleet.Store on PostgreSQL.
 type Store struct {
 	pool *pgxpool.Pool
+	lock *lock // nil: no instance lock (drover migrate, cluster mode)
 }
 
 // Open connects to the database a postgres:// URL (or key=value string)
 // names and applies the migrations.
+//
+// It first takes the instance lock, a session advisory lock held on a
+// connection of its own, and records this server in instance_lock: a second
+// Open of the same database fails with an *instlock.HeldError naming the
+// holder. After a database restart the lock is taken again; commits are
+// fenced by the recorded holder, so that a server that lost the lock to
+// another one meanwhile fails its writes rather than mix them in.
 func Open(ctx context.Context, dsn string) (*Store, error) {
+	return open(ctx, dsn, true)
+}
+
+// OpenUnlocked opens the database without the instance lock: for drover
+// migrate, and reserved for a cluster mode (not built) where several
+// servers share one database.
+func OpenUnlocked(ctx context.Context, dsn string) (*Store, error) {
+	return open(ctx, dsn, false)
+}
+
+func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -43,14 +63,38 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
 	cfg.MaxConnIdleTime = time.Minute
+	s = &Store{}
+	if exclusive {
+		if s.lock, err = takeLock(ctx, cfg.ConnConfig); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				s.lock.close()
+			}
+		}()
+	}
 	if _, err := Migrate(ctx, cfg.ConnConfig); err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
+	if s.lock != nil {
+		if err := s.lock.record(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool}, nil
+	return s, nil
+}
+
+// LockLost returns an error once the instance lock is lost to another
+// server for good, else nil.
+func (s *Store) LockLost() error {
+	if s.lock == nil {
+		return nil
+	}
+	return s.lock.lost()
 }
 
 // Migrate applies the migrations not yet applied and returns how many ran.
@@ -75,9 +119,12 @@ func Migrate(ctx context.Context, cc *pgx.ConnConfig) (int, error) {
 	return n, err
 }
 
-// Close closes the pool.
+// Close closes the pool and releases the instance lock.
 func (s *Store) Close() error {
 	s.pool.Close()
+	if s.lock != nil {
+		s.lock.close()
+	}
 	return nil
 }
 
@@ -158,10 +205,18 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 		return nil
 	}
 	profiles, devices, states := batchutil.Profiles(b.Profiles), batchutil.Devices(b.Devices), batchutil.States(b.States)
+	if err := s.LockLost(); err != nil {
+		return err
+	}
 	for attempt := 1; ; attempt++ {
 		err := s.commit(ctx, profiles, devices, states, b.Samples)
 		if err == nil {
 			return nil
+		}
+		if s.lock != nil {
+			if err = s.lock.fenced(err); errors.Is(err, instlock.ErrLost) {
+				return err
+			}
 		}
 		var pgErr *pgconn.PgError
 		isPG := errors.As(err, &pgErr)
@@ -183,6 +238,9 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 // so a commit costs one round trip.
 func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []fleet.DeviceRecord, states []fleet.StateRecord, samples []fleet.Sample) error {
 	var q pgx.Batch
+	if s.lock != nil {
+		q.Queue(fenceQuery, s.lock.self.Token)
+	}
 	if len(profiles) > 0 {
 		n := len(profiles)
 		id, typ, fw, ver, cfg, iv, cr, up := make([]int64, n), make([]string, n), make([]string, n), make([]int64, n),

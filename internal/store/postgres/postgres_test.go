@@ -32,14 +32,14 @@ func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
 
 func newDB(t testing.TB) storetest.Opener {
 	dsn := dbtest.Need(t, dbtest.Postgres, server).NewDB(t)
-	return func(t testing.TB) fleet.Store { return openDSN(t, dsn) }
+	return func(t testing.TB) (fleet.Store, error) { return Open(context.Background(), dsn) }
 }
 
 // A statement failing late in a commit undoes the earlier ones: here the
 // device upsert (machine IDs are unique in this schema) after the profile.
 func TestCommitIsAtomic(t *testing.T) {
 	ctx := context.Background()
-	s := newDB(t)(t)
+	s := openDSN(t, dbtest.Need(t, dbtest.Postgres, server).NewDB(t))
 	defer s.Close()
 	dev := func(id uint64, machine string) fleet.DeviceRecord {
 		return fleet.DeviceRecord{ID: id, MachineID: machine, DeviceType: "t", Firmware: "f", TokenHash: []byte{1}, RegisteredAt: time.Unix(1, 0)}
@@ -66,4 +66,18 @@ func TestCommitIsAtomic(t *testing.T) {
 	if err != nil || devices != 1 || len(res.Profiles) != 0 {
 		t.Fatalf("after a failed commit: %d devices, %d profiles, %v", devices, len(res.Profiles), err)
 	}
+}
+
+// The database ends the lock's session; another server opens the store
+// before the first takes the lock back.
+func TestTakeover(t *testing.T) {
+	storetest.RunTakeover(t, newDB, func(t testing.TB, s fleet.Store) {
+		_, err := s.(*Store).pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_locks
+			WHERE locktype = 'advisory' AND granted AND classid = $1 AND objid = $2 AND objsubid = 1
+				AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+			int64(instanceKey>>32), int64(instanceKey&0xffffffff))
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/migrate"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -27,16 +28,48 @@ var migrations embed.FS
 
 // Store is a fleet.Store on SQLite.
 type Store struct {
-	w *sql.DB // the one writer
-	r *sql.DB // readers
+	w    *sql.DB // the one writer
+	r    *sql.DB // readers
+	lock *instlock.FileLock
 }
 
 // Open opens (creating if needed) the database file at path and applies the
 // migrations. Commits are durable (synchronous=FULL) unless durable is false.
-func Open(ctx context.Context, path string, durable bool) (*Store, error) {
+//
+// It first takes the instance lock: an exclusive flock on path+".lock",
+// which records this process as holder. A second Open of the same file, in
+// this process or another, fails with an *instlock.HeldError naming the
+// holder, until the first store is closed or its process ends.
+func Open(ctx context.Context, path string, durable bool) (s *Store, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, err
 	}
+	lockPath := path + ".lock"
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		lockPath = filepath.Join(dir, filepath.Base(path)+".lock")
+	}
+	lock, err := instlock.LockFile(lockPath, "SQLite database "+path, instlock.Self())
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
+	return open(ctx, path, durable, lock)
+}
+
+// OpenForMigration opens the database without the instance lock, for
+// drover migrate: migrations run in transactions of their own.
+func OpenForMigration(ctx context.Context, path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, err
+	}
+	return open(ctx, path, true, nil)
+}
+
+func open(ctx context.Context, path string, durable bool, lock *instlock.FileLock) (*Store, error) {
 	sync := "FULL"
 	if !durable {
 		sync = "NORMAL"
@@ -75,7 +108,7 @@ func Open(ctx context.Context, path string, durable bool) (*Store, error) {
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
-	return &Store{w: w, r: r}, nil
+	return &Store{w: w, r: r, lock: lock}, nil
 }
 
 // uriPath escapes what a SQLite URI filename would otherwise read as query,
@@ -84,9 +117,22 @@ func uriPath(path string) string {
 	return strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
 }
 
-// Close closes the database.
+// Close closes the database and releases the instance lock.
 func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close())
+	err := errors.Join(s.r.Close(), s.w.Close())
+	if s.lock != nil {
+		err = errors.Join(err, s.lock.Close())
+	}
+	return err
+}
+
+// LockLost returns an error once this store's instance lock was lost (its
+// lock file replaced and locked by another process), else nil.
+func (s *Store) LockLost() error {
+	if s.lock == nil {
+		return nil
+	}
+	return s.lock.Lost()
 }
 
 // Load implements fleet.Store.

@@ -17,11 +17,5 @@ func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
 
 func newDB(t testing.TB) storetest.Opener {
 	path := filepath.Join(t.TempDir(), "drover.db")
-	return func(t testing.TB) fleet.Store {
-		s, err := Open(context.Background(), path, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	return func(t testing.TB) (fleet.Store, error) { return Open(context.Background(), path, true) }
 }

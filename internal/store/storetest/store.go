@@ -30,6 +30,7 @@ var storeTests = []storeTest{
 	{"BigBatch", testBigBatch},
 	{"ConcurrentWriters", testConcurrentWriters},
 	{"Restart", testRestart},
+	{"InstanceLock", testInstanceLock},
 }
 
 // Values chosen to break stores that are not bytes-exact: case and trailing

@@ -5,7 +5,7 @@
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t testing.TB) storetest.Opener {
 //			path := filepath.Join(t.TempDir(), "d.db")
-//			return func(t testing.TB) fleet.Store { … open path … }
+//			return func(t testing.TB) (fleet.Store, error) { … open path … }
 //		})
 //	}
 package storetest
@@ -21,8 +21,19 @@ import (
 )
 
 // Opener opens one database; every call opens it again (a restart), after
-// the suite closed the previous store.
-type Opener func(t testing.TB) fleet.Store
+// the suite closed the previous store. An open while another store of the
+// same database is open must fail with the instance lock's error.
+type Opener func(t testing.TB) (fleet.Store, error)
+
+// mustOpen opens or fails the test.
+func (open Opener) mustOpen(t testing.TB) fleet.Store {
+	t.Helper()
+	s, err := open(t)
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	return s
+}
 
 // NewDB creates a new, empty database and returns its Opener.
 type NewDB func(t testing.TB) Opener
@@ -53,7 +64,7 @@ type handle struct {
 
 func newHandle(t testing.TB, open Opener) *handle {
 	h := &handle{t: t, open: open}
-	h.store = open(t)
+	h.store = open.mustOpen(t)
 	t.Cleanup(func() { h.close() })
 	return h
 }
@@ -73,7 +84,7 @@ func (h *handle) close() {
 func (h *handle) reopen() fleet.Store {
 	h.t.Helper()
 	h.close()
-	s := h.open(h.t)
+	s := h.open.mustOpen(h.t)
 	h.mu.Lock()
 	h.store = s
 	h.mu.Unlock()
