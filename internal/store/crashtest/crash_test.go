@@ -7,8 +7,10 @@ package crashtest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,6 +27,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/drover/drover/internal/store/dbtest"
 )
@@ -119,6 +124,16 @@ var listening = regexp.MustCompile(`msg=listening proto=https addr=(\S+)`)
 
 func startServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration) *serve {
 	t.Helper()
+	s, err := tryStartServe(t, dataDir, dsn, mode, flush)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryStartServe starts drover serve; an error says why it did not listen.
+func tryStartServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration) (*serve, error) {
+	t.Helper()
 	args := []string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--persistence", mode, "--log-level", "debug",
 		"--enrollment-secret", secret, "--admin-token", adminToken, "--shutdown-timeout", "60s", "--push-interval", "60"}
 	if dsn != "" {
@@ -152,10 +167,11 @@ func startServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration) *s
 	case a := <-addr:
 		s.base = "https://" + a
 	case err := <-s.exited:
-		t.Fatalf("drover serve exited early: %v\n%s", err, s.log)
+		time.Sleep(100 * time.Millisecond) // the last log lines
+		return nil, fmt.Errorf("drover serve exited early: %v\n%s", err, s.log)
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
-		t.Fatalf("drover serve did not listen within 60 s\n%s", s.log)
+		return nil, fmt.Errorf("drover serve did not listen within 60 s\n%s", s.log)
 	}
 	t.Cleanup(func() { cmd.Process.Kill() })
 	cert, err := os.ReadFile(filepath.Join(dataDir, "tls", "cert.pem"))
@@ -167,7 +183,7 @@ func startServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration) *s
 	s.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 64,
 	}}
-	return s
+	return s, nil
 }
 
 // kill ends the server with SIGKILL.
@@ -783,5 +799,117 @@ func TestSecondServerRefused(t *testing.T) {
 			second := startServe(t, other, b.dsn, "write-through", 0)
 			second.stop()
 		})
+	}
+}
+
+// endLockSession ends the database session that holds the instance lock of
+// dsn's database, as a database restart would.
+func endLockSession(t *testing.T, backend, dsn string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if backend == "postgres" {
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		// Key 7283409582: classid 1, objid 2988442286 (docs/persistence.md).
+		if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND classid = 1 AND objid = 2988442286 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	cfg, err := mysql.ParseDSN(strings.TrimPrefix(dsn, "mysql://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var id sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT IS_USED_LOCK(?)`, "drover_instance."+cfg.DBName).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if id.Valid {
+		if _, err := db.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id.Int64, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLockTakenOver: the database ends the session holding the first
+// server's instance lock and a second server takes the store before the
+// first gets it back. The first must then refuse device writes (503 with
+// Retry-After, /readyz 503) in either write mode, and nothing it
+// acknowledged before is lost to the second.
+func TestLockTakenOver(t *testing.T) {
+	for i, mk := range backends(t)[1:] {
+		for _, mode := range []string{"write-through", "write-back"} {
+			t.Run(backendNames[i+1]+"/"+mode, func(t *testing.T) {
+				b := mk(t)
+				first := startServe(t, t.TempDir(), b.dsn, mode, 200*time.Millisecond)
+				devs := first.registerAll("take", 10)
+				if mode == "write-back" {
+					// What write-back acknowledged but has not flushed may be
+					// lost (as at kill -9): wait for a flush that has it.
+					registered := time.Now()
+					for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+						f := first.flushes()
+						if len(f) > 0 && f[len(f)-1].swapped.After(registered) {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("no write-back flush within 30 s\n%s", tail(first.log.String()))
+						}
+					}
+				}
+				var second *serve
+				for try := 0; second == nil; try++ {
+					endLockSession(t, b.name, b.dsn)
+					s, err := tryStartServe(t, t.TempDir(), b.dsn, mode, 200*time.Millisecond)
+					switch {
+					case err == nil:
+						second = s
+					case !strings.Contains(err.Error(), "in use by another drover serve"):
+						t.Fatal(err)
+					case try == 20:
+						t.Fatalf("the first server took its lock back 20 times before the second could start: %v", err)
+					}
+				}
+				var st int
+				var hdr string
+				deadline := time.Now().Add(30 * time.Second)
+				for time.Now().Before(deadline) {
+					st, hdr, _, _ = first.do("POST", "/api/v1/push", devs[0].token, `{"seq":100,"state":{}}`)
+					if st == 503 {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if st != 503 || hdr == "" {
+					t.Fatalf("push to the server that lost its lock: %d (Retry-After %q); want 503 with Retry-After\n%s", st, hdr, tail(first.log.String()))
+				}
+				if r := first.ready(); r != 503 {
+					t.Errorf("/readyz of the server that lost its lock: %d", r)
+				}
+				if st, _, body, _ := first.do("POST", "/api/v1/register", "", `{"machine_id":"take-new","device_type":"t","firmware":"f","enrollment_secret":"`+secret+`"}`); st != 503 {
+					t.Errorf("register on the server that lost its lock: %d %s", st, body)
+				}
+				got := second.devices()
+				for _, d := range devs {
+					if g, ok := got[d.machine]; !ok || g.ID != d.id {
+						t.Errorf("device %s (%s) registered with the first server: on the second %+v, %v", d.id, d.machine, g, ok)
+					}
+				}
+				if _, ok := got["take-new"]; ok {
+					t.Error("a registration refused by the first server reached the store")
+				}
+				second.stop()
+			})
+		}
 	}
 }
