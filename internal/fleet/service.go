@@ -459,6 +459,12 @@ func (s *Service) PruneHistory(ctx context.Context, retention time.Duration) (in
 	}
 	before := s.now().Add(-retention)
 	var total int64
+	if d, ok := s.store.(HistoryDropper); ok {
+		n, err := d.DropHistory(ctx, before)
+		if total = n; err != nil {
+			return total, err
+		}
+	}
 	for {
 		n, err := s.store.PruneHistory(ctx, before, 10000)
 		total += n

@@ -22,6 +22,14 @@ type Store interface {
 	Close() error
 }
 
+// HistoryDropper is implemented by stores that keep history in time
+// partitions: DropHistory drops every whole partition older than before,
+// whatever its size (a cheap operation there), and returns how many samples
+// it dropped. PruneHistory then deletes the rest in chunks.
+type HistoryDropper interface {
+	DropHistory(ctx context.Context, before time.Time) (int64, error)
+}
+
 // StateReader is implemented by stores that read back one device's current
 // state. In write-through mode the fleet then keeps states only in the store,
 // not in memory.

@@ -31,6 +31,7 @@ type Store struct {
 	w    *sql.DB // the one writer
 	r    *sql.DB // readers
 	lock *instlock.FileLock
+	hist history // history.go
 }
 
 // Open opens (creating if needed) the database file at path and applies the
@@ -108,7 +109,13 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
-	return &Store{w: w, r: r, lock: lock}, nil
+	s := &Store{w: w, r: r, lock: lock}
+	// The archiver runs in a server (with the lock), not in drover migrate.
+	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("sqlite %s: %w", path, err)
+	}
+	return s, nil
 }
 
 // uriPath escapes what a SQLite URI filename would otherwise read as query,
@@ -119,7 +126,7 @@ func uriPath(path string) string {
 
 // Close closes the database and releases the instance lock.
 func (s *Store) Close() error {
-	err := errors.Join(s.r.Close(), s.w.Close())
+	err := s.closeDBs()
 	if s.lock != nil {
 		err = errors.Join(err, s.lock.Close())
 	}
@@ -133,6 +140,11 @@ func (s *Store) LockLost() error {
 		return nil
 	}
 	return s.lock.Lost()
+}
+
+// closeDBs closes the databases, not the lock.
+func (s *Store) closeDBs() error {
+	return errors.Join(s.closeHistory(), s.r.Close(), s.w.Close())
 }
 
 // Load implements fleet.Store.
@@ -194,9 +206,7 @@ const (
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET device_type = excluded.device_type, model = excluded.model,
 			firmware = excluded.firmware, serial = excluded.serial, token_hash = excluded.token_hash`
-	updateState  = `UPDATE devices SET firmware = ?, last_seen = ?, seq = ?, applied_version = ?, config_error = ?, state = ? WHERE id = ?`
-	insertSample = `INSERT INTO samples (device_id, at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total,
-		temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	updateState = `UPDATE devices SET firmware = ?, last_seen = ?, seq = ?, applied_version = ?, config_error = ?, state = ? WHERE id = ?`
 )
 
 // Commit implements fleet.Store: one transaction for the whole batch.
@@ -246,21 +256,16 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 			}
 		}
 	}
-	if len(b.Samples) > 0 {
-		st, err := tx.PrepareContext(ctx, insertSample)
-		if err != nil {
-			return err
-		}
-		for _, m := range b.Samples {
-			if _, err := st.ExecContext(ctx, m.DeviceID, m.At.UnixMilli(), int64(m.Seq), m.Uptime, m.CPU, m.MemUsed, m.MemTotal,
-				m.DiskUsed, m.DiskTotal, m.Temperature, clampU(m.RxBytes), clampU(m.TxBytes), m.RSSI, m.RSRP, m.RSRQ, m.SINR); err != nil {
-				return fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
-			}
-		}
+	created, err := s.insertSamples(ctx, tx, b.Samples) // history.go
+	if err != nil {
+		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	s.committed(created)
+	return nil
 }
-
 func lastSeen(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
@@ -280,49 +285,6 @@ func clampU(v *uint64) *int64 {
 	return &x
 }
 
-// History implements fleet.Store.
-func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) {
-	from, to := int64(math.MinInt64), int64(math.MaxInt64)
-	if !q.From.IsZero() {
-		from = q.From.UnixMilli()
-	}
-	if !q.To.IsZero() {
-		to = q.To.UnixMilli()
-	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 1000
-	}
-	rows, err := s.r.QueryContext(ctx, `SELECT at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
-		rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM samples WHERE device_id = ? AND at >= ? AND at < ?
-		ORDER BY at, rowid LIMIT ?`, deviceID, from, to, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []fleet.Sample{}
-	for rows.Next() {
-		var m fleet.Sample
-		var at, seq int64
-		var rx, tx sql.NullInt64
-		if err := rows.Scan(&at, &seq, &m.Uptime, &m.CPU, &m.MemUsed, &m.MemTotal, &m.DiskUsed, &m.DiskTotal, &m.Temperature,
-			&rx, &tx, &m.RSSI, &m.RSRP, &m.RSRQ, &m.SINR); err != nil {
-			return nil, err
-		}
-		m.DeviceID, m.At, m.Seq = deviceID, time.UnixMilli(at).UTC(), uint64(seq)
-		if rx.Valid {
-			v := uint64(rx.Int64)
-			m.RxBytes = &v
-		}
-		if tx.Valid {
-			v := uint64(tx.Int64)
-			m.TxBytes = &v
-		}
-		out = append(out, m)
-	}
-	return out, rows.Err()
-}
-
 // DeviceState implements fleet.StateReader.
 func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error) {
 	var st []byte
@@ -331,52 +293,4 @@ func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessa
 		return nil, nil
 	}
 	return st, err
-}
-
-// PruneHistory implements fleet.Store. Samples are appended in time order,
-// so rowids grow with time: it finds the first rowid at or after before by
-// binary search on the primary key, with no index on time to maintain.
-func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
-	cutoff, err := s.firstRowidFrom(ctx, before.UnixMilli())
-	if err != nil {
-		return 0, err
-	}
-	res, err := s.w.ExecContext(ctx, `DELETE FROM samples WHERE rowid IN (SELECT rowid FROM samples WHERE rowid < ? ORDER BY rowid LIMIT ?)`,
-		cutoff, limit)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-// firstRowidFrom returns the smallest rowid whose sample is at or after at
-// (max rowid + 1 when there is none).
-func (s *Store) firstRowidFrom(ctx context.Context, at int64) (int64, error) {
-	var lo, hi sql.NullInt64
-	if err := s.r.QueryRowContext(ctx, `SELECT min(rowid), max(rowid) FROM samples`).Scan(&lo, &hi); err != nil {
-		return 0, err
-	}
-	if !lo.Valid {
-		return 0, nil
-	}
-	// Invariant: every rowid < l is before at; answer within [l, h+1].
-	l, h := lo.Int64, hi.Int64+1
-	for l < h {
-		m := l + (h-l)/2
-		var rowid, t int64
-		err := s.r.QueryRowContext(ctx, `SELECT rowid, at FROM samples WHERE rowid >= ? ORDER BY rowid LIMIT 1`, m).Scan(&rowid, &t)
-		if errors.Is(err, sql.ErrNoRows) {
-			h = m
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		if t < at {
-			l = rowid + 1
-		} else {
-			h = m
-		}
-	}
-	return l, nil
 }
