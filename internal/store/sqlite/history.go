@@ -1,11 +1,11 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/internal/timeorder"
 )
 
 // History lives in time partitions: one table per partitionPeriod of sample
@@ -270,21 +271,11 @@ func inTx(ctx context.Context, db *sql.DB, f func(*sql.Tx) error) error {
 
 // find returns the index of the partition starting at from, or -1; mu held.
 func (h *history) find(from int64) int {
-	i, ok := slices.BinarySearchFunc(h.parts, from, func(p part, from int64) int { return cmpInt(p.from, from) })
+	i, ok := slices.BinarySearchFunc(h.parts, from, func(p part, from int64) int { return cmp.Compare(p.from, from) })
 	if !ok {
 		return -1
 	}
 	return i
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // partStart is the start of the partition holding time at (unix ms).
@@ -355,23 +346,13 @@ func (s *Store) committed(created []part) {
 			h.parts = append(h.parts, p)
 		}
 	}
-	slices.SortFunc(h.parts, func(a, b part) int { return cmpInt(a.from, b.from) })
+	slices.SortFunc(h.parts, func(a, b part) int { return cmp.Compare(a.from, b.from) })
 	h.mu.Unlock()
 }
 
 // History implements fleet.Store.
 func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) {
-	from, to := int64(math.MinInt64), int64(math.MaxInt64)
-	if !q.From.IsZero() {
-		from = q.From.UnixMilli()
-	}
-	if !q.To.IsZero() {
-		to = q.To.UnixMilli()
-	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 1000
-	}
+	from, to, limit := timeorder.Bounds(q)
 	s.hist.mu.Lock()
 	legacy := s.hist.legacy
 	var parts []part
@@ -635,24 +616,11 @@ func (s *Store) firstRowidFrom(ctx context.Context, table string, at int64) (int
 	if !lo.Valid {
 		return 0, nil
 	}
-	// Invariant: every rowid < l is before at; answer within [l, h+1].
-	l, h := lo.Int64, hi.Int64+1
-	for l < h {
-		m := l + (h-l)/2
-		var rowid, t int64
-		err := s.r.QueryRowContext(ctx, `SELECT rowid, at FROM `+table+` WHERE rowid >= ? ORDER BY rowid LIMIT 1`, m).Scan(&rowid, &t)
+	return timeorder.FirstFrom(lo.Int64, hi.Int64, at, func(m int64) (rowid, t int64, ok bool, err error) {
+		err = s.r.QueryRowContext(ctx, `SELECT rowid, at FROM `+table+` WHERE rowid >= ? ORDER BY rowid LIMIT 1`, m).Scan(&rowid, &t)
 		if errors.Is(err, sql.ErrNoRows) {
-			h = m
-			continue
+			return 0, 0, false, nil
 		}
-		if err != nil {
-			return 0, err
-		}
-		if t < at {
-			l = rowid + 1
-		} else {
-			h = m
-		}
-	}
-	return l, nil
+		return rowid, t, err == nil, err
+	})
 }
