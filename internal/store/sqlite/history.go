@@ -201,7 +201,8 @@ func (s *Store) archive(ctx context.Context, p part) error {
 		return nil // dropped meanwhile
 	}
 	// Copy, sorted: the B-tree is built by appending. n keeps the order of
-	// samples with equal times.
+	// samples with equal times. rows and last describe the copied snapshot.
+	var rows, last int64
 	err := inTx(ctx, s.hist.aw, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS main.`+p.name); err != nil {
 			return err
@@ -217,12 +218,23 @@ func (s *Store) archive(ctx context.Context, p part) error {
 			disk_used, disk_total, temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr)
 			SELECT device_id, at, rowid, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
 			rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM live.`+p.name+` ORDER BY device_id, at, rowid`)
-		return err
+		if err != nil {
+			return err
+		}
+		return tx.QueryRowContext(ctx, `SELECT count(*), coalesce(max(rowid), 0) FROM live.`+p.name).Scan(&rows, &last)
 	})
 	if err != nil {
 		return err
 	}
 	if err := inTx(ctx, s.w, func(tx *sql.Tx) error {
+		// A late sample committed since the copy: copy again next time.
+		var nowRows, nowLast int64
+		if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(max(rowid), 0) FROM `+p.name).Scan(&nowRows, &nowLast); err != nil {
+			return err
+		}
+		if nowRows != rows || nowLast != last {
+			return fmt.Errorf("partition changed while it was copied")
+		}
 		if _, err := tx.ExecContext(ctx, `UPDATE history_parts SET archived = 1 WHERE name = ?`, p.name); err != nil {
 			return err
 		}
@@ -288,60 +300,82 @@ func partStart(at int64) int64 {
 }
 
 // insertSamples appends samples to their partitions within tx, creating the
-// partitions it needs and returning them for committed.
-func (s *Store) insertSamples(ctx context.Context, tx *sql.Tx, samples []fleet.Sample) (created []part, err error) {
+// partitions it needs, and returns what committed must know. A late sample
+// whose partition is archived already (write-back retrying after an outage)
+// goes to the indexed legacy table.
+func (s *Store) insertSamples(ctx context.Context, tx *sql.Tx, samples []fleet.Sample) (w written, err error) {
 	stmts := map[int64]*sql.Stmt{}
 	for _, m := range samples {
 		at := m.At.UnixMilli()
 		from := partStart(at)
 		st := stmts[from]
 		if st == nil {
-			name := partName(from)
-			if created, err = s.ensurePart(ctx, tx, from, name, created); err != nil {
-				return nil, err
+			var table string
+			if table, err = s.ensurePart(ctx, tx, from, &w); err != nil {
+				return w, err
 			}
-			st, err = tx.PrepareContext(ctx, `INSERT INTO `+name+` (`+sampleColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+			st, err = tx.PrepareContext(ctx, `INSERT INTO `+table+` (`+sampleColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+			if isNoTable(err) { // archived since ensurePart looked
+				w.legacy = true
+				st, err = tx.PrepareContext(ctx, `INSERT INTO samples (`+sampleColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+			}
 			if err != nil {
-				return nil, err
+				return w, err
 			}
 			stmts[from] = st
 		}
 		if _, err := st.ExecContext(ctx, m.DeviceID, at, int64(m.Seq), m.Uptime, m.CPU, m.MemUsed, m.MemTotal,
 			m.DiskUsed, m.DiskTotal, m.Temperature, clampU(m.RxBytes), clampU(m.TxBytes), m.RSSI, m.RSRP, m.RSRQ, m.SINR); err != nil {
-			return nil, fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
+			return w, fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
 		}
 	}
-	return created, nil
+	return w, nil
 }
 
-func (s *Store) ensurePart(ctx context.Context, tx *sql.Tx, from int64, name string, created []part) ([]part, error) {
+// written is what a transaction's samples changed in the partition list.
+type written struct {
+	created []part
+	legacy  bool // samples went to the legacy table
+}
+
+// ensurePart returns the table for samples of the partition starting at
+// from, creating the partition if needed.
+func (s *Store) ensurePart(ctx context.Context, tx *sql.Tx, from int64, w *written) (string, error) {
+	name := partName(from)
 	s.hist.mu.Lock()
-	exists := s.hist.find(from) >= 0
+	i := s.hist.find(from)
+	archived := i >= 0 && s.hist.parts[i].archived
 	s.hist.mu.Unlock()
-	if exists {
-		return created, nil
+	switch {
+	case archived:
+		w.legacy = true
+		return "samples", nil
+	case i >= 0 || slices.ContainsFunc(w.created, func(p part) bool { return p.from == from }):
+		return name, nil
 	}
 	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+name+` (
 		device_id INTEGER NOT NULL, at INTEGER NOT NULL, seq INTEGER NOT NULL, uptime INTEGER, cpu REAL,
 		mem_used INTEGER, mem_total INTEGER, disk_used INTEGER, disk_total INTEGER, temperature REAL,
 		rx_bytes INTEGER, tx_bytes INTEGER, rssi REAL, rsrp REAL, rsrq REAL, sinr REAL)`); err != nil {
-		return created, err
+		return "", err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO history_parts (name, from_ms, to_ms, archived) VALUES (?, ?, ?, 0)`,
 		name, from, from+partitionPeriod); err != nil {
-		return created, err
+		return "", err
 	}
-	return append(created, part{name: name, from: from, to: from + partitionPeriod}), nil
+	w.created = append(w.created, part{name: name, from: from, to: from + partitionPeriod})
+	return name, nil
 }
 
-// committed adds the partitions a committed transaction created.
-func (s *Store) committed(created []part) {
+// committed adds what a committed transaction created.
+func (s *Store) committed(w written) {
 	h := &s.hist
-	if len(created) == 0 {
+	if len(w.created) == 0 && !w.legacy {
 		return
 	}
 	h.mu.Lock()
-	for _, p := range created {
+	h.legacy = h.legacy || w.legacy
+	for _, p := range w.created {
 		if h.find(p.from) < 0 {
 			h.parts = append(h.parts, p)
 		}

@@ -75,6 +75,16 @@ func TestHistoryPartitions(t *testing.T) {
 	if len(arch) != 3 || !arch["samples_600000"] || !arch["samples_660000"] || !arch["samples_720000"] {
 		t.Fatalf("archived partitions: %v", arch)
 	}
+	// A late sample of an archived partition is kept (in the legacy table)
+	// and read in its place.
+	late := fleet.Sample{DeviceID: 3, At: base.Add(30*time.Second + time.Millisecond), Seq: 1000}
+	if err := s.Commit(ctx, &fleet.Batch{Samples: []fleet.Sample{late}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.History(ctx, 3, fleet.HistoryQuery{From: base.Add(27 * time.Second), Limit: 3})
+	if err != nil || len(got) != 3 || got[0].Seq != 29 || got[1].Seq != 1000 || got[2].Seq != 32 {
+		t.Fatalf("late sample: %v %+v", err, got)
+	}
 	check := func(s *Store, q fleet.HistoryQuery, first, count int) {
 		t.Helper()
 		got, err := s.History(ctx, 2, q)
@@ -102,8 +112,8 @@ func TestHistoryPartitions(t *testing.T) {
 		t.Fatalf("archived again: %d, %v", n, err)
 	}
 	// Two whole partitions (120 samples) and 10 samples of the third.
-	if n, err := s.PruneHistory(ctx, base.Add(130*time.Second), 1000); n != 130 || err != nil {
-		t.Fatalf("pruned %d, %v; want 130", n, err)
+	if n, err := s.PruneHistory(ctx, base.Add(130*time.Second), 1000); n != 131 || err != nil { // and the late one
+		t.Fatalf("pruned %d, %v; want 131", n, err)
 	}
 	if got := len(tables(t, s.r)) + len(tables(t, s.hist.ar)); got != 3 {
 		t.Fatalf("%d partitions after prune, want 3", got)

@@ -256,14 +256,14 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 			}
 		}
 	}
-	created, err := s.insertSamples(ctx, tx, b.Samples) // history.go
+	written, err := s.insertSamples(ctx, tx, b.Samples) // history.go
 	if err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	s.committed(created)
+	s.committed(written)
 	return nil
 }
 func lastSeen(t time.Time) int64 {
