@@ -378,7 +378,7 @@ func clean(v string, max int) string {
 	}
 	var b bytes.Buffer
 	for _, r := range strings.ToValidUTF8(v, "?") {
-		if r < 0x20 || r == 0x7f {
+		if protocol.IsControl(r) {
 			r = ' '
 		}
 		if b.Len()+utf8.RuneLen(r) > max {

@@ -179,6 +179,7 @@ func TestCleanKeepsProtocolLimits(t *testing.T) {
 		{"plain", "plain"},
 		{"a\x00b\nc", "a b c"},
 		{"\xff\xfeok", "?ok"},
+		{"x\u0085y\u009f\x7fz", "x y  z"},                  // C1 controls and DEL, refused by the server
 		{strings.Repeat("é", 40), strings.Repeat("é", 32)}, // 2 bytes each, cut at 64 bytes
 	} {
 		if got := clean(c.in, 64); got != c.want {

@@ -1,22 +1,29 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // The decoders must never panic, must answer every bad input with *Error,
-// and everything they accept must pass validation and re-encode.
+// and everything they accept must pass validation, re-encode, and be exact
+// text (see checkAccepted). Run under both decoders:
+// go test -fuzz FuzzDecodePush ./internal/protocol/ [-tags drover_stdjson].
 func FuzzDecodePush(f *testing.F) {
 	f.Add([]byte(goodPush))
 	f.Add([]byte(`{"seq":1,"state":{}}`))
 	f.Add([]byte(`{"state":{"signal":{"rssi":-1e308}}}`))
+	f.Add([]byte(`{"config_error":"u\uFFFD","state":{"extra":{"k":"` + "\u0085" + `"}}}`))
+	f.Add([]byte(`{"state":{"extra":{"k":"\uD800"},"x":["` + "\xc0\xae" + `"]}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		p, err := DecodePush(body)
 		if err != nil {
 			var pe *Error
-			if !errors.As(err, &pe) || pe.Code == "" || pe.Message == "" {
+			if !errors.As(err, &pe) || pe.Code == "" || pe.Message == "" || !utf8.ValidString(pe.Message) {
 				t.Fatalf("error %v is not a coded *Error", err)
 			}
 			return
@@ -27,17 +34,21 @@ func FuzzDecodePush(f *testing.F) {
 		if !json.Valid(p.RawState) {
 			t.Fatalf("raw state is not valid JSON: %q", p.RawState)
 		}
+		checkAccepted(t, body, p)
+		checkAccepted(t, p.RawState, p.State)
 	})
 }
 
 func FuzzDecodeRegister(f *testing.F) {
 	f.Add([]byte(`{"machine_id":"m","device_type":"t","firmware":"f","enrollment_secret":"s"}`))
 	f.Add([]byte(`{"machine_id":"` + "\xff" + `"}`))
+	f.Add([]byte(register(`u\uFFFD`)))
+	f.Add([]byte(register(`\uD83D\uDE00\u0085`)))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := DecodeRegister(body)
 		if err != nil {
 			var pe *Error
-			if !errors.As(err, &pe) || pe.Code == "" {
+			if !errors.As(err, &pe) || pe.Code == "" || !utf8.ValidString(pe.Message) {
 				t.Fatalf("error %v is not a coded *Error", err)
 			}
 			return
@@ -48,5 +59,74 @@ func FuzzDecodeRegister(f *testing.F) {
 		if _, err := json.Marshal(r); err != nil {
 			t.Fatal(err)
 		}
+		checkAccepted(t, body, r)
 	})
+}
+
+// checkAccepted checks, independently of checkStrings, that an accepted
+// body was exact text: valid UTF-8 throughout (outside strings valid JSON
+// is ASCII), no decoder replaced anything with U+FFFD, and no string of the
+// decoded value holds a control character.
+func checkAccepted(t *testing.T, body []byte, decoded any) {
+	t.Helper()
+	if !utf8.Valid(body) {
+		t.Fatalf("accepted body is not UTF-8: %q", body)
+	}
+	tree, err := decodeTree(body)
+	if err != nil {
+		t.Fatalf("accepted body is not JSON: %v", err)
+	}
+	// Each U+FFFD in the decoded tree must have been sent as U+FFFD, raw or
+	// escaped (duplicate keys and "\\ufffd" only make this bound looser).
+	sent := bytes.Count(body, []byte("\uFFFD")) + strings.Count(strings.ToLower(string(body)), `\ufffd`)
+	if got := countText(tree); got > sent {
+		t.Fatalf("decoding made %d U+FFFD out of %d sent: %q", got, sent, body)
+	}
+	b, err := json.Marshal(decoded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := decodeTree(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	countText(again) // panics on a control character
+}
+
+// decodeTree decodes any JSON; numbers stay text (1e700 is valid JSON).
+func decodeTree(b []byte) (any, error) {
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	return v, dec.Decode(&v)
+}
+
+// countText counts U+FFFD in every string and key of a decoded JSON tree,
+// and panics on a control character.
+func countText(v any) int {
+	n := 0
+	str := func(s string) {
+		for _, r := range s {
+			if r < 0x20 || r >= 0x7f && r <= 0x9f {
+				panic("control character in accepted text: " + strings.ToValidUTF8(s, "?"))
+			}
+			if r == utf8.RuneError {
+				n++
+			}
+		}
+	}
+	switch v := v.(type) {
+	case string:
+		str(v)
+	case []any:
+		for _, e := range v {
+			n += countText(e)
+		}
+	case map[string]any:
+		for k, e := range v {
+			str(k)
+			n += countText(e)
+		}
+	}
+	return n
 }

@@ -30,6 +30,7 @@ const (
 	MaxExtraKeyLen    = 64
 	MaxExtraValueLen  = 256
 	MaxConfigErrorLen = 1024
+	MaxSecretLen      = 256 // enrollment_secret
 )
 
 // RegisterRequest is sent once when the agent is installed, and again
@@ -166,13 +167,7 @@ func (r *RegisterRequest) Validate() error {
 	if err := checkText("serial", r.Serial, MaxIDLen, false); err != nil {
 		return err
 	}
-	if r.EnrollmentSecret == "" {
-		return invalid("enrollment_secret is required")
-	}
-	if len(r.EnrollmentSecret) > 256 {
-		return invalid("enrollment_secret is longer than 256 bytes")
-	}
-	return nil
+	return checkText("enrollment_secret", r.EnrollmentSecret, MaxSecretLen, true)
 }
 
 // DecodePush parses and validates a push body. RawState keeps the state
@@ -207,11 +202,8 @@ func (p *PushRequest) Validate() error {
 	if p.ConfigVersion < 0 {
 		return invalid("config_version must be >= 0")
 	}
-	if len(p.ConfigError) > MaxConfigErrorLen {
-		return invalid("config_error is longer than %d bytes", MaxConfigErrorLen)
-	}
-	if !utf8.ValidString(p.ConfigError) {
-		return invalid("config_error is not valid UTF-8")
+	if err := checkText("config_error", p.ConfigError, MaxConfigErrorLen, false); err != nil {
+		return err
 	}
 	return p.State.Validate()
 }
@@ -245,8 +237,8 @@ func (s *State) Validate() error {
 		return invalid("state.interfaces has more than %d entries", MaxInterfaces)
 	}
 	for i := range s.Interfaces {
-		if err := checkText(fmt.Sprintf("state.interfaces[%d].name", i), s.Interfaces[i].Name, MaxNameLen, true); err != nil {
-			return err
+		if p := textProblem(s.Interfaces[i].Name, MaxNameLen, true); p != "" {
+			return invalid("state.interfaces[%d].name %s", i, p)
 		}
 	}
 	if g := s.Signal; g != nil {
@@ -270,11 +262,11 @@ func (s *State) Validate() error {
 		return invalid("state.extra has more than %d keys", MaxExtraKeys)
 	}
 	for k, v := range s.Extra {
-		if err := checkText("state.extra key", k, MaxExtraKeyLen, true); err != nil {
-			return err
+		if p := textProblem(k, MaxExtraKeyLen, true); p != "" {
+			return invalid("a key of state.extra (%q) %s", k, p)
 		}
-		if len(v) > MaxExtraValueLen || !utf8.ValidString(v) {
-			return invalid("state.extra[%q] must be valid UTF-8 of at most %d bytes", k, MaxExtraValueLen)
+		if p := textProblem(v, MaxExtraValueLen, false); p != "" {
+			return invalid("state.extra[%q] %s", k, p)
 		}
 	}
 	return nil
@@ -291,24 +283,36 @@ func checkFinite(name string, v *float64, min, max float64) error {
 }
 
 func checkText(name, v string, max int, required bool) error {
-	if v == "" {
-		if required {
-			return invalid("%s is required", name)
-		}
-		return nil
-	}
-	if len(v) > max {
-		return invalid("%s is longer than %d bytes", name, max)
-	}
-	if !utf8.ValidString(v) {
-		return invalid("%s is not valid UTF-8", name)
-	}
-	for _, r := range v {
-		if r < 0x20 || r == 0x7f {
-			return invalid("%s contains control characters", name)
-		}
+	if p := textProblem(v, max, required); p != "" {
+		return invalid("%s %s", name, p)
 	}
 	return nil
+}
+
+// textProblem says what is wrong with a device-supplied string, or "".
+// Decoded strings can no longer show a lone surrogate escape (the decoder
+// made it U+FFFD): checkStrings refuses those in the raw body.
+func textProblem(v string, max int, required bool) string {
+	if v == "" {
+		if required {
+			return "is required"
+		}
+		return ""
+	}
+	if len(v) > max {
+		return fmt.Sprintf("is longer than %d bytes", max)
+	}
+	for i, r := range v {
+		if r == utf8.RuneError {
+			if _, size := utf8.DecodeRuneInString(v[i:]); size == 1 {
+				return "is not valid UTF-8"
+			}
+		}
+		if IsControl(r) {
+			return fmt.Sprintf("contains control characters (U+%04X)", r)
+		}
+	}
+	return ""
 }
 
 // decodeStrict decodes exactly one JSON object. Unknown fields are ignored
@@ -327,6 +331,9 @@ func decodeStrict(body []byte, v any) error {
 	}
 	if trailing {
 		return &Error{Code: CodeMalformedJSON, Message: "unexpected data after the JSON object"}
+	}
+	if e := checkStrings(body); e != nil {
+		return e
 	}
 	return nil
 }

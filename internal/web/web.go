@@ -8,7 +8,6 @@ import (
 	"embed"
 	"encoding/base64"
 	"html/template"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -104,12 +103,7 @@ func New(opts Options) (*Handler, error) {
 
 func (h *Handler) routes() {
 	m := http.NewServeMux()
-	static, _ := fs.Sub(staticFS, "static")
-	files := http.StripPrefix(Prefix+"static/", http.FileServer(http.FS(static)))
-	m.Handle("GET "+Prefix+"static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "public, max-age=3600")
-		files.ServeHTTP(w, r)
-	}))
+	m.Handle("GET "+Prefix+"static/", staticHandler(Prefix+"static/"))
 	m.HandleFunc("GET "+Prefix+"login", h.loginPage)
 	m.HandleFunc("POST "+Prefix+"login", h.login)
 	m.HandleFunc("POST "+Prefix+"logout", h.auth(h.logout))

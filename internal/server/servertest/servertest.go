@@ -114,9 +114,16 @@ func (s *Server) Client() *http.Client { return s.client }
 // Metric returns the value of one sample of /metrics (0 when absent).
 func (s *Server) Metric(name string, labels map[string]string) float64 {
 	s.t.Helper()
+	return s.MetricT(s.t, name, labels)
+}
+
+// MetricT is Metric failing t, not the test that started the server (a fuzz
+// target must not fail its *testing.F).
+func (s *Server) MetricT(t testing.TB, name string, labels map[string]string) float64 {
+	t.Helper()
 	resp, err := s.client.Get(s.URL + "/metrics")
 	if err != nil {
-		s.t.Fatalf("servertest: metrics: %v", err)
+		t.Fatalf("servertest: metrics: %v", err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -132,7 +139,7 @@ func (s *Server) Metric(name string, labels map[string]string) float64 {
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
 		if err != nil {
-			s.t.Fatalf("servertest: metrics: %q: %v", line, err)
+			t.Fatalf("servertest: metrics: %q: %v", line, err)
 		}
 		return v
 	}
