@@ -13,16 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
 )
 
-// routePrefixes are the paths the server answers (web.Prefix and the API).
-var routePrefixes = []string{
-	"/", "/api/v1/register", "/api/v1/push", "/api/v1/devices", "/api/v1/devices/1", "/api/v1/devices/1/history",
-	"/api/v1/profiles", "/api/v1/profiles/1", "/api/v1/stats", "/api/v1/alerts", "/api/v1/alerts/rules",
-	"/api/v1/alerts/rules/1", "/api/v1/alerts/deliveries", "/api/v1/alerts/smtp", "/api/v1/labels",
-	"/api/v1/labels/assign", "/api/v1/labels/x", "/metrics", "/healthz", "/readyz",
-	"/ui/", "/ui/login", "/ui/logout", "/ui/status.json", "/ui/devices", "/ui/devices/1", "/ui/devices/label",
+// uiPaths are the dashboard's pages (internal/web), behind web.Prefix.
+var uiPaths = []string{
+	"/ui/login", "/ui/logout", "/ui/status.json", "/ui/devices", "/ui/devices/1", "/ui/devices/label",
 	"/ui/profiles", "/ui/profiles/1", "/ui/labels", "/ui/labels/delete", "/ui/alerts", "/ui/alerts/rules",
 	"/ui/alerts/rules/new", "/ui/alerts/rules/1", "/ui/alerts/rules/1/delete", "/ui/alerts/deliveries",
 	"/ui/settings", "/ui/static/", "/ui/static/app.css",
@@ -54,7 +51,7 @@ func TestHostilePaths(t *testing.T) {
 	var conn net.Conn
 	var rd *bufio.Reader
 	requests := 0
-	for _, prefix := range routePrefixes {
+	for _, prefix := range append(server.RoutePaths(), uiPaths...) {
 		for _, suffix := range hostileSuffixes {
 			target := prefix + suffix
 			if strings.HasSuffix(prefix, "/") && strings.HasPrefix(suffix, "/") {
