@@ -127,7 +127,7 @@ func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
 	dir := t.TempDir()
 	cfg := server.DefaultConfig()
 	cfg.DataDir, cfg.Listen, cfg.HTTPListen = dir, "", "127.0.0.1:0"
-	cfg.EnrollmentSecret, cfg.AdminToken = "perf-secret", "perf-admin"
+	cfg.EnrollmentSecret, cfg.AdminToken, cfg.MetricsToken = "perf-secret", "perf-admin", "perf-metrics-token"
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := server.New(ctx, cfg, nil)
 	if err != nil {
@@ -139,7 +139,7 @@ func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
 
 	p, _ := Lookup("PeakD-64-max")
 	o := testOptions(t, Override{Devices: 100, Threads: 4, Duration: 4 * time.Second})
-	o.ServerCmd, o.URL, o.EnrollmentSecret = nil, "http://"+srv.HTTPAddr(), "perf-secret"
+	o.ServerCmd, o.URL, o.EnrollmentSecret, o.MetricsToken = nil, "http://"+srv.HTTPAddr(), "perf-secret", "perf-metrics-token"
 	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer rcancel()
 	r, err := Run(rctx, p, o)
@@ -155,5 +155,58 @@ func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
 	}
 	if c := Compute(r); c.Verdict != Passed {
 		t.Errorf("verdict %s %v", c.Verdict, c.Reasons)
+	}
+}
+
+// A running server's /metrics needs a credential on its device port; perf
+// sends the metrics or admin token, or reads the separate listener.
+func TestRemoteMetricsAccess(t *testing.T) {
+	cfg := server.DefaultConfig()
+	cfg.DataDir, cfg.Listen, cfg.HTTPListen, cfg.MetricsListen = t.TempDir(), "", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.EnrollmentSecret, cfg.AdminToken, cfg.MetricsToken = "perf-secret", "perf-admin", "perf-metrics-token"
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := server.New(ctx, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	p, _ := Lookup("PeakD-64-max")
+	base := Options{URL: "http://" + srv.HTTPAddr(), EnrollmentSecret: "perf-secret"}
+	cases := []struct {
+		name    string
+		set     func(*Options)
+		wantErr string
+	}{
+		{"no credential", func(*Options) {}, "--metrics-token"},
+		{"wrong token", func(o *Options) { o.MetricsToken = "perf-metrics-tokenX" }, "HTTP 401"},
+		{"metrics token", func(o *Options) { o.MetricsToken = "perf-metrics-token" }, ""},
+		{"admin token", func(o *Options) { o.AdminToken = "perf-admin" }, ""},
+		{"separate listener", func(o *Options) { o.MetricsURL = "http://" + srv.MetricsAddr() }, ""},
+	}
+	for _, tc := range cases {
+		o := base
+		tc.set(&o)
+		tg, err := openTarget(context.Background(), p, 0, o)
+		if tc.wantErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+				continue
+			}
+			s, err := tg.snapshot()
+			tg.close()
+			if err != nil || s.RSSMiB <= 0 {
+				t.Errorf("%s: snapshot %+v, %v", tc.name, s, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: error %v, want one naming %q", tc.name, err, tc.wantErr)
+			if err == nil {
+				tg.close()
+			}
+		}
 	}
 }

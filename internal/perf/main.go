@@ -119,7 +119,9 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, server
 	var serverArgs, userNotes multi
 	fs.StringVar(&o.URL, "url", "", "test a running server at this URL (default: start `drover serve` for each test)")
 	fs.StringVar(&o.EnrollmentSecret, "enrollment-secret", "", "the running server's enrollment secret")
-	fs.StringVar(&o.AdminToken, "admin-token", "", "the running server's admin token (PeakF changes the profile)")
+	fs.StringVar(&o.AdminToken, "admin-token", "", "the running server's admin token (PeakF changes the profile; reads /metrics without --metrics-token)")
+	fs.StringVar(&o.MetricsToken, "metrics-token", "", "the running server's metrics token, to read its /metrics")
+	fs.StringVar(&o.MetricsURL, "metrics-url", "", "the running server's --metrics-listen address as http://host:port (no token needed)")
 	fs.StringVar(&o.CAFile, "ca-cert", "", "PEM certificate to trust for the running server")
 	fs.BoolVar(&o.Insecure, "insecure", false, "do not verify the running server's certificate")
 	fs.StringVar(&o.ServerLog, "server-log", "", "the running server's log file, to review warnings and errors")
@@ -175,7 +177,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, server
 		quoted = append(quoted, shellQuote(a))
 	}
 	o.Command = strings.Join(quoted, " ")
-	for _, secret := range []string{o.EnrollmentSecret, o.AdminToken} {
+	for _, secret := range []string{o.EnrollmentSecret, o.AdminToken, o.MetricsToken} {
 		if secret != "" {
 			o.Command = strings.ReplaceAll(o.Command, shellQuote(secret), "***")
 		}

@@ -33,7 +33,9 @@ type Options struct {
 	// A running server; empty: start one per run with ServerCmd.
 	URL              string
 	EnrollmentSecret string
-	AdminToken       string // needed by PeakF (it changes the profile)
+	AdminToken       string // needed by PeakF (it changes the profile); reads /metrics without MetricsToken
+	MetricsToken     string // reads /metrics (the server's --metrics-token)
+	MetricsURL       string // the server's --metrics-listen, as http://host:port (default: URL, with a token)
 	CAFile           string
 	Insecure         bool
 	ServerLog        string // remote: the server's log file, reviewed from its size at the start
@@ -144,6 +146,8 @@ func backendName(db, persistence string) string {
 // target is the server under test during one part.
 type target struct {
 	url, secret, admin string
+	metricsURL         string // where /metrics is read (remote)
+	metricsToken       string // sent with it; "" for none
 	tlsConf            *tls.Config
 	caPEM              []byte
 	client             *http.Client
@@ -406,6 +410,18 @@ func openTarget(ctx context.Context, p Preset, handlers int, o Options) (*target
 		if t.secret == "" {
 			return nil, errors.New("a running server needs --enrollment-secret")
 		}
+		t.metricsURL, t.metricsToken = t.url, o.MetricsToken
+		if t.metricsToken == "" {
+			t.metricsToken = o.AdminToken
+		}
+		if o.MetricsURL != "" {
+			if u, err := url.Parse(o.MetricsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return nil, fmt.Errorf("--metrics-url %q: want http(s)://host:port", o.MetricsURL)
+			}
+			t.metricsURL = strings.TrimSuffix(o.MetricsURL, "/")
+		} else if t.metricsToken == "" {
+			return nil, errors.New("a running server's /metrics needs --metrics-token or --admin-token, or its --metrics-listen address as --metrics-url")
+		}
 		if o.CAFile != "" {
 			if t.caPEM, err = os.ReadFile(o.CAFile); err != nil {
 				return nil, err
@@ -432,7 +448,8 @@ func openTarget(ctx context.Context, p Preset, handlers int, o Options) (*target
 	t.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 2}}
 	if t.local == nil {
 		if _, err := t.metrics(); err != nil {
-			return nil, fmt.Errorf("%s/metrics: %w", t.url, err)
+			t.close()
+			return nil, fmt.Errorf("%s/metrics: %w", t.metricsURL, err)
 		}
 	}
 	return t, nil
@@ -448,7 +465,14 @@ func (t *target) close() {
 }
 
 func (t *target) metrics() (Metrics, error) {
-	resp, err := t.client.Get(t.url + "/metrics")
+	req, err := http.NewRequest("GET", t.metricsURL+"/metrics", nil)
+	if err != nil {
+		return Metrics{}, err
+	}
+	if t.metricsToken != "" {
+		req.Header.Set("Authorization", "Bearer "+t.metricsToken)
+	}
+	resp, err := t.client.Do(req)
 	if err != nil {
 		return Metrics{}, err
 	}

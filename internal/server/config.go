@@ -38,6 +38,12 @@ type Config struct {
 	LogFormat        string
 	LogLevel         string
 	DebugListen      string
+	// MetricsToken is a bearer token that may read /metrics and nothing
+	// else (the admin token may too); "" for none.
+	MetricsToken string
+	// MetricsListen is a plain-HTTP address serving /metrics to anyone,
+	// for a Prometheus on a network devices cannot reach; "" for none.
+	MetricsListen string
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
@@ -78,6 +84,8 @@ func (c *Config) flags(fs *flag.FlagSet) *string {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.DebugListen, "debug-listen", c.DebugListen, "address serving Go's /debug/pprof/ profiles, unauthenticated: keep it on loopback (empty: off)")
+	fs.StringVar(&c.MetricsToken, "metrics-token", c.MetricsToken, "bearer token that may read /metrics and nothing else (the admin token may too; empty: admin token only)")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "plain-HTTP address serving /metrics without credentials, for a Prometheus on an operators' network (empty: none)")
 	return fs.String("config", "", "TOML config file with the same keys as these flags (e.g. data-dir = \"/var/lib/drover\")")
 }
 
@@ -166,6 +174,12 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("-log-format must be text or json, not %q", c.LogFormat)
+	}
+	if c.MetricsToken != "" && len(c.MetricsToken) < 16 {
+		return errors.New("-metrics-token must be at least 16 characters")
+	}
+	if c.MetricsToken != "" && c.MetricsToken == c.AdminToken {
+		return errors.New("-metrics-token must differ from -admin-token")
 	}
 	if c.DataDir == "" {
 		return errors.New("-data-dir must not be empty")

@@ -34,6 +34,10 @@ type api struct {
 	ready      func() error
 	writable   func() error // non-nil: device writes are refused (instance lock lost)
 	warnLimit  rateLimiter
+
+	// metricsToken may read /metrics only; nil: none.
+	metricsToken []byte
+
 	// refused counts device requests refused with 503 for overload.
 	refused atomic.Uint64
 
@@ -90,6 +94,7 @@ var (
 	errInflight      = overloaded("too many requests in flight")
 	errWritesPending = overloaded("too many writes pending")
 	errAdminToken    = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "admin token missing or wrong", outcome: outUnauth}
+	errMetricsToken  = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "metrics need the metrics token or the admin token", outcome: outUnauth}
 	errNoBearer      = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "missing bearer token", outcome: outUnauth}
 	errDeviceToken   = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "unknown or revoked token: register again", outcome: outUnauth}
 	errEnrollment    = &apiError{status: http.StatusForbidden, code: "wrong_enrollment_secret", msg: "the enrollment secret is wrong", outcome: outForbidden}
@@ -245,6 +250,12 @@ func bearer(r *http.Request) (string, bool) {
 func (a *api) isAdmin(r *http.Request) bool {
 	t, ok := bearer(r)
 	return ok && subtle.ConstantTimeCompare([]byte(t), a.adminToken) == 1
+}
+
+// isMetricsReader checks the metrics token in constant time.
+func (a *api) isMetricsReader(r *http.Request) bool {
+	t, ok := bearer(r)
+	return ok && len(a.metricsToken) > 0 && subtle.ConstantTimeCompare([]byte(t), a.metricsToken) == 1
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -1,11 +1,14 @@
 package server
 
 import (
+	"net/http"
 	"time"
 
+	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Outcomes counted by drover_registrations_total and drover_pushes_total.
@@ -70,7 +73,13 @@ func newMetrics() *metrics {
 		Name: "drover_store_up", Help: "1 when the last store commit succeeded.",
 	})
 	m.storeUp.Set(1)
-	m.reg.MustRegister(m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
+	bi := buildinfo.Read()
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "drover_build_info", Help: "Always 1; the labels name the running build.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "goversion": bi.GoVersion},
+	})
+	buildInfo.Set(1)
+	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
 		m.commitSize, m.commitTime, m.commitErrors, m.storeUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable} {
@@ -83,6 +92,11 @@ func newMetrics() *metrics {
 	m.regNew, m.regRenewed = m.registrations.WithLabelValues(outNew), m.registrations.WithLabelValues(outRenewed)
 	m.pushDuration, m.regDuration = m.duration.WithLabelValues("push"), m.duration.WithLabelValues("register")
 	return m
+}
+
+// handler serves the registry in the Prometheus text format.
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
 // watchFleet exports the fleet's device and profile counts.

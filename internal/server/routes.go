@@ -10,7 +10,8 @@ package server
 // line, once for every endpoint. Access is checked from the table (admin:
 // the operator's bearer token); a path in the table asked with another method
 // gets 405 with Allow, any other path 404, both with the JSON error body.
-// Plain handlers (probes, /metrics, the dashboard) are listed with h instead.
+// Plain handlers (probes, /metrics, the dashboard) are listed with h instead;
+// their access is checked from the table too.
 // Unknown query parameters are still ignored; refusing them (issue 17) means
 // listing each route's parameters here and checking them in wrap
 // (fleet.FilterParams lists the devices filter's).
@@ -23,7 +24,6 @@ import (
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/web"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // apiFunc answers one request with a value for the JSON body, or an error.
@@ -33,8 +33,9 @@ type apiFunc func(r *http.Request) (any, error)
 type access uint8
 
 const (
-	public access = iota // anyone (devices authenticate inside their handlers)
-	admin                // the operator's admin token
+	public        access = iota // anyone (devices authenticate inside their handlers)
+	admin                       // the operator's admin token
+	metricsReader               // the admin token or the metrics token
 )
 
 // route is one line of the table.
@@ -92,8 +93,12 @@ func (a *api) table() []route {
 		{path: web.Prefix, h: a.ui},
 		{method: "GET", path: "/{$}", h: http.RedirectHandler(web.Prefix, http.StatusFound)},
 
-		// Probes and metrics, unauthenticated.
-		{method: "GET", path: "/metrics", h: promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})},
+		// Metrics: devices share this port, so a credential is needed
+		// (docs/operations.md#metrics-access); --metrics-listen serves
+		// them without one on another address.
+		{method: "GET", path: "/metrics", access: metricsReader, endpoint: "metrics", h: m.handler()},
+
+		// Probes, unauthenticated.
 		{method: "GET", path: "/healthz", h: http.HandlerFunc(a.healthz)},
 		{method: "GET", path: "/readyz", h: http.HandlerFunc(a.readyz)},
 	}
@@ -111,6 +116,8 @@ func (a *api) routes() http.Handler {
 		h := rt.h
 		if rt.fn != nil {
 			h = a.wrap(rt)
+		} else if rt.access != public {
+			h = a.guard(rt, h)
 		}
 		pattern := rt.path
 		if rt.method != "" {
@@ -139,7 +146,7 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 	}
 	duration := a.m.duration.WithLabelValues(rt.endpoint)
 	return func(w http.ResponseWriter, r *http.Request) {
-		if rt.access == admin && !a.isAdmin(r) {
+		if !a.allows(rt.access, r) {
 			a.fail(w, &rt, errAdminToken)
 			return
 		}
@@ -177,6 +184,34 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 		}
 		writeJSON(w, status, v)
 	}
+}
+
+// guard checks a plain handler's access.
+func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !a.allows(rt.access, r) {
+			err := errAdminToken
+			if rt.access == metricsReader {
+				err = errMetricsToken
+			}
+			a.fail(w, &rt, err)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}
+}
+
+// allows says whether r carries the credential an access level needs.
+func (a *api) allows(ac access, r *http.Request) bool {
+	switch ac {
+	case public:
+		return true
+	case admin:
+		return a.isAdmin(r)
+	case metricsReader:
+		return a.isAdmin(r) || a.isMetricsReader(r)
+	}
+	return false
 }
 
 func (a *api) release() {

@@ -51,6 +51,9 @@ type Server struct {
 	draining  atomic.Bool
 	pruneDone chan struct{}
 	alerts    *alert.Engine // alerts_api.go
+
+	metricsLn  net.Listener
+	metricsSrv *http.Server // /metrics without credentials, on metricsLn; closed when Serve returns
 }
 
 // New opens the store, loads the fleet and binds the listeners.
@@ -167,6 +170,7 @@ func (s *Server) buildHandler(context.Context) error {
 	a := &api{
 		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log, adminToken: []byte(s.Secrets.AdminToken),
 		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable,
+		metricsToken: []byte(s.cfg.MetricsToken),
 	}
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
@@ -232,6 +236,16 @@ func (s *Server) listen(context.Context) error {
 		s.debugLn = ln
 		s.debugSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errLog}
 	}
+	if s.cfg.MetricsListen != "" {
+		ln, err := net.Listen("tcp", s.cfg.MetricsListen)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", s.m.handler())
+		s.metricsLn = ln
+		s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, ErrorLog: errLog}
+	}
 	return nil
 }
 
@@ -266,6 +280,14 @@ func (s *Server) DebugAddr() string {
 		return ""
 	}
 	return s.debugLn.Addr().String()
+}
+
+// MetricsAddr is the bound address of the metrics listener, or "".
+func (s *Server) MetricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
 }
 
 // HTTPAddr is the bound plain-HTTP address, or "".
@@ -327,6 +349,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.log.Info("debug listener", "addr", s.debugLn.Addr().String())
 		go s.debugSrv.Serve(s.debugLn)
 	}
+	if s.metricsSrv != nil {
+		s.log.Info("metrics listener", "addr", s.metricsLn.Addr().String())
+		go s.metricsSrv.Serve(s.metricsLn)
+	}
 	pruneCtx, stopPrune := context.WithCancel(context.Background())
 	go s.pruneLoop(pruneCtx)
 	stopAlerts := s.startAlerts()
@@ -367,6 +393,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.debugSrv != nil {
 		s.debugSrv.Close() // profiles being taken are cut short
 	}
+	if s.metricsSrv != nil {
+		s.metricsSrv.Close()
+	}
 	s.log.Info("stopped")
 	return serveErr
 }
@@ -397,7 +426,7 @@ func (s *Server) pruneLoop(ctx context.Context) {
 
 // closeAll releases what New opened when New fails.
 func (s *Server) closeAll() {
-	for _, ln := range []net.Listener{s.httpsLn, s.httpLn, s.debugLn} {
+	for _, ln := range []net.Listener{s.httpsLn, s.httpLn, s.debugLn, s.metricsLn} {
 		if ln != nil {
 			ln.Close()
 		}

@@ -390,13 +390,7 @@ func TestBrowser(t *testing.T) {
 // spaces).
 func metrics(t *testing.T, srv *servertest.Server) string {
 	t.Helper()
-	resp, err := srv.Client().Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
+	return srv.MetricsText()
 }
 
 type pushAnswer struct {

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -111,6 +112,40 @@ func (s *Server) Stop() error {
 // Client is an HTTP client that trusts the server's certificate.
 func (s *Server) Client() *http.Client { return s.client }
 
+// scrape gets /metrics with the admin token, as a Prometheus given the
+// credential would; any answer but 200 is an error.
+func (s *Server) scrape() (*http.Response, error) {
+	req, err := http.NewRequest("GET", s.URL+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.AdminToken)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET /metrics: HTTP %d", resp.StatusCode)
+	}
+	return resp, nil
+}
+
+// MetricsText returns the whole of /metrics.
+func (s *Server) MetricsText() string {
+	s.t.Helper()
+	resp, err := s.scrape()
+	if err != nil {
+		s.t.Fatalf("servertest: metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatalf("servertest: metrics: %v", err)
+	}
+	return string(b)
+}
+
 // Metric returns the value of one sample of /metrics (0 when absent).
 func (s *Server) Metric(name string, labels map[string]string) float64 {
 	s.t.Helper()
@@ -121,7 +156,7 @@ func (s *Server) Metric(name string, labels map[string]string) float64 {
 // target must not fail its *testing.F).
 func (s *Server) MetricT(t testing.TB, name string, labels map[string]string) float64 {
 	t.Helper()
-	resp, err := s.client.Get(s.URL + "/metrics")
+	resp, err := s.scrape()
 	if err != nil {
 		t.Fatalf("servertest: metrics: %v", err)
 	}

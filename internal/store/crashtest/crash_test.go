@@ -611,8 +611,8 @@ func (s *serve) flushes() []flushed {
 
 // metric reads one unlabelled sample of /metrics.
 func (s *serve) metric(name string) (float64, bool) {
-	_, _, b, err := s.do("GET", "/metrics", "", "")
-	if err != nil {
+	st, _, b, err := s.do("GET", "/metrics", adminToken, "")
+	if err != nil || st != 200 {
 		return 0, false
 	}
 	for _, line := range strings.Split(string(b), "\n") {

@@ -1,0 +1,154 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/server/servertest"
+)
+
+// drover backup copies a running server's SQLite database while devices
+// keep pushing and registering; a fresh server started on the copy serves
+// the same fleet: same secrets and certificate, devices' tokens work, their
+// history is there, and new devices get new IDs.
+func TestBackupUnderWritesRestoresTheFleet(t *testing.T) {
+	src := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: src, url: src.URL}
+	const devices, before = 20, 3
+	ids, tokens := make([]string, devices), make([]string, devices)
+	for i := range devices {
+		ids[i], tokens[i] = c.register(fmt.Sprintf("m-%d", i))
+		for seq := 1; seq <= before; seq++ {
+			if st, _, out := c.do("POST", "/api/v1/push", tokens[i], fmt.Sprintf(state, seq, 0)); st != 200 {
+				t.Fatalf("push: %d %v", st, out)
+			}
+		}
+	}
+
+	// Writers: every device pushes on, new devices register, until the
+	// backup is done.
+	post := func(path, token, body string) int {
+		req, _ := http.NewRequest("POST", src.URL+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := src.Client().Do(req)
+		if err != nil {
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	var stop atomic.Bool
+	var written, failed atomic.Int64
+	var wg sync.WaitGroup
+	seqs := make([]int, devices)
+	for i := range seqs {
+		seqs[i] = before
+	}
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; !stop.Load(); n++ {
+				var st int
+				if w == 0 {
+					st = post("/api/v1/register", "", fmt.Sprintf(`{"machine_id":"new-%d","device_type":"ICR-3241","firmware":"6.3.5","enrollment_secret":%q}`, n, src.EnrollmentSecret))
+				} else {
+					// Writer w owns devices w-1, w+2, ...: their seq is
+					// their count of pushes.
+					i := w - 1 + 3*(n%((devices-w)/3+1))
+					seqs[i]++
+					st = post("/api/v1/push", tokens[i], fmt.Sprintf(state, seqs[i], 0))
+				}
+				if st == 200 {
+					written.Add(1)
+				} else {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	for written.Load() < 20 && failed.Load() == 0 { // the writers are running
+		time.Sleep(time.Millisecond)
+	}
+	atStart := written.Load()
+	dir := filepath.Join(t.TempDir(), "backup")
+	res, err := server.Backup(context.Background(), src.Config, dir)
+	during := written.Load() - atStart
+	stop.Store(true)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed.Load() > 0 {
+		t.Fatalf("%d writes failed during the backup", failed.Load())
+	}
+	t.Logf("backup: %d pages, %d bytes, files %v; %d writes answered while it ran", res.Pages, res.Bytes, res.Files, during)
+	if res.Pages < 1 || strings.Join(res.Files, ",") != "secrets.json,tls/cert.pem,tls/key.pem" {
+		t.Fatalf("backup result %+v", res)
+	}
+	for _, f := range []string{"drover.db", "secrets.json", "tls/key.pem"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v; want 0600", f, err, st.Mode().Perm())
+		}
+	}
+	if _, err := server.Backup(context.Background(), src.Config, dir); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Errorf("backup into an existing directory: %v", err)
+	}
+
+	// The source goes on; the copy becomes a new server's data directory.
+	dst := servertest.Start(t, servertest.Options{DataDir: dir})
+	if dst.EnrollmentSecret != src.EnrollmentSecret || dst.AdminToken != src.AdminToken || string(dst.CACertPEM) != string(src.CACertPEM) {
+		t.Fatal("the restored server has other secrets or another certificate")
+	}
+	rc := &client{t: t, s: dst, url: dst.URL}
+	_, _, stats := rc.do("GET", "/api/v1/stats", dst.AdminToken, nil)
+	if n := stats["devices"].(float64); n < devices {
+		t.Fatalf("restored server has %v devices, want at least %d", n, devices)
+	}
+	for i := range devices {
+		_, _, dev := rc.do("GET", "/api/v1/devices/"+ids[i], dst.AdminToken, nil)
+		seq := dev["seq"].(float64)
+		_, _, hist := rc.do("GET", "/api/v1/devices/"+ids[i]+"/history?limit=10000", dst.AdminToken, nil)
+		// One snapshot: the device's last push and its history agree.
+		if n := len(hist["samples"].([]any)); seq < before || float64(n) != seq {
+			t.Fatalf("device %s restored with seq %v and %d history samples, want %d or more of each, equal", ids[i], seq, n, before)
+		}
+		if st, _, out := rc.do("POST", "/api/v1/push", tokens[i], fmt.Sprintf(state, int(seq)+1, 0)); st != 200 {
+			t.Fatalf("device %s's token on the restored server: %d %v", ids[i], st, out)
+		}
+	}
+	id, _ := rc.register("after-restore")
+	_, _, out := rc.do("GET", "/api/v1/devices?limit=1000", dst.AdminToken, nil)
+	for _, d := range out["devices"].([]any) {
+		if d := d.(map[string]any); d["id"] == id && d["machine_id"] != "after-restore" {
+			t.Fatalf("new device got ID %s of %v", id, d["machine_id"])
+		}
+	}
+}
+
+func TestBackupRefusesOtherBackends(t *testing.T) {
+	for dsn, tool := range map[string]string{"postgres://u@127.0.0.1/drover": "pg_dump", "mysql://u@tcp(127.0.0.1)/drover": "mariadb-dump"} {
+		cfg := server.DefaultConfig()
+		cfg.DataDir, cfg.DB = t.TempDir(), dsn
+		dir := filepath.Join(t.TempDir(), "b")
+		if _, err := server.Backup(context.Background(), cfg, dir); err == nil || !strings.Contains(err.Error(), tool) {
+			t.Errorf("%s: %v, want an error naming %s", dsn, err, tool)
+		}
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("%s: a failed backup left %s", dsn, dir)
+		}
+	}
+}
