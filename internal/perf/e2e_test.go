@@ -124,18 +124,7 @@ func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
 	}
 	// A server this test runs in-process, given to perf by URL: samples come
 	// from its /metrics.
-	dir := t.TempDir()
-	cfg := server.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.HTTPListen = dir, "", "127.0.0.1:0"
-	cfg.EnrollmentSecret, cfg.AdminToken, cfg.MetricsToken = "perf-secret", "perf-admin", "perf-metrics-token"
-	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := server.New(ctx, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
+	srv := startRunning(t, "")
 
 	p, _ := Lookup("PeakD-64-max")
 	o := testOptions(t, Override{Devices: 100, Threads: 4, Duration: 4 * time.Second})
@@ -158,11 +147,12 @@ func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
 	}
 }
 
-// A running server's /metrics needs a credential on its device port; perf
-// sends the metrics or admin token, or reads the separate listener.
-func TestRemoteMetricsAccess(t *testing.T) {
+// startRunning starts an in-process server on plain HTTP (secret
+// "perf-secret", admin token "perf-admin", metrics token
+// "perf-metrics-token") and stops it when the test ends.
+func startRunning(t *testing.T, metricsListen string) *server.Server {
 	cfg := server.DefaultConfig()
-	cfg.DataDir, cfg.Listen, cfg.HTTPListen, cfg.MetricsListen = t.TempDir(), "", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DataDir, cfg.Listen, cfg.HTTPListen, cfg.MetricsListen = t.TempDir(), "", "127.0.0.1:0", metricsListen
 	cfg.EnrollmentSecret, cfg.AdminToken, cfg.MetricsToken = "perf-secret", "perf-admin", "perf-metrics-token"
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := server.New(ctx, cfg, nil)
@@ -171,7 +161,14 @@ func TestRemoteMetricsAccess(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+	return srv
+}
+
+// A running server's /metrics needs a credential on its device port; perf
+// sends the metrics or admin token, or reads the separate listener.
+func TestRemoteMetricsAccess(t *testing.T) {
+	srv := startRunning(t, "127.0.0.1:0")
 
 	p, _ := Lookup("PeakD-64-max")
 	base := Options{URL: "http://" + srv.HTTPAddr(), EnrollmentSecret: "perf-secret"}

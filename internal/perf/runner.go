@@ -400,6 +400,7 @@ func openTarget(ctx context.Context, p Preset, handlers int, o Options) (*target
 		}
 		t.local, t.review = ls, ls.review
 		t.url, t.secret, t.admin, t.caPEM = ls.url, ls.secret, ls.admin, ls.caPEM
+		t.metricsURL, t.metricsToken = ls.url, ls.admin
 	} else {
 		u, err := url.Parse(o.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
