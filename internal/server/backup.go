@@ -15,15 +15,16 @@ import (
 // BackupResult says what Backup wrote.
 type BackupResult struct {
 	Dir      string
-	Database string   // the database copy
-	Pages    int      // its pages
-	Bytes    int64    // its size
+	Database []string // the database copies (the database, its history archive)
+	Pages    int      // their pages
+	Bytes    int64    // their size
 	Files    []string // the other files copied, relative to Dir
 }
 
 // Backup writes a copy of a server's state into dir, a new directory that
-// can serve as the --data-dir of a restored server: the SQLite database
-// (copied with SQLite's online backup API while the server runs), the
+// can serve as the --data-dir of a restored server: the SQLite database and
+// its history archive (copied with SQLite's online backup API while the
+// server runs; drover.db and drover-history.db in dir), the
 // generated secrets and the generated TLS certificate and key. cfg is the
 // server's configuration (its data directory and database).
 func Backup(ctx context.Context, cfg Config, dir string) (BackupResult, error) {
@@ -42,12 +43,11 @@ func Backup(ctx context.Context, cfg Config, dir string) (BackupResult, error) {
 			os.RemoveAll(dir)
 		}
 	}()
-	res.Database = filepath.Join(dir, "drover.db")
-	info, err := store.Backup(ctx, cfg.dbDSN(), res.Database)
+	info, err := store.Backup(ctx, cfg.dbDSN(), filepath.Join(dir, "drover.db"))
 	if err != nil {
 		return res, err
 	}
-	res.Pages, res.Bytes = info.Pages, info.Bytes
+	res.Database, res.Pages, res.Bytes = info.Files, info.Pages, info.Bytes
 	// The files the server generated; a certificate given with --tls-cert
 	// and secrets given by flag or environment are the operator's to keep.
 	for _, rel := range []string{"secrets.json", filepath.Join("tls", "cert.pem"), filepath.Join("tls", "key.pem")} {

@@ -96,10 +96,10 @@ func TestBackupUnderWritesRestoresTheFleet(t *testing.T) {
 		t.Fatalf("%d writes failed during the backup", failed.Load())
 	}
 	t.Logf("backup: %d pages, %d bytes, files %v; %d writes answered while it ran", res.Pages, res.Bytes, res.Files, during)
-	if res.Pages < 1 || strings.Join(res.Files, ",") != "secrets.json,tls/cert.pem,tls/key.pem" {
+	if res.Pages < 1 || len(res.Database) != 2 || strings.Join(res.Files, ",") != "secrets.json,tls/cert.pem,tls/key.pem" {
 		t.Fatalf("backup result %+v", res)
 	}
-	for _, f := range []string{"drover.db", "secrets.json", "tls/key.pem"} {
+	for _, f := range []string{"drover.db", "drover-history.db", "secrets.json", "tls/key.pem"} {
 		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v, mode %v; want 0600", f, err, st.Mode().Perm())
 		}

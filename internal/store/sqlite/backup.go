@@ -17,9 +17,9 @@ import (
 
 // BackupInfo describes a finished backup.
 type BackupInfo struct {
-	Path  string // the copy
-	Pages int    // database pages copied
-	Bytes int64  // size of the copy
+	Files []string // the copies: the database, then its history archive if it has one
+	Pages int      // database pages copied
+	Bytes int64    // size of the copies
 }
 
 // backuper is the modernc.org/sqlite connection's online backup API.
@@ -27,32 +27,65 @@ type backuper interface {
 	NewBackup(dstURI string) (*sqlite.Backup, error)
 }
 
-// Backup copies the database file at path to dst, which must not exist,
-// with SQLite's online backup API. The copy is one read transaction of the
-// source: a consistent snapshot, taken while a server keeps writing (in WAL
-// mode readers do not block the writer, nor it them). It is written beside
-// dst, checked (PRAGMA integrity_check), synced and then renamed to dst.
+// Backup copies the database file at path, and its history archive, to dst
+// and dst's archive path; neither may exist. Each file is copied with
+// SQLite's online backup API in one read transaction: a consistent snapshot,
+// taken while a server keeps writing (in WAL mode readers do not block the
+// writer, nor it them). The database goes first: a partition it lists as
+// archived was committed to the archive before, so the later snapshot of the
+// archive has it (the copies pair like a crash between two archiver steps,
+// which the store recovers from). Each copy is written beside its
+// destination, checked (PRAGMA integrity_check), synced, then linked into
+// place.
 func Backup(ctx context.Context, path, dst string) (BackupInfo, error) {
-	info := BackupInfo{Path: dst}
+	var info BackupInfo
+	srcArchive, dstArchive := archivePath(path), archivePath(dst)
+	if _, err := os.Lstat(dstArchive); err == nil {
+		return info, fmt.Errorf("backup: %s exists; give a new path", dstArchive)
+	}
+	pages, err := backupFile(ctx, path, dst)
+	if err != nil {
+		return info, err
+	}
+	info.Files, info.Pages = []string{dst}, pages
+	if _, err := os.Stat(srcArchive); err == nil {
+		pages, err := backupFile(ctx, srcArchive, dstArchive)
+		if err != nil {
+			os.Remove(dst)
+			return info, err
+		}
+		info.Files, info.Pages = append(info.Files, dstArchive), info.Pages+pages
+	}
+	for _, f := range info.Files {
+		if st, err := os.Stat(f); err == nil {
+			info.Bytes += st.Size()
+		}
+	}
+	return info, nil
+}
+
+// backupFile copies one database file to dst, which must not exist.
+func backupFile(ctx context.Context, path, dst string) (int, error) {
+	pages := 0
 	if _, err := os.Stat(path); err != nil {
-		return info, fmt.Errorf("backup: no database: %w", err)
+		return 0, fmt.Errorf("backup: no database: %w", err)
 	}
 	if _, err := os.Lstat(dst); err == nil {
-		return info, fmt.Errorf("backup: %s exists; give a new path", dst)
+		return 0, fmt.Errorf("backup: %s exists; give a new path", dst)
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return info, err
+		return 0, err
 	}
 	q := url.Values{}
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "query_only(1)")
 	src, err := sql.Open("sqlite", "file:"+uriPath(path)+"?"+q.Encode())
 	if err != nil {
-		return info, err
+		return 0, err
 	}
 	defer src.Close()
 	conn, err := src.Conn(ctx)
 	if err != nil {
-		return info, fmt.Errorf("backup: open %s: %w", path, err)
+		return 0, fmt.Errorf("backup: open %s: %w", path, err)
 	}
 	defer conn.Close()
 
@@ -67,7 +100,7 @@ func Backup(ctx context.Context, path, dst string) (BackupInfo, error) {
 		for {
 			n, err := copyOnce(b, tmp)
 			if err == nil {
-				info.Pages = n
+				pages = n
 				return nil
 			}
 			if !isBusy(err) {
@@ -83,29 +116,26 @@ func Backup(ctx context.Context, path, dst string) (BackupInfo, error) {
 		}
 	})
 	if err != nil {
-		return info, fmt.Errorf("backup of %s: %w", path, err)
+		return 0, fmt.Errorf("backup of %s: %w", path, err)
 	}
 	if err := check(ctx, tmp); err != nil {
-		return info, fmt.Errorf("backup copy %s: %w", tmp, err)
+		return 0, fmt.Errorf("backup copy %s: %w", tmp, err)
 	}
 	// The copy holds device credentials (hashed) and history: owner only.
 	if err := os.Chmod(tmp, 0o600); err != nil {
-		return info, err
+		return 0, err
 	}
 	if err := syncFile(tmp); err != nil {
-		return info, err
+		return 0, err
 	}
 	if err := os.Link(tmp, dst); err != nil { // fails if dst appeared meanwhile
-		return info, fmt.Errorf("backup: %w", err)
+		return 0, fmt.Errorf("backup: %w", err)
 	}
 	if d, err := os.Open(filepath.Dir(dst)); err == nil {
 		d.Sync()
 		d.Close()
 	}
-	if st, err := os.Stat(dst); err == nil {
-		info.Bytes = st.Size()
-	}
-	return info, nil
+	return pages, nil
 }
 
 // copyOnce copies every page in one step, so in one read transaction.
