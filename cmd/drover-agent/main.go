@@ -3,25 +3,15 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/drover/drover/internal/agent"
+	"github.com/drover/drover/cmd/internal/agentcmd"
+	"github.com/drover/drover/cmd/internal/command"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := agent.MainAs(ctx, "drover-agent", os.Args[1:], os.Stdout, os.Stderr)
+	ctx, reload, stop := command.Signals()
+	err := agentcmd.Run(ctx, "drover-agent", os.Args[1:], command.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Reload: reload})
 	stop()
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-	default:
-		fmt.Fprintln(os.Stderr, "drover-agent:", err)
-		os.Exit(1)
-	}
+	os.Exit(command.ExitCode("drover-agent", err, os.Stderr))
 }

@@ -54,49 +54,59 @@ const (
 	ModeRamp Mode = "ramp"
 )
 
-// Config is one emulator process's run. Zero fields take the defaults
-// listed with each field.
+// Config is one emulator process's run. DefaultConfig holds the defaults;
+// fields marked "auto" are derived from others when zero.
 type Config struct {
 	Target           string // base URL of the server, http:// or https://
 	EnrollmentSecret string
 	CACertPEM        []byte // trusted certificates; nil: the system's
 	Insecure         bool   // skip certificate verification
 
-	Devices int    // the whole fleet (default 1000)
-	Shard   Shard  // this process's share (default 1/1)
-	Seed    string // identity seed (default "drover")
+	Devices int    // the whole fleet
+	Shard   Shard  // this process's share (zero: 1/1)
+	Seed    string // identity seed
 
-	Mode     Mode          // default fleet
-	Conn     ConnMode      // default: new in fleet mode, keepalive otherwise
-	Interval time.Duration // fleet push interval (default 200 s)
-	Duration time.Duration // fleet: run time (default 10 min); benchmark, ramp: limit (default none)
+	Mode     Mode
+	Conn     ConnMode      // auto: new in fleet mode, keepalive otherwise
+	Interval time.Duration // fleet push interval
+	Duration time.Duration // fleet: run time (auto: 10 min); benchmark, ramp: limit (0: none)
 
-	Workers int // benchmark workers; registration concurrency in benchmark and ramp (default 8)
-	Loops   int // benchmark loops over all devices (default 10; 0 with LoopsSet: register only)
-	// LoopsSet makes Loops = 0 mean "register only" instead of the default.
-	LoopsSet bool
+	Workers int // benchmark workers; registration concurrency in benchmark and ramp
+	Loops   int // benchmark loops over all devices (0: register only)
 
-	RampStart        int           // first step's workers (default 8)
-	RampFactor       float64       // workers multiply by this each step (default 2)
-	RampStepDuration time.Duration // default 10 s
-	RampMax          int           // default: min(devices of the shard, 16384)
+	RampStart        int     // first step's workers
+	RampFactor       float64 // workers multiply by this each step
+	RampStepDuration time.Duration
+	RampMax          int // auto: min(devices of the shard, 16384)
 
-	MaxInflight  int           // fleet: operations in flight at most (default 10000)
-	Timeout      time.Duration // per request, connect and TLS included (default 30 s)
-	MaxRetries   int           // retries after 503/429 (default 5; negative: none)
-	MaxRetryWait time.Duration // longest wait before a retry (default 60 s)
-	LateAfter    time.Duration // fleet: a send this much behind schedule is late (default 100 ms)
+	MaxInflight  int           // fleet: operations in flight at most
+	Timeout      time.Duration // per request, connect and TLS included
+	MaxRetries   int           // retries after 503/429 (negative: none)
+	MaxRetryWait time.Duration // longest wait before a retry
+	LateAfter    time.Duration // fleet: a send this much behind schedule is late
 
-	SourceAddrs     []net.IP  // local addresses to dial from, round robin (default: the system's choice)
-	Template        *Template // push body (default DefaultTemplate)
-	CredentialsFile string    // load and save device IDs and tokens (default: none)
+	SourceAddrs     []net.IP  // local addresses to dial from, round robin (nil: the system's choice)
+	Template        *Template // push body (nil: DefaultTemplate)
+	CredentialsFile string    // load and save device IDs and tokens ("": none)
 
-	DeviceType, Model, Firmware string // registration fields (default router, EMU-R1, 7.4.2)
+	DeviceType, Model, Firmware string // registration fields
 
-	RunID    string               // default: random
+	RunID    string               // auto: time and random
 	Progress func(Progress)       // called once per second and at the end
 	Warn     func(string)         // called when a warning is raised during the run
-	Logf     func(string, ...any) // informational messages (default: none)
+	Logf     func(string, ...any) // informational messages (nil: none)
+	// Records, when set, receives every result record written, as values.
+	Records *results.Stream
+}
+
+// DefaultConfig is the defaults of every field, defined once here.
+func DefaultConfig() Config {
+	return Config{
+		Devices: 1000, Seed: "drover", Mode: ModeFleet, Interval: 200 * time.Second,
+		Workers: 8, Loops: 10, RampStart: 8, RampFactor: 2, RampStepDuration: 10 * time.Second,
+		MaxInflight: 10000, Timeout: 30 * time.Second, MaxRetries: 5, MaxRetryWait: time.Minute,
+		LateAfter: 100 * time.Millisecond, DeviceType: "router", Model: "EMU-R1", Firmware: "7.4.2",
+	}
 }
 
 // Progress is a live view of a run.
@@ -115,25 +125,17 @@ type Progress struct {
 	Final       bool
 }
 
-func (c *Config) fill() error {
+// Validate checks c and fills the "auto" fields. Run does it too.
+func (c *Config) Validate() error {
 	if c.Target == "" {
 		return errors.New("no target URL")
 	}
-	if c.Devices == 0 {
-		c.Devices = 1000
-	}
-	if c.Devices < 0 {
+	if c.Devices <= 0 {
 		return errors.New("devices must be positive")
 	}
 	c.Shard = c.Shard.norm()
 	if c.Shard.K < 1 || c.Shard.K > c.Shard.N {
 		return fmt.Errorf("shard %d/%d: want 1 ≤ k ≤ n", c.Shard.K, c.Shard.N)
-	}
-	if c.Seed == "" {
-		c.Seed = "drover"
-	}
-	if c.Mode == "" {
-		c.Mode = ModeFleet
 	}
 	switch c.Mode {
 	case ModeFleet, ModeBenchmark, ModeRamp:
@@ -151,35 +153,17 @@ func (c *Config) fill() error {
 	default:
 		return fmt.Errorf("conn %q: want new, resume or keepalive", c.Conn)
 	}
-	if c.Interval == 0 {
-		c.Interval = 200 * time.Second
-	}
-	if c.Interval < 0 || c.Duration < 0 {
+	if c.Interval <= 0 || c.Duration < 0 {
 		return errors.New("interval and duration must be positive")
 	}
 	if c.Mode == ModeFleet && c.Duration == 0 {
 		c.Duration = 10 * time.Minute
 	}
-	if c.Workers == 0 {
-		c.Workers = 8
-	}
-	if c.Loops == 0 && !c.LoopsSet {
-		c.Loops = 10
-	}
-	if c.Workers < 0 || c.Loops < 0 {
+	if c.Workers <= 0 || c.Loops < 0 {
 		return errors.New("workers and loops must be positive")
-	}
-	if c.RampStart == 0 {
-		c.RampStart = 8
-	}
-	if c.RampFactor == 0 {
-		c.RampFactor = 2
 	}
 	if c.RampFactor <= 1 {
 		return errors.New("ramp factor must be > 1")
-	}
-	if c.RampStepDuration == 0 {
-		c.RampStepDuration = 10 * time.Second
 	}
 	if c.RampStepDuration < time.Second {
 		return errors.New("ramp step duration must be at least 1 s")
@@ -194,33 +178,10 @@ func (c *Config) fill() error {
 	if c.Mode == ModeRamp && c.RampMax > shardDevices {
 		return fmt.Errorf("ramp max %d is more than the shard's %d devices (a device pushes one request at a time)", c.RampMax, shardDevices)
 	}
-	if c.MaxInflight == 0 {
-		c.MaxInflight = 10000
+	if c.MaxInflight <= 0 || c.Timeout <= 0 || c.MaxRetryWait <= 0 || c.LateAfter <= 0 {
+		return errors.New("max inflight, timeout, max retry wait and late-after must be positive")
 	}
-	if c.Timeout == 0 {
-		c.Timeout = 30 * time.Second
-	}
-	if c.MaxRetries == 0 {
-		c.MaxRetries = 5
-	}
-	if c.MaxRetries < 0 {
-		c.MaxRetries = 0
-	}
-	if c.MaxRetryWait == 0 {
-		c.MaxRetryWait = 60 * time.Second
-	}
-	if c.LateAfter == 0 {
-		c.LateAfter = 100 * time.Millisecond
-	}
-	if c.DeviceType == "" {
-		c.DeviceType = "router"
-	}
-	if c.Model == "" {
-		c.Model = "EMU-R1"
-	}
-	if c.Firmware == "" {
-		c.Firmware = "7.4.2"
-	}
+	c.MaxRetries = max(c.MaxRetries, 0)
 	if c.RunID == "" {
 		var b [6]byte
 		rand.Read(b[:])
@@ -277,7 +238,7 @@ type scratch struct {
 // duration is over or ctx ends, streaming records to sink (nil: none).
 // The summary is returned even when err is not nil, if the run started.
 func Run(ctx context.Context, cfg Config, sink io.Writer) (*results.Summary, error) {
-	if err := cfg.fill(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	e, err := newEngine(cfg)
@@ -288,6 +249,7 @@ func Run(ctx context.Context, cfg Config, sink io.Writer) (*results.Summary, err
 		sink = io.Discard
 	}
 	e.w = results.NewWriter(sink)
+	e.w.Keep = cfg.Records
 	return e.run(ctx)
 }
 

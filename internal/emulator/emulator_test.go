@@ -1,11 +1,8 @@
 package emulator
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
-	"flag"
 	"net"
 	"net/http"
 	"os"
@@ -430,88 +427,6 @@ func TestShardsMergeToTheWholeFleet(t *testing.T) {
 	push := m.Summary.Op(results.OpPush)
 	if push.Accepted != 93 || push.Latency.Count() != 93 || f.accepted.Load() != 93 || len(f.ids) != 31 {
 		t.Fatalf("merged %d (%d latencies), server %d, devices %d", push.Accepted, push.Latency.Count(), f.accepted.Load(), len(f.ids))
-	}
-}
-
-func TestMainProcs(t *testing.T) {
-	f := newFake(t, false)
-	out := filepath.Join(t.TempDir(), "r.jsonl")
-	var stdout, stderr bytes.Buffer
-	err := Main(context.Background(), []string{"--target", f.srv.URL, "--secret", f.secret, "--mode", "benchmark",
-		"--devices", "12", "--workers", "2", "--loops", "2", "--procs", "2", "--out", out, "--progress", "none"}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, stderr.String())
-	}
-	if f.accepted.Load() != 24 || f.registeredNew.Load() != 12 {
-		t.Fatalf("server accepted %d, registered %d", f.accepted.Load(), f.registeredNew.Load())
-	}
-	fh, err := os.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	var st results.Stream
-	if err := st.Read(bufio.NewReader(fh)); err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Starts) != 2 || len(st.Summaries) != 2 || st.Starts[0].RunID != st.Starts[1].RunID {
-		t.Fatalf("%d starts, %d summaries", len(st.Starts), len(st.Summaries))
-	}
-	if !strings.Contains(stdout.String(), "2: 1/2, 2/2") || !strings.Contains(stdout.String(), "Shards") {
-		t.Fatalf("summary:\n%s", stdout.String())
-	}
-}
-
-func TestMainFlags(t *testing.T) {
-	var out, errOut bytes.Buffer
-	if err := Main(context.Background(), []string{"--help"}, &out, &errOut); !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("--help: %v", err)
-	}
-	for _, f := range []string{"-target", "-mode", "-conn", "-shard", "-procs", "-source-addrs", "-template", "-credentials", "-ramp-max", "-late-after"} {
-		if !strings.Contains(errOut.String(), f) {
-			t.Errorf("--help does not show %s", f)
-		}
-	}
-	for args, want := range map[string]string{
-		"":                                       "--target is required",
-		"--target http://x --mode fast":          "mode",
-		"--target http://x --conn pooled":        "conn",
-		"--target http://x --shard 3/2":          "shard",
-		"--target http://x --source-addrs bogus": "source-addrs",
-		"--target ftp://x":                       "scheme",
-		"--target http://x --procs 0":            "procs",
-		"--target http://x --template /nonexist": "template",
-		"--target http://x --progress fancy":     "progress",
-		"--target http://x stray":                "unexpected argument",
-		"--target http://x --mode ramp --ramp-max 5000 --devices 10": "ramp max",
-	} {
-		err := Main(context.Background(), strings.Fields(args+" --out="), &out, &errOut)
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v, want %q", args, err, want)
-		}
-	}
-	out.Reset()
-	if err := Main(context.Background(), []string{"--print-template"}, &out, &errOut); err != nil || !strings.Contains(out.String(), "{{rx_bytes}}") {
-		t.Fatalf("--print-template: %v", err)
-	}
-}
-
-func TestProgressLine(t *testing.T) {
-	s := formatProgress(Progress{Phase: "push", Elapsed: 75 * time.Second, Remaining: 3725 * time.Second, PushRate: 1234.4,
-		Push: results.Counts{Accepted: 10, Late: 2}, PushP99: 3 * time.Millisecond, Inflight: 4, CPU: 0.5, RSS: 10 << 20})
-	for _, want := range []string{"[push] 01:15", "left 1:02:05", "1234 push/s", "ok 10", "late 2", "p99 3.00ms", "in flight 4", "10.0 MiB"} {
-		if !strings.Contains(s, want) {
-			t.Errorf("%q lacks %q", s, want)
-		}
-	}
-	var buf bytes.Buffer
-	p := newProgressPrinter(&buf, "log", time.Hour)
-	p.show(Progress{Phase: "push"})
-	p.show(Progress{Phase: "push"}) // within the period: not logged
-	p.show(Progress{Phase: "done", Final: true})
-	p.warn("careful")
-	if n := strings.Count(buf.String(), "emulate: ["); n != 2 || !strings.Contains(buf.String(), "*** WARNING: careful ***") {
-		t.Fatalf("log output:\n%s", buf.String())
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -175,8 +174,9 @@ func (f *fake) push(w http.ResponseWriter, r *http.Request) {
 
 // cfg is a small run against f.
 func (f *fake) cfg(mode Mode, devices int) Config {
-	c := Config{Target: f.srv.URL, EnrollmentSecret: f.secret, Devices: devices, Mode: mode, Seed: "test",
-		Workers: 4, Loops: 3, Interval: time.Second, Duration: 0, Timeout: 5 * time.Second}
+	c := DefaultConfig()
+	c.Target, c.EnrollmentSecret, c.Devices, c.Mode, c.Seed = f.srv.URL, f.secret, devices, mode, "test"
+	c.Workers, c.Loops, c.Interval, c.Duration, c.Timeout = 4, 3, time.Second, 0, 5*time.Second
 	if strings.HasPrefix(f.srv.URL, "https") {
 		c.CACertPEM = f.caPEM()
 	}
@@ -205,18 +205,4 @@ func hasWarning(s *results.Summary, part string) bool {
 		}
 	}
 	return false
-}
-
-func TestMain(m *testing.M) {
-	if os.Getenv("DROVER_EMULATOR_CHILD") == "1" {
-		if err := Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
-			fmt.Fprintln(os.Stderr, "child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	selfCommand = func() (string, []string, []string, error) {
-		return os.Args[0], nil, []string{"DROVER_EMULATOR_CHILD=1"}, nil
-	}
-	os.Exit(m.Run())
 }

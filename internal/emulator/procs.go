@@ -6,11 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -18,30 +17,29 @@ import (
 	"github.com/drover/drover/internal/emulator/results"
 )
 
-// selfCommand is how a child emulator process is started: the program,
-// the arguments before the emulate flags, and extra environment.
-var selfCommand = func() (string, []string, []string, error) {
-	exe, err := os.Executable()
-	return exe, []string{"emulate"}, nil, err
+// Procs is how RunProcs starts its children.
+type Procs struct {
+	N       int      // child processes; each runs cfg.Shard.Sub(i, N)
+	Command []string // program and arguments of a child, before its --shard
+	Env     []string // the children's environment
+	Sink    io.Writer
+	Stderr  func(line string) // each line a child writes to stderr, prefixed with its shard
 }
 
-// runProcs splits cfg's shard over procs child processes of this program,
-// copies their result streams to sink and merges them.
-func runProcs(ctx context.Context, fs *flag.FlagSet, cfg Config, procs int, sink io.Writer, pr *progressPrinter) (*results.Merged, error) {
-	exe, pre, env, err := selfCommand()
-	if err != nil {
-		return nil, fmt.Errorf("--procs: cannot find this program: %w", err)
+// RunProcs splits cfg's shard over child processes (each one a drover
+// emulate with the same fleet), copies their result streams to p.Sink and
+// merges them. cfg must be validated; cfg.Progress sees the children's sum.
+func RunProcs(ctx context.Context, cfg Config, p Procs) (*results.Merged, error) {
+	procs, sink := p.N, p.Sink
+	if sink == nil {
+		sink = io.Discard
 	}
-	skip := map[string]bool{"procs": true, "out": true, "progress": true, "shard": true, "run-id": true, "log-every": true, "secret": true}
-	var args []string
-	fs.Visit(func(f *flag.Flag) {
-		if !skip[f.Name] {
-			args = append(args, "--"+f.Name+"="+f.Value.String())
-		}
-	})
-	args = append(args, "--run-id="+cfg.RunID, "--out=-", "--progress=none")
-	env = append(append(os.Environ(), env...), "DROVER_ENROLLMENT_SECRET="+cfg.EnrollmentSecret)
-
+	if p.Stderr == nil {
+		p.Stderr = func(string) {}
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = func(Progress) {}
+	}
 	var (
 		outMu  sync.Mutex
 		stream results.Stream
@@ -53,9 +51,9 @@ func runProcs(ctx context.Context, fs *flag.FlagSet, cfg Config, procs int, sink
 	start := time.Now()
 	for i := 1; i <= procs; i++ {
 		sh := cfg.Shard.Sub(i, procs)
-		cmd := exec.Command(exe, append(append(append([]string(nil), pre...), args...), "--shard="+sh.String())...)
-		cmd.Env = env
-		cmd.Stderr = &prefixWriter{out: pr.println, prefix: "[shard " + sh.String() + "] "}
+		cmd := exec.Command(p.Command[0], append(slices.Clone(p.Command[1:]), "--shard="+sh.String())...)
+		cmd.Env = p.Env
+		cmd.Stderr = &prefixWriter{out: p.Stderr, prefix: "[shard " + sh.String() + "] "}
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
 			return nil, err
@@ -65,7 +63,7 @@ func runProcs(ctx context.Context, fs *flag.FlagSet, cfg Config, procs int, sink
 				c.Process.Kill()
 				c.Wait()
 			}
-			return nil, fmt.Errorf("--procs: starting shard %s: %w", sh, err)
+			return nil, fmt.Errorf("starting shard %s: %w", sh, err)
 		}
 		cmds = append(cmds, cmd)
 		wg.Add(1)
@@ -107,11 +105,11 @@ loop:
 		case <-done:
 			break loop
 		case <-tick.C:
-			pr.show(agg.progress(cfg, start, false))
+			cfg.Progress(agg.progress(cfg, start, false))
 		}
 	}
-	pr.show(agg.progress(cfg, start, true))
-	err = errors.Join(errs...)
+	cfg.Progress(agg.progress(cfg, start, true))
+	err := errors.Join(errs...)
 	if ctx.Err() != nil && err == nil {
 		err = ctx.Err()
 	}

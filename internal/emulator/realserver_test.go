@@ -13,8 +13,9 @@ import (
 // in every load model and connection mode, registrations too.
 func TestAcceptedCountsMatchTheRealServer(t *testing.T) {
 	srv := servertest.Start(t, servertest.Options{HTTP: true})
-	base := Config{EnrollmentSecret: srv.EnrollmentSecret, CACertPEM: srv.CACertPEM, Seed: "real", Devices: 60,
-		Workers: 6, Loops: 3, Timeout: 20 * time.Second}
+	base := DefaultConfig()
+	base.EnrollmentSecret, base.CACertPEM, base.Seed, base.Devices = srv.EnrollmentSecret, srv.CACertPEM, "real", 60
+	base.Workers, base.Loops, base.Timeout = 6, 3, 20*time.Second
 	var accepted, registered int64
 	check := func(name string, cfg Config) *results.Summary {
 		t.Helper()
@@ -63,8 +64,9 @@ func TestAcceptedCountsMatchTheRealServer(t *testing.T) {
 // again; Drover renews it under the same device ID.
 func TestRealServerReregistration(t *testing.T) {
 	srv := servertest.Start(t, servertest.Options{})
-	cfg := Config{Target: srv.URL, EnrollmentSecret: srv.EnrollmentSecret, CACertPEM: srv.CACertPEM, Seed: "rereg", Devices: 5,
-		Mode: ModeBenchmark, Workers: 5, Loops: 1, CredentialsFile: t.TempDir() + "/creds.jsonl"}
+	cfg := DefaultConfig()
+	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Seed, cfg.Devices = srv.URL, srv.EnrollmentSecret, srv.CACertPEM, "rereg", 5
+	cfg.Mode, cfg.Workers, cfg.Loops, cfg.CredentialsFile = ModeBenchmark, 5, 1, t.TempDir()+"/creds.jsonl"
 	if _, err := Run(context.Background(), cfg, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -2,37 +2,46 @@ package perf
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
-	"os/signal"
+	"os/exec"
+	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/internal/server"
 )
 
-// The test binary doubles as `drover serve` for the servers the suite
-// starts: a separate process, as with the real binary.
-const serveEnv = "DROVER_PERF_TEST_SERVE"
+// droverBin is the real drover, built once: the suite starts its
+// `drover serve` as a separate process, as with the installed binary.
+var droverBin string
 
 func TestMain(m *testing.M) {
-	if os.Getenv(serveEnv) == "1" {
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-		err := server.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
-		stop()
+	flag.Parse()
+	if !testing.Short() {
+		dir, err := os.MkdirTemp("", "drover-perf-e2e")
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "serve:", err)
+			panic(err)
+		}
+		droverBin = filepath.Join(dir, "drover")
+		build := exec.Command("go", "build", "-o", droverBin, "../../cmd/drover")
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building drover:", err)
 			os.Exit(1)
 		}
-		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if droverBin != "" {
+		os.RemoveAll(filepath.Dir(droverBin))
+	}
+	os.Exit(code)
 }
 
 func testOptions(t *testing.T, o Override) Options {
-	return Options{ServerCmd: []string{os.Args[0]}, ServerEnv: []string{serveEnv + "=1"}, WorkDir: t.TempDir(),
+	return Options{ServerCmd: []string{droverBin, "serve"}, WorkDir: t.TempDir(),
 		Override: o, Version: "test", Command: "go test", ProgressEvery: time.Hour}
 }
 

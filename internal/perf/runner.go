@@ -269,11 +269,10 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // drive runs the emulator for one part.
 func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []Point, error) {
-	cfg := emulator.Config{
-		Target: t.url, EnrollmentSecret: t.secret, CACertPEM: t.caPEM, Insecure: o.Insecure && t.local == nil,
-		Devices: p.Devices, Seed: "perf-" + strings.ToLower(p.Name) + "-" + strconv.FormatInt(start.Unix(), 36),
-		Conn: o.Conn, SourceAddrs: o.SourceAddrs, Workers: p.Threads,
-	}
+	cfg := emulator.DefaultConfig()
+	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Insecure = t.url, t.secret, t.caPEM, o.Insecure && t.local == nil
+	cfg.Devices, cfg.Seed = p.Devices, "perf-"+strings.ToLower(p.Name)+"-"+strconv.FormatInt(start.Unix(), 36)
+	cfg.Conn, cfg.SourceAddrs, cfg.Workers = o.Conn, o.SourceAddrs, p.Threads
 	var prog progress
 	prog.w, prog.every, prog.name = o.Progress, o.ProgressEvery, p.Name
 	cfg.Progress = prog.show
@@ -292,7 +291,7 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 		cfg.Duration = p.Duration
 		switch p.Mode {
 		case PeakRegister:
-			cfg.Loops, cfg.LoopsSet = 0, true
+			cfg.Loops = 0
 		case PeakData:
 			// Register first, unmeasured; the storm then starts from saved credentials.
 			dir, err := os.MkdirTemp(o.WorkDir, "drover-perf-cred")
@@ -302,7 +301,7 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 			defer os.RemoveAll(dir)
 			cfg.CredentialsFile = filepath.Join(dir, "credentials.jsonl")
 			reg := cfg
-			reg.Loops, reg.LoopsSet, reg.Duration = 0, true, 0
+			reg.Loops, reg.Duration = 0, 0
 			reg.Progress, reg.Warn = nil, nil
 			pre, err2 := emulator.Run(ctx, reg, nil)
 			if err2 != nil {

@@ -2,7 +2,6 @@ package report
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"math/rand/v2"
 	"os"
@@ -228,35 +227,6 @@ func TestReportContent(t *testing.T) {
 	Markdown(&md, read("ramp"))
 	if !strings.Contains(md.String(), "Breaking point: 64 workers") || !strings.Contains(md.String(), "Best step without drops, retries or 5xx: 32 workers") {
 		t.Errorf("ramp outcome missing:\n%s", md.String())
-	}
-}
-
-func TestMain_(t *testing.T) {
-	dir := t.TempDir()
-	in := filepath.Join(dir, "r.jsonl")
-	os.WriteFile(in, fixtures()["ramp"], 0o644)
-	var out, errOut bytes.Buffer
-	if err := Main(context.Background(), []string{"--format", "markdown", in}, nil, &out, &errOut); err != nil || !strings.HasPrefix(out.String(), "# Drover emulator report") {
-		t.Fatalf("%v: %s", err, out.String())
-	}
-	html := filepath.Join(dir, "r.html")
-	if err := Main(context.Background(), []string{"--format", "html", "--out", html, "-"}, bytes.NewReader(fixtures()["ramp"]), &out, &errOut); err != nil {
-		t.Fatal(err)
-	}
-	if b, _ := os.ReadFile(html); !bytes.Contains(b, []byte("<svg")) {
-		t.Fatal("no plot in the HTML file")
-	}
-	for args, want := range map[string]string{
-		"":                         "no results file",
-		"--format pdf x":           "--format",
-		filepath.Join(dir, "none"): "no such file",
-	} {
-		if err := Main(context.Background(), strings.Fields(args), nil, &out, &errOut); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v, want %q", args, err, want)
-		}
-	}
-	if err := Main(context.Background(), []string{"--help"}, nil, &out, &errOut); err != flag.ErrHelp {
-		t.Fatalf("--help: %v", err)
 	}
 }
 

@@ -8,13 +8,11 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,8 +42,9 @@ type Server struct {
 	httpsLn   net.Listener
 	httpLn    net.Listener
 	debugLn   net.Listener
-	debugSrv  *http.Server // pprof, on debugLn; closed when Serve returns
-	handler   http.Handler // routes.go
+	debugSrv  *http.Server                    // pprof, on debugLn; closed when Serve returns
+	handler   http.Handler                    // routes.go
+	cert      atomic.Pointer[tls.Certificate] // served on httpsLn; Reload replaces it
 	servers   []*http.Server
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
@@ -209,7 +208,8 @@ func (s *Server) listen(context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.httpsLn = tlsListener(ln, cert)
+		s.cert.Store(&cert)
+		s.httpsLn = tlsListener(ln, s.getCertificate)
 		srv := newHTTP()
 		srv.TLSConfig = s.httpsLn.(*tlsLn).cfg
 		s.servers = append(s.servers, srv)
@@ -257,11 +257,11 @@ type tlsLn struct {
 // tlsListener serves TLS 1.2+ with session resumption (tickets, keys rotated
 // by crypto/tls) and HTTP/1.1 only: device agents do one request per
 // connection or keep-alive, and HTTP/2 only adds cost for them.
-func tlsListener(ln net.Listener, cert tls.Certificate) net.Listener {
+func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) net.Listener {
 	cfg := &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		MinVersion:   tls.VersionTLS12,
-		NextProtos:   []string{"http/1.1"},
+		GetCertificate: getCert,
+		MinVersion:     tls.VersionTLS12,
+		NextProtos:     []string{"http/1.1"},
 	}
 	return &tlsLn{Listener: tls.NewListener(ln, cfg), cfg: cfg}
 }
@@ -456,41 +456,4 @@ func redactDSN(dsn string) string {
 		return dsn[:scheme+3] + user + ":***" + dsn[at:]
 	}
 	return dsn
-}
-
-// NewLogger builds the process logger.
-func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return slog.New(slog.NewTextHandler(w, opts)), nil
-}
-
-// Main is `drover serve`.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	cfg, err := ParseConfig(args, getenv, stderr)
-	if err != nil {
-		return err
-	}
-	log, err := NewLogger(stderr, cfg.LogFormat, cfg.LogLevel)
-	if err != nil {
-		return err
-	}
-	if cfg.Threads > 0 {
-		runtime.GOMAXPROCS(cfg.Threads)
-	}
-	srv, err := New(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	if srv.FirstRun {
-		fmt.Fprintf(stdout, "Drover first start: generated credentials, kept in %s/secrets.json\n"+
-			"  enrollment secret: %s\n  admin token:       %s\n", cfg.DataDir, srv.Secrets.EnrollmentSecret, srv.Secrets.AdminToken)
-	}
-	return srv.Serve(ctx)
 }

@@ -8,12 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
 )
 
@@ -242,26 +239,5 @@ func TestPlainHTTPListener(t *testing.T) {
 	_, token := c.register("m-1")
 	if st, _, _ := c.do("POST", "/api/v1/push", token, fmt.Sprintf(state, 1, 0)); st != 200 {
 		t.Fatalf("push over http: %d", st)
-	}
-}
-
-func TestConfigPrecedence(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "drover.toml")
-	os.WriteFile(file, []byte("push-interval = 60\nlisten = \"127.0.0.1:1\"\nlog-format = \"json\"\n"), 0o600)
-	env := map[string]string{"DROVER_PUSH_INTERVAL": "90", "DROVER_CONFIG": file}
-	cfg, err := server.ParseConfig([]string{"-log-format", "text"}, func(k string) string { return env[k] }, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.PushInterval != 90 || cfg.Listen != "127.0.0.1:1" || cfg.LogFormat != "text" {
-		t.Fatalf("precedence wrong: %+v", cfg)
-	}
-	os.WriteFile(file, []byte("no-such-key = 1\n"), 0o600)
-	if _, err := server.ParseConfig(nil, func(k string) string { return env[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "unknown key") {
-		t.Fatalf("unknown key: %v", err)
-	}
-	if _, err := server.ParseConfig([]string{"-persistence", "sometimes"}, func(string) string { return "" }, io.Discard); err == nil {
-		t.Fatal("bad persistence accepted")
 	}
 }

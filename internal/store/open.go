@@ -6,11 +6,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/drover/drover/internal/store/internal/instlock"
@@ -217,39 +215,4 @@ func schemaVersions(ctx context.Context, backend, rest string) ([]int, error) {
 		vs = append(vs, v)
 	}
 	return vs, rows.Err()
-}
-
-// MigrateMain is `drover migrate`.
-func MigrateMain(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	fs := flag.NewFlagSet("drover migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dataDir := getenv("DROVER_DATA_DIR")
-	if dataDir == "" {
-		dataDir = "drover-data"
-	}
-	db := fs.String("db", getenv("DROVER_DB"), "database DSN: sqlite:PATH, postgres://… or mysql://… (empty: SQLite at data-dir/drover.db)")
-	fs.StringVar(&dataDir, "data-dir", dataDir, "data directory of drover serve, whose SQLite database is the default")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: drover migrate [flags]\n\nApplies the database migrations this drover embeds and that the database\nlacks. drover serve does the same when it starts.\n\nflags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	dsn := *db
-	if dsn == "" {
-		dsn = "sqlite:" + filepath.Join(dataDir, "drover.db")
-	}
-	res, err := Migrate(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(stdout, "%s: applied %d migration(s); schema version %d\n", res.Backend, res.Applied, res.Version)
-	return err
 }

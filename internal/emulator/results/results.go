@@ -483,6 +483,8 @@ func (s *Summary) Op(op string) *OpSummary {
 type Writer struct {
 	w   *bufio.Writer
 	err error
+	// Keep, when set, receives every record written, as values.
+	Keep *Stream
 }
 
 // NewWriter returns a Writer on w.
@@ -503,8 +505,26 @@ func (w *Writer) Write(rec any) error {
 		w.err = err
 		return err
 	}
+	if w.Keep != nil {
+		w.Keep.Add(rec)
+	}
 	w.err = w.w.Flush()
 	return w.err
+}
+
+// Add appends a record (*Start, *Interval, *Step or *Summary) to s; other
+// values are ignored.
+func (s *Stream) Add(rec any) {
+	switch v := rec.(type) {
+	case *Start:
+		s.Starts = append(s.Starts, v)
+	case *Interval:
+		s.Intervals = append(s.Intervals, v)
+	case *Step:
+		s.Steps = append(s.Steps, v)
+	case *Summary:
+		s.Summaries = append(s.Summaries, v)
+	}
 }
 
 // Stream is everything read from one or more result streams.

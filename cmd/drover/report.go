@@ -1,49 +1,50 @@
-package report
+package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 
+	"github.com/drover/drover/cmd/internal/command"
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/report"
 )
 
-// Main is `drover report`.
-func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+// report_ is `drover report`.
+func report_(ctx context.Context, args []string, env command.Env) error {
+	stdin, stdout := env.Stdin, env.Stdout
 	fs := flag.NewFlagSet("drover report", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	format := fs.String("format", "text", "output format: text, markdown or html (self-contained, with plots)")
 	out := fs.String("out", "-", "output file ('-': stdout)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: drover report [--format text|markdown|html] [--out FILE] RESULTS.jsonl...\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: drover report [--format text|markdown|html] [--out FILE] RESULTS.jsonl...\n\n"+
 			"Renders the result streams of drover emulate ('-' reads stdin). Streams of the\n"+
 			"shards of one run (--shard, --procs, several machines) are merged exactly.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := command.Load(fs, args, env); err != nil {
 		return err
 	}
 	var render func(io.Writer, *results.Merged) error
 	switch *format {
 	case "text":
-		render = Text
+		render = report.Text
 	case "markdown", "md":
-		render = Markdown
+		render = report.Markdown
 	case "html":
-		render = HTML
+		render = report.HTML
 	default:
-		return fmt.Errorf("--format %q: want text, markdown or html", *format)
+		return command.Usagef("--format %q: want text, markdown or html", *format)
 	}
 	files := fs.Args()
 	if len(files) == 0 {
-		return errors.New("no results file given (drover emulate writes drover-emulate.jsonl; '-' reads stdin)")
+		return command.Usagef("no results file given (drover emulate writes drover-emulate.jsonl; '-' reads stdin)")
 	}
 	var st results.Stream
 	for _, name := range files {
-		if err := readFile(&st, name, stdin); err != nil {
+		if err := readResults(&st, name, stdin); err != nil {
 			return err
 		}
 	}
@@ -69,7 +70,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	return nil
 }
 
-func readFile(st *results.Stream, name string, stdin io.Reader) error {
+func readResults(st *results.Stream, name string, stdin io.Reader) error {
 	if name == "-" {
 		if err := st.Read(stdin); err != nil {
 			return fmt.Errorf("stdin: %w", err)

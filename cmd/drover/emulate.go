@@ -1,4 +1,4 @@
-package emulator
+package main
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -18,15 +17,15 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/drover/drover/cmd/internal/command"
+	"github.com/drover/drover/internal/emulator"
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/report"
 )
 
-// Main is `drover emulate`.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var cfg Config
+func emulate(ctx context.Context, args []string, env command.Env) error {
+	cfg := emulator.DefaultConfig()
 	fs := flag.NewFlagSet("drover emulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var (
 		mode, conn, shard, sources, tplFile, serverDir, caFile, out, progress string
 		procs                                                                 int
@@ -36,34 +35,34 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	)
 	fs.StringVar(&cfg.Target, "target", "", "server base URL, e.g. https://127.0.0.1:8443 (required)")
 	fs.StringVar(&serverDir, "server-dir", "", "a local server's --data-dir: takes the enrollment secret from secrets.json and trusts tls/cert.pem")
-	fs.StringVar(&cfg.EnrollmentSecret, "secret", os.Getenv("DROVER_ENROLLMENT_SECRET"), "enrollment secret (default: $DROVER_ENROLLMENT_SECRET)")
+	fs.StringVar(&cfg.EnrollmentSecret, "secret", env.Var("DROVER_ENROLLMENT_SECRET"), "enrollment secret (default: $DROVER_ENROLLMENT_SECRET)")
 	fs.StringVar(&caFile, "ca-cert", "", "PEM file of the certificate(s) to trust (default: system roots)")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server's certificate")
-	fs.IntVar(&cfg.Devices, "devices", 1000, "devices in the whole fleet (all shards)")
+	fs.IntVar(&cfg.Devices, "devices", cfg.Devices, "devices in the whole fleet (all shards)")
 	fs.StringVar(&shard, "shard", "1/1", "this process's share k/n of the fleet: devices whose index % n == k-1")
-	fs.StringVar(&cfg.Seed, "seed", "drover", "identity seed: machine IDs derive from it and the device index")
-	fs.StringVar(&mode, "mode", "fleet", "load model: fleet (open loop, one push per interval per device), benchmark (closed loop, workers × loops), ramp (closed loop, rising workers until drops or retries)")
+	fs.StringVar(&cfg.Seed, "seed", cfg.Seed, "identity seed: machine IDs derive from it and the device index")
+	fs.StringVar(&mode, "mode", string(cfg.Mode), "load model: fleet (open loop, one push per interval per device), benchmark (closed loop, workers × loops), ramp (closed loop, rising workers until drops or retries)")
 	fs.StringVar(&conn, "conn", "", "connections: new (TCP+TLS per request), resume (TCP per request, TLS resumed), keepalive (default: new in fleet mode, keepalive otherwise)")
-	fs.DurationVar(&cfg.Interval, "interval", 200*time.Second, "fleet: each device's push interval")
+	fs.DurationVar(&cfg.Interval, "interval", cfg.Interval, "fleet: each device's push interval")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "fleet: run time (default 10m); benchmark, ramp: time limit (default none)")
-	fs.IntVar(&cfg.Workers, "workers", 8, "benchmark: concurrent workers (T); also the concurrency of the registration storm before benchmark and ramp")
-	fs.IntVar(&cfg.Loops, "loops", 10, "benchmark: immediate loops over all devices (L); 0: register only")
-	fs.IntVar(&cfg.RampStart, "ramp-start", 8, "ramp: workers of the first step")
-	fs.Float64Var(&cfg.RampFactor, "ramp-factor", 2, "ramp: workers multiply by this each step")
-	fs.DurationVar(&cfg.RampStepDuration, "ramp-step", 10*time.Second, "ramp: length of a step")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "benchmark: concurrent workers (T); also the concurrency of the registration storm before benchmark and ramp")
+	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "benchmark: immediate loops over all devices (L); 0: register only")
+	fs.IntVar(&cfg.RampStart, "ramp-start", cfg.RampStart, "ramp: workers of the first step")
+	fs.Float64Var(&cfg.RampFactor, "ramp-factor", cfg.RampFactor, "ramp: workers multiply by this each step")
+	fs.DurationVar(&cfg.RampStepDuration, "ramp-step", cfg.RampStepDuration, "ramp: length of a step")
 	fs.IntVar(&cfg.RampMax, "ramp-max", 0, "ramp: most workers (default: min(devices of the shard, 16384))")
-	fs.IntVar(&cfg.MaxInflight, "max-inflight", 10000, "fleet: operations in flight at most; beyond, sends wait and count as late")
-	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "per request, connect and TLS handshake included")
-	fs.IntVar(&cfg.MaxRetries, "max-retries", 5, "retries after 503 or 429 (honouring Retry-After, with backoff and jitter); -1: none")
-	fs.DurationVar(&cfg.MaxRetryWait, "max-retry-wait", time.Minute, "longest wait before a retry; a longer Retry-After ends the operation")
-	fs.DurationVar(&cfg.LateAfter, "late-after", 100*time.Millisecond, "fleet: a send this far behind its schedule counts as late")
+	fs.IntVar(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "fleet: operations in flight at most; beyond, sends wait and count as late")
+	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "per request, connect and TLS handshake included")
+	fs.IntVar(&cfg.MaxRetries, "max-retries", cfg.MaxRetries, "retries after 503 or 429 (honouring Retry-After, with backoff and jitter); -1: none")
+	fs.DurationVar(&cfg.MaxRetryWait, "max-retry-wait", cfg.MaxRetryWait, "longest wait before a retry; a longer Retry-After ends the operation")
+	fs.DurationVar(&cfg.LateAfter, "late-after", cfg.LateAfter, "fleet: a send this far behind its schedule counts as late")
 	fs.StringVar(&sources, "source-addrs", "", "local addresses to connect from, round robin: 127.0.0.1,127.0.0.2 or 127.0.0.1-127.0.0.8")
 	fs.StringVar(&tplFile, "template", "", "push body template file (default: a cellular router's state; see --print-template)")
 	fs.BoolVar(&printTemplate, "print-template", false, "print the default template and the placeholders, and exit")
 	fs.StringVar(&cfg.CredentialsFile, "credentials", "", "file to load device IDs and tokens from and save them to, so later runs skip registration")
-	fs.StringVar(&cfg.DeviceType, "device-type", "router", "device type to register with")
-	fs.StringVar(&cfg.Model, "model", "EMU-R1", "model to register with")
-	fs.StringVar(&cfg.Firmware, "firmware", "7.4.2", "firmware to register with and report")
+	fs.StringVar(&cfg.DeviceType, "device-type", cfg.DeviceType, "device type to register with")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model to register with")
+	fs.StringVar(&cfg.Firmware, "firmware", cfg.Firmware, "firmware to register with and report")
 	fs.StringVar(&out, "out", "drover-emulate.jsonl", "result stream file (JSON lines; '-': stdout; '': none); render it with drover report")
 	fs.IntVar(&procs, "procs", 1, "split this shard over this many processes (each has its own open-file limit and source ports)")
 	fs.StringVar(&progress, "progress", "auto", "live progress: auto (a status line on a terminal, else log lines), line, log, none")
@@ -71,29 +70,29 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.RunID, "run-id", "", "run identifier in the results (default: time and random)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write the emulator's CPU profile to this file (go tool pprof)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: drover emulate --target URL [flags]\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: drover emulate --target URL [flags]\n\n"+
 			"Emulates a fleet of devices against a Drover server and measures it.\n"+
-			"Results stream to --out; a summary is printed at the end.\n\nflags:\n")
+			"Results stream to --out; a summary is printed at the end. Every flag can also\n"+
+			"be set as DROVER_<NAME> in the environment or as <name> in the --config file.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := command.Load(fs, args, env); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
+	if err := command.NoArgs(fs); err != nil {
+		return err
 	}
 	if printTemplate {
-		fmt.Fprintf(stdout, "%s\n\nplaceholders:\n%s", DefaultTemplate, PlaceholderHelp())
+		fmt.Fprintf(env.Stdout, "%s\n\nplaceholders:\n%s", emulator.DefaultTemplate, emulator.PlaceholderHelp())
 		return nil
 	}
-	cfg.LoopsSet = true
-	cfg.Mode, cfg.Conn = Mode(mode), ConnMode(conn)
+	cfg.Mode, cfg.Conn = emulator.Mode(mode), emulator.ConnMode(conn)
 	var err error
-	if cfg.Shard, err = ParseShard(shard); err != nil {
-		return err
+	if cfg.Shard, err = emulator.ParseShard(shard); err != nil {
+		return command.Usage(err)
 	}
-	if cfg.SourceAddrs, err = ParseSourceAddrs(sources); err != nil {
-		return err
+	if cfg.SourceAddrs, err = emulator.ParseSourceAddrs(sources); err != nil {
+		return command.Usage(err)
 	}
 	if serverDir != "" {
 		if err := readServerDir(serverDir, &cfg, &caFile); err != nil {
@@ -110,29 +109,29 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("--template: %w", err)
 		}
-		if cfg.Template, err = ParseTemplate(filepath.Base(tplFile), string(src)); err != nil {
+		if cfg.Template, err = emulator.ParseTemplate(filepath.Base(tplFile), string(src)); err != nil {
 			return err
 		}
 	}
 	if cfg.Target == "" {
-		return errors.New("--target is required (e.g. --target https://127.0.0.1:8443)")
+		return command.Usage(errors.New("--target is required (e.g. --target https://127.0.0.1:8443)"))
 	}
 	if procs < 1 {
-		return errors.New("--procs must be at least 1")
+		return command.Usage(errors.New("--procs must be at least 1"))
 	}
 	if cfg.EnrollmentSecret == "" && cfg.CredentialsFile == "" {
-		fmt.Fprintln(stderr, "drover emulate: no --secret: registrations will be refused")
+		fmt.Fprintln(env.Stderr, "drover emulate: no --secret: registrations will be refused")
 	}
-	if err := cfg.fill(); err != nil {
-		return err
+	if err := cfg.Validate(); err != nil {
+		return command.Usage(err)
 	}
 
 	var sink io.Writer = io.Discard
-	summaryOut := stdout
+	summaryOut := env.Stdout
 	switch out {
 	case "":
 	case "-":
-		sink, summaryOut = stdout, stderr
+		sink, summaryOut = env.Stdout, env.Stderr
 	default:
 		f, err := os.Create(out)
 		if err != nil {
@@ -141,9 +140,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer f.Close()
 		sink = f
 	}
-	pr := newProgressPrinter(stderr, progress, logEvery)
+	pr := newProgressPrinter(env.Stderr, progress, logEvery)
 	if pr == nil {
-		return fmt.Errorf("--progress %q: want auto, line, log or none", progress)
+		return command.Usage(fmt.Errorf("--progress %q: want auto, line, log or none", progress))
 	}
 	cfg.Warn = pr.warn
 	cfg.Logf = pr.logf
@@ -163,16 +162,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var m *results.Merged
 	var runErr error
 	if procs > 1 {
-		m, runErr = runProcs(ctx, fs, cfg, procs, sink, pr)
+		m, runErr = emulateProcs(ctx, fs, cfg, procs, sink, pr)
 	} else {
 		var st results.Stream
-		rec := &recordingWriter{w: sink, s: &st}
-		_, runErr = Run(ctx, cfg, rec)
-		if rec.err == nil && len(st.Summaries) > 0 {
-			m, rec.err = st.Merge()
-		}
-		if rec.err != nil && runErr == nil {
-			runErr = rec.err
+		cfg.Records = &st
+		_, runErr = emulator.Run(ctx, cfg, sink)
+		if len(st.Summaries) > 0 {
+			var err error
+			if m, err = st.Merge(); err != nil && runErr == nil {
+				runErr = err
+			}
 		}
 	}
 	pr.done()
@@ -187,21 +186,35 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return runErr
 }
 
-// recordingWriter passes records on and keeps them parsed for the summary.
-type recordingWriter struct {
-	w   io.Writer
-	s   *results.Stream
-	err error
+// selfCommand is how a child emulator process is started: the program and
+// the arguments before the emulate flags (a variable for tests).
+var selfCommand = func() ([]string, error) {
+	exe, err := os.Executable()
+	return []string{exe, "emulate"}, err
 }
 
-func (r *recordingWriter) Write(p []byte) (int, error) {
-	if r.err == nil {
-		r.err = r.s.Read(strings.NewReader(string(p)))
+// emulateProcs runs the shard over procs children: this program's emulate
+// command with the same flags, each with its share of the shard.
+func emulateProcs(ctx context.Context, fs *flag.FlagSet, cfg emulator.Config, procs int, sink io.Writer, pr *progressPrinter) (*results.Merged, error) {
+	cmd, err := selfCommand()
+	if err != nil {
+		return nil, fmt.Errorf("--procs: cannot find this program: %w", err)
 	}
-	return r.w.Write(p)
+	skip := map[string]bool{"procs": true, "out": true, "progress": true, "shard": true, "run-id": true, "log-every": true, "secret": true, "config": true}
+	fs.VisitAll(func(f *flag.Flag) {
+		// Every value, also those from the environment or the config file.
+		if !skip[f.Name] && f.Value.String() != f.DefValue {
+			cmd = append(cmd, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	cmd = append(cmd, "--run-id="+cfg.RunID, "--out=-", "--progress=none")
+	return emulator.RunProcs(ctx, cfg, emulator.Procs{
+		N: procs, Command: cmd, Sink: sink, Stderr: pr.println,
+		Env: append(os.Environ(), "DROVER_ENROLLMENT_SECRET="+cfg.EnrollmentSecret),
+	})
 }
 
-func readServerDir(dir string, cfg *Config, caFile *string) error {
+func readServerDir(dir string, cfg *emulator.Config, caFile *string) error {
 	b, err := os.ReadFile(filepath.Join(dir, "secrets.json"))
 	if err != nil {
 		return fmt.Errorf("--server-dir: %w", err)
@@ -221,46 +234,6 @@ func readServerDir(dir string, cfg *Config, caFile *string) error {
 		}
 	}
 	return nil
-}
-
-// ParseSourceAddrs parses "a,b,c" where each item is an IPv4 address or a
-// range a-b (the end may be its last byte only: 127.0.0.1-8).
-func ParseSourceAddrs(s string) ([]net.IP, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var out []net.IP
-	for _, item := range strings.Split(s, ",") {
-		item = strings.TrimSpace(item)
-		lo, hi, isRange := strings.Cut(item, "-")
-		a := net.ParseIP(lo)
-		if a == nil {
-			return nil, fmt.Errorf("--source-addrs: %q is not an IP address", lo)
-		}
-		if !isRange {
-			out = append(out, a)
-			continue
-		}
-		a4 := a.To4()
-		if a4 == nil {
-			return nil, fmt.Errorf("--source-addrs: ranges are for IPv4 only (%q)", item)
-		}
-		var b4 net.IP
-		if n, err := strconv.Atoi(hi); err == nil && n >= 0 && n <= 255 {
-			b4 = net.IPv4(a4[0], a4[1], a4[2], byte(n)).To4()
-		} else if b := net.ParseIP(hi); b != nil && b.To4() != nil {
-			b4 = b.To4()
-		} else {
-			return nil, fmt.Errorf("--source-addrs: %q: bad range end", item)
-		}
-		if !a4[:3].Equal(b4[:3]) || b4[3] < a4[3] {
-			return nil, fmt.Errorf("--source-addrs: %q: a range stays within one /24 and goes up", item)
-		}
-		for x := int(a4[3]); x <= int(b4[3]); x++ {
-			out = append(out, net.IPv4(a4[0], a4[1], a4[2], byte(x)))
-		}
-	}
-	return out, nil
 }
 
 // progressPrinter shows live progress on a terminal, or log lines.
@@ -295,7 +268,7 @@ func newProgressPrinter(w io.Writer, mode string, every time.Duration) *progress
 	return p
 }
 
-func (p *progressPrinter) show(pg Progress) {
+func (p *progressPrinter) show(pg emulator.Progress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	text := formatProgress(pg)
@@ -361,7 +334,7 @@ func (p *progressPrinter) done() {
 	}
 }
 
-func formatProgress(p Progress) string {
+func formatProgress(p emulator.Progress) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[%s] %s", p.Phase, clock(p.Elapsed))
 	if p.Remaining >= 0 {

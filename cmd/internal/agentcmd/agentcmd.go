@@ -1,27 +1,25 @@
-package agent
+// Package agentcmd is the device agent's command line, shared by
+// `drover agent` and the small drover-agent binary (which must not link
+// the server).
+package agentcmd
 
 import (
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"runtime/debug"
 	"strings"
+
+	"github.com/drover/drover/cmd/internal/command"
+	"github.com/drover/drover/internal/agent"
 )
 
-// Main is `drover agent`.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return MainAs(ctx, "drover agent", args, stdout, stderr)
-}
-
-// MainAs runs the agent command under the program name prog.
-func MainAs(ctx context.Context, prog string, args []string, stdout, stderr io.Writer) error {
-	cfg := DefaultConfig()
+// Run runs the agent command under the program name prog.
+func Run(ctx context.Context, prog string, args []string, env command.Env) error {
+	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var secretFile, interfaces, logFormat, logLevel, printPin string
 	fs.StringVar(&cfg.Server, "server", "", "server URL, e.g. https://drover.example.com:8443 (required)")
 	fs.StringVar(&cfg.EnrollSecret, "enroll-secret", "", "enrollment secret of the server (needed to register)")
@@ -51,32 +49,33 @@ func MainAs(ctx context.Context, prog string, args []string, stdout, stderr io.W
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&printPin, "print-pin", "", "print the --pin-pubkey value of a PEM certificate file and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: %s --server URL --enroll-secret S [flags]\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: %s --server URL --enroll-secret S [flags]\n\n"+
 			"Registers this device with a Drover server, pushes its state every interval\n"+
-			"and applies the configuration the server sends through --hook.\n\nflags:\n", prog)
+			"and applies the configuration the server sends through --hook. Every flag can\n"+
+			"also be set as DROVER_<NAME> in the environment or as <name> in the --config file.\n\nflags:\n", prog)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := command.Load(fs, args, env); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if err := command.NoArgs(fs); err != nil {
+		return err
 	}
 	if printPin != "" {
 		b, err := os.ReadFile(printPin)
 		if err != nil {
 			return err
 		}
-		pin, err := PinOf(b)
+		pin, err := agent.PinOf(b)
 		if err != nil {
 			return fmt.Errorf("%s: %w", printPin, err)
 		}
-		_, err = fmt.Fprintln(stdout, pin)
+		_, err = fmt.Fprintln(env.Stdout, pin)
 		return err
 	}
 	if secretFile != "" {
 		if cfg.EnrollSecret != "" {
-			return errors.New("--enroll-secret and --enroll-secret-file exclude each other")
+			return command.Usage(errors.New("--enroll-secret and --enroll-secret-file exclude each other"))
 		}
 		b, err := os.ReadFile(secretFile)
 		if err != nil {
@@ -89,35 +88,33 @@ func MainAs(ctx context.Context, prog string, args []string, stdout, stderr io.W
 			cfg.Interfaces = append(cfg.Interfaces, p)
 		}
 	}
-	log, err := newLogger(stderr, logFormat, logLevel)
+	if cfg.Server == "" {
+		return command.Usage(errors.New("--server is required"))
+	}
+	log, _, err := command.NewLogger(env.Stderr, logFormat, logLevel)
 	if err != nil {
 		return err
 	}
 	cfg.Logger = log
-	if os.Getenv("GOGC") == "" {
+	if env.Var("GOGC") == "" {
 		// Pushes are rare and small: a tight heap target costs no measurable
 		// CPU and keeps the resident size near the live heap.
 		debug.SetGCPercent(20)
 	}
-	a, err := New(cfg)
+	a, err := agent.New(cfg)
 	if err != nil {
 		return err
 	}
 	defer a.Close()
+	go func() {
+		for {
+			select {
+			case <-env.Reload:
+				log.Info("SIGHUP: nothing to reload; restart the agent to change its flags")
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	return a.Run(ctx)
-}
-
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level must be debug, info, warn or error, not %q", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
 }

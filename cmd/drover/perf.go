@@ -1,8 +1,7 @@
-package perf
+package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,17 +10,19 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/drover/drover/cmd/internal/command"
+	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/emulator"
+	"github.com/drover/drover/internal/perf"
 )
 
-// Main is `drover perf`. serverCmd starts a server (e.g. the own binary
-// and "serve"); version is Drover's version.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer, serverCmd []string, version string) error {
-	usage := func() {
-		fmt.Fprint(stderr, `usage: drover perf <command> [flags]
+// perf_ is `drover perf`: its servers are this program's serve command.
+func perf_(ctx context.Context, args []string, env command.Env) error {
+	stdout, stderr := env.Stdout, env.Stderr
+	usage := func(w io.Writer) {
+		fmt.Fprint(w, `usage: drover perf <command> [flags]
 
 commands:
   list                          the presets of the test matrix
@@ -36,52 +37,39 @@ Run 'drover perf <command> --help' for a command's flags. docs/perf.md explains 
 `)
 	}
 	if len(args) == 0 {
-		usage()
-		return flag.ErrHelp
+		usage(stderr)
+		return command.Usagef("no perf command given")
 	}
 	switch args[0] {
 	case "list":
-		return list(stdout)
+		return perf.List(stdout)
 	case "run":
-		return runCmd(ctx, args[1:], stdout, stderr, serverCmd, version)
-	case "report":
-		return reportCmd(args[1:], stdout, stderr)
-	case "compare":
-		return compareCmd(args[1:], stdout, stderr)
-	case "size":
-		return sizeCmd(args[1:], stdout, stderr)
-	case "summary":
-		if len(args) < 2 {
-			return errors.New("give result files or directories")
-		}
-		rs, err := LoadResults(args[1:]...)
+		exe, err := os.Executable()
 		if err != nil {
 			return err
 		}
-		return Summary(stdout, rs)
+		return perfRun(ctx, args[1:], env, []string{exe, "serve"})
+	case "report":
+		return perfReport(args[1:], env)
+	case "compare":
+		return perfCompare(args[1:], env)
+	case "size":
+		return perfSize(args[1:], env)
+	case "summary":
+		if len(args) < 2 {
+			return command.Usagef("give result files or directories")
+		}
+		rs, err := perf.LoadResults(args[1:]...)
+		if err != nil {
+			return err
+		}
+		return perf.Summary(stdout, rs)
 	case "-h", "--help", "help":
-		usage()
+		usage(stdout)
 		return nil
 	}
-	usage()
-	return fmt.Errorf("unknown perf command %q", args[0])
-}
-
-func list(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTYPE\tSSL\tDEVICES\tTHREADS\tHANDLERS\tLOOPS\tDURATION\tLOOP TIME\tNOTE")
-	for _, p := range Presets() {
-		loops, hs := "—", "—"
-		if p.Loops > 0 {
-			loops = strconv.Itoa(p.Loops)
-		}
-		if len(p.Handlers) > 0 {
-			hs = joinInts(p.Handlers)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d s\t%s\n", p.Name, p.Kind, yesNo(p.SSL), p.Devices, p.Threads, hs, loops,
-			fmtDuration(p.Duration), p.LoopTime, p.Note)
-	}
-	return tw.Flush()
+	usage(stderr)
+	return command.Usagef("unknown perf command %q", args[0])
 }
 
 func parseInts(s string) ([]int, error) {
@@ -112,10 +100,10 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, serverCmd []string, version string) error {
+func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []string) error {
+	stdout, stderr := env.Stdout, env.Stderr
 	fs := flag.NewFlagSet("drover perf run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var o Options
+	var o perf.Options
 	var serverArgs, userNotes multi
 	fs.StringVar(&o.URL, "url", "", "test a running server at this URL (default: start `drover serve` for each test)")
 	fs.StringVar(&o.EnrollmentSecret, "enrollment-secret", "", "the running server's enrollment secret")
@@ -140,35 +128,35 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, server
 	out := fs.String("out", "perf-results", "directory for the protocols (NAME.md, NAME.html, NAME.json)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	fs.Var(&userNotes, "note", "a note for the protocol's Notes (repeatable)")
-	if err := fs.Parse(args); err != nil {
+	if err := command.Load(fs, args, env); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
-		return errors.New("name at least one preset (drover perf list)")
+		return command.Usagef("name at least one preset (drover perf list)")
 	}
-	var presets []Preset
+	var presets []perf.Preset
 	for _, n := range fs.Args() {
-		p, ok := Lookup(n)
+		p, ok := perf.Lookup(n)
 		if !ok {
-			return fmt.Errorf("no preset %q (drover perf list)", n)
+			return command.Usagef("no preset %q (drover perf list)", n)
 		}
 		presets = append(presets, p)
 	}
 	var err error
 	if o.Override.Handlers, err = parseInts(*handlers); err != nil {
-		return fmt.Errorf("--handlers %w", err)
+		return command.Usagef("--handlers %w", err)
 	}
 	o.Conn = emulator.ConnMode(*conn)
 	if *sources != "" {
 		if o.SourceAddrs, err = emulator.ParseSourceAddrs(*sources); err != nil {
-			return err
+			return command.Usage(err)
 		}
 	} else if o.URL != "" {
 		o.SourceAddrs = []net.IP{}
 	}
 	o.ServerArgs = serverArgs
 	o.ServerCmd = serverCmd
-	o.Version = version
+	o.Version = buildinfo.Version()
 	if !*quiet {
 		o.Progress = stderr
 	}
@@ -191,7 +179,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, server
 			break
 		}
 		fmt.Fprintf(stderr, "%s %s: starting\n", time.Now().Format("15:04:05"), p.Name)
-		r, err := Run(ctx, p, o)
+		r, err := perf.Run(ctx, p, o)
 		if r == nil {
 			return err
 		}
@@ -199,13 +187,13 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, server
 		if err != nil {
 			r.Notes = append(r.Notes, "The run ended early: "+err.Error())
 		}
-		paths, werr := WriteReports(r, *out)
+		paths, werr := perf.WriteReports(r, *out)
 		if werr != nil {
 			return werr
 		}
-		c := Compute(r)
+		c := perf.Compute(r)
 		fmt.Fprintf(stdout, "%s: %s — %s\n", r.Title(), c.Verdict, strings.Join(paths, ", "))
-		if c.Verdict == Failed {
+		if c.Verdict == perf.Failed {
 			failed = append(failed, p.Name)
 		}
 		if err != nil && ctx.Err() != nil {
@@ -218,36 +206,17 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer, server
 	return ctx.Err()
 }
 
-// WriteReports writes r's JSON, Markdown and HTML into dir.
-func WriteReports(r *Result, dir string) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	base := filepath.Join(dir, r.FileBase())
-	if err := r.Save(base + ".json"); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(base+".md", []byte(Markdown(r)), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(base+".html", []byte(HTML(r)), 0o644); err != nil {
-		return nil, err
-	}
-	return []string{base + ".md", base + ".html", base + ".json"}, nil
-}
-
-func reportCmd(args []string, stdout, stderr io.Writer) error {
+func perfReport(args []string, env command.Env) error {
 	fs := flag.NewFlagSet("drover perf report", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	out := fs.String("out", "", "directory for the protocols (default: next to each result)")
-	if err := fs.Parse(args); err != nil {
+	if err := command.Load(fs, args, env); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
-		return errors.New("give result files (NAME.json)")
+		return command.Usagef("give result files (NAME.json)")
 	}
 	for _, f := range fs.Args() {
-		r, err := LoadResult(f)
+		r, err := perf.LoadResult(f)
 		if err != nil {
 			return err
 		}
@@ -255,60 +224,61 @@ func reportCmd(args []string, stdout, stderr io.Writer) error {
 		if dir == "" {
 			dir = filepath.Dir(f)
 		}
-		paths, err := WriteReports(r, dir)
+		paths, err := perf.WriteReports(r, dir)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(stdout, strings.Join(paths, ", "))
+		fmt.Fprintln(env.Stdout, strings.Join(paths, ", "))
 	}
 	return nil
 }
 
-func compareCmd(args []string, stdout, stderr io.Writer) error {
+func perfCompare(args []string, env command.Env) error {
 	fs := flag.NewFlagSet("drover perf compare", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: drover perf compare PREVIOUS CURRENT\n\nEach is a result file or a directory of them: RSS and KiB per device come from\nthe largest stability test, pushes/s from the lowest SSL benchmark.")
+		fmt.Fprintln(fs.Output(), "usage: drover perf compare PREVIOUS CURRENT\n\nEach is a result file or a directory of them: RSS and KiB per device come from\nthe largest stability test, pushes/s from the lowest SSL benchmark.")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := command.Parse(fs, args, env); err != nil {
 		return err
 	}
 	if fs.NArg() != 2 {
 		fs.Usage()
-		return errors.New("want two arguments")
+		return command.Usagef("want two arguments")
 	}
-	prev, err := LoadResults(fs.Arg(0))
+	prev, err := perf.LoadResults(fs.Arg(0))
 	if err != nil {
 		return err
 	}
-	cur, err := LoadResults(fs.Arg(1))
+	cur, err := perf.LoadResults(fs.Arg(1))
 	if err != nil {
 		return err
 	}
-	return Compare(stdout, fs.Arg(0), prev, fs.Arg(1), cur)
+	return perf.Compare(env.Stdout, fs.Arg(0), prev, fs.Arg(1), cur)
 }
 
-func sizeCmd(args []string, stdout, stderr io.Writer) error {
+func perfSize(args []string, env command.Env) error {
 	fs := flag.NewFlagSet("drover perf size", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	devices := fs.Int("devices", 0, "devices in the fleet")
 	interval := fs.Float64("interval", 200, "push interval in seconds")
 	from := fs.String("from", "perf-results", "results (a directory or files separated by commas)")
 	noSSL := fs.Bool("no-ssl", false, "TLS is terminated in front of Drover: size from the noSSL benchmarks")
-	if err := fs.Parse(args); err != nil {
+	if err := command.Load(fs, args, env); err != nil {
+		return err
+	}
+	if err := command.NoArgs(fs); err != nil {
 		return err
 	}
 	if *devices <= 0 {
-		return errors.New("--devices is required")
+		return command.Usagef("--devices is required")
 	}
-	rs, err := LoadResults(strings.Split(*from, ",")...)
+	rs, err := perf.LoadResults(strings.Split(*from, ",")...)
 	if err != nil {
 		return err
 	}
-	s, err := Size(rs, *devices, *interval, !*noSSL)
+	s, err := perf.Size(rs, *devices, *interval, !*noSSL)
 	if err != nil {
 		return err
 	}
-	s.Write(stdout)
+	s.Write(env.Stdout)
 	return nil
 }

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The import rules of docs/architecture.md, checked on the real graph.
+func TestImportLayers(t *testing.T) {
+	const mod = "github.com/drover/drover/"
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../../...").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	imports := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		imports[strings.TrimPrefix(f[0], mod)] = f[1:]
+	}
+	local := func(p string) []string {
+		var out []string
+		for _, i := range imports[p] {
+			if strings.HasPrefix(i, mod) {
+				out = append(out, strings.TrimPrefix(i, mod))
+			}
+		}
+		return out
+	}
+	// may lists, for a package, every module package it may import;
+	// packages not listed have no rule beyond the two below.
+	may := map[string][]string{
+		"internal/protocol":          {},
+		"internal/buildinfo":         {},
+		"internal/fsutil":            {},
+		"internal/fleet":             {"internal/protocol"},
+		"internal/agent":             {"internal/protocol", "internal/buildinfo", "internal/fsutil"},
+		"internal/emulator/results":  {},
+		"internal/emulator":          {"internal/protocol", "internal/buildinfo", "internal/emulator/results"},
+		"internal/report":            {"internal/emulator/results"},
+		"internal/perf":              {"internal/emulator", "internal/emulator/results"},
+		"internal/alert":             {"internal/fleet", "internal/protocol", "internal/alert"},
+		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert"},
+		"cmd/internal/command":       {},
+		"cmd/internal/agentcmd":      {"cmd/internal/command", "internal/agent"},
+		"cmd/drover-agent":           {"cmd/internal/command", "cmd/internal/agentcmd"},
+		"internal/store/migrate":     {},
+		"internal/store/storetest":   {"internal/fleet", "internal/protocol"},
+		"internal/store/dbtest":      {},
+		"internal/server/servertest": {"internal/server"},
+	}
+	for pkg := range imports {
+		if strings.HasPrefix(pkg, "internal/") {
+			if slices.Contains(imports[pkg], "flag") {
+				t.Errorf("%s imports flag: libraries take config structs; flags belong in cmd/", pkg)
+			}
+			for _, i := range local(pkg) {
+				if strings.HasPrefix(i, "cmd/") {
+					t.Errorf("%s imports %s", pkg, i)
+				}
+			}
+		}
+		rule, ok := may[pkg]
+		if !ok {
+			continue
+		}
+		for _, i := range local(pkg) {
+			if !slices.Contains(rule, i) {
+				t.Errorf("%s imports %s; docs/architecture.md allows %v", pkg, i, rule)
+			}
+		}
+	}
+	// The agent-only binary links no server.
+	deps, err := exec.Command("go", "list", "-deps", "../drover-agent").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range strings.Fields(string(deps)) {
+		for _, banned := range []string{"internal/server", "internal/store", "internal/web", "internal/fleet", "internal/alert"} {
+			if strings.HasPrefix(d, mod+banned) {
+				t.Errorf("drover-agent links %s", d)
+			}
+		}
+	}
+}

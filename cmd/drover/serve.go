@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"runtime"
+
+	"github.com/drover/drover/cmd/internal/command"
+	"github.com/drover/drover/internal/server"
+)
+
+// serveFlags binds c's fields to flags of fs.
+func serveFlags(fs *flag.FlagSet, c *server.Config) {
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the database, TLS certificate and generated secrets")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTPS listen address (empty: no HTTPS)")
+	fs.StringVar(&c.HTTPListen, "http-listen", c.HTTPListen, "plain-HTTP listen address, for deployments behind a TLS terminator (empty: none)")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain (empty: self-signed ECDSA certificate generated in data-dir/tls); SIGHUP reloads it")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of -tls-cert")
+	fs.StringVar(&c.DB, "db", c.DB, "database DSN: sqlite:PATH, postgres://… or mysql://… (empty: SQLite at data-dir/drover.db)")
+	fs.StringVar(&c.Persistence, "persistence", c.Persistence, "memory, write-through or write-back (see docs/persistence.md)")
+	fs.DurationVar(&c.FlushInterval, "flush-interval", c.FlushInterval, "write-back: how often dirty devices are flushed")
+	fs.StringVar(&c.EnrollmentSecret, "enrollment-secret", c.EnrollmentSecret, "secret devices present to register (empty: generated once, kept in data-dir/secrets.json)")
+	fs.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "bearer token of the operator API (empty: generated once, kept in data-dir/secrets.json)")
+	fs.IntVar(&c.PushInterval, "push-interval", c.PushInterval, "push interval in seconds of profiles created by default")
+	fs.DurationVar(&c.HistoryRetention, "history-retention", c.HistoryRetention, "how long history samples are kept (0: forever)")
+	fs.IntVar(&c.MaxPendingWrites, "max-pending-writes", c.MaxPendingWrites, "records waiting for a commit beyond which pushes get 503")
+	fs.IntVar(&c.MaxInflight, "max-inflight", c.MaxInflight, "device requests handled at once beyond which they get 503")
+	fs.IntVar(&c.Threads, "threads", c.Threads, "OS threads running Go code, GOMAXPROCS (0: one per CPU)")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight requests and pending writes")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error; SIGHUP reloads it")
+	fs.StringVar(&c.DebugListen, "debug-listen", c.DebugListen, "address serving Go's /debug/pprof/ profiles, unauthenticated: keep it on loopback (empty: off)")
+	fs.StringVar(&c.MetricsToken, "metrics-token", c.MetricsToken, "bearer token that may read /metrics and nothing else (the admin token may too; empty: admin token only)")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "plain-HTTP address serving /metrics without credentials, for a Prometheus on an operators' network (empty: none)")
+}
+
+// serveConfig reads serve's configuration: flags, environment, config file.
+func serveConfig(args []string, env command.Env) (server.Config, error) {
+	cfg := server.DefaultConfig()
+	fs := flag.NewFlagSet("drover serve", flag.ContinueOnError)
+	serveFlags(fs, &cfg)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: drover serve [flags]\n\nRuns the Drover server. Every flag can also be set as DROVER_<NAME> in the\n"+
+			"environment or as <name> in the --config file. SIGTERM and SIGINT drain and stop it;\n"+
+			"SIGHUP reloads the TLS certificate and the log level.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := command.Load(fs, args, env); err != nil {
+		return cfg, err
+	}
+	if err := command.NoArgs(fs); err != nil {
+		return cfg, err
+	}
+	return cfg, command.Usage(cfg.Validate())
+}
+
+// serveKeys are serve's config keys, which other commands' config files may
+// hold (one file for the installation).
+func serveKeys() []string {
+	cfg := server.DefaultConfig()
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	serveFlags(fs, &cfg)
+	return command.Names(fs)
+}
+
+func serve(ctx context.Context, args []string, env command.Env) error {
+	cfg, err := serveConfig(args, env)
+	if err != nil {
+		return err
+	}
+	log, level, err := command.NewLogger(env.Stderr, cfg.LogFormat, cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	if cfg.Threads > 0 {
+		runtime.GOMAXPROCS(cfg.Threads)
+	}
+	srv, err := server.New(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	if srv.FirstRun {
+		fmt.Fprintf(env.Stdout, "Drover first start: generated credentials, kept in %s/secrets.json\n"+
+			"  enrollment secret: %s\n  admin token:       %s\n", cfg.DataDir, srv.Secrets.EnrollmentSecret, srv.Secrets.AdminToken)
+	}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-env.Reload:
+			}
+			// The configuration is read again as at the start; what cannot
+			// change while serving is kept and said so.
+			next, err := serveConfig(args, env)
+			if err != nil {
+				log.Error("SIGHUP: configuration not reloaded", "err", err)
+				continue
+			}
+			if err := command.SetLevel(level, next.LogLevel); err != nil {
+				log.Error("SIGHUP: log level not changed", "err", err)
+			} else {
+				log.Info("SIGHUP: log level", "level", level.Level().String())
+			}
+			if err := srv.Reload(next); err != nil {
+				log.Error("SIGHUP: reload failed; the old TLS certificate stays in use", "err", err)
+			}
+		}
+	}()
+	return srv.Serve(ctx)
+}
