@@ -46,7 +46,6 @@ func TestImportLayers(t *testing.T) {
 		"cmd/internal/agentcmd":      {"cmd/internal/command", "internal/agent"},
 		"cmd/drover-agent":           {"cmd/internal/command", "cmd/internal/agentcmd"},
 		"internal/store/migrate":     {},
-		"internal/store/storetest":   {"internal/fleet", "internal/protocol"},
 		"internal/store/dbtest":      {},
 		"internal/server/servertest": {"internal/server"},
 	}
