@@ -10,11 +10,13 @@ if ! command -v go >/dev/null; then
 fi
 
 # Debian packages the tests use: throwaway PostgreSQL and MariaDB servers are
-# started from these binaries; the shell agent is tested under dash and busybox.
+# started from these binaries; the shell agent is tested under dash and busybox;
+# openssl s_client checks the TLS policy.
 need=()
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 { command -v mariadbd || [ -x /usr/sbin/mariadbd ]; } >/dev/null 2>&1 || need+=(mariadb-server)
 command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl) # the TLS policy's real client (s_client)
 command -v dash >/dev/null || need+=(dash)
 command -v busybox >/dev/null || need+=(busybox)
 command -v shellcheck >/dev/null || need+=(shellcheck)

@@ -37,6 +37,10 @@ type Config struct {
 	// MetricsListen is a plain-HTTP address serving /metrics to anyone,
 	// for a Prometheus on a network devices cannot reach; "" for none.
 	MetricsListen string
+
+	// TLS policy of -listen (tlspolicy.go).
+	TLSKeyExchange    string
+	TLSAllowLegacyCBC bool
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
@@ -46,6 +50,7 @@ func DefaultConfig() Config {
 		DataDir:          "drover-data",
 		Listen:           ":8443",
 		Persistence:      "write-through",
+		TLSKeyExchange:   KeyExchangeHybrid,
 		FlushInterval:    5 * time.Second,
 		PushInterval:     200,
 		HistoryRetention: 7 * 24 * time.Hour,
@@ -69,6 +74,9 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return errors.New("-tls-cert and -tls-key go together")
+	}
+	if _, err := keyExchangeGroups(c.TLSKeyExchange); err != nil {
+		return err
 	}
 	if err := fleet.CheckPushInterval(c.PushInterval); err != nil {
 		return fmt.Errorf("-push-interval %d: %w", c.PushInterval, err)

@@ -209,7 +209,10 @@ func (s *Server) listen(context.Context) error {
 			return err
 		}
 		s.cert.Store(&cert)
-		s.httpsLn = tlsListener(ln, s.getCertificate)
+		if s.httpsLn, err = tlsListener(ln, s.getCertificate, &s.cfg); err != nil {
+			ln.Close()
+			return err
+		}
 		srv := newHTTP()
 		srv.TLSConfig = s.httpsLn.(*tlsLn).cfg
 		s.servers = append(s.servers, srv)
@@ -254,16 +257,19 @@ type tlsLn struct {
 	cfg *tls.Config
 }
 
-// tlsListener serves TLS 1.2+ with session resumption (tickets, keys rotated
-// by crypto/tls) and HTTP/1.1 only: device agents do one request per
-// connection or keep-alive, and HTTP/2 only adds cost for them.
-func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) net.Listener {
+// tlsListener serves TLS per tlsPolicy (tlspolicy.go) with session
+// resumption (tickets, keys rotated by crypto/tls) and HTTP/1.1 only: device
+// agents do one request per connection or keep-alive, and HTTP/2 only adds
+// cost for them.
+func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), c *Config) (net.Listener, error) {
 	cfg := &tls.Config{
 		GetCertificate: getCert,
-		MinVersion:     tls.VersionTLS12,
 		NextProtos:     []string{"http/1.1"},
 	}
-	return &tlsLn{Listener: tls.NewListener(ln, cfg), cfg: cfg}
+	if err := tlsPolicy(cfg, c.TLSAllowLegacyCBC, c.TLSKeyExchange); err != nil {
+		return nil, err
+	}
+	return &tlsLn{Listener: tls.NewListener(ln, cfg), cfg: cfg}, nil
 }
 
 // HTTPSAddr is the bound HTTPS address, or "".
