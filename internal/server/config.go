@@ -50,7 +50,7 @@ func DefaultConfig() Config {
 		DataDir:          "drover-data",
 		Listen:           ":8443",
 		Persistence:      "write-through",
-		TLSKeyExchange:   KeyExchangeHybrid,
+		TLSKeyExchange:   KeyExchangeClassic, // docs/performance.md, "TLS handshake CPU"
 		FlushInterval:    5 * time.Second,
 		PushInterval:     200,
 		HistoryRetention: 7 * 24 * time.Hour,

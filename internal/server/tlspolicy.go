@@ -10,9 +10,10 @@ import (
 //     (ECDHE with AES-GCM or ChaCha20-Poly1305). TLS 1.0 and 1.1 never.
 //   - tls-allow-legacy-cbc adds the ECDHE AES-CBC-SHA1 suites to TLS 1.2
 //     for old routers whose TLS stack knows no AEAD suite (off by default).
-//   - tls-key-exchange chooses the key exchanges: "hybrid" offers the
-//     post-quantum hybrids (X25519MLKEM768 first) and the classic groups,
-//     "classic" only X25519, P-256 and P-384.
+//   - tls-key-exchange chooses the key exchanges: "classic" (the default)
+//     X25519, P-256 and P-384; "hybrid" also the post-quantum hybrids
+//     (X25519MLKEM768, SecP256r1MLKEM768), which crypto/tls then picks
+//     whenever the client offers one. BenchmarkTLSHandshake measures the cost.
 
 // Values of Config.TLSKeyExchange.
 const (
