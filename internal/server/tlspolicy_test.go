@@ -92,7 +92,7 @@ func TestTLSPolicyOpenSSL(t *testing.T) {
 	needOpenSSL(t)
 	def := servertest.Start(t, servertest.Options{})
 	legacy := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.TLSAllowLegacyCBC = true }})
-	classic := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.TLSKeyExchange = server.KeyExchangeClassic }})
+	hybrid := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.TLSKeyExchange = server.KeyExchangeHybrid }})
 	cert, err := tls.X509KeyPair(def.CACertPEM, mustRead(t, def.Config.DataDir+"/tls/key.pem"))
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func TestTLSPolicyOpenSSL(t *testing.T) {
 	cases := []struct {
 		name                  string
 		args                  []string
-		def, legacy, classic  bool
+		def, legacy, hybrid   bool
 		protocol, cipher, kex string // expected in the accepted output
 	}{
 		{"TLS 1.3", []string{"-tls1_3"}, true, true, true, "TLSv1.3", "", ""},
@@ -133,7 +133,7 @@ func TestTLSPolicyOpenSSL(t *testing.T) {
 				name string
 				s    *servertest.Server
 				want bool
-			}{{"default", def, c.def}, {"tls-allow-legacy-cbc", legacy, c.legacy}, {"tls-key-exchange=classic", classic, c.classic}} {
+			}{{"default", def, c.def}, {"tls-allow-legacy-cbc", legacy, c.legacy}, {"tls-key-exchange=hybrid", hybrid, c.hybrid}} {
 				ok, out := sslClient(t, addr(srv.s), c.args...)
 				if ok != srv.want {
 					t.Fatalf("%s: handshake %v, want %v:\n%s", srv.name, ok, srv.want, out)
