@@ -31,7 +31,7 @@ var hostileSuffixes = []string{
 	"/%c0%ae%c0%ae/%c0%ae%c0%ae/etc/passwd", "/%c0%af", "/%e0%80%ae%e0%80%ae/", "/%c1%9c", "/..%2f..%2fetc%2fpasswd",
 	"/..%5c..%5cwindows", "\\..\\..\\etc\\passwd", "/%5c", "/%00", "/a%00b", "/%ff%fe", "/\xff\xfe", "/\xc0\xae\xc0\xae/",
 	"/%ed%a0%80", "/%f4%90%80%80", "/%25", "/%", "/%zz", "/%u002e", "/?", "/?%ff=%00&a=%c0%ae", "/;jsessionid=x",
-	"/" + strings.Repeat("a", 6000), "/" + strings.Repeat("%2e%2e/", 800), "/" + strings.Repeat("x/", 2000),
+	"/" + strings.Repeat("a", 6000), "/" + strings.Repeat("b", 20000), // the second beyond the header limit: 431 "/" + strings.Repeat("%2e%2e/", 800), "/" + strings.Repeat("x/", 2000),
 	"/-1", "/0", "/18446744073709551616", "/1e9", "/0x10", "/%20", "/+", "/\t", "/app.css/", "/./app.css",
 	"/static", "/%2fetc%2fpasswd", "//etc/passwd", "/favicon.svg%00.png", "/..;/", "/%3f", "/%23", "#frag",
 }
