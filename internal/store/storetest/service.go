@@ -174,9 +174,10 @@ func svcRegister(t *testing.T, e *env) {
 		t.Fatalf("push with the old token: %v, want ErrUnauthorized", err)
 	}
 	e.push(r2.Token, pushReq(t, 2, 0, "b"))
-	// Machine IDs differing in case or trailing blanks are other devices.
+	// Machine IDs differing in case, trailing blanks or Unicode normalisation
+	// are other devices; U+FFFD is a character like any other.
 	others := map[string]string{}
-	for _, m := range []string{"M-1", "m-1 ", "m-ü"} {
+	for _, m := range []string{"M-1", "m-1 ", "m-ü", "m-u\u0308", "m-1\uFFFD"} {
 		r := e.register(m, "rut-x11", "7.04")
 		if !r.New {
 			t.Fatalf("%q registered as existing device %s", m, r.DeviceID)
@@ -197,10 +198,13 @@ func svcRegister(t *testing.T, e *env) {
 		if r.New || r.DeviceID != id {
 			t.Fatalf("after restart %q registered as %s (new %v), want existing %s", m, r.DeviceID, r.New, id)
 		}
+		if d := e.device(id); d.MachineID != m {
+			t.Fatalf("after restart device %s has machine ID %q, registered %q", id, d.MachineID, m)
+		}
 	}
 	r3 := e.register("m-new", "rut-x11", "7.04")
-	if !r3.New || r3.DeviceID != "5" {
-		t.Fatalf("new device after restart got ID %s (new %v), want 5", r3.DeviceID, r3.New)
+	if want := strconv.Itoa(len(others) + 2); !r3.New || r3.DeviceID != want {
+		t.Fatalf("new device after restart got ID %s (new %v), want %s", r3.DeviceID, r3.New, want)
 	}
 }
 
