@@ -61,15 +61,15 @@ func ParseLiveness(v string) (Liveness, bool) {
 func AllLiveness() []Liveness { return []Liveness{Online, Late, Offline, Unknown} }
 
 // device is the in-memory record of one device, kept small: the registry
-// holds one per registered device.
+// holds one per registered device (BenchmarkRegistryMemory measures it).
 type device struct {
 	mu             sync.Mutex
+	idLen          uint32 // length of the machine ID at the start of ids
 	id             uint64
-	machineID      string
+	ids            string // machine ID then serial: one allocation, one header
 	deviceType     string // interned
 	model          string // interned
 	firmware       string // interned
-	serial         string
 	tokenHash      [32]byte
 	registeredAt   int64 // unix seconds
 	lastSeen       int64 // unix nanoseconds, 0: never pushed
@@ -80,6 +80,17 @@ type device struct {
 	profile        *profileEntry
 	labels         []uint16 // label IDs, sorted; replaced, never modified in place (labels.go)
 }
+
+// setIDs stores the machine ID and serial in one new string.
+func (d *device) setIDs(machineID, serial string) {
+	d.ids, d.idLen = machineID+serial, uint32(len(machineID))
+}
+
+// machineID returns the machine ID (sharing ids' memory); it never changes.
+func (d *device) machineID() string { return d.ids[:d.idLen] }
+
+// serial returns the serial; d.mu held (re-registration changes it).
+func (d *device) serial() string { return d.ids[d.idLen:] }
 
 // Device is a snapshot of one device for the operator API.
 type Device struct {
@@ -144,8 +155,8 @@ func (d *device) snapshot(now int64, withState bool) Device {
 	defer d.mu.Unlock()
 	p := d.profile.get()
 	out := Device{
-		ID: d.id, MachineID: d.machineID, DeviceType: d.deviceType, Model: d.model,
-		Firmware: d.firmware, Serial: d.serial, RegisteredAt: time.Unix(d.registeredAt, 0).UTC(),
+		ID: d.id, MachineID: d.machineID(), DeviceType: d.deviceType, Model: d.model,
+		Firmware: d.firmware, Serial: d.serial(), RegisteredAt: time.Unix(d.registeredAt, 0).UTC(),
 		Seq: d.seq, SyncState: d.syncState().String(), Liveness: d.liveness(now).String(),
 		AppliedVersion: d.appliedVersion, DesiredVersion: p.Version, ConfigError: d.configError,
 		ProfileID: p.ID, PushInterval: p.PushInterval,

@@ -81,7 +81,7 @@ func keyOf(d *device, by SortBy) sortKey {
 	k := sortKey{id: d.id, d: d}
 	switch by {
 	case SortMachineID:
-		k.str = d.machineID
+		k.str = d.machineID()
 	case SortType:
 		k.str = d.deviceType
 	case SortFirmware:

@@ -112,10 +112,11 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 	var loaded []*device
 	res, err := store.Load(ctx, func(r DeviceRecord) error {
 		d := &device{
-			id: r.ID, machineID: r.MachineID, deviceType: s.intern(r.DeviceType), model: s.intern(r.Model),
-			firmware: s.intern(r.Firmware), serial: r.Serial, registeredAt: r.RegisteredAt.Unix(),
+			id: r.ID, deviceType: s.intern(r.DeviceType), model: s.intern(r.Model),
+			firmware: s.intern(r.Firmware), registeredAt: r.RegisteredAt.Unix(),
 			seq: r.State.Seq, appliedVersion: r.State.AppliedVersion, configError: r.State.ConfigError,
 		}
+		d.setIDs(r.MachineID, r.Serial)
 		copy(d.tokenHash[:], r.TokenHash)
 		if !r.State.LastSeen.IsZero() {
 			d.lastSeen = r.State.LastSeen.UnixNano()
@@ -142,7 +143,7 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		}
 		d.profile = pe
 		s.devices[d.id] = d
-		s.machineIDs[d.machineID] = d.id
+		s.machineIDs[d.machineID()] = d.id
 	}
 	return s, nil
 }
@@ -189,16 +190,17 @@ func (s *Service) Register(ctx context.Context, r protocol.RegisterRequest) (pro
 		id = s.nextID
 		s.nextID++
 		d = &device{
-			id: id, machineID: strings.Clone(r.MachineID), registeredAt: now.Unix(), profile: pe,
+			id: id, registeredAt: now.Unix(), profile: pe,
 			deviceType: s.intern(r.DeviceType), model: s.intern(r.Model), firmware: s.intern(r.Firmware),
 		}
+		d.setIDs(r.MachineID, r.Serial)
 		s.devMu.Lock()
 		for uint64(len(s.devices)) <= id {
 			s.devices = append(s.devices, nil)
 		}
 		s.devices[id] = d
 		s.devMu.Unlock()
-		s.machineIDs[d.machineID] = id
+		s.machineIDs[d.machineID()] = id
 	}
 	deviceType, model, firmware := s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
 	s.regMu.Unlock()
@@ -206,12 +208,15 @@ func (s *Service) Register(ctx context.Context, r protocol.RegisterRequest) (pro
 	token, hash := newToken(id)
 	d.mu.Lock()
 	rec := DeviceRecord{
-		ID: id, MachineID: d.machineID, DeviceType: deviceType, Model: model, Firmware: firmware,
+		ID: id, MachineID: d.machineID(), DeviceType: deviceType, Model: model, Firmware: firmware,
 		Serial: r.Serial, TokenHash: hash[:], RegisteredAt: time.Unix(d.registeredAt, 0),
 	}
 	ticket, err := s.persist.Enqueue(func(b *Batch) { b.Devices = append(b.Devices, rec) })
 	if err == nil {
-		d.deviceType, d.model, d.firmware, d.serial = deviceType, model, firmware, strings.Clone(r.Serial)
+		d.deviceType, d.model, d.firmware = deviceType, model, firmware
+		if d.serial() != r.Serial {
+			d.setIDs(d.machineID(), r.Serial)
+		}
 		d.tokenHash = hash
 		d.profile = pe
 	}
@@ -373,7 +378,7 @@ func (f *Filter) match(d *device, now int64) bool {
 	if f.Liveness != nil && d.liveness(now) != *f.Liveness {
 		return false
 	}
-	if f.Text != "" && !strings.Contains(d.machineID, f.Text) && !strings.Contains(d.serial, f.Text) {
+	if f.Text != "" && !strings.Contains(d.machineID(), f.Text) && !strings.Contains(d.serial(), f.Text) {
 		return false
 	}
 	if len(f.Labels) > 0 && !d.hasLabels(f.Labels) {
