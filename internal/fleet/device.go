@@ -79,6 +79,11 @@ type device struct {
 	state          []byte // compact JSON of the latest push's state
 	profile        *profileEntry
 	labels         []uint16 // label IDs, sorted; replaced, never modified in place (labels.go)
+	// Admission and trust (admission.go).
+	admission Admission
+	keyHash   [32]byte       // SHA-256 of the device key; zero: none
+	request   *enrollRequest // a re-enrollment waiting for an operator; nil: none
+	unacked   bool           // its first registration was not acknowledged: nobody holds its credentials
 }
 
 // setIDs stores the machine ID and serial in one new string.
@@ -111,6 +116,9 @@ type Device struct {
 	ProfileID      uint64          `json:"profile_id"`
 	PushInterval   int             `json:"push_interval"`
 	State          json.RawMessage `json:"state,omitempty"`
+	Admission      string          `json:"admission"`
+	// EnrollRequest is a re-enrollment waiting for an operator (admission.go).
+	EnrollRequest *EnrollRequestInfo `json:"enrollment_request,omitempty"`
 }
 
 // Behind says whether a device running applied must be sent desired.
@@ -159,7 +167,10 @@ func (d *device) snapshot(now int64, withState bool) Device {
 		Firmware: d.firmware, Serial: d.serial(), RegisteredAt: time.Unix(d.registeredAt, 0).UTC(),
 		Seq: d.seq, SyncState: d.syncState().String(), Liveness: d.liveness(now).String(),
 		AppliedVersion: d.appliedVersion, DesiredVersion: p.Version, ConfigError: d.configError,
-		ProfileID: p.ID, PushInterval: p.PushInterval,
+		ProfileID: p.ID, PushInterval: p.PushInterval, Admission: d.admission.String(),
+	}
+	if rq := d.request; rq != nil {
+		out.EnrollRequest = &EnrollRequestInfo{At: time.Unix(0, rq.at).UTC(), From: rq.from, Approved: rq.approved}
 	}
 	if d.lastSeen != 0 {
 		t := time.Unix(0, d.lastSeen).UTC()

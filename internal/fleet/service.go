@@ -37,6 +37,11 @@ type Options struct {
 	// OnPush, when set, is called after every accepted push (for alert
 	// rules). It runs on the request's goroutine: keep it fast.
 	OnPush func(PushEvent)
+	// Admission is the policy for new machine IDs (admission.go).
+	Admission Policy
+	// RequireCertificate refuses registrations without a client
+	// certificate naming the machine ID (Proof.CertNames).
+	RequireCertificate bool
 }
 
 // PushEvent describes one accepted push.
@@ -76,6 +81,7 @@ type Service struct {
 	profileWrite sync.Mutex // serialises profile updates
 
 	labels labelRegistry // labels.go
+	trust  trustRegistry // enrollment.go
 }
 
 // New loads the fleet from store (nil for none) and returns the Service.
@@ -100,6 +106,7 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		machineIDs: make(map[string]uint64), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
+	s.trust.init()
 	if store == nil {
 		s.profiles = newProfiles(nil, 0)
 		return s, nil
@@ -145,6 +152,11 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		s.devices[d.id] = d
 		s.machineIDs[d.machineID()] = d.id
 	}
+	if ts, ok := store.(TrustStore); ok {
+		if err := s.loadTrust(ctx, ts); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -167,69 +179,6 @@ func (s *Service) get(id uint64) *device {
 		return nil
 	}
 	return s.devices[id]
-}
-
-// Register enrolls a device or re-enrolls it: the same machine ID keeps its
-// device ID and history and gets a new token; the old token stops working.
-func (s *Service) Register(ctx context.Context, r protocol.RegisterRequest) (protocol.RegisterResponse, error) {
-	if subtle.ConstantTimeCompare([]byte(r.EnrollmentSecret), []byte(s.opts.EnrollmentSecret)) != 1 {
-		return protocol.RegisterResponse{}, ErrEnrollment
-	}
-	pe, err := s.ensureProfile(ctx, profileKey{r.DeviceType, r.Firmware})
-	if err != nil {
-		return protocol.RegisterResponse{}, err
-	}
-	now := s.now()
-
-	s.regMu.Lock()
-	id, exists := s.machineIDs[r.MachineID]
-	var d *device
-	if exists {
-		d = s.get(id)
-	} else {
-		id = s.nextID
-		s.nextID++
-		d = &device{
-			id: id, registeredAt: now.Unix(), profile: pe,
-			deviceType: s.intern(r.DeviceType), model: s.intern(r.Model), firmware: s.intern(r.Firmware),
-		}
-		d.setIDs(r.MachineID, r.Serial)
-		s.devMu.Lock()
-		for uint64(len(s.devices)) <= id {
-			s.devices = append(s.devices, nil)
-		}
-		s.devices[id] = d
-		s.devMu.Unlock()
-		s.machineIDs[d.machineID()] = id
-	}
-	deviceType, model, firmware := s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
-	s.regMu.Unlock()
-
-	token, hash := newToken(id)
-	d.mu.Lock()
-	rec := DeviceRecord{
-		ID: id, MachineID: d.machineID(), DeviceType: deviceType, Model: model, Firmware: firmware,
-		Serial: r.Serial, TokenHash: hash[:], RegisteredAt: time.Unix(d.registeredAt, 0),
-	}
-	ticket, err := s.persist.Enqueue(func(b *Batch) { b.Devices = append(b.Devices, rec) })
-	if err == nil {
-		d.deviceType, d.model, d.firmware = deviceType, model, firmware
-		if d.serial() != r.Serial {
-			d.setIDs(d.machineID(), r.Serial)
-		}
-		d.tokenHash = hash
-		d.profile = pe
-	}
-	d.mu.Unlock()
-	if err != nil {
-		return protocol.RegisterResponse{}, err
-	}
-	if err := ticket.Wait(ctx); err != nil {
-		return protocol.RegisterResponse{}, err
-	}
-	return protocol.RegisterResponse{
-		DeviceID: strconv.FormatUint(id, 10), Token: token, PushInterval: pe.interval(), New: !exists,
-	}, nil
 }
 
 // newToken makes "<device id>.<secret>" and its SHA-256.
@@ -288,6 +237,10 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 	if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
 		d.mu.Unlock()
 		return protocol.PushResponse{}, ErrUnauthorized
+	}
+	if err := admissionError(d.admission); err != nil { // blocked: nothing is stored
+		d.mu.Unlock()
+		return protocol.PushResponse{}, err
 	}
 	firmware, pe := d.firmware, d.profile
 	if newProfile != nil && newProfile.get().DeviceType == d.deviceType {
@@ -360,6 +313,7 @@ type Filter struct {
 	ProfileID  uint64
 	Text       string   // substring of machine ID or serial
 	Labels     []uint16 // label IDs (LabelIDs); a device must have all
+	Admission  AdmissionFilter
 }
 
 func (f *Filter) match(d *device, now int64) bool {
@@ -384,7 +338,7 @@ func (f *Filter) match(d *device, now int64) bool {
 	if len(f.Labels) > 0 && !d.hasLabels(f.Labels) {
 		return false
 	}
-	return true
+	return f.Admission.match(d)
 }
 
 // Device returns one device with its current state.

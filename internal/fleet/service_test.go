@@ -136,7 +136,9 @@ func TestRegisterAndReRegister(t *testing.T) {
 	if _, err := s.Push(ctx, r1.Token, push(1, 0)); err != nil {
 		t.Fatal(err)
 	}
-	r2, err := s.Register(ctx, reg("m-1"))
+	again := reg("m-1")
+	again.DeviceKey = r1.DeviceKey // the same device proves it (admission.go)
+	r2, err := s.Register(ctx, again)
 	if err != nil || r2.New || r2.DeviceID != r1.DeviceID || r2.Token == r1.Token {
 		t.Fatalf("re-register: %+v %v (first %+v)", r2, err, r1)
 	}

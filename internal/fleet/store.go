@@ -51,11 +51,14 @@ type Batch struct {
 	Devices  []DeviceRecord
 	States   []StateRecord
 	Samples  []Sample
+	// Trust records (admission, device keys, deletions; trust_store.go),
+	// applied after everything else.
+	Trust []TrustRecord
 }
 
 // Len is the number of records in the batch.
 func (b *Batch) Len() int {
-	return len(b.Profiles) + len(b.Devices) + len(b.States) + len(b.Samples)
+	return len(b.Profiles) + len(b.Devices) + len(b.States) + len(b.Samples) + len(b.Trust)
 }
 
 // Reset empties the batch, keeping its capacity.
@@ -63,7 +66,9 @@ func (b *Batch) Reset() {
 	clear(b.Profiles)
 	clear(b.Devices)
 	clear(b.States)
+	clear(b.Trust)
 	b.Profiles, b.Devices, b.States, b.Samples = b.Profiles[:0], b.Devices[:0], b.States[:0], b.Samples[:0]
+	b.Trust = b.Trust[:0]
 }
 
 // DeviceRecord is a device's identity as stored. Devices are upserted by ID;

@@ -75,6 +75,7 @@ type dirtySet struct {
 	devices  map[uint64]DeviceRecord
 	states   map[uint64]StateRecord
 	samples  []Sample
+	trust    map[uint64]TrustRecord
 }
 
 func newDirtySet(hint *dirtySet) *dirtySet {
@@ -84,16 +85,16 @@ func newDirtySet(hint *dirtySet) *dirtySet {
 	}
 	return &dirtySet{
 		profiles: make(map[uint64]Profile, p), devices: make(map[uint64]DeviceRecord, d),
-		states: make(map[uint64]StateRecord, s), samples: make([]Sample, 0, m),
+		states: make(map[uint64]StateRecord, s), samples: make([]Sample, 0, m), trust: map[uint64]TrustRecord{},
 	}
 }
 
 func (d *dirtySet) empty() bool {
-	return len(d.profiles) == 0 && len(d.devices) == 0 && len(d.states) == 0 && len(d.samples) == 0
+	return len(d.profiles) == 0 && len(d.devices) == 0 && len(d.states) == 0 && len(d.samples) == 0 && len(d.trust) == 0
 }
 
 func (d *dirtySet) records() int {
-	return len(d.profiles) + len(d.devices) + len(d.states) + len(d.samples)
+	return len(d.profiles) + len(d.devices) + len(d.states) + len(d.samples) + len(d.trust)
 }
 
 // absorb adds newer into d: for each key newer's record wins; newer's
@@ -109,6 +110,9 @@ func (d *dirtySet) absorb(newer *dirtySet) {
 		d.states[k] = v
 	}
 	d.samples = append(d.samples, newer.samples...)
+	for k, v := range newer.trust {
+		d.trust[k] = v
+	}
 }
 
 // batch orders the set by ID, which makes commits deterministic and lets
@@ -130,6 +134,10 @@ func (d *dirtySet) batch() *Batch {
 	slices.SortFunc(b.Profiles, func(x, y Profile) int { return cmpU(x.ID, y.ID) })
 	slices.SortFunc(b.Devices, func(x, y DeviceRecord) int { return cmpU(x.ID, y.ID) })
 	slices.SortFunc(b.States, func(x, y StateRecord) int { return cmpU(x.DeviceID, y.DeviceID) })
+	for _, v := range d.trust {
+		b.Trust = append(b.Trust, v)
+	}
+	slices.SortFunc(b.Trust, func(x, y TrustRecord) int { return cmpU(x.DeviceID, y.DeviceID) })
 	return b
 }
 
@@ -189,6 +197,9 @@ func (w *WriteBack) Enqueue(fill func(*Batch)) (Ticket, error) {
 	}
 	for _, s := range b.States {
 		d.states[s.DeviceID] = s
+	}
+	for _, t := range b.Trust {
+		d.trust[t.DeviceID] = t
 	}
 	for _, m := range b.Samples {
 		if len(d.samples)+w.held >= w.opts.MaxSamples {

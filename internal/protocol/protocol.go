@@ -41,7 +41,12 @@ type RegisterRequest struct {
 	Model            string `json:"model,omitempty"`
 	Firmware         string `json:"firmware"`
 	Serial           string `json:"serial,omitempty"`
-	EnrollmentSecret string `json:"enrollment_secret"`
+	EnrollmentSecret string `json:"enrollment_secret,omitempty"`
+	// DeviceKey proves a known device is the same device (credentials.go).
+	DeviceKey string `json:"device_key,omitempty"`
+	// EnrollmentToken is an operator-made single-use token instead of the
+	// fleet's enrollment secret.
+	EnrollmentToken string `json:"enrollment_token,omitempty"`
 }
 
 // RegisterResponse carries the device's stable ID and its new secret token.
@@ -50,6 +55,14 @@ type RegisterResponse struct {
 	Token        string `json:"token"`
 	PushInterval int    `json:"push_interval"`
 	New          bool   `json:"new"`
+	// DeviceKey is sent when the server made a new per-device key: keep it
+	// next to the token and send it when registering again.
+	DeviceKey string `json:"device_key,omitempty"`
+	// Pending (HTTP 202): the registration waits for an operator; Token is
+	// empty; ask again after RetryAfter seconds with the device key.
+	Pending    bool   `json:"pending,omitempty"`
+	RetryAfter int    `json:"retry_after,omitempty"`
+	Message    string `json:"message,omitempty"`
 }
 
 // PushRequest is the periodic state report, authenticated by the token.
@@ -167,7 +180,7 @@ func (r *RegisterRequest) Validate() error {
 	if err := checkText("serial", r.Serial, MaxIDLen, false); err != nil {
 		return err
 	}
-	return checkText("enrollment_secret", r.EnrollmentSecret, MaxSecretLen, true)
+	return r.validateCredentials()
 }
 
 // DecodePush parses and validates a push body. RawState keeps the state

@@ -1,0 +1,269 @@
+package fleet
+
+// Enrollment tokens (single-use, expiring, optionally bound to a machine ID)
+// and preauthorized machine IDs: the operator's provisioning credentials.
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/drover/drover/internal/protocol"
+)
+
+// trustRegistry holds enrollment tokens and preauthorized machine IDs.
+type trustRegistry struct {
+	mu        sync.Mutex
+	store     TrustStore // nil: memory only
+	tokens    map[uint64]*EnrollmentToken
+	nextToken uint64
+	preauth   map[string]time.Time
+}
+
+func (r *trustRegistry) init() {
+	if r.tokens == nil {
+		r.tokens, r.preauth, r.nextToken = map[uint64]*EnrollmentToken{}, map[string]time.Time{}, 1
+	}
+	if r.nextToken == 0 {
+		r.nextToken = 1
+	}
+}
+
+// Limits of enrollment tokens.
+const (
+	DefaultEnrollmentTTL = 24 * time.Hour
+	MaxEnrollmentTTL     = 366 * 24 * time.Hour
+	maxNoteLen           = 256
+)
+
+// ErrInvalid is a wrong argument of an operator's request.
+var ErrInvalid = errors.New("invalid")
+
+func invalidf(msg string) error { return &invalidError{msg} }
+
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string { return e.msg }
+func (e *invalidError) Unwrap() error { return ErrInvalid }
+
+// ValidMachineID checks a machine ID as the protocol does.
+func ValidMachineID(id string) error {
+	r := protocol.RegisterRequest{MachineID: id, DeviceType: "t", Firmware: "f", EnrollmentSecret: "s"}
+	if err := r.Validate(); err != nil {
+		return invalidf(err.Error())
+	}
+	return nil
+}
+
+func validNote(v string) bool {
+	if len(v) > maxNoteLen || !utf8.ValidString(v) {
+		return false
+	}
+	for _, r := range v {
+		if r < 0x20 || (r >= 0x7f && r < 0xa0) {
+			return false
+		}
+	}
+	return true
+}
+
+// CreateEnrollmentToken makes a single-use enrollment token that expires
+// after ttl (0: DefaultEnrollmentTTL), for machineID ("": any). The token
+// is returned only here; the fleet keeps its SHA-256.
+func (s *Service) CreateEnrollmentToken(ctx context.Context, machineID string, ttl time.Duration, note, actor string) (string, EnrollmentToken, error) {
+	if machineID != "" {
+		if err := ValidMachineID(machineID); err != nil {
+			return "", EnrollmentToken{}, err
+		}
+	}
+	if ttl == 0 {
+		ttl = DefaultEnrollmentTTL
+	}
+	if ttl < time.Minute || ttl > MaxEnrollmentTTL {
+		return "", EnrollmentToken{}, invalidf("ttl must be between 1m and 8784h")
+	}
+	if !validNote(note) {
+		return "", EnrollmentToken{}, invalidf("note must be at most 256 bytes of printable UTF-8")
+	}
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	id := r.nextToken
+	secret, hash := newSecret("et-" + strconv.FormatUint(id, 10) + ".")
+	now := s.now().UTC().Truncate(time.Millisecond)
+	t := EnrollmentToken{ID: id, MachineID: machineID, Note: note, CreatedAt: now, ExpiresAt: now.Add(ttl), Hash: hash[:]}
+	if r.store != nil {
+		if err := r.store.SaveEnrollmentToken(ctx, t); err != nil {
+			return "", EnrollmentToken{}, err
+		}
+	}
+	r.nextToken++
+	r.tokens[id] = &t
+	s.log.Info("enrollment token", "action", "create", "token_id", id, "machine_id", machineID, "expires", t.ExpiresAt, "by", actor)
+	return secret, t, nil
+}
+
+// EnrollmentTokens lists the tokens, newest first.
+func (s *Service) EnrollmentTokens() []EnrollmentToken {
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]EnrollmentToken, 0, len(r.tokens))
+	for _, t := range r.tokens {
+		out = append(out, *t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
+	return out
+}
+
+// RevokeEnrollmentToken makes a token unusable (it stays listed).
+func (s *Service) RevokeEnrollmentToken(ctx context.Context, id uint64, actor string) (EnrollmentToken, error) {
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.tokens[id]
+	if !ok {
+		return EnrollmentToken{}, ErrNotFound
+	}
+	nt := *t
+	nt.Revoked = true
+	if r.store != nil {
+		if err := r.store.SaveEnrollmentToken(ctx, nt); err != nil {
+			return EnrollmentToken{}, err
+		}
+	}
+	*t = nt
+	s.log.Info("enrollment token", "action", "revoke", "token_id", id, "by", actor)
+	return nt, nil
+}
+
+// checkEnrollmentToken finds a usable token for machineID.
+func (s *Service) checkEnrollmentToken(token, machineID string) (EnrollmentToken, bool) {
+	rest, ok := strings.CutPrefix(token, "et-")
+	if !ok {
+		return EnrollmentToken{}, false
+	}
+	idPart, _, ok := strings.Cut(rest, ".")
+	id, err := strconv.ParseUint(idPart, 10, 64)
+	if !ok || err != nil {
+		return EnrollmentToken{}, false
+	}
+	hash := sha(token)
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, found := r.tokens[id]
+	if !found || len(t.Hash) != 32 || !hashEq(hash, [32]byte(t.Hash)) {
+		return EnrollmentToken{}, false
+	}
+	if t.UsedAt != nil || t.Revoked || !s.now().Before(t.ExpiresAt) || (t.MachineID != "" && t.MachineID != machineID) {
+		return EnrollmentToken{}, false
+	}
+	return *t, true
+}
+
+// useEnrollmentToken marks a token used by deviceID, once.
+func (s *Service) useEnrollmentToken(ctx context.Context, id, deviceID uint64) error {
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.tokens[id]
+	if !ok || t.UsedAt != nil || t.Revoked {
+		return ErrEnrollmentToken
+	}
+	nt := *t
+	now := s.now().UTC().Truncate(time.Millisecond)
+	nt.UsedAt, nt.DeviceID = &now, deviceID
+	if r.store != nil {
+		if err := r.store.SaveEnrollmentToken(ctx, nt); err != nil {
+			return err
+		}
+	}
+	*t = nt
+	s.log.Info("enrollment token", "action", "use", "token_id", id, "device_id", deviceID)
+	return nil
+}
+
+// AddPreauthorized lists machine IDs as allowed to register under the
+// preauthorized policy. It returns how many were new.
+func (s *Service) AddPreauthorized(ctx context.Context, machineIDs []string, actor string) (int, error) {
+	for _, id := range machineIDs {
+		if err := ValidMachineID(id); err != nil {
+			return 0, err
+		}
+	}
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	var fresh []string
+	seen := map[string]bool{}
+	for _, id := range machineIDs {
+		if _, ok := r.preauth[id]; !ok && !seen[id] {
+			seen[id] = true
+			fresh = append(fresh, id)
+		}
+	}
+	now := s.now().UTC().Truncate(time.Millisecond)
+	if r.store != nil && len(fresh) > 0 {
+		if err := r.store.AddPreauthorized(ctx, fresh, now); err != nil {
+			return 0, err
+		}
+	}
+	for _, id := range fresh {
+		r.preauth[id] = now
+	}
+	s.log.Info("preauthorized machine IDs", "action", "add", "count", len(fresh), "by", actor)
+	return len(fresh), nil
+}
+
+// RemovePreauthorized takes a machine ID off the list.
+func (s *Service) RemovePreauthorized(ctx context.Context, machineID, actor string) error {
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.preauth[machineID]; !ok {
+		return ErrNotFound
+	}
+	if r.store != nil {
+		if err := r.store.DeletePreauthorized(ctx, machineID); err != nil {
+			return err
+		}
+	}
+	delete(r.preauth, machineID)
+	s.log.Info("preauthorized machine IDs", "action", "remove", "machine_id", machineID, "by", actor)
+	return nil
+}
+
+// PreauthorizedIDs lists the preauthorized machine IDs in order, with the
+// device that registered each (if any).
+func (s *Service) PreauthorizedIDs() []Preauthorized {
+	r := &s.trust
+	r.mu.Lock()
+	out := make([]Preauthorized, 0, len(r.preauth))
+	for id, at := range r.preauth {
+		out = append(out, Preauthorized{MachineID: id, AddedAt: at})
+	}
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].MachineID < out[j].MachineID })
+	s.regMu.Lock()
+	for i := range out {
+		out[i].DeviceID = s.machineIDs[out[i].MachineID]
+	}
+	s.regMu.Unlock()
+	return out
+}
+
+func (s *Service) isPreauthorized(machineID string) bool {
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.preauth[machineID]
+	return ok
+}
