@@ -5,7 +5,6 @@ package fleet
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,21 +40,11 @@ const (
 	maxNoteLen           = 256
 )
 
-// ErrInvalid is a wrong argument of an operator's request.
-var ErrInvalid = errors.New("invalid")
-
-func invalidf(msg string) error { return &invalidError{msg} }
-
-type invalidError struct{ msg string }
-
-func (e *invalidError) Error() string { return e.msg }
-func (e *invalidError) Unwrap() error { return ErrInvalid }
-
 // ValidMachineID checks a machine ID as the protocol does.
 func ValidMachineID(id string) error {
 	r := protocol.RegisterRequest{MachineID: id, DeviceType: "t", Firmware: "f", EnrollmentSecret: "s"}
 	if err := r.Validate(); err != nil {
-		return invalidf(err.Error())
+		return fieldError("machine_id", "%s", err.Error())
 	}
 	return nil
 }
@@ -85,10 +74,10 @@ func (s *Service) CreateEnrollmentToken(ctx context.Context, machineID string, t
 		ttl = DefaultEnrollmentTTL
 	}
 	if ttl < time.Minute || ttl > MaxEnrollmentTTL {
-		return "", EnrollmentToken{}, invalidf("ttl must be between 1m and 8784h")
+		return "", EnrollmentToken{}, fieldError("ttl", "ttl must be between 1m and 8784h")
 	}
 	if !validNote(note) {
-		return "", EnrollmentToken{}, invalidf("note must be at most 256 bytes of printable UTF-8")
+		return "", EnrollmentToken{}, fieldError("note", "note must be at most 256 bytes of printable UTF-8")
 	}
 	r := &s.trust
 	r.mu.Lock()

@@ -22,9 +22,10 @@ type TrustStore interface {
 }
 
 // TrustRecord is one device's admission state as stored, upserted by
-// DeviceID. Deleted removes the device with everything stored about it
-// (identity, state, history, labels, trust) and raises the highest deleted
-// device ID, so that IDs are never handed out again.
+// DeviceID. Deleted removes the device (identity, state, trust; labels
+// where the store keeps them) and raises the highest deleted device ID, so
+// that IDs are never handed out again. Its history samples stay until
+// retention drops them: no ID reaches them any more.
 type TrustRecord struct {
 	DeviceID  uint64
 	Deleted   bool

@@ -238,6 +238,7 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 		return err
 	}
 	stmts := statements(batchutil.Profiles(b.Profiles), batchutil.Devices(b.Devices), batchutil.States(b.States), b.Samples)
+	stmts = append(stmts, trustStatements(b.Trust)...)
 	for attempt := 1; ; attempt++ {
 		err := s.commit(ctx, stmts)
 		if err == nil {

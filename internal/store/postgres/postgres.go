@@ -209,7 +209,7 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 		return err
 	}
 	for attempt := 1; ; attempt++ {
-		err := s.commit(ctx, profiles, devices, states, b.Samples)
+		err := s.commit(ctx, profiles, devices, states, b.Samples, b.Trust)
 		if err == nil {
 			return nil
 		}
@@ -236,7 +236,7 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 // commit sends the whole batch as one pipeline: PostgreSQL runs a
 // pipeline's statements as one implicit transaction, committed at its end,
 // so a commit costs one round trip.
-func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []fleet.DeviceRecord, states []fleet.StateRecord, samples []fleet.Sample) error {
+func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []fleet.DeviceRecord, states []fleet.StateRecord, samples []fleet.Sample, trust []fleet.TrustRecord) error {
 	var q pgx.Batch
 	if s.lock != nil {
 		q.Queue(fenceQuery, s.lock.self.Token)
@@ -292,6 +292,7 @@ func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []
 		q.Queue(insertSamples, dev, at, seq, ints[0], floats[0], ints[1], ints[2], ints[3], ints[4], floats[1], ints[5], ints[6],
 			floats[2], floats[3], floats[4], floats[5])
 	}
+	queueTrust(&q, trust)
 	return s.pool.SendBatch(ctx, &q).Close()
 }
 

@@ -260,6 +260,9 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := commitTrust(ctx, tx, b.Trust); err != nil {
+		return err
+	}
 	if err := tx.Commit(); err != nil {
 		return err
 	}

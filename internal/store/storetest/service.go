@@ -120,6 +120,17 @@ func (e *env) register(machine, typ, fw string) protocol.RegisterResponse {
 	return r
 }
 
+// reregister registers a known device again, proving it with its key.
+func (e *env) reregister(machine, typ, fw, key string) protocol.RegisterResponse {
+	e.t.Helper()
+	r, err := e.svc.Register(e.ctx, protocol.RegisterRequest{MachineID: machine, DeviceType: typ, Firmware: fw, Serial: "S-" + machine,
+		EnrollmentSecret: "s", DeviceKey: key})
+	if err != nil || r.Token == "" {
+		e.t.Fatalf("register %q again: %+v %v", machine, r, err)
+	}
+	return r
+}
+
 func pushReq(t testing.TB, seq uint64, applied int64, extra string) protocol.PushRequest {
 	t.Helper()
 	body := fmt.Sprintf(`{"seq":%d,"config_version":%d,"state":{"uptime":%d,"cpu":%d.5,"temperature":41.25,`+
@@ -166,7 +177,7 @@ func svcRegister(t *testing.T, e *env) {
 		t.Fatalf("first registration: %+v", r1)
 	}
 	e.push(r1.Token, pushReq(t, 1, 0, "a"))
-	r2 := e.register("m-1", "rut-x11", "7.04")
+	r2 := e.reregister("m-1", "rut-x11", "7.04", r1.DeviceKey)
 	if r2.New || r2.DeviceID != r1.DeviceID || r2.Token == r1.Token {
 		t.Fatalf("re-registration: %+v after %+v", r2, r1)
 	}
