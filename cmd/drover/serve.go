@@ -35,6 +35,14 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.DebugListen, "debug-listen", c.DebugListen, "address serving Go's /debug/pprof/ profiles, unauthenticated: keep it on loopback (empty: off)")
 	fs.StringVar(&c.MetricsToken, "metrics-token", c.MetricsToken, "bearer token that may read /metrics and nothing else (the admin token may too; empty: admin token only)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "plain-HTTP address serving /metrics without credentials, for a Prometheus on an operators' network (empty: none)")
+	fs.StringVar(&c.Admission, "admission", c.Admission, "admission policy for new machine IDs: open, approve (an operator approves each) or preauthorized (only listed machine IDs)")
+	fs.StringVar(&c.ClientCA, "client-ca", c.ClientCA, "PEM CA of device client certificates: a device whose certificate names its machine ID (CN or SAN) registers without the enrollment secret (empty: no client certificates)")
+	fs.BoolVar(&c.RequireClientCert, "require-client-cert", c.RequireClientCert, "refuse registrations without a client certificate naming the machine ID (needs --client-ca)")
+	fs.Float64Var(&c.RegisterRate, "register-rate", c.RegisterRate, "registrations per second in total beyond which they get 429 (0: unlimited)")
+	fs.IntVar(&c.RegisterBurst, "register-burst", c.RegisterBurst, "registrations in total accepted at once above --register-rate")
+	fs.Float64Var(&c.RegisterRatePerAddress, "register-rate-per-address", c.RegisterRatePerAddress, "registrations per second per source address (IPv6: per /64) beyond which they get 429 (0: unlimited)")
+	fs.IntVar(&c.RegisterBurstPerAddress, "register-burst-per-address", c.RegisterBurstPerAddress, "registrations per address accepted at once above --register-rate-per-address")
+	fs.StringVar(&c.RegisterRateExempt, "register-rate-exempt", c.RegisterRateExempt, "comma-separated addresses or CIDR prefixes without a per-address registration limit")
 }
 
 // serveConfig reads serve's configuration: flags, environment, config file.

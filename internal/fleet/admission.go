@@ -584,6 +584,9 @@ type AdmissionFilter struct {
 	Requested bool // only devices with a re-enrollment request
 }
 
+// admissionFilterNames are the values ParseAdmissionFilter accepts.
+var admissionFilterNames = append(admissionNames[:len(admissionNames):len(admissionNames)], "reenroll")
+
 // ParseAdmissionFilter accepts an admission name or "reenroll" (devices
 // with a re-enrollment request).
 func ParseAdmissionFilter(v string) (AdmissionFilter, bool) {

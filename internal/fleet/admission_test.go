@@ -132,7 +132,7 @@ func TestPolicyApprove(t *testing.T) {
 		t.Fatalf("new device: %+v %v", r, err)
 	}
 	pending := Pending
-	if p := s.List(Filter{Admission: AdmissionFilter{Admission: &pending}}, 0, 10); len(p.Devices) != 1 {
+	if p, err := s.Query(Query{Filter: Filter{Admission: AdmissionFilter{Admission: &pending}}}); err != nil || len(p.Devices) != 1 {
 		t.Fatalf("pending filter: %+v", p)
 	}
 	poll := reg("m-1")
@@ -240,7 +240,7 @@ func TestBlockDecommissionDelete(t *testing.T) {
 	if _, err := s.Admit(ctx, 1, Block, "alice"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("action on a deleted device: %v", err)
 	}
-	if n := s.List(Filter{}, 0, 10); len(n.Devices) != 0 {
+	if n, err := s.Query(Query{}); err != nil || len(n.Devices) != 0 {
 		t.Fatalf("deleted device listed: %+v", n)
 	}
 	r2, err := s.Register(ctx, reg("m-1"))

@@ -100,10 +100,11 @@ const (
 	FilterProfileID  = "profile_id"
 	FilterText       = "q"
 	FilterLabel      = "label" // repeated: a device must have every label
+	FilterAdmission  = "admission"
 )
 
 // FilterParams lists the parameters ParseFilter reads.
-var FilterParams = []string{FilterSyncState, FilterLiveness, FilterDeviceType, FilterFirmware, FilterProfileID, FilterText, FilterLabel}
+var FilterParams = []string{FilterSyncState, FilterLiveness, FilterDeviceType, FilterFirmware, FilterProfileID, FilterText, FilterLabel, FilterAdmission}
 
 // ParseFilter reads the devices filter from query or form values; other
 // keys are left alone. Every problem is reported (errors.Join of
@@ -136,6 +137,13 @@ func (s *Service) ParseFilter(v url.Values) (Filter, error) {
 	f.DeviceType, f.Firmware, f.Text = v.Get(FilterDeviceType), v.Get(FilterFirmware), strings.TrimSpace(v.Get(FilterText))
 	if names := v[FilterLabel]; len(names) > 0 {
 		f.Labels = s.LabelIDs(names)
+	}
+	if t := v.Get(FilterAdmission); t != "" {
+		if a, ok := ParseAdmissionFilter(t); ok {
+			f.Admission = a
+		} else {
+			errs = append(errs, fieldError(FilterAdmission, "unknown admission %q: admission must be %s", t, oneOf(admissionFilterNames)))
+		}
 	}
 	return f, errors.Join(errs...)
 }

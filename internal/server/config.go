@@ -41,6 +41,15 @@ type Config struct {
 	// TLS policy of -listen (tlspolicy.go).
 	TLSKeyExchange    string
 	TLSAllowLegacyCBC bool
+	// Device admission and trust (trust.go, docs/operations.md#security).
+	Admission               string
+	ClientCA                string
+	RequireClientCert       bool
+	RegisterRate            float64
+	RegisterBurst           int
+	RegisterRatePerAddress  float64
+	RegisterBurstPerAddress int
+	RegisterRateExempt      string
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
@@ -59,6 +68,15 @@ func DefaultConfig() Config {
 		ShutdownTimeout:  30 * time.Second,
 		LogFormat:        "text",
 		LogLevel:         "info",
+		Admission:        "open",
+		// Above what one server registers per second (13,000/s measured on
+		// 2 cores): a registration storm from three or more addresses
+		// never waits; see docs/operations.md#registration-rate-limits.
+		RegisterRate:            20000,
+		RegisterBurst:           20000,
+		RegisterRatePerAddress:  5000,
+		RegisterBurstPerAddress: 20000,
+		RegisterRateExempt:      "127.0.0.0/8,::1",
 	}
 }
 
@@ -99,7 +117,7 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		return errors.New("-data-dir must not be empty")
 	}
-	return nil
+	return c.validateTrust()
 }
 
 // DSN is the database the server opens: DB, or SQLite in DataDir.

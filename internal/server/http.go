@@ -34,6 +34,7 @@ type api struct {
 	ready      func() error
 	writable   func() error // non-nil: device writes are refused (instance lock lost)
 	warnLimit  rateLimiter
+	regLimit   *regLimiter // registrations; nil: unlimited
 
 	// metricsToken may read /metrics only; nil: none.
 	metricsToken []byte
@@ -107,6 +108,9 @@ var (
 func answerError(err error) *apiError {
 	var ae *apiError
 	var pe *protocol.Error
+	if a := admissionAnswer(err); a != nil {
+		return a
+	}
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -205,19 +209,6 @@ func decodeStrict(r *http.Request, what string, v any) error {
 		return malformed(what + err.Error())
 	}
 	return nil
-}
-
-func (a *api) register(r *http.Request) (any, error) {
-	buf, err := readBody(r)
-	if err != nil {
-		return nil, err
-	}
-	req, err := protocol.DecodeRegister(buf.Bytes())
-	putBuf(buf)
-	if err != nil {
-		return nil, err
-	}
-	return a.fleet.Register(r.Context(), req)
 }
 
 func (a *api) push(r *http.Request) (any, error) {

@@ -36,8 +36,8 @@ type metrics struct {
 	commitErrors  prometheus.Counter
 	storeUp       prometheus.Gauge
 
-	pushAccepted, regNew, regRenewed prometheus.Counter
-	pushDuration, regDuration        prometheus.Observer
+	pushAccepted, regNew, regRenewed, regPending prometheus.Counter
+	pushDuration, regDuration                    prometheus.Observer
 }
 
 func newMetrics() *metrics {
@@ -85,11 +85,12 @@ func newMetrics() *metrics {
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable} {
 		m.pushes.WithLabelValues(o)
 	}
-	for _, o := range []string{outNew, outRenewed, outForbidden, outInvalid, outOverloaded, outUnavailable} {
+	for _, o := range []string{outNew, outRenewed, outForbidden, outInvalid, outOverloaded, outUnavailable, outPending, outRateLimited, outRefused} {
 		m.registrations.WithLabelValues(o)
 	}
 	m.pushAccepted = m.pushes.WithLabelValues(outAccepted)
 	m.regNew, m.regRenewed = m.registrations.WithLabelValues(outNew), m.registrations.WithLabelValues(outRenewed)
+	m.regPending = m.registrations.WithLabelValues(outPending)
 	m.pushDuration, m.regDuration = m.duration.WithLabelValues("push"), m.duration.WithLabelValues("register")
 	return m
 }

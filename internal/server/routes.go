@@ -18,9 +18,11 @@ package server
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/web"
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +59,9 @@ func (a *api) table() []route {
 	m := a.m
 	pushOK := func(any) prometheus.Counter { return m.pushAccepted }
 	regOK := func(v any) prometheus.Counter {
+		if _, ok := v.(acceptedBody); ok {
+			return m.regPending
+		}
 		if v.(protocol.RegisterResponse).New {
 			return m.regNew
 		}
@@ -64,13 +69,24 @@ func (a *api) table() []route {
 	}
 	return []route{
 		// Device protocol (docs/protocol.md).
-		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.register, limited: true, outcomes: m.registrations, ok: regOK},
+		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.registerDevice, limited: true, outcomes: m.registrations, ok: regOK},
 		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, outcomes: m.pushes, ok: pushOK},
 
 		// Operator API (docs/operations.md).
 		{method: "GET", path: "/api/v1/devices", access: admin, fn: a.listDevices},
 		{method: "GET", path: "/api/v1/devices/{id}", access: admin, fn: a.getDevice},
 		{method: "GET", path: "/api/v1/devices/{id}/history", access: admin, fn: a.getHistory},
+		{method: "POST", path: "/api/v1/devices/{id}/approve", access: admin, fn: a.admitDevice(fleet.Approve)},
+		{method: "POST", path: "/api/v1/devices/{id}/reject", access: admin, fn: a.admitDevice(fleet.Reject)},
+		{method: "POST", path: "/api/v1/devices/{id}/block", access: admin, fn: a.admitDevice(fleet.Block)},
+		{method: "POST", path: "/api/v1/devices/{id}/decommission", access: admin, fn: a.admitDevice(fleet.Decommission)},
+		{method: "DELETE", path: "/api/v1/devices/{id}", access: admin, fn: a.admitDevice(fleet.Delete)},
+		{method: "GET", path: "/api/v1/enrollment-tokens", access: admin, fn: a.listEnrollmentTokens},
+		{method: "POST", path: "/api/v1/enrollment-tokens", access: admin, fn: a.createEnrollmentToken},
+		{method: "DELETE", path: "/api/v1/enrollment-tokens/{id}", access: admin, fn: a.revokeEnrollmentToken},
+		{method: "GET", path: "/api/v1/preauthorized", access: admin, fn: a.listPreauthorized},
+		{method: "POST", path: "/api/v1/preauthorized", access: admin, fn: a.addPreauthorized},
+		{method: "DELETE", path: "/api/v1/preauthorized/{machine_id}", access: admin, fn: a.removePreauthorized},
 		{method: "GET", path: "/api/v1/profiles", access: admin, fn: a.listProfiles},
 		{method: "GET", path: "/api/v1/profiles/{id}", access: admin, fn: a.getProfile},
 		{method: "PUT", path: "/api/v1/profiles/{id}", access: admin, fn: a.updateProfile},
@@ -176,11 +192,15 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			return
 		}
 		status := http.StatusOK
-		if c, ok := v.(createdBody); ok {
-			status, v = http.StatusCreated, c.v
-		}
 		if rt.ok != nil {
 			rt.ok(v).Inc()
+		}
+		switch c := v.(type) {
+		case createdBody:
+			status, v = http.StatusCreated, c.v
+		case acceptedBody:
+			status, v = http.StatusAccepted, c.v
+			w.Header().Set("Retry-After", strconv.Itoa(c.retryAfter))
 		}
 		writeJSON(w, status, v)
 	}

@@ -147,9 +147,13 @@ func (s *Server) observeCommit(n int, took time.Duration, err error) {
 func (s *Server) loadFleet(ctx context.Context) error {
 	start := time.Now()
 	hook := &alert.Hook{} // the engine is made after the fleet it watches
-	var err error
+	policy, err := parsePolicy(s.cfg.Admission)
+	if err != nil {
+		return err
+	}
 	s.fleet, err = fleet.New(ctx, s.store, s.persist, fleet.Options{
 		EnrollmentSecret: s.Secrets.EnrollmentSecret, DefaultPushInterval: s.cfg.PushInterval, Logger: s.log, OnPush: hook.OnPush,
+		Admission: policy, RequireCertificate: s.cfg.RequireClientCert,
 	})
 	if err != nil {
 		return err
@@ -170,6 +174,7 @@ func (s *Server) buildHandler(context.Context) error {
 		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log, adminToken: []byte(s.Secrets.AdminToken),
 		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable,
 		metricsToken: []byte(s.cfg.MetricsToken),
+		regLimit:     newRegLimiter(s.cfg.registerLimits()),
 	}
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
@@ -210,6 +215,10 @@ func (s *Server) listen(context.Context) error {
 		}
 		s.cert.Store(&cert)
 		if s.httpsLn, err = tlsListener(ln, s.getCertificate, &s.cfg); err != nil {
+			ln.Close()
+			return err
+		}
+		if err := clientAuth(s.httpsLn.(*tlsLn).cfg, s.cfg.ClientCA); err != nil {
 			ln.Close()
 			return err
 		}

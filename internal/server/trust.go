@@ -1,0 +1,252 @@
+package server
+
+// Device admission over HTTP: the registration's proofs (bearer token,
+// client certificate), its answers (202 while pending, 403/409/429 with
+// stable codes), the operator's admission API and client-certificate TLS.
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/protocol"
+)
+
+// Outcomes of drover_registrations_total added by admission.
+const (
+	outPending     = "pending"
+	outRateLimited = "rate_limited"
+	outRefused     = "refused" // blocked, decommissioned, not preauthorized, conflicting
+)
+
+// acceptedBody is an answer sent with 202 Accepted and Retry-After.
+type acceptedBody struct {
+	v          any
+	retryAfter int
+}
+
+// registerDevice is POST /api/v1/register.
+func (a *api) registerDevice(r *http.Request) (any, error) {
+	if a.regLimit != nil {
+		if ok, wait := a.regLimit.allow(r.RemoteAddr, time.Now()); !ok {
+			return nil, rateLimited(wait)
+		}
+	}
+	buf, err := readBody(r)
+	if err != nil {
+		return nil, err
+	}
+	req, err := protocol.DecodeRegister(buf.Bytes())
+	putBuf(buf)
+	pr := fleet.Proof{Source: r.RemoteAddr, CertNames: certNames(r)}
+	if errors.Is(err, protocol.ErrNoCredential) && len(pr.CertNames) > 0 {
+		err = nil // a client certificate is the credential (docs/protocol.md)
+	}
+	if err != nil {
+		return nil, err
+	}
+	pr.Token, _ = bearer(r)
+	resp, err := a.fleet.RegisterWith(r.Context(), req, pr)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Pending {
+		return acceptedBody{v: resp, retryAfter: resp.RetryAfter}, nil
+	}
+	return resp, nil
+}
+
+// certNames are the CN and SANs of the verified client certificate, if any.
+func certNames(r *http.Request) []string {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	c := r.TLS.VerifiedChains[0][0]
+	names := append([]string{c.Subject.CommonName}, c.DNSNames...)
+	for _, u := range c.URIs {
+		names = append(names, u.String())
+	}
+	return names
+}
+
+func rateLimited(wait time.Duration) *apiError {
+	secs := max(1, int((wait+time.Second-1)/time.Second))
+	return &apiError{status: http.StatusTooManyRequests, code: "rate_limited", outcome: outRateLimited,
+		msg: "too many registrations; retry after " + strconv.Itoa(secs) + " s", retryAfter: strconv.Itoa(secs)}
+}
+
+// admissionAnswer maps admission errors to answers; nil for other errors.
+func admissionAnswer(err error) *apiError {
+	forbidden := func(code string) *apiError {
+		return &apiError{status: http.StatusForbidden, code: code, msg: err.Error(), outcome: outRefused}
+	}
+	switch {
+	case errors.Is(err, fleet.ErrBlocked):
+		return forbidden("device_blocked")
+	case errors.Is(err, fleet.ErrDecommissioned):
+		return forbidden("device_decommissioned")
+	case errors.Is(err, fleet.ErrNotPreauthorized):
+		return forbidden("not_preauthorized")
+	case errors.Is(err, fleet.ErrEnrollmentToken):
+		return &apiError{status: http.StatusForbidden, code: "invalid_enrollment_token", msg: err.Error(), outcome: outForbidden}
+	case errors.Is(err, fleet.ErrCertificateRequired):
+		return &apiError{status: http.StatusForbidden, code: "certificate_required", msg: err.Error(), outcome: outForbidden}
+	case errors.Is(err, fleet.ErrEnrollConflict):
+		return &apiError{status: http.StatusConflict, code: "enrollment_conflict", msg: err.Error(), outcome: outRefused,
+			retryAfter: strconv.Itoa(fleet.PendingRetry)}
+	case errors.Is(err, fleet.ErrNothingToDo):
+		return &apiError{status: http.StatusConflict, code: "nothing_to_do", msg: err.Error()}
+	case errors.Is(err, fleet.ErrInvalid):
+		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: err.Error(), outcome: outInvalid}
+	}
+	return nil
+}
+
+// actor names who made an operator request, for the log.
+func actor(r *http.Request) string { return "admin-token@" + r.RemoteAddr }
+
+// admitDevice is POST /api/v1/devices/{id}/{approve,reject,block,decommission}
+// and DELETE /api/v1/devices/{id}.
+func (a *api) admitDevice(action fleet.Action) apiFunc {
+	return func(r *http.Request) (any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return nil, err
+		}
+		d, err := a.fleet.Admit(r.Context(), id, action, actor(r))
+		if err != nil {
+			return nil, ifNotFound(err, "device "+r.PathValue("id"))
+		}
+		if action == fleet.Delete || (action == fleet.Reject && d.ID == 0) {
+			return map[string]any{"deleted": true, "id": strconv.FormatUint(id, 10)}, nil
+		}
+		return d, nil
+	}
+}
+
+func (a *api) listEnrollmentTokens(r *http.Request) (any, error) {
+	return map[string]any{"tokens": a.fleet.EnrollmentTokens()}, nil
+}
+
+func (a *api) createEnrollmentToken(r *http.Request) (any, error) {
+	var in struct {
+		MachineID string `json:"machine_id"`
+		TTL       string `json:"ttl"`
+		Note      string `json:"note"`
+	}
+	if err := decodeStrict(r, "", &in); err != nil {
+		return nil, err
+	}
+	var ttl time.Duration
+	if in.TTL != "" {
+		var err error
+		if ttl, err = time.ParseDuration(in.TTL); err != nil {
+			return nil, badField("ttl must be a duration such as 72h")
+		}
+	}
+	secret, t, err := a.fleet.CreateEnrollmentToken(r.Context(), in.MachineID, ttl, in.Note, actor(r))
+	if err != nil {
+		return nil, err
+	}
+	return created(struct {
+		fleet.EnrollmentToken
+		Token string `json:"token"`
+	}{t, secret}), nil
+}
+
+func (a *api) revokeEnrollmentToken(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	t, err := a.fleet.RevokeEnrollmentToken(r.Context(), id, actor(r))
+	return t, ifNotFound(err, "enrollment token "+r.PathValue("id"))
+}
+
+func (a *api) listPreauthorized(r *http.Request) (any, error) {
+	return map[string]any{"machine_ids": a.fleet.PreauthorizedIDs()}, nil
+}
+
+func (a *api) addPreauthorized(r *http.Request) (any, error) {
+	var in struct {
+		MachineIDs []string `json:"machine_ids"`
+	}
+	if err := decodeStrict(r, "", &in); err != nil {
+		return nil, err
+	}
+	if len(in.MachineIDs) == 0 || len(in.MachineIDs) > 10000 {
+		return nil, badField("machine_ids must list 1 to 10000 machine IDs")
+	}
+	n, err := a.fleet.AddPreauthorized(r.Context(), in.MachineIDs, actor(r))
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"added": n}, nil
+}
+
+func (a *api) removePreauthorized(r *http.Request) (any, error) {
+	m := r.PathValue("machine_id")
+	if err := a.fleet.RemovePreauthorized(r.Context(), m, actor(r)); err != nil {
+		return nil, ifNotFound(err, "preauthorized machine ID "+strconv.Quote(m))
+	}
+	return map[string]any{"removed": m}, nil
+}
+
+// clientAuth makes the HTTPS listener ask for client certificates signed by
+// the configured CA. Certificates are verified when given; whether one is
+// required is the fleet's rule (-require-client-cert), so that the
+// operator API and dashboard keep working without one.
+func clientAuth(cfg *tls.Config, caFile string) error {
+	if caFile == "" {
+		return nil
+	}
+	pemBytes, err := os.ReadFile(caFile)
+	if err != nil {
+		return fmt.Errorf("client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return fmt.Errorf("client CA %s: no PEM certificate in it", caFile)
+	}
+	cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
+	return nil
+}
+
+// parsePolicy checks -admission.
+func parsePolicy(v string) (fleet.Policy, error) {
+	p, ok := fleet.ParsePolicy(v)
+	if !ok {
+		return 0, fmt.Errorf("-admission must be open, approve or preauthorized, not %q", v)
+	}
+	return p, nil
+}
+
+// validateTrust checks the admission settings.
+func (c *Config) validateTrust() error {
+	if _, err := parsePolicy(c.Admission); err != nil {
+		return err
+	}
+	if c.RequireClientCert && (c.ClientCA == "" || c.Listen == "") {
+		return errors.New("-require-client-cert needs -client-ca and -listen (client certificates come with HTTPS)")
+	}
+	if c.RegisterRate < 0 || c.RegisterRatePerAddress < 0 || c.RegisterBurst < 0 || c.RegisterBurstPerAddress < 0 {
+		return errors.New("registration rates and bursts must not be negative")
+	}
+	if _, err := parsePrefixes(c.RegisterRateExempt); err != nil {
+		return fmt.Errorf("-register-rate-exempt: %w", err)
+	}
+	return nil
+}
+
+// registerLimits are the configured registration limits.
+func (c *Config) registerLimits() RegisterLimits {
+	exempt, _ := parsePrefixes(c.RegisterRateExempt) // checked by Validate
+	return RegisterLimits{Rate: c.RegisterRate, Burst: c.RegisterBurst, PerAddress: c.RegisterRatePerAddress,
+		PerAddressBurst: c.RegisterBurstPerAddress, Exempt: exempt}
+}
