@@ -1,0 +1,366 @@
+package server_test
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"log/slog"
+	"math/big"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/server/servertest"
+)
+
+func regBody(s *servertest.Server, machine string, extra map[string]string) map[string]string {
+	b := map[string]string{"machine_id": machine, "device_type": "ICR-3241", "firmware": "6.3.5", "enrollment_secret": s.EnrollmentSecret}
+	for k, v := range extra {
+		if v == "" {
+			delete(b, k)
+		} else {
+			b[k] = v
+		}
+	}
+	return b
+}
+
+func pushOK(t *testing.T, c *client, token string, seq int) {
+	t.Helper()
+	st, _, out := c.do("POST", "/api/v1/push", token, []byte(`{"seq":`+itoa(seq)+`,"config_version":0,"state":{}}`))
+	if st != 200 {
+		t.Fatalf("push %d: %d %v", seq, st, out)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func decodeJSON(t *testing.T, resp *http.Response, v any) {
+	t.Helper()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("answer is not JSON: %v", err)
+	}
+}
+
+func errCode(out map[string]any) string {
+	e, _ := out["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+// syncBuf is a log sink for tests.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// An attacker with the fleet secret and a known machine ID gets no token;
+// the real device keeps working, over real HTTPS and across a restart.
+func TestTakeoverRefusedEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	logs := &syncBuf{}
+	opts := servertest.Options{DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	s := servertest.Start(t, opts)
+	c := &client{t: t, s: s, url: s.URL}
+	st, _, real := c.do("POST", "/api/v1/register", "", regBody(s, "m-1", nil))
+	if st != 200 || real["token"] == nil || real["device_key"] == nil {
+		t.Fatalf("register: %d %v", st, real)
+	}
+	token, key := real["token"].(string), real["device_key"].(string)
+	pushOK(t, c, token, 1)
+
+	st, h, evil := c.do("POST", "/api/v1/register", "", regBody(s, "m-1", nil))
+	if st != 202 || h.Get("Retry-After") != "60" || evil["pending"] != true || evil["token"] != "" && evil["token"] != nil {
+		t.Fatalf("attacker: %d %v %v", st, h, evil)
+	}
+	pushOK(t, c, token, 2)
+	st, _, out := c.do("POST", "/api/v1/register", "", regBody(s, "m-1", map[string]string{"device_key": evil["device_key"].(string)}))
+	if st != 202 {
+		t.Fatalf("attacker polls: %d %v", st, out)
+	}
+	st, h, out = c.do("POST", "/api/v1/register", "", regBody(s, "m-1", nil))
+	if st != 409 || errCode(out) != "enrollment_conflict" || h.Get("Retry-After") == "" {
+		t.Fatalf("second claimant: %d %v", st, out)
+	}
+	st, _, list := c.do("GET", "/api/v1/devices?admission=reenroll", s.AdminToken, nil)
+	if devs := list["devices"].([]any); st != 200 || len(devs) != 1 {
+		t.Fatalf("reenroll filter: %d %v", st, list)
+	}
+	if got := s.Metric("drover_registrations_total", map[string]string{"outcome": "pending"}); got != 2 {
+		t.Fatalf("pending registrations counted %v, want 2", got)
+	}
+
+	// Restart: the request and the real device's credentials are kept.
+	s.Stop()
+	s = servertest.Start(t, opts)
+	c = &client{t: t, s: s, url: s.URL}
+	pushOK(t, c, token, 3)
+	st, _, dev := c.do("GET", "/api/v1/devices/1", s.AdminToken, nil)
+	if st != 200 || dev["enrollment_request"] == nil || dev["admission"] != "active" {
+		t.Fatalf("device after restart: %d %v", st, dev)
+	}
+	if st, _, out := c.do("POST", "/api/v1/devices/1/reject", s.AdminToken, nil); st != 200 || out["enrollment_request"] != nil {
+		t.Fatalf("reject: %d %v", st, out)
+	}
+	// The real device re-registers with its current token as bearer.
+	st, _, r2 := c.do("POST", "/api/v1/register", token, regBody(s, "m-1", nil))
+	if st != 200 || r2["token"] == token || r2["device_id"] != "1" {
+		t.Fatalf("re-register with bearer: %d %v", st, r2)
+	}
+	pushOK(t, c, r2["token"].(string), 4)
+	// ... and with its device key, without the fleet secret.
+	st, _, r3 := c.do("POST", "/api/v1/register", "", regBody(s, "m-1", map[string]string{"enrollment_secret": "", "device_key": key}))
+	if st != 200 || r3["token"] == nil {
+		t.Fatalf("re-register with key: %d %v", st, r3)
+	}
+	if st, _, _ := c.do("POST", "/api/v1/push", r2["token"].(string), `{"seq":5,"config_version":0,"state":{}}`); st != 401 {
+		t.Fatalf("replaced token: %d", st)
+	}
+	if !strings.Contains(logs.String(), "msg=\"device admission\" action=reject device_id=1 machine_id=m-1 by=admin-token@127.0.0.1:") {
+		t.Fatalf("rejection not logged:\n%s", logs)
+	}
+}
+
+func TestAdmissionAPI(t *testing.T) {
+	logs := &syncBuf{}
+	s := servertest.Start(t, servertest.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		Configure: func(c *server.Config) { c.Admission = "approve" }})
+	c := &client{t: t, s: s, url: s.URL}
+	st, h, p := c.do("POST", "/api/v1/register", "", regBody(s, "m-1", nil))
+	if st != 202 || h.Get("Retry-After") == "" || p["device_key"] == nil || p["new"] != true {
+		t.Fatalf("approve policy: %d %v", st, p)
+	}
+	key := p["device_key"].(string)
+	withKey := regBody(s, "m-1", map[string]string{"device_key": key})
+	if st, _, _ := c.do("POST", "/api/v1/register", "", withKey); st != 202 {
+		t.Fatalf("poll before approval: %d", st)
+	}
+	if st, _, l := c.do("GET", "/api/v1/devices?admission=pending", s.AdminToken, nil); st != 200 || len(l["devices"].([]any)) != 1 {
+		t.Fatalf("pending list: %d %v", st, l)
+	}
+	if st, _, out := c.do("GET", "/api/v1/devices?admission=nope", s.AdminToken, nil); st != 400 || errCode(out) != "invalid_field" {
+		t.Fatalf("bad filter: %d %v", st, out)
+	}
+	if st, _, _ := c.do("POST", "/api/v1/devices/1/approve", "", nil); st != 401 {
+		t.Fatalf("approve without the admin token: %d", st)
+	}
+	if st, _, d := c.do("POST", "/api/v1/devices/1/approve", s.AdminToken, nil); st != 200 || d["admission"] != "active" {
+		t.Fatalf("approve: %d %v", st, d)
+	}
+	if st, _, out := c.do("POST", "/api/v1/devices/1/approve", s.AdminToken, nil); st != 409 || errCode(out) != "nothing_to_do" {
+		t.Fatalf("approve again: %d %v", st, out)
+	}
+	st, _, ok := c.do("POST", "/api/v1/register", "", withKey)
+	if st != 200 || ok["token"] == nil {
+		t.Fatalf("after approval: %d %v", st, ok)
+	}
+	token := ok["token"].(string)
+	pushOK(t, c, token, 1)
+
+	// Block: pushes and registrations get 403 device_blocked, nothing stored.
+	if st, _, d := c.do("POST", "/api/v1/devices/1/block", s.AdminToken, nil); st != 200 || d["admission"] != "blocked" {
+		t.Fatalf("block: %d %v", st, d)
+	}
+	if st, _, out := c.do("POST", "/api/v1/push", token, `{"seq":2,"config_version":0,"state":{}}`); st != 403 || errCode(out) != "device_blocked" {
+		t.Fatalf("push when blocked: %d %v", st, out)
+	}
+	if st, _, out := c.do("POST", "/api/v1/register", "", withKey); st != 403 || errCode(out) != "device_blocked" {
+		t.Fatalf("register when blocked: %d %v", st, out)
+	}
+	if _, _, d := c.do("GET", "/api/v1/devices/1", s.AdminToken, nil); d["seq"].(float64) != 1 {
+		t.Fatalf("a blocked device's push was stored: %v", d)
+	}
+	if st, _, d := c.do("POST", "/api/v1/devices/1/decommission", s.AdminToken, nil); st != 200 || d["admission"] != "decommissioned" {
+		t.Fatalf("decommission: %d %v", st, d)
+	}
+	if st, _, out := c.do("POST", "/api/v1/push", token, `{"seq":2,"config_version":0,"state":{}}`); st != 403 || errCode(out) != "device_decommissioned" {
+		t.Fatalf("push when decommissioned: %d %v", st, out)
+	}
+	if st, _, out := c.do("DELETE", "/api/v1/devices/1", s.AdminToken, nil); st != 200 || out["deleted"] != true {
+		t.Fatalf("delete: %d %v", st, out)
+	}
+	if st, _, _ := c.do("GET", "/api/v1/devices/1", s.AdminToken, nil); st != 404 {
+		t.Fatalf("deleted device: %d", st)
+	}
+	if st, _, _ := c.do("POST", "/api/v1/devices/1/block", s.AdminToken, nil); st != 404 {
+		t.Fatalf("block a deleted device: %d", st)
+	}
+	for _, action := range []string{"approve", "block", "decommission", "delete"} {
+		if !strings.Contains(logs.String(), "action="+action+" device_id=1") {
+			t.Errorf("action %s not logged", action)
+		}
+	}
+
+	// Enrollment tokens: shown once, single use, revocable.
+	st, _, et := c.do("POST", "/api/v1/enrollment-tokens", s.AdminToken, `{"machine_id":"m-2","ttl":"1h","note":"rack 4"}`)
+	if st != 201 || et["token"] == nil || et["machine_id"] != "m-2" {
+		t.Fatalf("create token: %d %v", st, et)
+	}
+	if st, _, l := c.do("GET", "/api/v1/enrollment-tokens", s.AdminToken, nil); st != 200 || len(l["tokens"].([]any)) != 1 ||
+		l["tokens"].([]any)[0].(map[string]any)["token"] != nil {
+		t.Fatalf("list tokens (the token itself is never listed): %d %v", st, l)
+	}
+	withToken := regBody(s, "m-2", map[string]string{"enrollment_secret": "", "enrollment_token": et["token"].(string)})
+	if st, _, out := c.do("POST", "/api/v1/register", "", withToken); st != 200 || out["token"] == nil {
+		t.Fatalf("register with an enrollment token under the approve policy: %d %v", st, out)
+	}
+	if st, _, out := c.do("POST", "/api/v1/register", "", withToken); st != 403 || errCode(out) != "invalid_enrollment_token" {
+		t.Fatalf("second use: %d %v", st, out)
+	}
+	if st, _, out := c.do("POST", "/api/v1/enrollment-tokens", s.AdminToken, `{"ttl":"1s"}`); st != 400 || errCode(out) != "invalid_field" {
+		t.Fatalf("bad ttl: %d %v", st, out)
+	}
+	if st, _, out := c.do("DELETE", "/api/v1/enrollment-tokens/1", s.AdminToken, nil); st != 200 || out["revoked"] != true {
+		t.Fatalf("revoke: %d %v", st, out)
+	}
+	if st, _, _ := c.do("DELETE", "/api/v1/enrollment-tokens/99", s.AdminToken, nil); st != 404 {
+		t.Fatalf("revoke unknown: %d", st)
+	}
+
+	// Preauthorized machine IDs.
+	if st, _, out := c.do("POST", "/api/v1/preauthorized", s.AdminToken, `{"machine_ids":["m-7","m-8"]}`); st != 200 || out["added"].(float64) != 2 {
+		t.Fatalf("preauthorize: %d %v", st, out)
+	}
+	if st, _, out := c.do("POST", "/api/v1/preauthorized", s.AdminToken, `{"machine_ids":["bad\u0001"]}`); st != 400 {
+		t.Fatalf("preauthorize a bad ID: %d %v", st, out)
+	}
+	if st, _, l := c.do("GET", "/api/v1/preauthorized", s.AdminToken, nil); st != 200 || len(l["machine_ids"].([]any)) != 2 {
+		t.Fatalf("list preauthorized: %d %v", st, l)
+	}
+	if st, _, _ := c.do("DELETE", "/api/v1/preauthorized/m-7", s.AdminToken, nil); st != 200 {
+		t.Fatalf("remove: %d", st)
+	}
+	if st, _, _ := c.do("DELETE", "/api/v1/preauthorized/m-7", s.AdminToken, nil); st != 404 {
+		t.Fatalf("remove again: %d", st)
+	}
+}
+
+func TestPreauthorizedPolicy(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.Admission = "preauthorized" }})
+	c := &client{t: t, s: s, url: s.URL}
+	if st, _, out := c.do("POST", "/api/v1/register", "", regBody(s, "m-1", nil)); st != 403 || errCode(out) != "not_preauthorized" {
+		t.Fatalf("unlisted: %d %v", st, out)
+	}
+	if _, _, l := c.do("GET", "/api/v1/devices", s.AdminToken, nil); len(l["devices"].([]any)) != 0 {
+		t.Fatalf("an unlisted device was stored: %v", l)
+	}
+	c.do("POST", "/api/v1/preauthorized", s.AdminToken, `{"machine_ids":["m-1"]}`)
+	if st, _, out := c.do("POST", "/api/v1/register", "", regBody(s, "m-1", nil)); st != 200 || out["token"] == nil {
+		t.Fatalf("listed: %d %v", st, out)
+	}
+}
+
+func TestRegistrationRateLimits(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) {
+		c.RegisterRatePerAddress, c.RegisterBurstPerAddress, c.RegisterRateExempt = 0.001, 2, ""
+	}})
+	c := &client{t: t, s: s, url: s.URL}
+	for i := range 2 {
+		if st, _, out := c.do("POST", "/api/v1/register", "", regBody(s, "m-"+itoa(i), nil)); st != 200 {
+			t.Fatalf("registration %d: %d %v", i, st, out)
+		}
+	}
+	st, h, out := c.do("POST", "/api/v1/register", "", regBody(s, "m-3", nil))
+	if st != 429 || errCode(out) != "rate_limited" || h.Get("Retry-After") == "" || h.Get("Retry-After") == "0" {
+		t.Fatalf("third registration from one address: %d %v %v", st, h, out)
+	}
+	if got := s.Metric("drover_registrations_total", map[string]string{"outcome": "rate_limited"}); got != 1 {
+		t.Fatalf("rate_limited counted %v", got)
+	}
+	// Loopback is exempt by default; the total limit still applies.
+	s2 := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) {
+		c.RegisterRatePerAddress, c.RegisterBurstPerAddress = 0.001, 1
+		c.RegisterRate, c.RegisterBurst = 0.001, 3
+	}})
+	c2 := &client{t: t, s: s2, url: s2.URL}
+	for i := range 3 {
+		if st, _, out := c2.do("POST", "/api/v1/register", "", regBody(s2, "m-"+itoa(i), nil)); st != 200 {
+			t.Fatalf("exempt registration %d: %d %v", i, st, out)
+		}
+	}
+	if st, _, out := c2.do("POST", "/api/v1/register", "", regBody(s2, "m-9", nil)); st != 429 || errCode(out) != "rate_limited" {
+		t.Fatalf("over the total limit: %d %v", st, out)
+	}
+}
+
+// certFiles writes a CA and a client certificate for cn; it returns the CA
+// file and the client's TLS certificate.
+func certFiles(t *testing.T, dir, cn string) (string, tls.Certificate) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "drover test CA"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: cn}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return caFile, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func TestClientCertificates(t *testing.T) {
+	dir := t.TempDir()
+	caFile, cert := certFiles(t, dir, "m-cert")
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) {
+		c.ClientCA, c.RequireClientCert, c.Admission = caFile, true, "approve"
+	}})
+	plain := &client{t: t, s: s, url: s.URL}
+	if st, _, out := plain.do("POST", "/api/v1/register", "", regBody(s, "m-cert", nil)); st != 403 || errCode(out) != "certificate_required" {
+		t.Fatalf("without a certificate: %d %v", st, out)
+	}
+	// The operator API needs no client certificate.
+	if st, _, _ := plain.do("GET", "/api/v1/devices", s.AdminToken, nil); st != 200 {
+		t.Fatalf("operator API without a client certificate: %d", st)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(s.CACertPEM)
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	do := func(body string) (int, map[string]any) {
+		resp, err := hc.Post(s.URL+"/api/v1/register", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		decodeJSON(t, resp, &out)
+		return resp.StatusCode, out
+	}
+	st, out := do(`{"machine_id":"m-cert","device_type":"t","firmware":"f"}`)
+	if st != 200 || out["token"] == nil {
+		t.Fatalf("with a certificate and no secret (approve policy): %d %v", st, out)
+	}
+	if st, out := do(`{"machine_id":"m-other","device_type":"t","firmware":"f","enrollment_secret":"` + s.EnrollmentSecret + `"}`); st != 403 ||
+		errCode(out) != "certificate_required" {
+		t.Fatalf("certificate of another machine: %d %v", st, out)
+	}
+	if st, out := do(`{"machine_id":"m-cert","device_type":"t","firmware":"f"}`); st != 200 || out["device_id"] != "1" {
+		t.Fatalf("re-registration with the certificate: %d %v", st, out)
+	}
+}
