@@ -317,6 +317,8 @@ END {
 DEVICE_ID=
 TOKEN=
 TOKEN_SERVER=
+DEVICE_KEY=  # proves this device when it registers again (docs/protocol.md#admission)
+OLD_TOKEN=   # the token last refused, sent as bearer when registering again
 SEQ=0
 CONFIG_VERSION=0
 CONFIG_ERROR=
@@ -327,8 +329,8 @@ FAILED_AT=0
 # is read, not sourced.
 save_state() {
 	_t=$STATE_DIR/.state.tmp
-	printf 'DEVICE_ID=%s\nTOKEN=%s\nTOKEN_SERVER=%s\nSEQ=%s\nCONFIG_VERSION=%s\nCONFIG_ERROR=%s\nFAILED_VERSION=%s\nFAILED_AT=%s\n' \
-		"$DEVICE_ID" "$TOKEN" "$SERVER" "$SEQ_RESERVED" "$CONFIG_VERSION" "$CONFIG_ERROR" "$FAILED_VERSION" "$FAILED_AT" >"$_t" &&
+	printf 'DEVICE_ID=%s\nTOKEN=%s\nTOKEN_SERVER=%s\nSEQ=%s\nCONFIG_VERSION=%s\nCONFIG_ERROR=%s\nFAILED_VERSION=%s\nFAILED_AT=%s\nDEVICE_KEY=%s\n' \
+		"$DEVICE_ID" "$TOKEN" "$SERVER" "$SEQ_RESERVED" "$CONFIG_VERSION" "$CONFIG_ERROR" "$FAILED_VERSION" "$FAILED_AT" "$DEVICE_KEY" >"$_t" &&
 		mv -f "$_t" "$STATE_DIR/state" && sync
 	[ $? -eq 0 ] || log error "saving $STATE_DIR/state failed"
 }
@@ -345,6 +347,7 @@ if [ -f "$STATE_DIR/state" ]; then
 		CONFIG_ERROR=*) CONFIG_ERROR=$_v ;;
 		FAILED_VERSION=*) FAILED_VERSION=$_v ;;
 		FAILED_AT=*) FAILED_AT=$_v ;;
+		DEVICE_KEY=*) DEVICE_KEY=$_v ;;
 		esac
 	done <"$STATE_DIR/state"
 fi
@@ -370,11 +373,13 @@ if [ "$NEW_MACHINE_ID" = 1 ]; then
 	fi
 	DEVICE_ID=
 	TOKEN=
+	DEVICE_KEY=
 fi
-if [ -n "$TOKEN" ] && [ "$TOKEN_SERVER" != "$SERVER" ]; then
+if [ -n "$TOKEN$DEVICE_KEY" ] && [ "$TOKEN_SERVER" != "$SERVER" ]; then
 	log info "server changed; registering again"
 	DEVICE_ID=
 	TOKEN=
+	DEVICE_KEY=
 fi
 
 # --- identity and values that do not change --------------------------------
@@ -619,6 +624,7 @@ ANS_INTERVAL=
 ANS_VERSION=
 ANS_DEVICE_ID=
 ANS_TOKEN=
+ANS_KEY=
 
 # parse_answer reads $RUN/resp into the ANS_ variables and $RUN/data.
 parse_answer() {
@@ -626,6 +632,7 @@ parse_answer() {
 	ANS_VERSION=
 	ANS_DEVICE_ID=
 	ANS_TOKEN=
+	ANS_KEY=
 	ANS_CODE=
 	ANS_MSG=
 	rm -f "$RUN/data"
@@ -636,6 +643,7 @@ parse_answer() {
 		config.version) ANS_VERSION=$_v ;;
 		device_id) ANS_DEVICE_ID=$_v ;;
 		token) ANS_TOKEN=$_v ;;
+		device_key) ANS_KEY=$_v ;;
 		error.code) ANS_CODE=$_v ;;
 		error.message) ANS_MSG=$_v ;;
 		esac
@@ -655,8 +663,9 @@ post() {
 		set -- "$@" --pinnedpubkey "$PIN"
 		[ -n "$CA_CERT" ] || set -- "$@" -k # the pin alone decides, as in the Go agent
 	fi
-	if [ "$3" = auth ]; then
-		printf 'Authorization: Bearer %s\n' "$TOKEN" >"$RUN/auth"
+	if [ "$3" = auth ] || { [ "$3" = oldauth ] && [ -n "$OLD_TOKEN" ]; }; then
+		[ "$3" = auth ] && _tok=$TOKEN || _tok=$OLD_TOKEN
+		printf 'Authorization: Bearer %s\n' "$_tok" >"$RUN/auth"
 		set -- "$@" -H "@$RUN/auth" # from a file: the token stays out of ps
 	fi
 	_url=$SERVER$1
@@ -721,8 +730,11 @@ set_interval() {
 	[ "$1" -le 604800 ] && INTERVAL=$1 || INTERVAL=604800
 }
 
+# register obtains a token, proving the device with its device key and its
+# last token. Returns 0 when registered, 1 to retry after RETRY_DELAY (also
+# while an operator has to approve: 202), 2 to retry after --enroll-retry.
 register() {
-	if [ -z "$SECRET" ]; then
+	if [ -z "$SECRET" ] && [ -z "$DEVICE_KEY" ]; then
 		log error "not registered and no --enroll-secret given"
 		return 2
 	fi
@@ -734,13 +746,38 @@ register() {
 	_b="$_b,\"model\":$JS"
 	js "$SERIAL" 128
 	_b="$_b,\"serial\":$JS"
-	js "$SECRET" 256
-	printf '%s,"firmware":%s,"enrollment_secret":%s}' "$_b" "$FIRMWARE_JSON" "$JS" >"$RUN/body"
-	post /api/v1/register "$RUN/body"
+	if [ -n "$DEVICE_KEY" ]; then
+		js "$DEVICE_KEY" 256
+		_b="$_b,\"device_key\":$JS"
+	fi
+	if [ -n "$SECRET" ]; then
+		js "$SECRET" 256
+		_b="$_b,\"enrollment_secret\":$JS"
+	fi
+	printf '%s,"firmware":%s}' "$_b" "$FIRMWARE_JSON" >"$RUN/body"
+	post /api/v1/register "$RUN/body" oldauth
+	case $ANS_KEY in
+	'' | *[!A-Za-z0-9._~+/=:-]*) ;;
+	*)
+		DEVICE_KEY=$ANS_KEY # kept also while pending: it claims the request
+		DEVICE_ID=$ANS_DEVICE_ID
+		save_state
+		;;
+	esac
 	case $STATUS in
 	200) ;;
-	403)
-		log error "the server rejected the enrollment secret (403): check --enroll-secret against the server's secrets.json"
+	202)
+		[ -n "$RETRY_AFTER" ] && [ "$RETRY_AFTER" -ge 60 ] || RETRY_AFTER=60
+		log warn "registration waits for an operator's approval (202)"
+		return 1
+		;;
+	403 | 409)
+		case $STATUS:$ANS_CODE in
+		403:device_* | 403:not_preauthorized | 403:certificate_required | 403:invalid_enrollment_token | 409:*)
+			log error "registration refused: $ERR_MSG"
+			;;
+		*) log error "the server rejected the enrollment secret (403): check --enroll-secret against the server's secrets.json" ;;
+		esac
 		return 2
 		;;
 	*)
@@ -757,6 +794,7 @@ register() {
 	[ -z "$DEVICE_ID" ] || [ "$DEVICE_ID" = "$ANS_DEVICE_ID" ] || log warn "server assigned a different device ID: was $DEVICE_ID, now $ANS_DEVICE_ID"
 	DEVICE_ID=$ANS_DEVICE_ID
 	TOKEN=$ANS_TOKEN
+	OLD_TOKEN=
 	set_interval "$ANS_INTERVAL"
 	save_state
 	log info "registered: device_id=$DEVICE_ID push_interval=$INTERVAL"
@@ -904,6 +942,7 @@ while :; do
 		;;
 	3)
 		log warn "token refused (401); registering again"
+		OLD_TOKEN=$TOKEN
 		TOKEN=
 		save_state
 		if [ "$JUST_REGISTERED" = 1 ]; then

@@ -72,6 +72,15 @@ func Version() string { return buildinfo.Version() }
 // defaultInterval is used until the server names one.
 const defaultInterval = time.Minute
 
+// ErrPending means the registration waits for an operator's approval
+// (docs/protocol.md#admission).
+var ErrPending = errors.New("the registration waits for an operator's approval (202)")
+
+// admissionCodes are the 403 codes of admission (the device itself is
+// refused); any other 403 to a registration is a wrong enrollment secret.
+var admissionCodes = map[string]bool{"device_blocked": true, "device_decommissioned": true, "not_preauthorized": true,
+	"certificate_required": true, "invalid_enrollment_token": true}
+
 // ErrEnrollment means the server refused the enrollment secret.
 var ErrEnrollment = errors.New("the server rejected the enrollment secret (403): check --enroll-secret against the server's secrets.json")
 
@@ -84,6 +93,7 @@ type Agent struct {
 	identity      Identity
 	machineID     string
 	st            persisted
+	prevToken     string        // the token last refused, sent when registering again
 	seq           uint64        // last sequence number sent
 	interval      time.Duration // as the server last said
 	intervalKnown bool
@@ -173,11 +183,11 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if created && a.st.Token != "" {
 		a.log.Info("machine ID changed; registering again", "machine_id", id)
-		a.st.DeviceID, a.st.Token = "", ""
+		a.st.DeviceID, a.st.Token, a.st.DeviceKey = "", "", ""
 	}
 	if a.st.Token != "" && a.st.Server != cfg.Server {
 		a.log.Info("server changed; registering again", "was", a.st.Server, "server", cfg.Server)
-		a.st.DeviceID, a.st.Token = "", ""
+		a.st.DeviceID, a.st.Token, a.st.DeviceKey = "", "", ""
 	}
 	a.seq = a.st.Seq
 	ok = true
@@ -201,6 +211,7 @@ func (a *Agent) registerRequest() *protocol.RegisterRequest {
 	return &protocol.RegisterRequest{
 		MachineID: a.machineID, DeviceType: a.identity.DeviceType, Model: a.identity.Model,
 		Firmware: a.identity.Firmware, Serial: a.identity.Serial, EnrollmentSecret: a.cfg.EnrollSecret,
+		DeviceKey: a.st.DeviceKey,
 	}
 }
 
@@ -274,7 +285,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			wait = a.interval - time.Since(start)
 		case statusOf(err) == http.StatusUnauthorized:
 			a.log.Warn("token refused; registering again", "err", err)
-			a.st.Token = ""
+			a.prevToken, a.st.Token = a.st.Token, ""
 			a.save()
 			if !justRegistered {
 				continue
@@ -305,19 +316,37 @@ func (a *Agent) retryDelay(err error) time.Duration {
 	return a.bo.next()
 }
 
-// register obtains a token; on failure it returns how long to wait.
+// register obtains a token; on failure it returns how long to wait. It
+// proves the device with its device key and its last token; while an
+// operator has to approve the registration it waits as the server says.
 func (a *Agent) register(ctx context.Context) (time.Duration, error) {
-	if a.cfg.EnrollSecret == "" {
+	if a.cfg.EnrollSecret == "" && a.st.DeviceKey == "" {
 		err := errors.New("not registered and no --enroll-secret given")
 		a.log.Error("cannot register", "err", err)
 		return a.cfg.EnrollRetry, err
 	}
-	resp, err := a.client.register(ctx, a.registerRequest())
-	if err != nil {
-		if statusOf(err) == http.StatusForbidden {
-			a.log.Error("registration refused", "err", ErrEnrollment, "retry_in", a.cfg.EnrollRetry)
-			return a.cfg.EnrollRetry, ErrEnrollment
+	resp, err := a.client.register(ctx, a.registerRequest(), a.prevToken)
+	if resp.DeviceKey != "" {
+		a.st.DeviceKey = resp.DeviceKey // kept also while pending: it claims the request
+		a.st.DeviceID = resp.DeviceID
+		a.save()
+	}
+	var pe *pendingError
+	switch {
+	case errors.As(err, &pe):
+		wait := a.bo.retryAfterDelay(max(pe.retryAfter, time.Minute))
+		a.log.Warn("registration waits for an operator's approval", "device_id", resp.DeviceID, "retry_in", wait.Round(time.Second),
+			"message", resp.Message)
+		return wait, ErrPending
+	case statusOf(err) == http.StatusForbidden || statusOf(err) == http.StatusConflict:
+		refused := err
+		var ae *apiError
+		if errors.As(err, &ae) && ae.status == http.StatusForbidden && !admissionCodes[ae.code] {
+			refused = ErrEnrollment
 		}
+		a.log.Error("registration refused", "err", refused, "retry_in", a.cfg.EnrollRetry)
+		return a.cfg.EnrollRetry, refused
+	case err != nil:
 		wait := a.retryDelay(err)
 		a.log.Warn("registration failed", "err", err, "retry_in", wait.Round(time.Millisecond))
 		return wait, err
@@ -325,7 +354,7 @@ func (a *Agent) register(ctx context.Context) (time.Duration, error) {
 	if a.st.DeviceID != "" && a.st.DeviceID != resp.DeviceID {
 		a.log.Warn("server assigned a different device ID", "was", a.st.DeviceID, "device_id", resp.DeviceID)
 	}
-	a.st.DeviceID, a.st.Token = resp.DeviceID, resp.Token
+	a.st.DeviceID, a.st.Token, a.prevToken = resp.DeviceID, resp.Token, ""
 	a.save()
 	a.setInterval(resp.PushInterval)
 	a.log.Info("registered", "device_id", resp.DeviceID, "new", resp.New, "push_interval", a.interval)

@@ -208,7 +208,7 @@ func (c *client) post(ctx context.Context, path, token string, v, out any) error
 	if len(raw) > maxAnswer {
 		return fmt.Errorf("answer exceeds %d bytes", maxAnswer)
 	}
-	if resp.StatusCode != http.StatusOK {
+	if resp.StatusCode != http.StatusOK && (resp.StatusCode != http.StatusAccepted || path != protocol.PathRegister) {
 		e := &apiError{status: resp.StatusCode, retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 		var eb protocol.ErrorBody
 		if json.Unmarshal(raw, &eb) == nil {
@@ -219,8 +219,16 @@ func (c *client) post(ctx context.Context, path, token string, v, out any) error
 	if err := json.Unmarshal(raw, out); err != nil {
 		return fmt.Errorf("answer is not the expected JSON: %w", err)
 	}
+	if resp.StatusCode == http.StatusAccepted {
+		return &pendingError{retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	}
 	return nil
 }
+
+// pendingError is a 202 to a registration: an operator must approve it.
+type pendingError struct{ retryAfter time.Duration }
+
+func (e *pendingError) Error() string { return "registration pending approval" }
 
 // parseRetryAfter reads seconds or an HTTP date, capped at one hour.
 func parseRetryAfter(v string, now time.Time) time.Duration {
@@ -237,9 +245,11 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return min(max(d, 0), time.Hour)
 }
 
-func (c *client) register(ctx context.Context, r *protocol.RegisterRequest) (protocol.RegisterResponse, error) {
+// register sends a registration; token (the device's last one, or "")
+// goes as bearer to prove the device.
+func (c *client) register(ctx context.Context, r *protocol.RegisterRequest, token string) (protocol.RegisterResponse, error) {
 	var out protocol.RegisterResponse
-	err := c.post(ctx, protocol.PathRegister, "", r, &out)
+	err := c.post(ctx, protocol.PathRegister, token, r, &out)
 	if err == nil && (out.DeviceID == "" || out.Token == "") {
 		err = errors.New("registration answer lacks device_id or token")
 	}

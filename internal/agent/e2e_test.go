@@ -100,15 +100,21 @@ func (r *realServer) setConfig(profileID uint64, config string) {
 	}
 }
 
-// register registers machineID as the agent would, which gives the device
-// a new token and so invalidates the agent's.
-func (r *realServer) register(machineID, deviceType, firmware string) protocol.RegisterResponse {
+// register registers machineID with the device's key, as the agent would,
+// which gives the device a new token and so invalidates the agent's. With
+// the enrollment secret alone it must not (docs/protocol.md#admission).
+func (r *realServer) register(machineID, deviceType, firmware, deviceKey string) protocol.RegisterResponse {
 	r.t.Helper()
 	var out protocol.RegisterResponse
 	req := protocol.RegisterRequest{MachineID: machineID, DeviceType: deviceType, Firmware: firmware, EnrollmentSecret: r.s.EnrollmentSecret}
-	if st := r.call("POST", protocol.PathRegister, "", req, &out); st != 200 {
-		r.t.Fatalf("register: %d", st)
+	if st := r.call("POST", protocol.PathRegister, "", req, nil); st != 202 {
+		r.t.Fatalf("register with the enrollment secret alone: %d, want 202", st)
 	}
+	req.DeviceKey = deviceKey
+	if st := r.call("POST", protocol.PathRegister, "", req, &out); st != 200 {
+		r.t.Fatalf("register with the device key: %d", st)
+	}
+	// The agent's own re-registration settles the request left above.
 	return out
 }
 
@@ -235,7 +241,10 @@ func TestEndToEndGoAgent(t *testing.T) {
 
 	// 401: another registration of the machine ID replaces the token.
 	old, _ := loadState(cfg.StateDir)
-	stolen := srv.register(a.MachineID(), a.identity.DeviceType, a.identity.Firmware)
+	if old.DeviceKey == "" {
+		t.Fatal("the agent kept no device key")
+	}
+	stolen := srv.register(a.MachineID(), a.identity.DeviceType, a.identity.Firmware, old.DeviceKey)
 	if stolen.DeviceID != id {
 		t.Fatalf("re-registration gave device %s, want %s", stolen.DeviceID, id)
 	}

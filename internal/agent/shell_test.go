@@ -287,8 +287,11 @@ func testShellAgentEndToEnd(t *testing.T, sh shellEnv) {
 
 	// 401: another registration of the machine ID replaces the token.
 	machineID, _ := os.ReadFile(filepath.Join(a.stateDir, "machine-id"))
-	oldToken := a.state()["TOKEN"]
-	stolen := srv.register(strings.TrimSpace(string(machineID)), "openwrt", st.Firmware)
+	oldToken, key := a.state()["TOKEN"], a.state()["DEVICE_KEY"]
+	if key == "" {
+		t.Fatal("the agent kept no device key")
+	}
+	stolen := srv.register(strings.TrimSpace(string(machineID)), "openwrt", st.Firmware, key)
 	if stolen.DeviceID != id {
 		t.Fatalf("re-registration gave device %s, want %s", stolen.DeviceID, id)
 	}

@@ -31,8 +31,9 @@ const seqBlock = 64
 type persisted struct {
 	DeviceID      string    `json:"device_id,omitempty"`
 	Token         string    `json:"token,omitempty"`
-	Server        string    `json:"server,omitempty"` // the server the token belongs to
-	Seq           uint64    `json:"seq"`              // no sequence number above this was sent
+	DeviceKey     string    `json:"device_key,omitempty"` // proves this device when it registers again
+	Server        string    `json:"server,omitempty"`     // the server the token belongs to
+	Seq           uint64    `json:"seq"`                  // no sequence number above this was sent
 	ConfigVersion int64     `json:"config_version"`
 	ConfigError   string    `json:"config_error,omitempty"`
 	FailedVersion int64     `json:"failed_version,omitempty"` // version whose hook failed last

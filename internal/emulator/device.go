@@ -21,6 +21,7 @@ type device struct {
 	machineID  string
 	deviceID   string
 	token      string
+	key        string // device key: proves the device when it registers again
 	seq        uint64
 	cfgVer     int64
 	cpu, temp  float32
@@ -66,6 +67,7 @@ type credential struct {
 	MachineID     string `json:"machine_id"`
 	DeviceID      string `json:"device_id"`
 	Token         string `json:"token"`
+	DeviceKey     string `json:"device_key,omitempty"`
 	Seq           uint64 `json:"seq"`            // kept across runs, as an agent keeps it across restarts
 	ConfigVersion int64  `json:"config_version"` // the configuration last applied
 }
@@ -113,7 +115,7 @@ func loadCredentials(path string, devs map[int]*device) (int, error) {
 			if d == nil || d.machineID != c.MachineID || c.Token == "" {
 				return
 			}
-			d.deviceID, d.token, d.seq, d.cfgVer = c.DeviceID, c.Token, c.Seq, c.ConfigVersion
+			d.deviceID, d.token, d.key, d.seq, d.cfgVer = c.DeviceID, c.Token, c.DeviceKey, c.Seq, c.ConfigVersion
 			loaded[c.Index] = true
 		}); err != nil {
 			return 0, err
@@ -162,7 +164,7 @@ func saveCredentials(path string, devs []*device) (int, error) {
 		if d.token == "" {
 			continue
 		}
-		if err := enc.Encode(credential{Index: d.idx, MachineID: d.machineID, DeviceID: d.deviceID, Token: d.token, Seq: d.seq, ConfigVersion: d.cfgVer}); err != nil {
+		if err := enc.Encode(credential{Index: d.idx, MachineID: d.machineID, DeviceID: d.deviceID, Token: d.token, DeviceKey: d.key, Seq: d.seq, ConfigVersion: d.cfgVer}); err != nil {
 			f.Close()
 			return 0, err
 		}

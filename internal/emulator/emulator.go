@@ -463,6 +463,10 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 	s.body = appendSerial(s.body, d.idx)
 	s.body = append(s.body, `","enrollment_secret":"`...)
 	s.body = appendJSONText(s.body, e.cfg.EnrollmentSecret)
+	if d.key != "" {
+		s.body = append(s.body, `","device_key":"`...)
+		s.body = appendJSONText(s.body, d.key)
+	}
 	s.body = append(s.body, `"}`...)
 	s.req = append(s.req[:0], e.regPrefix...)
 	s.req = strconv.AppendInt(s.req, int64(len(s.body)), 10)
@@ -492,6 +496,9 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 				return false
 			}
 			d.deviceID, d.token = rr.DeviceID, rr.Token
+			if rr.DeviceKey != "" {
+				d.key = rr.DeviceKey
+			}
 			if rr.New {
 				st.newReg.Add(1)
 			}
@@ -511,9 +518,19 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 				st.end(time.Now().UnixNano())
 				return false
 			}
+		case status == 202:
+			// Waiting for an operator (docs/protocol.md#admission): keep the
+			// key it was given; the device stays unregistered for now.
+			var rr protocol.RegisterResponse
+			if json.Unmarshal(s.res.body, &rr) == nil && rr.DeviceKey != "" {
+				d.key = rr.DeviceKey
+			}
+			e.warnOnce("202", "registration answered 202: it waits for an operator's approval (admission policy, or a known machine ID without its device key)")
+			e.rejected(st, status, s.hint, now.Sub(started), now)
+			return false
 		default:
 			if status == 403 {
-				e.warnOnce("403", "registration answered 403: the enrollment secret is wrong")
+				e.warnOnce("403", "registration answered 403: the enrollment secret is wrong, or the device is blocked or not admitted")
 			}
 			e.rejected(st, status, s.hint, now.Sub(started), now)
 			return false
