@@ -39,7 +39,7 @@ func FuzzDeviceSequence(f *testing.F) {
 	s := servertest.Start(f, servertest.Options{HTTP: true, Configure: func(c *server.Config) {
 		c.EnrollmentSecret = fuzzSecret
 	}})
-	h := &seqHarness{s: s, byMachine: map[string]string{}, byID: map[string]string{}}
+	h := &seqHarness{s: s, byMachine: map[string]string{}, byID: map[string]string{}, keys: map[string]string{}}
 	for _, seed := range [][]op{
 		{{opRegRaw, "m-1"}, {opPushExtra, "\x00ok"}, {opPushConfigError, "modem refused the APN"}},
 		{{opRegRaw, "u\xff"}, {opRegRaw, "u\xfe"}, {opRegUTF16, "\x00u\xff\xfd"}, {opRegRaw, "u\uFFFD"}, {opPushExtra, "\x00\xc0\xae"}},
@@ -107,6 +107,7 @@ type seqHarness struct {
 	iter      int
 	byMachine map[string]string // exact machine ID -> device ID
 	byID      map[string]string // device ID -> exact machine ID
+	keys      map[string]string // exact machine ID -> device key (sent when registering again)
 	devs      []seqDevice       // registered in this script, for pushes
 	accepted  int               // pushes answered 200
 	newDevs   int               // registrations answered 200 with new: true
@@ -151,7 +152,7 @@ func (h *seqHarness) step(o op) {
 	switch o.kind {
 	case opRegRaw:
 		machine := nonce + o.arg
-		h.register(registerBody(jsonRaw(machine)), machine, verdict(exact(machine, protocol.MaxIDLen, true)))
+		h.register(h.registerBody(jsonRaw(machine), machine), machine, verdict(exact(machine, protocol.MaxIDLen, true)))
 	case opRegUTF16:
 		var units []uint16
 		var esc strings.Builder
@@ -170,7 +171,7 @@ func (h *seqHarness) step(o op) {
 			}
 		}
 		machine := nonce + string(utf16.Decode(units))
-		h.register(registerBody(nonce+esc.String()), machine, verdict(ok && exact(machine, protocol.MaxIDLen, true)))
+		h.register(h.registerBody(nonce+esc.String(), machine), machine, verdict(ok && exact(machine, protocol.MaxIDLen, true)))
 	case opRegBody:
 		var r struct {
 			MachineID string `json:"machine_id"`
@@ -204,8 +205,14 @@ func (h *seqHarness) step(o op) {
 	}
 }
 
-func registerBody(machineJSON string) string {
-	return `{"machine_id":"` + machineJSON + `","device_type":"fuzz","firmware":"1","enrollment_secret":"` + fuzzSecret + `"}`
+// registerBody is a registration of machineJSON; a machine registered
+// before proves itself with its device key (docs/protocol.md#admission).
+func (h *seqHarness) registerBody(machineJSON, machine string) string {
+	key := ""
+	if k, ok := h.keys[machine]; ok {
+		key = `,"device_key":"` + k + `"`
+	}
+	return `{"machine_id":"` + machineJSON + `","device_type":"fuzz","firmware":"1","enrollment_secret":"` + fuzzSecret + `"` + key + `}`
 }
 
 // post sends one request and checks the answer's shape.
@@ -230,7 +237,7 @@ func (h *seqHarness) post(path, token, body string) (int, map[string]any) {
 	if resp.StatusCode >= 500 {
 		t.Fatalf("POST %s %q: %d %s", path, body, resp.StatusCode, raw)
 	}
-	if resp.StatusCode != 200 {
+	if resp.StatusCode != 200 && !(resp.StatusCode == 202 && path == protocol.PathRegister && out["pending"] == true) {
 		e, _ := out["error"].(map[string]any)
 		if resp.StatusCode < 400 || e == nil || e["code"] == "" || e["message"] == "" {
 			t.Fatalf("POST %s %q: %d without error body: %s", path, body, resp.StatusCode, raw)
@@ -261,6 +268,18 @@ func (h *seqHarness) register(body, machine string, want int) {
 	fl := h.s.Srv.Fleet()
 	devices, profiles := fl.Stats().Devices, len(fl.Profiles())
 	st, out := h.post(protocol.PathRegister, "", body)
+	if st == 202 {
+		// A known machine ID without its key: a re-enrollment request for
+		// that same device, nothing else stored.
+		id, _ := out["device_id"].(string)
+		if prev, ok := h.byMachine[machine]; !ok || prev != id || h.byID[id] != machine {
+			t.Fatalf("registration %q pending as device %s, which is machine %q, not %q", body, id, h.byID[id], machine)
+		}
+		if n, p := fl.Stats().Devices, len(fl.Profiles()); n != devices || p != profiles {
+			t.Fatalf("pending registration %q stored: devices %d -> %d, profiles %d -> %d", body, devices, n, profiles, p)
+		}
+		return
+	}
 	if st != 200 {
 		if want == valid && st == 400 || want == invalid && st != 400 {
 			t.Fatalf("registration %q: %d %v, the oracle says %s", body, st, out, [...]string{"unknown", "valid", "invalid"}[want])
@@ -292,6 +311,9 @@ func (h *seqHarness) register(body, machine string, want int) {
 		h.newDevs++
 	}
 	h.byMachine[machine], h.byID[id] = id, machine
+	if k, _ := out["device_key"].(string); k != "" {
+		h.keys[machine] = k
+	}
 	dev := h.device(id)
 	if dev.MachineID != machine {
 		t.Fatalf("device %s stored machine ID %q, sent %q", id, dev.MachineID, machine)
