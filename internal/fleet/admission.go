@@ -562,6 +562,7 @@ func (s *Service) deleteDevice(ctx context.Context, d *device) error {
 		return ErrNotFound // deleted meanwhile
 	}
 	d.mu.Lock()
+	labels := d.labels
 	err := persist(ctx, s.persist, func(b *Batch) { b.Trust = append(b.Trust, TrustRecord{DeviceID: d.id, Deleted: true}) })
 	if err == nil {
 		d.tokenHash, d.keyHash, d.request, d.admission = [32]byte{}, [32]byte{}, nil, Blocked
@@ -575,7 +576,21 @@ func (s *Service) deleteDevice(ctx context.Context, d *device) error {
 	s.devMu.Lock()
 	s.devices[d.id] = nil
 	s.devMu.Unlock()
+	// Label assignments in a label store that keeps them apart.
+	if ls := s.labelStore(); ls != nil {
+		for _, l := range labels {
+			if err := ls.AssignLabel(ctx, l, []uint64{d.id}, false); err != nil {
+				s.log.Warn("device labels not deleted", "device_id", d.id, "err", err)
+			}
+		}
+	}
 	return nil
+}
+
+func (s *Service) labelStore() LabelStore {
+	s.labels.mu.Lock()
+	defer s.labels.mu.Unlock()
+	return s.labels.store
 }
 
 // AdmissionFilter selects devices by admission; the zero value matches all.
@@ -586,6 +601,9 @@ type AdmissionFilter struct {
 
 // admissionFilterNames are the values ParseAdmissionFilter accepts.
 var admissionFilterNames = append(admissionNames[:len(admissionNames):len(admissionNames)], "reenroll")
+
+// AdmissionFilterNames lists the values ParseAdmissionFilter accepts.
+func AdmissionFilterNames() []string { return slices.Clone(admissionFilterNames) }
 
 // ParseAdmissionFilter accepts an admission name or "reenroll" (devices
 // with a re-enrollment request).

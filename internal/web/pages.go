@@ -72,6 +72,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s *session) {
 // devFilter is the devices table's state, kept in its URL.
 type devFilter struct {
 	SyncState, Liveness, DeviceType, Firmware, Label, Q, ProfileID string
+	Admission                                                      string
 	Sort                                                           string
 	Desc                                                           bool
 	After                                                          string
@@ -85,6 +86,7 @@ func parseDevFilter(v url.Values) devFilter {
 		SyncState: v.Get("sync_state"), Liveness: v.Get("liveness"), DeviceType: v.Get("device_type"),
 		Firmware: v.Get("firmware"), Label: v.Get("label"), Q: strings.TrimSpace(v.Get("q")), ProfileID: v.Get("profile_id"),
 		Sort: v.Get("sort"), Desc: v.Get("dir") == "desc", After: v.Get("after"), Limit: 50,
+		Admission: v.Get(fleet.FilterAdmission),
 	}
 	if n, err := strconv.Atoi(v.Get("limit")); err == nil && n >= 1 && n <= 1000 {
 		f.Limit = n
@@ -115,6 +117,7 @@ func (f devFilter) values() url.Values {
 	set("label", f.Label)
 	set("q", f.Q)
 	set("profile_id", f.ProfileID)
+	set(fleet.FilterAdmission, f.Admission)
 	if f.Sort != "id" {
 		set("sort", f.Sort)
 	}
@@ -160,7 +163,7 @@ func (f devFilter) SortMark(col string) string {
 }
 
 func (f devFilter) Filtered() bool {
-	return f.SyncState != "" || f.Liveness != "" || f.DeviceType != "" || f.Firmware != "" || f.Label != "" || f.Q != "" || f.ProfileID != ""
+	return f.SyncState != "" || f.Liveness != "" || f.DeviceType != "" || f.Firmware != "" || f.Label != "" || f.Q != "" || f.ProfileID != "" || f.Admission != ""
 }
 
 type deviceRow struct {
@@ -180,6 +183,7 @@ type devicesData struct {
 	Labels             []string
 	SyncStates         []string
 	Livenesses         []string
+	Admissions         []string
 	Sizes              []int
 	Took               time.Duration
 	HiddenFilterFields map[string]string
@@ -210,6 +214,7 @@ func (h *Handler) devicesData(f devFilter) devicesData {
 	for _, v := range fleet.AllLiveness() {
 		d.Livenesses = append(d.Livenesses, v.String())
 	}
+	d.Admissions = fleet.AdmissionFilterNames()
 	for _, dev := range res.Devices {
 		d.Rows = append(d.Rows, deviceRow{Device: dev, Labels: h.fleet.DeviceLabels(dev.ID)})
 	}
@@ -284,6 +289,7 @@ type devicePage struct {
 	Events   []alert.Event
 	Sync     []alert.SyncEvent
 	Problems []string
+	Actions  []admitButton // admission.go
 }
 
 var ranges = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
@@ -303,7 +309,8 @@ func (h *Handler) device(w http.ResponseWriter, r *http.Request, s *session) {
 		h.serverError(w, r, s, err)
 		return
 	}
-	d := devicePage{D: dev, Labels: h.fleet.DeviceLabels(id), Range: r.URL.Query().Get("range"), Ranges: []string{"1h", "6h", "24h", "7d"}}
+	d := devicePage{D: dev, Labels: h.fleet.DeviceLabels(id), Range: r.URL.Query().Get("range"), Ranges: []string{"1h", "6h", "24h", "7d"},
+		Actions: admitButtons(dev)}
 	span, ok := ranges[d.Range]
 	if !ok {
 		d.Range, span = "24h", 24*time.Hour

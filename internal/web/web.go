@@ -112,6 +112,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET "+Prefix+"devices", h.auth(h.devices))
 	m.HandleFunc("POST "+Prefix+"devices/label", h.auth(h.labelDevices))
 	m.HandleFunc("GET "+Prefix+"devices/{id}", h.auth(h.device))
+	m.HandleFunc("POST "+Prefix+"devices/{id}/admission", h.auth(h.admitDevice))
 	m.HandleFunc("GET "+Prefix+"profiles", h.auth(h.profiles))
 	m.HandleFunc("GET "+Prefix+"profiles/{id}", h.auth(h.profile))
 	m.HandleFunc("POST "+Prefix+"profiles/{id}", h.auth(h.saveProfile))

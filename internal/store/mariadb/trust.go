@@ -47,68 +47,7 @@ func trustStatements(recs []fleet.TrustRecord) []string {
 
 // LoadTrust implements fleet.TrustStore.
 func (s *Store) LoadTrust(ctx context.Context, each func(fleet.TrustRecord) error) (fleet.TrustState, error) {
-	var st fleet.TrustState
-	rows, err := s.db.QueryContext(ctx, `SELECT device_id, admission, key_hash, request_key_hash, request_at, request_from,
-		request_approved FROM device_trust ORDER BY device_id`)
-	if err != nil {
-		return st, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var r batchutil.TrustRow
-		if err := rows.Scan(&r.DeviceID, &r.Admission, &r.KeyHash, &r.RequestKeyHash, &r.RequestAt, &r.RequestFrom, &r.RequestApproved); err != nil {
-			return st, err
-		}
-		t, err := r.Record()
-		if err == nil {
-			err = each(t)
-		}
-		if err != nil {
-			return st, err
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return st, err
-	}
-	rows.Close()
-	trows, err := s.db.QueryContext(ctx, `SELECT id, hash, machine_id, note, created_at, expires_at, used_at, device_id, revoked
-		FROM enrollment_tokens ORDER BY id`)
-	if err != nil {
-		return st, err
-	}
-	defer trows.Close()
-	for trows.Next() {
-		var t fleet.EnrollmentToken
-		var created, expires, used int64
-		if err := trows.Scan(&t.ID, &t.Hash, &t.MachineID, &t.Note, &created, &expires, &used, &t.DeviceID, &t.Revoked); err != nil {
-			return st, err
-		}
-		batchutil.SetTokenTimes(&t, created, expires, used)
-		st.Tokens = append(st.Tokens, t)
-	}
-	if err := trows.Err(); err != nil {
-		return st, err
-	}
-	prows, err := s.db.QueryContext(ctx, `SELECT machine_id, added_at FROM preauthorized ORDER BY machine_id`)
-	if err != nil {
-		return st, err
-	}
-	defer prows.Close()
-	for prows.Next() {
-		var p fleet.Preauthorized
-		var at int64
-		if err := prows.Scan(&p.MachineID, &at); err != nil {
-			return st, err
-		}
-		p.AddedAt = time.UnixMilli(at).UTC()
-		st.Preauthorized = append(st.Preauthorized, p)
-	}
-	if err := prows.Err(); err != nil {
-		return st, err
-	}
-	err = s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(value), 0) FROM trust_counters WHERE name = ?`, batchutil.CounterMaxDeleted).
-		Scan(&st.MaxDeletedDeviceID)
-	return st, err
+	return batchutil.LoadTrust(ctx, s.db, each)
 }
 
 // SaveEnrollmentToken implements fleet.TrustStore.
