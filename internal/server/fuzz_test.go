@@ -32,7 +32,9 @@ import (
 //     what was sent;
 //   - the server's accepted-push and new-device counters match the 200s.
 //
-// Run it with: go test -run '^$' -fuzz FuzzDeviceSequence -fuzztime 60s ./internal/server/
+// Run it with: go test -run '^$' -fuzz FuzzDeviceSequence -fuzztime 60s -fuzzminimizetime 5s ./internal/server/
+// (the target is stateful and slow: Go's default of a minute minimising each
+// new input leaves little time to fuzz).
 //
 // A script is a list of ops, each [kind][length][length bytes of argument].
 func FuzzDeviceSequence(f *testing.F) {
