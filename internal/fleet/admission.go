@@ -96,7 +96,7 @@ const PendingRetry = 60
 // enrollRequest is a re-enrollment request of a known device that lost its
 // credentials (or of someone claiming its machine ID).
 type enrollRequest struct {
-	keyHash  [32]byte
+	keyHash  keyDigest
 	at       int64 // unix ns
 	from     string
 	approved bool
@@ -133,15 +133,29 @@ func newSecret(prefix string) (string, [32]byte) {
 	return v, sha256.Sum256([]byte(v))
 }
 
-// newDeviceKey makes a device key and its SHA-256.
-func newDeviceKey() (string, [32]byte) { return newSecret("dk-") }
+// keyDigest is what the fleet keeps of a device key: the first 128 bits of
+// its SHA-256 (keys are 192 random bits; 16 bytes less per device).
+type keyDigest [16]byte
+
+func digestKey(v string) keyDigest {
+	h := sha256.Sum256([]byte(v))
+	return keyDigest(h[:16])
+}
+
+func digestEq(a, b keyDigest) bool { return subtle.ConstantTimeCompare(a[:], b[:]) == 1 }
+
+// newDeviceKey makes a device key and its digest.
+func newDeviceKey() (string, keyDigest) {
+	v, _ := newSecret("dk-")
+	return v, digestKey(v)
+}
 
 func hashEq(a, b [32]byte) bool { return subtle.ConstantTimeCompare(a[:], b[:]) == 1 }
 
 func sha(v string) [32]byte { return sha256.Sum256([]byte(v)) }
 
-func hashBytes(h [32]byte) []byte {
-	if h == ([32]byte{}) {
+func digestBytes(h keyDigest) []byte {
+	if h == (keyDigest{}) {
 		return nil
 	}
 	return append([]byte(nil), h[:]...)
@@ -149,9 +163,9 @@ func hashBytes(h [32]byte) []byte {
 
 // trustRecord is d's trust record; d.mu held.
 func (d *device) trustRecord() TrustRecord {
-	t := TrustRecord{DeviceID: d.id, Admission: d.admission, KeyHash: hashBytes(d.keyHash)}
+	t := TrustRecord{DeviceID: d.id, Admission: d.admission, KeyHash: digestBytes(d.keyHash)}
 	if rq := d.request; rq != nil {
-		t.Request = &EnrollRequest{KeyHash: hashBytes(rq.keyHash), At: time.Unix(0, rq.at).UTC(), From: rq.from, Approved: rq.approved}
+		t.Request = &EnrollRequest{KeyHash: digestBytes(rq.keyHash), At: time.Unix(0, rq.at).UTC(), From: rq.from, Approved: rq.approved}
 	}
 	return t
 }
@@ -304,9 +318,9 @@ const (
 
 // reregister handles a registration of a known machine ID.
 func (s *Service) reregister(ctx context.Context, d *device, r protocol.RegisterRequest, pr Proof, c credentials) (protocol.RegisterResponse, error) {
-	var keyHash [32]byte
+	var keyHash keyDigest
 	if r.DeviceKey != "" {
-		keyHash = sha(r.DeviceKey)
+		keyHash = digestKey(r.DeviceKey)
 	}
 	tokenOK := false
 	if pr.Token != "" {
@@ -321,8 +335,8 @@ func (s *Service) reregister(ctx context.Context, d *device, r protocol.Register
 		d.mu.Unlock()
 		return protocol.RegisterResponse{}, err
 	}
-	keyOK := r.DeviceKey != "" && d.keyHash != [32]byte{} && hashEq(keyHash, d.keyHash)
-	reqOK := r.DeviceKey != "" && d.request != nil && hashEq(keyHash, d.request.keyHash)
+	keyOK := r.DeviceKey != "" && d.keyHash != keyDigest{} && digestEq(keyHash, d.keyHash)
+	reqOK := r.DeviceKey != "" && d.request != nil && digestEq(keyHash, d.request.keyHash)
 	strong := c.cert || c.token != nil // operator-made credentials: admit even a pending device
 	var dec decision
 	newKey := false
@@ -341,7 +355,7 @@ func (s *Service) reregister(ctx context.Context, d *device, r protocol.Register
 		d.mu.Unlock()
 		return protocol.RegisterResponse{}, ErrEnrollment
 	case strong || tokenOK || keyOK:
-		dec, newKey = reissue, d.keyHash == [32]byte{} || c.token != nil
+		dec, newKey = reissue, d.keyHash == keyDigest{} || c.token != nil
 	case reqOK && d.request.approved:
 		dec = reissue
 	case reqOK:
@@ -565,7 +579,7 @@ func (s *Service) deleteDevice(ctx context.Context, d *device) error {
 	labels := d.labels
 	err := persist(ctx, s.persist, func(b *Batch) { b.Trust = append(b.Trust, TrustRecord{DeviceID: d.id, Deleted: true}) })
 	if err == nil {
-		d.tokenHash, d.keyHash, d.request, d.admission = [32]byte{}, [32]byte{}, nil, Blocked
+		d.tokenHash, d.keyHash, d.request, d.admission = [32]byte{}, keyDigest{}, nil, Blocked
 		d.profile = nil // List and Counts skip it from now on
 	}
 	d.mu.Unlock()

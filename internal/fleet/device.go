@@ -64,7 +64,9 @@ func AllLiveness() []Liveness { return []Liveness{Online, Late, Offline, Unknown
 // holds one per registered device (BenchmarkRegistryMemory measures it).
 type device struct {
 	mu             sync.Mutex
-	idLen          uint32 // length of the machine ID at the start of ids
+	idLen          uint32    // length of the machine ID at the start of ids
+	admission      Admission // admission.go; with unacked in idLen's padding
+	unacked        bool      // its first registration was not acknowledged: nobody holds its credentials
 	id             uint64
 	ids            string // machine ID then serial: one allocation, one header
 	deviceType     string // interned
@@ -80,10 +82,8 @@ type device struct {
 	profile        *profileEntry
 	labels         []uint16 // label IDs, sorted; replaced, never modified in place (labels.go)
 	// Admission and trust (admission.go).
-	admission Admission
-	keyHash   [32]byte       // SHA-256 of the device key; zero: none
-	request   *enrollRequest // a re-enrollment waiting for an operator; nil: none
-	unacked   bool           // its first registration was not acknowledged: nobody holds its credentials
+	keyHash keyDigest      // of the device key; zero: none
+	request *enrollRequest // a re-enrollment waiting for an operator; nil: none
 }
 
 // setIDs stores the machine ID and serial in one new string.
