@@ -8,6 +8,7 @@ AGENT_VERSION=1.0
 
 SERVER=
 SECRET=
+ENROLL_TOKEN=
 SECRET_FILE=
 STATE_DIR=/var/lib/drover-agent
 CA_CERT=
@@ -45,6 +46,7 @@ flags:
   --server URL              server URL, https://host:port (required)
   --enroll-secret S         enrollment secret (needed to register)
   --enroll-secret-file F    file holding the enrollment secret
+  --enroll-token T          single-use enrollment token an operator made for this device
   --state-dir D             machine ID, token, sequence, applied config (default /var/lib/drover-agent)
   --ca-cert F               PEM of the CA or of the server's self-signed certificate to trust
   --pin-pubkey sha256//B64  trust only this server public key; alone it replaces CA checks
@@ -120,6 +122,7 @@ while [ $# -gt 0 ]; do
 	--server) SERVER=$val ;;
 	--enroll-secret) SECRET=$val ;;
 	--enroll-secret-file) SECRET_FILE=$val ;;
+	--enroll-token) ENROLL_TOKEN=$val ;;
 	--state-dir) STATE_DIR=$val ;;
 	--ca-cert) CA_CERT=$val ;;
 	--pin-pubkey) PIN=$val ;;
@@ -734,7 +737,7 @@ set_interval() {
 # last token. Returns 0 when registered, 1 to retry after RETRY_DELAY (also
 # while an operator has to approve: 202), 2 to retry after --enroll-retry.
 register() {
-	if [ -z "$SECRET" ] && [ -z "$DEVICE_KEY" ]; then
+	if [ -z "$SECRET" ] && [ -z "$DEVICE_KEY" ] && [ -z "$ENROLL_TOKEN" ]; then
 		log error "not registered and no --enroll-secret given"
 		return 2
 	fi
@@ -753,6 +756,10 @@ register() {
 	if [ -n "$SECRET" ]; then
 		js "$SECRET" 256
 		_b="$_b,\"enrollment_secret\":$JS"
+	fi
+	if [ -n "$ENROLL_TOKEN" ] && [ -z "$DEVICE_KEY" ]; then # single use: only until the device has a key
+		js "$ENROLL_TOKEN" 256
+		_b="$_b,\"enrollment_token\":$JS"
 	fi
 	printf '%s,"firmware":%s}' "$_b" "$FIRMWARE_JSON" >"$RUN/body"
 	post /api/v1/register "$RUN/body" oldauth

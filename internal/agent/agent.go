@@ -23,8 +23,11 @@ import (
 type Config struct {
 	Server       string
 	EnrollSecret string
-	StateDir     string
-	TLS          TLSOptions
+	// EnrollToken is an operator's single-use enrollment token; sent while
+	// the device has no device key yet.
+	EnrollToken string
+	StateDir    string
+	TLS         TLSOptions
 
 	Hook             string        // shell command that applies a configuration
 	HookTimeout      time.Duration // the hook is killed after this
@@ -211,8 +214,16 @@ func (a *Agent) registerRequest() *protocol.RegisterRequest {
 	return &protocol.RegisterRequest{
 		MachineID: a.machineID, DeviceType: a.identity.DeviceType, Model: a.identity.Model,
 		Firmware: a.identity.Firmware, Serial: a.identity.Serial, EnrollmentSecret: a.cfg.EnrollSecret,
-		DeviceKey: a.st.DeviceKey,
+		DeviceKey: a.st.DeviceKey, EnrollmentToken: a.enrollToken(),
 	}
+}
+
+// enrollToken is sent until the device has a key: the token is single use.
+func (a *Agent) enrollToken() string {
+	if a.st.DeviceKey != "" {
+		return ""
+	}
+	return a.cfg.EnrollToken
 }
 
 func (a *Agent) save() {
@@ -320,7 +331,7 @@ func (a *Agent) retryDelay(err error) time.Duration {
 // proves the device with its device key and its last token; while an
 // operator has to approve the registration it waits as the server says.
 func (a *Agent) register(ctx context.Context) (time.Duration, error) {
-	if a.cfg.EnrollSecret == "" && a.st.DeviceKey == "" {
+	if a.cfg.EnrollSecret == "" && a.st.DeviceKey == "" && a.cfg.EnrollToken == "" {
 		err := errors.New("not registered and no --enroll-secret given")
 		a.log.Error("cannot register", "err", err)
 		return a.cfg.EnrollRetry, err

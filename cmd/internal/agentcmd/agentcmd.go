@@ -24,6 +24,7 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	fs.StringVar(&cfg.Server, "server", "", "server URL, e.g. https://drover.example.com:8443 (required)")
 	fs.StringVar(&cfg.EnrollSecret, "enroll-secret", "", "enrollment secret of the server (needed to register)")
 	fs.StringVar(&secretFile, "enroll-secret-file", "", "file holding the enrollment secret (keeps it out of the process list)")
+	fs.StringVar(&cfg.EnrollToken, "enroll-token", "", "single-use enrollment token an operator made for this device (POST /api/v1/enrollment-tokens), instead of or besides --enroll-secret")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for the machine ID, token, sequence number and applied configuration")
 	fs.StringVar(&cfg.TLS.CACert, "ca-cert", "", "PEM file of the CA, or of the server's self-signed certificate, to trust (default: system roots)")
 	fs.StringVar(&cfg.TLS.PinPubKey, "pin-pubkey", "", "trust only this server public key: sha256//BASE64[;sha256//...], as curl --pinnedpubkey; alone it replaces CA checks")
