@@ -102,7 +102,7 @@ func (m *metrics) handler() http.Handler {
 
 // watchFleet exports the fleet's device and profile counts.
 func (m *metrics) watchFleet(f *fleet.Service) {
-	m.reg.MustRegister(&fleetCollector{fleet: f})
+	m.reg.MustRegister(&fleetCollector{fleet: f}, &admissionCollector{fleet: f})
 }
 
 func (m *metrics) observeCommit(records int, took time.Duration, err error) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Outcomes of drover_registrations_total added by admission.
@@ -249,4 +250,26 @@ func (c *Config) registerLimits() RegisterLimits {
 	exempt, _ := parsePrefixes(c.RegisterRateExempt) // checked by Validate
 	return RegisterLimits{Rate: c.RegisterRate, Burst: c.RegisterBurst, PerAddress: c.RegisterRatePerAddress,
 		PerAddressBurst: c.RegisterBurstPerAddress, Exempt: exempt}
+}
+
+// admissionCollector reports devices by admission state and the
+// re-enrollment requests waiting, computed when scraped.
+type admissionCollector struct{ fleet *fleet.Service }
+
+var (
+	admissionDesc = prometheus.NewDesc("drover_devices_admission", "Registered devices by admission state.", []string{"admission"}, nil)
+	requestsDesc  = prometheus.NewDesc("drover_enrollment_requests", "Re-enrollment requests waiting for an operator.", nil, nil)
+)
+
+func (c *admissionCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- admissionDesc
+	ch <- requestsDesc
+}
+
+func (c *admissionCollector) Collect(ch chan<- prometheus.Metric) {
+	counts, requests := c.fleet.AdmissionCounts()
+	for a, n := range counts {
+		ch <- prometheus.MustNewConstMetric(admissionDesc, prometheus.GaugeValue, float64(n), a)
+	}
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(requests))
 }

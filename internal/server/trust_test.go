@@ -104,6 +104,12 @@ func TestTakeoverRefusedEndToEnd(t *testing.T) {
 	if got := s.Metric("drover_registrations_total", map[string]string{"outcome": "pending"}); got != 2 {
 		t.Fatalf("pending registrations counted %v, want 2", got)
 	}
+	if got := s.Metric("drover_enrollment_requests", nil); got != 1 {
+		t.Fatalf("drover_enrollment_requests %v, want 1", got)
+	}
+	if got := s.Metric("drover_devices_admission", map[string]string{"admission": "active"}); got != 1 {
+		t.Fatalf("drover_devices_admission{active} %v, want 1", got)
+	}
 
 	// Restart: the request and the real device's credentials are kept.
 	s.Stop()
