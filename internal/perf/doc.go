@@ -5,6 +5,8 @@ import (
 	"html"
 	"math"
 	"strings"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // doc is a protocol as a list of blocks, rendered to Markdown or HTML.
@@ -225,12 +227,15 @@ func (c *chart) svg() string {
 			}
 		}
 	}
-	ymax = niceCeil(ymax)
+	yt := render.Ticks(0, ymax, 4)
+	ymax = yt[len(yt)-1]
 	fmt.Fprintf(&b, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#ccc\"/>\n", left, top, pw, ph)
-	for i := 0; i <= 4; i++ {
-		y := top + ph - ph*float64(i)/4
+	for _, v := range yt {
+		y := top + ph - ph*v/ymax
 		fmt.Fprintf(&b, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#eee\"/>", left, y, left+pw, y)
-		fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left-4, y+4, axisNum(ymax*float64(i)/4))
+		fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left-4, y+4, axisNum(v))
+	}
+	for i := 0; i <= 4; i++ {
 		x := left + pw*float64(i)/4
 		anchor := "middle"
 		if i == 4 {
@@ -260,20 +265,6 @@ func (c *chart) svg() string {
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
-}
-
-// niceCeil rounds up to 1, 2 or 5 × a power of ten.
-func niceCeil(v float64) float64 {
-	if v <= 0 {
-		return 1
-	}
-	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if v <= m*p*(1+1e-9) {
-			return m * p
-		}
-	}
-	return 10 * p
 }
 
 func axisNum(v float64) string {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // Markdown renders r's protocol as Markdown.
@@ -16,22 +18,7 @@ func Markdown(r *Result) string { return protocol(r, false).markdown() }
 func HTML(r *Result) string { return protocol(r, true).html() }
 
 // group writes an integer with thousands separators.
-func group(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
+func group(n int64) string { return render.Group(n) }
 
 func gi(n int) string { return group(int64(n)) }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/render"
 )
 
 // chart is a line chart rendered to inline SVG.
@@ -193,7 +194,7 @@ func (c chart) svg() string {
 		ymap = func(v float64) float64 { return padT + plotH - (math.Log10(v)-lo)/(hi-lo)*plotH }
 	} else {
 		lo := 0.0
-		step := niceStep(y1-lo, 5)
+		step := render.NiceStep(y1-lo, 5)
 		hi := math.Ceil(y1/step) * step
 		if hi <= lo {
 			hi = lo + 1
@@ -207,7 +208,7 @@ func (c chart) svg() string {
 	xmap := func(v float64) float64 { return padL + (v-x0)/(x1-x0)*plotW }
 	xt := c.xTicks
 	if xt == nil {
-		step := niceStep(x1-x0, 8)
+		step := render.NiceStep(x1-x0, 8)
 		for v := math.Ceil(x0/step) * step; v <= x1+step/1e6; v += step {
 			xt = append(xt, tick{v, axisNum(v)})
 		}
@@ -262,20 +263,6 @@ func (c chart) svg() string {
 }
 
 func f1(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
-
-func niceStep(span float64, n int) float64 {
-	if span <= 0 {
-		return 1
-	}
-	raw := span / float64(n)
-	mag := math.Pow(10, math.Floor(math.Log10(raw)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if raw <= m*mag {
-			return m * mag
-		}
-	}
-	return 10 * mag
-}
 
 func axisNum(v float64) string {
 	a := math.Abs(v)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/render"
 )
 
 // point is one chart value at a time (unix ms).
@@ -51,25 +52,18 @@ func chart(title string, from, to time.Time, ss []series, format func(float64) s
 			(plotL+plotR)/2, (plotT+plotB)/2)
 		return template.HTML(b.String())
 	}
-	if hi-lo < 1e-9 {
-		lo, hi = lo-1, hi+1
-	} else {
-		pad := (hi - lo) * 0.08
-		if lo >= 0 && lo-pad < 0 {
-			lo = 0 // no negative axis for values that cannot be negative
-		} else {
-			lo -= pad
-		}
-		hi += pad
+	if lo >= 0 && (lo == hi || lo < (hi-lo)/4) {
+		lo = 0 // no negative axis for values that cannot be negative
 	}
+	ticks := render.Ticks(lo, hi, 4)
+	lo, hi = ticks[0], ticks[len(ticks)-1]
 	t0, t1 := from.UnixMilli(), to.UnixMilli()
 	if t1 <= t0 {
 		t1 = t0 + 1
 	}
 	x := func(t int64) float64 { return plotL + float64(t-t0)/float64(t1-t0)*float64(plotR-plotL) }
 	y := func(v float64) float64 { return plotB - (v-lo)/(hi-lo)*float64(plotB-plotT) }
-	for i := 0; i <= 4; i++ {
-		v := lo + (hi-lo)*float64(i)/4
+	for _, v := range ticks {
 		fmt.Fprintf(&b, `<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/>`, plotL, plotR, y(v), y(v))
 		fmt.Fprintf(&b, `<text class="axis" x="%d" y="%.1f" text-anchor="end">%s</text>`, plotL-4, y(v)+4, html.EscapeString(format(v)))
 	}
@@ -201,12 +195,4 @@ func deviceCharts(samples []fleet.Sample, from, to time.Time) []template.HTML {
 	}
 }
 
-func bitRate(v float64) string {
-	units := []string{"bit/s", "kbit/s", "Mbit/s", "Gbit/s"}
-	i := 0
-	for math.Abs(v) >= 1000 && i < len(units)-1 {
-		v /= 1000
-		i++
-	}
-	return fmt.Sprintf("%.3g %s", v, units[i])
-}
+func bitRate(v float64) string { return render.SI(v, []string{"bit/s", "kbit/s", "Mbit/s", "Gbit/s"}) }

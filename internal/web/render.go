@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // page is what every template gets.
@@ -151,20 +153,7 @@ func thousands(v any) string {
 	case uint64:
 		n = int64(x)
 	}
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
+	return render.Group(n)
 }
 
 func humanBytes(v any) string {
