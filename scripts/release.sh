@@ -11,8 +11,10 @@
 #
 # The version comes from git: tag the release commit (git tag v1.2.0) and
 # build from a clean checkout; the Go toolchain stamps the tag and the commit
-# into every binary (drover version, drover_build_info). An untagged or
-# modified checkout gets a pseudo-version (v0.0.0-<time>-<commit>, +dirty).
+# into every binary (drover version, drover_build_info), and
+# scripts/version.sh names them too for checkouts the toolchain does not read
+# (git worktrees). An untagged or modified checkout gets a pseudo-version
+# (v0.0.0-<time>-<commit>, +dirty).
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -21,11 +23,11 @@ case $DIST in /*) ;; *) DIST=$PWD/$DIST ;; esac
 rm -rf "$DIST"
 mkdir -p "$DIST"
 
-describe=$(git describe --tags --always --dirty 2>/dev/null || echo unknown)
-echo "release $describe into $DIST"
+stamp=$(scripts/version.sh)
+echo "release into $DIST: $stamp"
 
 for arch in amd64 arm64; do
-	CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -trimpath -ldflags='-s -w' -o "$DIST/drover-linux-$arch" ./cmd/drover
+	CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -trimpath -ldflags="-s -w $stamp" -o "$DIST/drover-linux-$arch" ./cmd/drover
 	if od -An -c "$DIST/drover-linux-$arch" | tr -d ' \n' | grep -q 'ld-linux\|ld-musl\|ld\.so'; then
 		echo "drover-linux-$arch is not static" >&2
 		exit 1

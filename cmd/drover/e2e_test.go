@@ -27,7 +27,13 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	droverBin = filepath.Join(dir, "drover")
-	build := exec.Command("go", "build", "-o", droverBin, ".")
+	// Stamped with the version and commit as scripts/release.sh does.
+	stamp, err := exec.Command("../../scripts/version.sh").Output()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scripts/version.sh:", err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-ldflags", strings.TrimSpace(string(stamp)), "-o", droverBin, ".")
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building drover:", err)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/drover/drover/cmd/internal/agentcmd"
 	"github.com/drover/drover/cmd/internal/command"
-	"github.com/drover/drover/internal/buildinfo"
 )
 
 // cmd is one subcommand.
@@ -33,10 +32,9 @@ var commands = []cmd{
 	{"emulate", "emulate a fleet of devices against a server and measure it", emulate},
 	{"report", "render drover emulate results as text, Markdown or HTML", report_},
 	{"perf", "run the performance tests and write their protocols", perf_},
-	{"version", "print the version", func(_ context.Context, _ []string, env command.Env) error {
-		_, err := fmt.Fprintln(env.Stdout, "drover", buildinfo.Version())
-		return err
-	}},
+	{"backup", "copy the SQLite database, secrets and certificate of a running server", backup},
+	{"healthcheck", "exit 0 when the server on this host answers (container HEALTHCHECK)", healthcheck},
+	{"version", "print the version, commit and Go version (also: drover --version)", version},
 }
 
 func main() {
@@ -57,6 +55,8 @@ func run(ctx context.Context, args []string, env command.Env) int {
 	case "-h", "-help", "--help", "help":
 		usage(env.Stdout)
 		return 0
+	case "-version", "--version":
+		return command.ExitCode("drover", version(ctx, args[1:], env), env.Stderr)
 	}
 	for _, c := range commands {
 		if c.name == args[0] {

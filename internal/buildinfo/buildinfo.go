@@ -8,6 +8,15 @@ import (
 	"runtime/debug"
 )
 
+// Set with -ldflags -X by scripts/release.sh (scripts/version.sh) from git,
+// for builds the toolchain cannot stamp (a git worktree, -buildvcs=false);
+// what the toolchain stamped wins.
+var (
+	linkVersion string
+	linkCommit  string
+	linkTime    string
+)
+
 // Info is what the toolchain recorded about this build.
 type Info struct {
 	Version   string // v1.2.3 on a tagged commit, a pseudo-version after it, "devel" when unknown
@@ -40,6 +49,12 @@ func parse(bi *debug.BuildInfo) Info {
 	}
 	if modified && in.Commit != "unknown" {
 		in.Commit += "-dirty"
+	}
+	if in.Commit == "unknown" && linkCommit != "" {
+		in.Commit, in.Time = linkCommit, linkTime
+	}
+	if (in.Version == "" || in.Version == "(devel)") && linkVersion != "" {
+		in.Version = linkVersion
 	}
 	if in.Version == "" || in.Version == "(devel)" {
 		// go run, go test or -buildvcs=false: no version stamped.

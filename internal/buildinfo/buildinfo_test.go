@@ -39,3 +39,18 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+// A build the toolchain did not stamp takes what scripts/version.sh set.
+func TestLinkerFallback(t *testing.T) {
+	defer func(v, c, w string) { linkVersion, linkCommit, linkTime = v, c, w }(linkVersion, linkCommit, linkTime)
+	linkVersion, linkCommit, linkTime = "v1.2.0", "0123456789abcdef0123456789abcdef01234567", "2026-11-23T10:00:00Z"
+	in := parse(&debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}})
+	if in.Version != "v1.2.0" || in.Commit != linkCommit || in.Time != linkTime {
+		t.Errorf("unstamped build: %+v", in)
+	}
+	stamped := parse(&debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "v1.3.0"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "fedcba9876543210fedcba9876543210fedcba98"}}})
+	if stamped.Version != "v1.3.0" || stamped.Commit != "fedcba9876543210fedcba9876543210fedcba98" {
+		t.Errorf("the toolchain's stamp must win: %+v", stamped)
+	}
+}
