@@ -22,6 +22,11 @@ command -v busybox >/dev/null || need+=(busybox)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v chromium >/dev/null || need+=(chromium)
 [ -e /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)
+# deploy/: promtool checks the alerting rules, podman builds the image,
+# systemd-analyze checks the unit.
+command -v promtool >/dev/null || need+=(prometheus)
+command -v podman >/dev/null || need+=(podman)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing: ${need[*]}" >&2
