@@ -15,8 +15,7 @@ import (
 func migrate(ctx context.Context, args []string, env command.Env) error {
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("drover migrate", flag.ContinueOnError)
-	fs.StringVar(&cfg.DB, "db", cfg.DB, "database DSN: sqlite:PATH, postgres://… or mysql://… (empty: SQLite at data-dir/drover.db)")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data directory of drover serve, whose SQLite database is the default")
+	storeFlags(fs, &cfg)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: drover migrate [flags]\n\nApplies the database migrations this drover embeds and that the database\n"+
 			"lacks, to the database drover serve would open with the same flags,\n"+
@@ -35,4 +34,11 @@ func migrate(ctx context.Context, args []string, env command.Env) error {
 	}
 	_, err = fmt.Fprintf(env.Stdout, "%s: applied %d migration(s); schema version %d\n", res.Backend, res.Applied, res.Version)
 	return err
+}
+
+// storeFlags binds the flags naming serve's database and data directory,
+// for the commands that work on them.
+func storeFlags(fs *flag.FlagSet, cfg *server.Config) {
+	fs.StringVar(&cfg.DB, "db", cfg.DB, "database DSN: sqlite:PATH, postgres://… or mysql://… (empty: SQLite at data-dir/drover.db)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data directory of drover serve, whose SQLite database is the default")
 }

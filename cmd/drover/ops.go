@@ -33,8 +33,7 @@ func version(_ context.Context, args []string, env command.Env) error {
 func backup(ctx context.Context, args []string, env command.Env) error {
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("drover backup", flag.ContinueOnError)
-	fs.StringVar(&cfg.DB, "db", cfg.DB, "database DSN of drover serve (empty: SQLite at data-dir/drover.db); SQLite only")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data directory of drover serve")
+	storeFlags(fs, &cfg)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: drover backup [flags] DIR\n\nCopies the data of drover serve (same flags, DROVER_* environment and config\n"+
 			"file) into DIR, a new directory: the SQLite database and its history archive,\n"+
