@@ -24,10 +24,10 @@ type Thresholds struct {
 	MinAcceptedPct  float64 `json:"min_accepted_pct"`   // peak: accepted share below which the server broke
 }
 
-// DefaultThresholds are Drover's published thresholds (docs/perf.md). The
+// defaultThresholds are Drover's published thresholds (docs/perf.md). The
 // RAM bands reproduce the reports' grades (48 % reasonable, 33 % ok, 11 %
 // perfect (low)).
-func DefaultThresholds() Thresholds {
+func defaultThresholds() Thresholds {
 	return Thresholds{
 		MaxPushErrorPct: 0.1,
 		MaxLogErrors:    0,
@@ -39,8 +39,8 @@ func DefaultThresholds() Thresholds {
 	}
 }
 
-// GradeOf returns the label of v on a scale.
-func GradeOf(gs []Grade, v float64) string {
+// gradeOf returns the label of v on a scale.
+func gradeOf(gs []Grade, v float64) string {
 	for _, g := range gs {
 		if v < g.Below || g.Below == 0 {
 			return g.Label
@@ -139,7 +139,7 @@ func Compute(r *Result) Calc {
 		c.LogWarnings += part.Log.Count("WARN")
 		c.LogErrors += part.Log.Count("ERROR")
 	}
-	c.PushErrPct = PushErrorPct(c.ErrOrRetried, c.Performed)
+	c.PushErrPct = pushErrorPct(c.ErrOrRetried, c.Performed)
 
 	switch p.Kind {
 	case Stability:
@@ -209,23 +209,23 @@ func computeStability(r *Result, c *Calc) {
 	}
 	part := r.Parts[0]
 	c.Minutes = p.Minutes()
-	c.EstPushes = EstimatedPushes(p.Devices, c.Minutes, float64(p.LoopTime))
-	c.EstReqPerSec = EstimatedReqPerSec(p.Devices, float64(p.LoopTime))
+	c.EstPushes = estimatedPushes(p.Devices, c.Minutes, float64(p.LoopTime))
+	c.EstReqPerSec = estimatedReqPerSec(p.Devices, float64(p.LoopTime))
 	c.TotalSec = part.Ended.Sub(part.Started).Seconds()
-	c.RoughReqPerSec = RoughReqPerSec(c.Performed, c.TotalSec)
-	c.ProcessedLoops = ProcessedLoops(c.Performed, p.Devices)
-	c.RealLoopTime = RealLoopTime(c.TotalSec, c.ProcessedLoops)
+	c.RoughReqPerSec = roughReqPerSec(c.Performed, c.TotalSec)
+	c.ProcessedLoops = processedLoops(c.Performed, p.Devices)
+	c.RealLoopTime = realLoopTime(c.TotalSec, c.ProcessedLoops)
 	c.RSSBefore, c.RSSAfter = part.Before.RSSMiB, part.After.RSSMiB
-	c.RSSIncMiB = RSSIncrease(c.RSSBefore, c.RSSAfter)
-	c.RSSIncPct = RSSIncreasePct(c.RSSBefore, c.RSSAfter)
-	c.MiBPerDevice = PerDevice(c.RSSIncMiB, p.Devices)
-	c.KiBPerDevice = PerDevice(c.RSSIncMiB*1024, p.Devices)
+	c.RSSIncMiB = rssIncrease(c.RSSBefore, c.RSSAfter)
+	c.RSSIncPct = rssIncreasePct(c.RSSBefore, c.RSSAfter)
+	c.MiBPerDevice = perDevice(c.RSSIncMiB, p.Devices)
+	c.KiBPerDevice = perDevice(c.RSSIncMiB*1024, p.Devices)
 	if part.After.Machine && r.Env.RAMMiB > 0 {
-		c.RAMUtilPct = RAMUtilisationPct(part.After.UsedMiB, r.Env.RAMMiB)
-		c.MaxSafe = MaxSafeDevices(p.Devices, c.RAMUtilPct)
+		c.RAMUtilPct = ramUtilisationPct(part.After.UsedMiB, r.Env.RAMMiB)
+		c.MaxSafe = maxSafeDevices(p.Devices, c.RAMUtilPct)
 		c.Load15 = part.After.Load15
-		c.LoadPerCore = LoadPerCore(c.Load15, r.Env.Cores)
-		c.RAMGrade = GradeOf(r.Thresholds.RAMGrades, c.RAMUtilPct)
+		c.LoadPerCore = loadPerCore(c.Load15, r.Env.Cores)
+		c.RAMGrade = gradeOf(r.Thresholds.RAMGrades, c.RAMUtilPct)
 	}
 	if c.TotalSec > 0 && r.Env.Threads > 0 {
 		c.CPUAvgPct = (part.After.CPUSecs - part.Before.CPUSecs) / c.TotalSec / float64(r.Env.Threads) * 100
@@ -235,7 +235,7 @@ func computeStability(r *Result, c *Calc) {
 			c.CPUMaxPct = max(c.CPUMaxPct, s.CPUPct/float64(r.Env.Threads))
 		}
 	}
-	c.CPUGrade = GradeOf(r.Thresholds.CPUGrades, c.CPUAvgPct)
+	c.CPUGrade = gradeOf(r.Thresholds.CPUGrades, c.CPUAvgPct)
 	c.LeakPct = secondHalfGrowth(part.Samples, float64(p.LoopTime), c.TotalSec)
 }
 
@@ -267,12 +267,12 @@ func computeRows(r *Result, c *Calc) {
 			op = part.Register
 		}
 		row := Row{Handlers: part.HandlerThreads, ElapsedSec: op.ElapsedSec, Pushes: op.Accepted,
-			ErrPct: PushErrorPct(op.ErrOrRetried(), op.Performed()), P50: op.LatencyMs.P50, P99: op.LatencyMs.P99,
+			ErrPct: pushErrorPct(op.ErrOrRetried(), op.Performed()), P50: op.LatencyMs.P50, P99: op.LatencyMs.P99,
 			EmuCPU: part.Emulator.CPUAvg}
 		row.PushesPerSec = PushesPerSec(op.Accepted, op.ElapsedSec)
-		row.Ideal = IdealMaxDevices(row.PushesPerSec, float64(p.LoopTime))
-		row.Rec020 = RecommendedMax(row.Ideal, Rule060.Pct)
-		row.Safe080 = RecommendedMax(row.Ideal, Rule080.Pct)
+		row.Ideal = idealMaxDevices(row.PushesPerSec, float64(p.LoopTime))
+		row.Rec020 = recommendedMax(row.Ideal, Rule060.Pct)
+		row.Safe080 = recommendedMax(row.Ideal, Rule080.Pct)
 		row.Broke = sumMap(op.Dropped) > 0 || op.Resent > 0 || op.Retried > 0 || op.Rejected["503"] > 0 || op.Rejected["429"] > 0
 		c.Rows = append(c.Rows, row)
 		if row.PushesPerSec > 0 && row.PushesPerSec < c.Lowest {
@@ -283,7 +283,7 @@ func computeRows(r *Result, c *Calc) {
 		c.Lowest = 0
 	}
 	if p.Kind == Benchmark && p.SSL && c.Lowest > 0 {
-		c.Ideal080 = IdealMaxDevices(c.Lowest, float64(p.LoopTime))
-		c.Safe080 = RecommendedMax(c.Ideal080, Rule080.Pct)
+		c.Ideal080 = idealMaxDevices(c.Lowest, float64(p.LoopTime))
+		c.Safe080 = recommendedMax(c.Ideal080, Rule080.Pct)
 	}
 }

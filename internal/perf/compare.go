@@ -16,10 +16,10 @@ type Figures struct {
 	From         []string
 }
 
-// FiguresOf collects the comparison figures from results: RSS and KiB per
+// figuresOf collects the comparison figures from results: RSS and KiB per
 // device from the stability tests (the largest fleet), pushes/s from the
 // benchmarks (SSL preferred, the lowest). NaN marks a figure not measured.
-func FiguresOf(rs []*Result) Figures {
+func figuresOf(rs []*Result) Figures {
 	f := Figures{RSSMiB: math.NaN(), KiBPerDevice: math.NaN(), PushesPerSec: math.NaN()}
 	stabDevices := -1
 	var benchSSL, benchAny = math.Inf(1), math.Inf(1)
@@ -82,7 +82,7 @@ func judge(pct float64, resource bool) string {
 
 // Compare writes the version comparison of new against previous.
 func Compare(w io.Writer, prevName string, prev []*Result, curName string, cur []*Result) error {
-	a, b := FiguresOf(prev), FiguresOf(cur)
+	a, b := figuresOf(prev), figuresOf(cur)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tRAM – RSS MiB\t% of previous\tKiB per device\t% of previous\tPushes/sec\t% of previous\t")
 	val := func(v float64, prec int) string {
@@ -95,7 +95,7 @@ func Compare(w io.Writer, prevName string, prev []*Result, curName string, cur [
 		if math.IsNaN(v) || math.IsNaN(p) || p == 0 {
 			return math.NaN()
 		}
-		return PctOfPrevious(v, p)
+		return pctOfPrevious(v, p)
 	}
 	fmt.Fprintf(tw, "%s\t%s\t100\t%s\t100\t%s\t100\t\n", prevName, val(a.RSSMiB, 1), val(a.KiBPerDevice, 2), val(a.PushesPerSec, 2))
 	r, k, s := pct(b.RSSMiB, a.RSSMiB), pct(b.KiBPerDevice, a.KiBPerDevice), pct(b.PushesPerSec, a.PushesPerSec)

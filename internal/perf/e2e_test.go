@@ -91,7 +91,7 @@ func TestE2EBenchmark(t *testing.T) {
 			t.Errorf("handlers %d: push %+v register %+v", part.HandlerThreads, part.Push, part.Register)
 		}
 	}
-	if len(c.Rows) != 2 || c.Rows[0].PushesPerSec <= 0 || c.Safe080 <= 0 || c.Safe080 != RecommendedMax(IdealMaxDevices(c.Lowest, 200), 80) {
+	if len(c.Rows) != 2 || c.Rows[0].PushesPerSec <= 0 || c.Safe080 <= 0 || c.Safe080 != recommendedMax(idealMaxDevices(c.Lowest, 200), 80) {
 		t.Errorf("rows %+v, safe %d", c.Rows, c.Safe080)
 	}
 	if !r.Setup.TLS || !r.Setup.Local || r.Env.Threads < 1 {

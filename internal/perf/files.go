@@ -39,7 +39,7 @@ func WriteReports(r *Result, dir string) ([]string, error) {
 	if err := os.WriteFile(base+".md", []byte(Markdown(r)), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(base+".html", []byte(HTML(r)), 0o644); err != nil {
+	if err := os.WriteFile(base+".html", []byte(htmlProtocol(r)), 0o644); err != nil {
 		return nil, err
 	}
 	return []string{base + ".md", base + ".html", base + ".json"}, nil

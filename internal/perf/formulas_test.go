@@ -16,55 +16,55 @@ func near(t *testing.T, what string, got, want, tol float64) {
 // The Dwarfguard 0.8.0 stability table, column C1 (Stab-2-2): 1000 devices,
 // 512 MiB, 120 min, loop 200 s.
 func TestStabilityFormulasSeedC1(t *testing.T) {
-	near(t, "estimated pushes", EstimatedPushes(1000, 120, 200), 36000, 0)
-	near(t, "estimated req/s", EstimatedReqPerSec(1000, 200), 5.00, 0)
-	near(t, "rough req/s", RoughReqPerSec(34000, 7302), 4.66, 0.005)
-	near(t, "processed loops", ProcessedLoops(34000, 1000), 34, 0)
-	near(t, "real loop time", RealLoopTime(7302, 34), 215, 0.5)
-	near(t, "RSS increase", RSSIncrease(44, 57), 13, 0)
-	near(t, "RSS increase %", RSSIncreasePct(44, 57), 29.55, 0.005)
-	near(t, "MiB per device", PerDevice(13, 1000), 0.013, 0)
-	near(t, "RAM utilisation", RAMUtilisationPct(246, 512), 48.05, 0.005)
-	if got := MaxSafeDevices(1000, RAMUtilisationPct(246, 512)); got != 2081 {
+	near(t, "estimated pushes", estimatedPushes(1000, 120, 200), 36000, 0)
+	near(t, "estimated req/s", estimatedReqPerSec(1000, 200), 5.00, 0)
+	near(t, "rough req/s", roughReqPerSec(34000, 7302), 4.66, 0.005)
+	near(t, "processed loops", processedLoops(34000, 1000), 34, 0)
+	near(t, "real loop time", realLoopTime(7302, 34), 215, 0.5)
+	near(t, "RSS increase", rssIncrease(44, 57), 13, 0)
+	near(t, "RSS increase %", rssIncreasePct(44, 57), 29.55, 0.005)
+	near(t, "MiB per device", perDevice(13, 1000), 0.013, 0)
+	near(t, "RAM utilisation", ramUtilisationPct(246, 512), 48.05, 0.005)
+	if got := maxSafeDevices(1000, ramUtilisationPct(246, 512)); got != 2081 {
 		t.Errorf("max safe = %d, want 2,081", got)
 	}
-	near(t, "load per core", LoadPerCore(0.16, 2), 0.08, 1e-9)
-	near(t, "push errors", PushErrorPct(0, 34000), 0, 0)
+	near(t, "load per core", loadPerCore(0.16, 2), 0.08, 1e-9)
+	near(t, "push errors", pushErrorPct(0, 34000), 0, 0)
 }
 
 // Other columns of the same table, where the extraction is clean.
 func TestStabilityFormulasSeedOtherColumns(t *testing.T) {
 	// C2 (Stab-4-2): 3000 devices, 1024 MiB, RSS 44 → 75, used 336 MiB.
-	near(t, "C2 RSS increase %", RSSIncreasePct(44, 75), 70.45, 0.005)
-	near(t, "C2 MiB per device", PerDevice(31, 3000), 0.010, 0.0005)
-	near(t, "C2 RAM utilisation", RAMUtilisationPct(336, 1024), 32.81, 0.005)
-	if got := MaxSafeDevices(3000, RAMUtilisationPct(336, 1024)); got != 9143 {
+	near(t, "C2 RSS increase %", rssIncreasePct(44, 75), 70.45, 0.005)
+	near(t, "C2 MiB per device", perDevice(31, 3000), 0.010, 0.0005)
+	near(t, "C2 RAM utilisation", ramUtilisationPct(336, 1024), 32.81, 0.005)
+	if got := maxSafeDevices(3000, ramUtilisationPct(336, 1024)); got != 9143 {
 		t.Errorf("C2 max safe = %d, want 9,143", got)
 	}
-	near(t, "C2 rough req/s", RoughReqPerSec(99000, 7308), 13.55, 0.005)
-	near(t, "C3 rough req/s", RoughReqPerSec(320000, 7260), 44.08, 0.005)
-	near(t, "H1 push errors (1=100%)", PushErrorPct(31, 930000)/100, 0.000033333, 1e-9)
-	near(t, "C3 load per core", LoadPerCore(0.51, 4), 0.13, 0.005)
+	near(t, "C2 rough req/s", roughReqPerSec(99000, 7308), 13.55, 0.005)
+	near(t, "C3 rough req/s", roughReqPerSec(320000, 7260), 44.08, 0.005)
+	near(t, "H1 push errors (1=100%)", pushErrorPct(31, 930000)/100, 0.000033333, 1e-9)
+	near(t, "C3 load per core", loadPerCore(0.51, 4), 0.13, 0.005)
 }
 
 func TestBenchmarkFormulasSeed(t *testing.T) {
 	// MAMAS 0.6.0, container 1, bench-4-SSL: 3000 devices × 10 loops in 210.66 s.
 	pps := PushesPerSec(3000*10, 210.66)
 	near(t, "pushes/s", pps, 142.41, 0.005)
-	ideal := IdealMaxDevices(pps, 260)
+	ideal := idealMaxDevices(pps, 260)
 	if ideal != 37026 {
 		t.Errorf("ideal = %d, want 37,026", ideal)
 	}
-	if got := RecommendedMax(ideal, Rule060.Pct); got != 7405 {
+	if got := recommendedMax(ideal, Rule060.Pct); got != 7405 {
 		t.Errorf("20 %% rule = %d, want 7,405", got)
 	}
 	// Container 2: 165.34 s → 181.44 pushes/s → 47,175 ideal, 9,435 recommended.
 	pps = PushesPerSec(30000, 165.34)
 	near(t, "C2 pushes/s", pps, 181.44, 0.005)
-	if got := IdealMaxDevices(pps, 260); got != 47175 {
+	if got := idealMaxDevices(pps, 260); got != 47175 {
 		t.Errorf("C2 ideal = %d, want 47,175", got)
 	}
-	if got := RecommendedMax(47175, 20); got != 9435 {
+	if got := recommendedMax(47175, 20); got != 9435 {
 		t.Errorf("C2 recommended = %d, want 9,435", got)
 	}
 	// Dwarfguard 0.8.0: the lowest SSL throughput × 200 s, 80 % safe.
@@ -72,8 +72,8 @@ func TestBenchmarkFormulasSeed(t *testing.T) {
 		pps         float64
 		ideal, safe int
 	}{{125.53, 25106, 20085}, {237.45, 47490, 37992}, {284.02, 56804, 45443}, {323.93, 64786, 51829}, {96.64, 19328, 15462}} {
-		ideal := IdealMaxDevices(c.pps, 200)
-		safe := RecommendedMax(ideal, Rule080.Pct)
+		ideal := idealMaxDevices(c.pps, 200)
+		safe := recommendedMax(ideal, Rule080.Pct)
 		if ideal != c.ideal || safe != c.safe {
 			t.Errorf("%.2f pushes/s: ideal %d safe %d, want %d and %d", c.pps, ideal, safe, c.ideal, c.safe)
 		}
@@ -83,7 +83,7 @@ func TestBenchmarkFormulasSeed(t *testing.T) {
 func TestPctOfPreviousSeed(t *testing.T) {
 	// 0.7.0 vs 0.6.0, C1: RSS 57 vs 49 MiB = 116 %, KiB/device 20 vs 15 = 133 %, 143 vs 142 pushes/s = 101 %.
 	for _, c := range []struct{ v, prev, want float64 }{{57, 49, 116}, {20, 15, 133}, {143, 142, 101}, {665, 665, 100}, {175, 182, 96}} {
-		if got := math.Round(PctOfPrevious(c.v, c.prev)); got != c.want {
+		if got := math.Round(pctOfPrevious(c.v, c.prev)); got != c.want {
 			t.Errorf("%g / %g = %g %%, want %g %%", c.v, c.prev, got, c.want)
 		}
 	}
@@ -101,7 +101,7 @@ func seedStab() *Result {
 		Format: resultFormat, Preset: p, Command: "drover perf run Stab-2-2", Started: start, Ended: start.Add(7310 * time.Second),
 		Env:        Environment{Host: "c1", CPUModel: "Intel Xeon E5 2.2GHz", Cores: 1, Threads: 1, RAMMiB: 512, Kernel: "linux 6.1", GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "another machine"},
 		Setup:      Setup{Target: "local https://127.0.0.1:8443", Local: true, Backend: "SQLite (embedded)", Persistence: "write-through", TLS: true, Conn: "new"},
-		Thresholds: DefaultThresholds(),
+		Thresholds: defaultThresholds(),
 		Parts: []Part{{
 			Started: start, Ended: start.Add(7302 * time.Second),
 			Push:     OpStats{Accepted: 34000, ElapsedSec: 7300, LatencyMs: Latency{P50: 4, P90: 7, P99: 12, Max: 80, Mean: 5}},
@@ -174,7 +174,7 @@ func seedBench() *Result {
 	r := &Result{Format: resultFormat, Preset: p, Command: "drover perf run Bench-6-SSL", Started: start, Ended: start.Add(10 * time.Minute),
 		Env:        Environment{Host: "c1", CPUModel: "Intel Xeon E5 2.2GHz", Cores: 1, Threads: 1, RAMMiB: 512, GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "another machine"},
 		Setup:      Setup{Target: "local https://127.0.0.1:8443", Local: true, Backend: "SQLite (embedded)", Persistence: "write-through", TLS: true, Conn: "new"},
-		Thresholds: DefaultThresholds()}
+		Thresholds: defaultThresholds()}
 	for i, pps := range []float64{125.53, 143.52, 155.61, 163.62} {
 		at := start.Add(time.Duration(i) * 2 * time.Minute)
 		el := 12000 / pps
@@ -204,7 +204,7 @@ func TestComputeBenchmarkSeed(t *testing.T) {
 
 func TestComputePeakLimit(t *testing.T) {
 	p, _ := Lookup("PeakD-1024-max")
-	r := &Result{Format: resultFormat, Preset: p, Thresholds: DefaultThresholds(), Parts: []Part{{
+	r := &Result{Format: resultFormat, Preset: p, Thresholds: defaultThresholds(), Parts: []Part{{
 		Push: OpStats{Accepted: 900000, Retried: 120, Dropped: map[string]int64{"timeout": 5}, ElapsedSec: 600}}}}
 	c := Compute(r)
 	if c.Verdict != Limited || !c.Rows[0].Broke {

@@ -58,8 +58,8 @@ type LogRecord struct {
 	Attrs map[string]string
 }
 
-// NewLogReview returns an empty review; onLine, if not nil, sees every line.
-func NewLogReview(onLine func(line []byte, rec LogRecord)) *LogReview {
+// newLogReview returns an empty review; onLine, if not nil, sees every line.
+func newLogReview(onLine func(line []byte, rec LogRecord)) *LogReview {
 	return &LogReview{groups: map[string]*LogGroup{}, onLine: onLine}
 }
 
@@ -115,7 +115,7 @@ func (r *LogReview) line(b []byte) {
 		return
 	}
 	r.lines++
-	rec := ParseLogLine(b)
+	rec := parseLogLine(b)
 	if r.onLine != nil {
 		r.onLine(b, rec)
 	}
@@ -138,9 +138,9 @@ func (r *LogReview) line(b []byte) {
 	}
 }
 
-// ParseLogLine parses one slog line (JSON or text). Levels are normalised
+// parseLogLine parses one slog line (JSON or text). Levels are normalised
 // to DEBUG, INFO, WARN, ERROR; slog's offsets ("WARN+2") keep their base.
-func ParseLogLine(b []byte) LogRecord {
+func parseLogLine(b []byte) LogRecord {
 	var rec LogRecord
 	if len(b) > 0 && b[0] == '{' {
 		var m map[string]any

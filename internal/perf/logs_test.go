@@ -18,7 +18,7 @@ func TestLogReviewGroupsByLevelAndMessage(t *testing.T) {
 		``,
 	}
 	var seen []string
-	rv := NewLogReview(func(_ []byte, rec LogRecord) {
+	rv := newLogReview(func(_ []byte, rec LogRecord) {
 		if rec.Msg == "listening" {
 			seen = append(seen, rec.Attrs["proto"]+"://"+rec.Attrs["addr"])
 		}
@@ -60,11 +60,11 @@ func TestLogReviewGroupsByLevelAndMessage(t *testing.T) {
 }
 
 func TestParseLogLineText(t *testing.T) {
-	r := ParseLogLine([]byte(`time=2026-01-02T10:00:03.000Z level=INFO msg="fleet loaded" devices=10 db=sqlite:/x`))
+	r := parseLogLine([]byte(`time=2026-01-02T10:00:03.000Z level=INFO msg="fleet loaded" devices=10 db=sqlite:/x`))
 	if r.Level != "INFO" || r.Msg != "fleet loaded" || r.Attrs["devices"] != "10" || r.Attrs["db"] != "sqlite:/x" || r.Time.IsZero() {
 		t.Errorf("%+v", r)
 	}
-	if r := ParseLogLine([]byte("just some words")); r.Level != "" {
+	if r := parseLogLine([]byte("just some words")); r.Level != "" {
 		t.Errorf("prose parsed as %+v", r)
 	}
 }

@@ -198,8 +198,8 @@ func fmtDuration(d time.Duration) string {
 	}
 }
 
-// SortPresets orders presets as the matrix does.
-func SortPresets(ps []Preset) {
+// sortPresets orders presets as the matrix does.
+func sortPresets(ps []Preset) {
 	order := map[string]int{}
 	for i, p := range Presets() {
 		order[p.Name] = i

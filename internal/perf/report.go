@@ -14,8 +14,8 @@ import (
 // Markdown renders r's protocol as Markdown.
 func Markdown(r *Result) string { return protocol(r, false).markdown() }
 
-// HTML renders r's protocol as a self-contained HTML page with charts.
-func HTML(r *Result) string { return protocol(r, true).html() }
+// htmlProtocol renders r's protocol as a self-contained HTML page with charts.
+func htmlProtocol(r *Result) string { return protocol(r, true).html() }
 
 // group writes an integer with thousands separators.
 func group(n int64) string { return render.Group(n) }

@@ -32,7 +32,7 @@ func seedPeakF() *Result {
 	return &Result{Format: resultFormat, Preset: p, Changes: "", Command: "drover perf run PeakF-256-max", Started: start, Ended: start.Add(11 * time.Minute),
 		Env:        Environment{Host: "h1", CPUModel: "Core i5 1.7GHz", Cores: 4, Threads: 8, RAMMiB: 16384, GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "this machine"},
 		Setup:      Setup{Target: "http://10.0.0.2:8080", Backend: "as configured on the server", Persistence: "as configured on the server", Conn: "new"},
-		Thresholds: DefaultThresholds(),
+		Thresholds: defaultThresholds(),
 		Parts: []Part{{Started: start, Ended: start.Add(10 * time.Minute),
 			Push:          OpStats{Accepted: 1200000, Retried: 40, Rejected: map[string]int64{"503": 12}, ConfigsSeen: 614400, ElapsedSec: 590, LatencyMs: Latency{P50: 30, P90: 80, P99: 250, Max: 2100, Mean: 41}},
 			Register:      OpStats{Accepted: 61440, ElapsedSec: 25},
@@ -52,7 +52,7 @@ func TestGoldenReports(t *testing.T) {
 		"peakf": withSeries(seedPeakF()),
 	}
 	for name, r := range cases {
-		for ext, render := range map[string]func(*Result) string{"md": Markdown, "html": HTML} {
+		for ext, render := range map[string]func(*Result) string{"md": Markdown, "html": htmlProtocol} {
 			got := render(r)
 			path := filepath.Join("testdata", name+".golden."+ext)
 			if *update {
@@ -107,7 +107,7 @@ func TestReportContents(t *testing.T) {
 }
 
 func TestHTMLIsSelfContained(t *testing.T) {
-	h := HTML(withSeries(seedBench()))
+	h := htmlProtocol(withSeries(seedBench()))
 	if n := strings.Count(h, "<svg"); n != 4*5 {
 		t.Errorf("%d charts, want 5 per part", n)
 	}
@@ -120,7 +120,7 @@ func TestHTMLIsSelfContained(t *testing.T) {
 	if !strings.Contains(h, `<span class="pass">PASSED</span>`) || !strings.Contains(h, "<polyline") {
 		t.Error("verdict styling or chart lines missing")
 	}
-	if strings.Contains(HTML(seedStab()), "NaN") {
+	if strings.Contains(htmlProtocol(seedStab()), "NaN") {
 		t.Error("NaN in the output")
 	}
 }

@@ -85,12 +85,12 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	if o.ProgressEvery == 0 {
 		o.ProgressEvery = 10 * time.Second
 	}
-	th := DefaultThresholds()
+	th := defaultThresholds()
 	if o.Thresholds != nil {
 		th = *o.Thresholds
 	}
 	r := &Result{Format: resultFormat, Preset: p, Changes: changes, Command: o.Command, Started: time.Now().UTC(),
-		Env: ReadEnvironment(o.Version), Thresholds: th}
+		Env: readEnvironment(o.Version), Thresholds: th}
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
 		r.Env.OpenFiles = lim.Cur
@@ -480,7 +480,7 @@ func (t *target) metrics() (Metrics, error) {
 	if resp.StatusCode != 200 {
 		return Metrics{}, fmt.Errorf("HTTP %d", resp.StatusCode)
 	}
-	return ParseMetrics(resp.Body)
+	return parseMetrics(resp.Body)
 }
 
 // snapshot samples the server (from /proc when local, /metrics when
@@ -488,13 +488,13 @@ func (t *target) metrics() (Metrics, error) {
 func (t *target) snapshot() (Snapshot, error) {
 	s := Snapshot{At: time.Now().UTC()}
 	if t.local != nil {
-		ps, err := ReadProc(t.local.cmd.Process.Pid)
+		ps, err := readProc(t.local.cmd.Process.Pid)
 		if err != nil {
 			return s, err
 		}
 		s.RSSMiB, s.CPUSecs = mib(ps.RSS), ps.CPUSecs
-		mi, err1 := ReadMemInfo()
-		l15, err2 := ReadLoad15()
+		mi, err1 := readMemInfo()
+		l15, err2 := readLoad15()
 		if err1 == nil && err2 == nil {
 			s.UsedMiB, s.AvailMiB, s.Load15, s.Machine = mib(mi.Used), mib(mi.Available), l15, true
 		}
@@ -523,7 +523,7 @@ func (t *target) logSummary() (LogSummary, bool) {
 	if _, err := f.Seek(t.logOffset, io.SeekStart); err != nil {
 		return LogSummary{}, false
 	}
-	rv := NewLogReview(nil)
+	rv := newLogReview(nil)
 	if _, err := io.Copy(rv, f); err != nil {
 		return LogSummary{}, false
 	}
@@ -683,7 +683,7 @@ func startLocal(ctx context.Context, p Preset, handlers int, o Options) (*localS
 	ls.cmd.Env = append(os.Environ(), o.ServerEnv...)
 	ls.cmd.Stdout = io.Discard
 	addr := make(chan string, 1)
-	ls.review = NewLogReview(func(_ []byte, rec LogRecord) {
+	ls.review = newLogReview(func(_ []byte, rec LogRecord) {
 		if rec.Msg == "listening" && rec.Attrs["addr"] != "" {
 			select {
 			case addr <- rec.Attrs["proto"] + "://" + rec.Attrs["addr"]:

@@ -10,7 +10,7 @@ import (
 // verdict, headline figures and protocol files, then the commands that
 // produced them.
 func Summary(w io.Writer, rs []*Result) error {
-	SortResults(rs)
+	sortResults(rs)
 	var b strings.Builder
 	b.WriteString("| test | verdict | figures | protocol |\n|---|---|---|---|\n")
 	var cmds []string
@@ -56,8 +56,8 @@ func Summary(w io.Writer, rs []*Result) error {
 	return err
 }
 
-// SortResults orders results as the matrix does.
-func SortResults(rs []*Result) {
+// sortResults orders results as the matrix does.
+func sortResults(rs []*Result) {
 	order := map[string]int{}
 	for i, p := range Presets() {
 		order[p.Name] = i

@@ -27,9 +27,9 @@ type ProcStat struct {
 	CPUSecs float64 // user + system
 }
 
-// ReadProc reads /proc/<pid>/status (VmRSS) and /proc/<pid>/stat (utime,
+// readProc reads /proc/<pid>/status (VmRSS) and /proc/<pid>/stat (utime,
 // stime).
-func ReadProc(pid int) (ProcStat, error) {
+func readProc(pid int) (ProcStat, error) {
 	var ps ProcStat
 	dir := filepath.Join(procRoot, strconv.Itoa(pid))
 	status, err := os.ReadFile(filepath.Join(dir, "status"))
@@ -87,8 +87,8 @@ type MemInfo struct {
 	Total, Available, Used int64
 }
 
-// ReadMemInfo reads /proc/meminfo.
-func ReadMemInfo() (MemInfo, error) {
+// readMemInfo reads /proc/meminfo.
+func readMemInfo() (MemInfo, error) {
 	b, err := os.ReadFile(filepath.Join(procRoot, "meminfo"))
 	if err != nil {
 		return MemInfo{}, err
@@ -126,8 +126,8 @@ func parseMemInfo(b []byte) (MemInfo, error) {
 	return m, nil
 }
 
-// ReadLoad15 reads the 15-minute load average from /proc/loadavg.
-func ReadLoad15() (float64, error) {
+// readLoad15 reads the 15-minute load average from /proc/loadavg.
+func readLoad15() (float64, error) {
 	b, err := os.ReadFile(filepath.Join(procRoot, "loadavg"))
 	if err != nil {
 		return 0, err
@@ -201,8 +201,8 @@ type Environment struct {
 	OpenFiles     uint64  `json:"open_files,omitempty"`
 }
 
-// ReadEnvironment describes this machine.
-func ReadEnvironment(droverVersion string) Environment {
+// readEnvironment describes this machine.
+func readEnvironment(droverVersion string) Environment {
 	e := Environment{GoVersion: runtime.Version(), DroverVersion: droverVersion}
 	e.Host, _ = os.Hostname()
 	if b, err := os.ReadFile(filepath.Join(procRoot, "cpuinfo")); err == nil {
@@ -212,7 +212,7 @@ func ReadEnvironment(droverVersion string) Environment {
 	if e.Threads == 0 {
 		e.Threads, e.Cores = runtime.NumCPU(), runtime.NumCPU()
 	}
-	if m, err := ReadMemInfo(); err == nil {
+	if m, err := readMemInfo(); err == nil {
 		e.RAMMiB = mib(m.Total)
 	}
 	if b, err := os.ReadFile(filepath.Join(procRoot, "sys/kernel/osrelease")); err == nil {
@@ -248,9 +248,9 @@ type Metrics struct {
 	SyncStates map[string]float64
 }
 
-// ParseMetrics reads the Prometheus text format for the few series perf
+// parseMetrics reads the Prometheus text format for the few series perf
 // uses; anything else is skipped.
-func ParseMetrics(r io.Reader) (Metrics, error) {
+func parseMetrics(r io.Reader) (Metrics, error) {
 	m := Metrics{SyncStates: map[string]float64{}}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)

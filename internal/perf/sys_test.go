@@ -66,11 +66,11 @@ func TestReadFromProcRoot(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "77", "status"), []byte("VmRSS:\t1024 kB\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "77", "stat"), []byte("77 (d) S 1 1 1 0 -1 0 0 0 0 0 100 100 0 0"), 0o644)
 	os.WriteFile(filepath.Join(dir, "loadavg"), []byte("0.50 0.40 0.31 2/300 999\n"), 0o644)
-	ps, err := ReadProc(77)
+	ps, err := readProc(77)
 	if err != nil || ps.RSS != 1<<20 || ps.CPUSecs != 2 {
 		t.Errorf("ReadProc %+v %v", ps, err)
 	}
-	if l, err := ReadLoad15(); err != nil || l != 0.31 {
+	if l, err := readLoad15(); err != nil || l != 0.31 {
 		t.Errorf("load15 %v %v", l, err)
 	}
 }
@@ -79,11 +79,11 @@ func TestReadOwnProcess(t *testing.T) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("no /proc")
 	}
-	ps, err := ReadProc(os.Getpid())
+	ps, err := readProc(os.Getpid())
 	if err != nil || ps.RSS < 1<<20 {
 		t.Errorf("own process: %+v %v", ps, err)
 	}
-	env := ReadEnvironment("test")
+	env := readEnvironment("test")
 	if env.Threads < 1 || env.RAMMiB <= 0 || env.GoVersion == "" {
 		t.Errorf("environment %+v", env)
 	}
@@ -100,14 +100,14 @@ drover_devices{sync_state="pending"} 10
 drover_pushes_total{outcome="accepted"} 1e+06
 go_gc_duration_seconds{quantile="0.5"} NaN
 `
-	m, err := ParseMetrics(strings.NewReader(text))
+	m, err := parseMetrics(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m.RSS != 47185920 || m.CPUSecs != 12.5 || m.StartTime != 1.7e9 || m.SyncStates["in_sync"] != 990 || m.SyncStates["pending"] != 10 {
 		t.Errorf("%+v", m)
 	}
-	if _, err := ParseMetrics(strings.NewReader("up 1\n")); err == nil {
+	if _, err := parseMetrics(strings.NewReader("up 1\n")); err == nil {
 		t.Error("no process metrics: want an error")
 	}
 	if v := labelValue(`a="x,y",sync_state="w\"q"`, "sync_state"); v != `w"q` {
