@@ -52,6 +52,7 @@ type Engine struct {
 	now   func() time.Time
 
 	rulesMu   sync.Mutex // serialises rule changes
+	maxRule   uint64     // highest rule ID ever stored; rulesMu held
 	rules     atomic.Pointer[[]*compiled]
 	nextGen   atomic.Uint64
 	labelsGen atomic.Uint64 // fleet.LabelsGeneration when labels were last resolved
@@ -139,6 +140,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		byID[r.ID] = c
 	}
 	e.rules.Store(&list)
+	maxRule, err := e.store.MaxRuleID(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("alert rules: %w", err)
+	}
+	e.maxRule = maxRule
 	maxID, err := e.store.MaxEventID(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("alert events: %w", err)
@@ -613,9 +619,7 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	defer e.rulesMu.Unlock()
 	list := *e.rules.Load()
 	var prev *compiled
-	var maxID uint64
 	for _, c := range list {
-		maxID = max(maxID, c.ID)
 		if c.ID == id && id != 0 {
 			prev = c
 		} else if c.Name == r.Name {
@@ -624,7 +628,8 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	}
 	now := e.now().UTC().Truncate(time.Millisecond)
 	if id == 0 {
-		r.ID, r.CreatedAt = maxID+1, now
+		// Never a deleted rule's ID: its events would show as this one's.
+		r.ID, r.CreatedAt = e.maxRule+1, now
 	} else {
 		if prev == nil {
 			return Rule{}, ErrNotFound
@@ -635,6 +640,7 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	if err := e.store.SaveRule(ctx, r); err != nil {
 		return Rule{}, err
 	}
+	e.maxRule = max(e.maxRule, r.ID)
 	c := e.compile(r, prev)
 	next := make([]*compiled, 0, len(list)+1)
 	for _, o := range list {

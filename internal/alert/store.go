@@ -9,11 +9,14 @@ import (
 	"time"
 )
 
-// Store keeps rules, events, sync history and settings. internal/store/sqlite
-// implements it; MemStore keeps everything in memory. Implementations pass
-// alerttest.Run.
+// Store keeps rules, events, sync history and settings. Every store backend
+// implements it (internal/store/storetest runs alerttest.Run on each);
+// MemStore keeps everything in memory. IDs of deleted rules and pruned
+// events are never handed out again: MaxRuleID and MaxEventID count them.
 type Store interface {
 	LoadRules(ctx context.Context) ([]Rule, error)
+	// MaxRuleID is the highest rule ID ever stored, deleted ones included.
+	MaxRuleID(ctx context.Context) (uint64, error)
 	// SaveRule inserts or replaces the rule with r.ID.
 	SaveRule(ctx context.Context, r Rule) error
 	DeleteRule(ctx context.Context, id uint64) error
@@ -21,7 +24,8 @@ type Store interface {
 	SaveEvents(ctx context.Context, evs []Event) error
 	// Events returns events newest first (by ID).
 	Events(ctx context.Context, q EventQuery) ([]Event, error)
-	// MaxEventID is the highest event ID stored (0: none).
+	// MaxEventID is the highest event ID ever stored, pruned ones included
+	// (0: none).
 	MaxEventID(ctx context.Context) (uint64, error)
 	SaveSyncEvents(ctx context.Context, evs []SyncEvent) error
 	// SyncEvents returns a device's sync history, newest first.
@@ -67,7 +71,9 @@ type MemStore struct {
 	events   map[uint64]Event
 	sync     []SyncEvent
 	settings map[string]string
-	Fail     error // when set, writes fail with it
+	maxRule  uint64 // highest rule ID ever saved
+	maxEvent uint64 // highest event ID ever saved
+	Fail     error  // when set, writes fail with it
 }
 
 // NewMemStore returns an empty MemStore.
@@ -95,7 +101,14 @@ func (m *MemStore) SaveRule(ctx context.Context, r Rule) error {
 	}
 	r.Email = slices.Clone(r.Email)
 	m.rules[r.ID] = r
+	m.maxRule = max(m.maxRule, r.ID)
 	return nil
+}
+
+func (m *MemStore) MaxRuleID(ctx context.Context) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.maxRule, nil
 }
 
 func (m *MemStore) DeleteRule(ctx context.Context, id uint64) error {
@@ -119,6 +132,7 @@ func (m *MemStore) SaveEvents(ctx context.Context, evs []Event) error {
 	}
 	for _, e := range evs {
 		m.events[e.ID] = e
+		m.maxEvent = max(m.maxEvent, e.ID)
 	}
 	return nil
 }
@@ -142,11 +156,7 @@ func (m *MemStore) Events(ctx context.Context, q EventQuery) ([]Event, error) {
 func (m *MemStore) MaxEventID(ctx context.Context) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var id uint64
-	for k := range m.events {
-		id = max(id, k)
-	}
-	return id, nil
+	return m.maxEvent, nil
 }
 
 func (m *MemStore) SaveSyncEvents(ctx context.Context, evs []SyncEvent) error {

@@ -19,11 +19,14 @@ type Label struct {
 	Devices int    `json:"devices"` // devices carrying it (Labels only)
 }
 
-// LabelStore is implemented by stores that keep labels. Without one, labels
-// live in memory only.
+// LabelStore keeps labels; every store backend implements it. Without one
+// (memory mode), labels live in memory only.
 type LabelStore interface {
 	// LoadLabels returns every label and streams every assignment.
 	LoadLabels(ctx context.Context, each func(deviceID uint64, labelID uint16) error) ([]Label, error)
+	// MaxLabelID is the highest label ID ever stored, deleted ones
+	// included: their IDs are never handed out again.
+	MaxLabelID(ctx context.Context) (uint16, error)
 	CreateLabel(ctx context.Context, l Label) error
 	// DeleteLabel removes the label and all its assignments.
 	DeleteLabel(ctx context.Context, id uint16) error
@@ -95,11 +98,16 @@ func (s *Service) AttachLabels(ctx context.Context, ls LabelStore) error {
 	if err != nil {
 		return fmt.Errorf("load labels: %w", err)
 	}
+	high, err := ls.MaxLabelID(ctx)
+	if err != nil {
+		return fmt.Errorf("load labels: %w", err)
+	}
 	for _, l := range labels {
 		r.byName[l.Name], r.names[l.ID] = l.ID, l.Name
-		if l.ID >= r.next {
-			r.next = l.ID + 1
-		}
+		high = max(high, l.ID)
+	}
+	if high >= r.next {
+		r.next = high + 1 // 0 after 65535: no more labels
 	}
 	for dev, ids := range perDevice {
 		if d := s.get(dev); d != nil {

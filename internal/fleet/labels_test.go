@@ -16,6 +16,7 @@ type memLabels struct {
 	mu     sync.Mutex
 	labels map[uint16]string
 	assign map[[2]uint64]bool
+	high   uint16 // highest label ID ever created
 	fail   bool
 }
 
@@ -45,7 +46,14 @@ func (m *memLabels) CreateLabel(ctx context.Context, l Label) error {
 		return errors.New("disk on fire")
 	}
 	m.labels[l.ID] = l.Name
+	m.high = max(m.high, l.ID)
 	return nil
+}
+
+func (m *memLabels) MaxLabelID(ctx context.Context) (uint16, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.high, nil
 }
 
 func (m *memLabels) DeleteLabel(ctx context.Context, id uint16) error {

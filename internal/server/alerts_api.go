@@ -6,20 +6,17 @@ import (
 	"strconv"
 
 	"github.com/drover/drover/internal/alert"
-	"github.com/drover/drover/internal/fleet"
 )
 
 // setupAlerts loads labels and starts the alert engine's state; the engine
 // runs from Serve (startAlerts).
 func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
-	if ls, ok := s.store.(fleet.LabelStore); ok {
-		if err := s.fleet.AttachLabels(ctx, ls); err != nil {
+	var as alert.Store // nil: memory mode, kept in memory
+	if s.store != nil {
+		if err := s.fleet.AttachLabels(ctx, s.store); err != nil {
 			return err
 		}
-	}
-	var as alert.Store // nil: kept in memory
-	if st, ok := s.store.(alert.Store); ok {
-		as = st
+		as = s.store
 	}
 	eng, err := alert.New(ctx, alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention, Hook: hook})
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store"
 	"github.com/drover/drover/internal/web"
+	"github.com/drover/drover/internal/web/sessions"
 )
 
 // Version is the build's version.
@@ -179,6 +180,7 @@ func (s *Server) buildHandler(context.Context) error {
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
 		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
+		Sessions: s.sessionStore(),
 	})
 	if err != nil {
 		return err
@@ -327,6 +329,15 @@ func (s *Server) ready() error {
 		return errors.New("store failing: " + *e)
 	}
 	return nil
+}
+
+// sessionStore is where the dashboard keeps logins: the store, or memory
+// in memory mode.
+func (s *Server) sessionStore() sessions.Store {
+	if s.store == nil {
+		return sessions.NewMem()
+	}
+	return s.store
 }
 
 // writable is nil unless another server took the store's instance lock.

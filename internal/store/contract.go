@@ -1,13 +1,7 @@
 package store
 
-import "github.com/drover/drover/internal/fleet"
+import "github.com/drover/drover/internal/store/contract"
 
-// Store is the whole store contract, which every backend implements and
-// storetest checks on each: what the server takes.
-type Store interface {
-	fleet.Store
-	// LockLost returns an error (wrapping ErrLockLost) once another server
-	// took this store's instance lock, else nil. From then on this server
-	// must not acknowledge writes: its commits fail.
-	LockLost() error
-}
+// Store is the whole store contract (see package contract): what Open
+// returns and the server takes.
+type Store = contract.Store

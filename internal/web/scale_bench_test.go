@@ -19,6 +19,7 @@ import (
 
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/dbtest"
 	"github.com/drover/drover/internal/store/postgres"
 	"github.com/drover/drover/internal/store/sqlite"
@@ -55,7 +56,7 @@ func BenchmarkDevicesTableMillion(b *testing.B) {
 	})
 }
 
-func benchTable(b *testing.B, st fleet.Store, n int) {
+func benchTable(b *testing.B, st contract.Store, n int) {
 	ctx := context.Background()
 	now := time.Now().UTC()
 	start := time.Now()
@@ -70,21 +71,15 @@ func benchTable(b *testing.B, st fleet.Store, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if ls, ok := st.(fleet.LabelStore); ok {
-		if err := fl.AttachLabels(ctx, ls); err != nil {
-			b.Fatal(err)
-		}
+	if err := fl.AttachLabels(ctx, st); err != nil {
+		b.Fatal(err)
 	}
 	b.Logf("fleet loaded in %v", time.Since(start).Round(time.Millisecond))
 	runtime.GC()
 	if n, err := fl.AssignLabel(ctx, "north", fleet.Filter{Firmware: "6.2.1", Text: "7"}, false); err != nil || n == 0 {
 		b.Fatalf("label: %d %v", n, err)
 	}
-	var as alert.Store
-	if a, ok := st.(alert.Store); ok {
-		as = a
-	}
-	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Store: as, Hook: hook})
+	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Store: st, Hook: hook})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,10 +3,12 @@
 package web
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
 	"encoding/base64"
+	"errors"
 	"html/template"
 	"log/slog"
 	"net"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/web/sessions"
 )
 
 //go:embed templates/*.html
@@ -40,6 +43,8 @@ type Options struct {
 	Now        func() time.Time
 	// SessionTTL is how long a login lasts (default 12 h).
 	SessionTTL time.Duration
+	// Sessions keeps logins across restarts (default: in memory only).
+	Sessions sessions.Store
 }
 
 // Prefix is where the dashboard is mounted.
@@ -56,7 +61,7 @@ type Handler struct {
 	pages map[string]*template.Template
 
 	mu       sync.Mutex
-	sessions map[string]*session
+	sessions map[string]*session // cache of opts.Sessions by cookie value
 	failures map[string]*failure // login failures by client address
 
 	cachedStatus Status
@@ -89,6 +94,9 @@ func New(opts Options) (*Handler, error) {
 	}
 	if opts.Overloaded == nil {
 		opts.Overloaded = func() string { return "" }
+	}
+	if opts.Sessions == nil {
+		opts.Sessions = sessions.NewMem()
 	}
 	h := &Handler{
 		opts: opts, fleet: opts.Fleet, eng: opts.Alerts, log: opts.Logger, now: opts.Now,
@@ -181,16 +189,59 @@ func (h *Handler) session(r *http.Request) *session {
 		return nil
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	s := h.sessions[c.Value]
+	h.mu.Unlock()
 	if s == nil {
-		return nil
+		// Not seen since this process started: a login from before a
+		// restart is in the store.
+		st, err := h.opts.Sessions.LoadSession(r.Context(), sessions.Hash(c.Value))
+		if err != nil {
+			if !errors.Is(err, sessions.ErrNotFound) {
+				h.log.Error("dashboard session lookup failed", "err", err)
+			}
+			return nil
+		}
+		s = &session{csrf: st.CSRF, expires: st.Expires}
+		h.mu.Lock()
+		if old := h.sessions[c.Value]; old != nil {
+			s = old
+		} else {
+			h.evictLocked()
+			h.sessions[c.Value] = s
+		}
+		h.mu.Unlock()
 	}
 	if h.now().After(s.expires) {
-		delete(h.sessions, c.Value)
+		h.endSession(r.Context(), c.Value)
 		return nil
 	}
 	return s
+}
+
+// evictLocked makes room in the cache by ending the session that expires
+// first (h.mu held).
+func (h *Handler) evictLocked() {
+	if len(h.sessions) < maxSessions {
+		return
+	}
+	var oldest string
+	for k, s := range h.sessions {
+		if oldest == "" || s.expires.Before(h.sessions[oldest].expires) {
+			oldest = k
+		}
+	}
+	delete(h.sessions, oldest)
+	go h.opts.Sessions.DeleteSession(context.Background(), sessions.Hash(oldest))
+}
+
+// endSession forgets a session here and in the store.
+func (h *Handler) endSession(ctx context.Context, id string) {
+	h.mu.Lock()
+	delete(h.sessions, id)
+	h.mu.Unlock()
+	if err := h.opts.Sessions.DeleteSession(ctx, sessions.Hash(id)); err != nil {
+		h.log.Error("dashboard session delete failed", "err", err)
+	}
 }
 
 // sameOrigin rejects cross-site form posts (defence in depth besides the
@@ -310,18 +361,19 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := randomToken()
+	s := &session{csrf: randomToken(), expires: now.Add(h.opts.SessionTTL)}
+	if _, err := h.opts.Sessions.PruneSessions(r.Context(), now); err != nil {
+		h.log.Error("dashboard session prune failed", "err", err)
+	}
+	if err := h.opts.Sessions.SaveSession(r.Context(), sessions.Session{Hash: sessions.Hash(id), CSRF: s.csrf, Expires: s.expires}); err != nil {
+		h.log.Error("dashboard session save failed", "err", err)
+		h.showLogin(w, r, http.StatusServiceUnavailable, "The session could not be stored; try again later.")
+		return
+	}
 	h.mu.Lock()
 	delete(h.failures, addr)
-	if len(h.sessions) >= maxSessions {
-		var oldest string
-		for k, s := range h.sessions {
-			if oldest == "" || s.expires.Before(h.sessions[oldest].expires) {
-				oldest = k
-			}
-		}
-		delete(h.sessions, oldest)
-	}
-	h.sessions[id] = &session{csrf: randomToken(), expires: now.Add(h.opts.SessionTTL)}
+	h.evictLocked()
+	h.sessions[id] = s
 	h.mu.Unlock()
 	h.setCookie(w, r, loginCookie, "", -1)
 	h.setCookie(w, r, sessionCookie, id, int(h.opts.SessionTTL/time.Second))
@@ -331,9 +383,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request, s *session) {
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		h.mu.Lock()
-		delete(h.sessions, c.Value)
-		h.mu.Unlock()
+		h.endSession(r.Context(), c.Value)
 	}
 	h.setCookie(w, r, sessionCookie, "", -1)
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)

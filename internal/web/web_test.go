@@ -19,6 +19,7 @@ import (
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/web"
+	"github.com/drover/drover/internal/web/sessions"
 )
 
 const token = "admin-token-for-tests"
@@ -31,6 +32,7 @@ type site struct {
 	eng    *alert.Engine
 	ready  atomic.Pointer[error]
 	tokens []string
+	opts   web.Options
 }
 
 func newSite(t *testing.T, devices int) *site {
@@ -46,12 +48,13 @@ func newSite(t *testing.T, devices int) *site {
 		t.Fatal(err)
 	}
 	s := &site{t: t, fleet: fl, eng: eng}
-	h, err := web.New(web.Options{Fleet: fl, Alerts: eng, AdminToken: token, Ready: func() error {
+	s.opts = web.Options{Fleet: fl, Alerts: eng, AdminToken: token, Ready: func() error {
 		if e := s.ready.Load(); e != nil {
 			return *e
 		}
 		return nil
-	}})
+	}, Sessions: sessions.NewMem()}
+	h, err := web.New(s.opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,5 +396,46 @@ func TestPages(t *testing.T) {
 	st, _, body = s.post("/ui/settings", url.Values{"csrf": {csrf}, "addr": {"mail.example:25"}, "from": {"not an address"}}, nil)
 	if st != http.StatusBadRequest || !strings.Contains(body, "from:") {
 		t.Fatalf("bad SMTP settings: %d", st)
+	}
+}
+
+// A restart (a new Handler on the same session store) keeps operators
+// logged in; the store holds the session ID's hash, not the ID.
+func TestSessionsSurviveRestart(t *testing.T) {
+	s := newSite(t, 1)
+	csrf := s.login()
+	if st, _, _ := s.get("/ui/devices"); st != http.StatusOK {
+		t.Fatalf("devices after login: %d", st)
+	}
+	h, err := web.New(s.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.srv.Config.Handler = h
+	if st, hdr, _ := s.get("/ui/devices"); st != http.StatusOK {
+		t.Fatalf("devices after a restart: %d %v", st, hdr)
+	}
+	u, _ := url.Parse(s.srv.URL + "/ui/")
+	var id string
+	for _, c := range s.c.Jar.Cookies(u) {
+		if c.Name == "drover_session" {
+			id = c.Value
+		}
+	}
+	ctx := context.Background()
+	if _, err := s.opts.Sessions.LoadSession(ctx, sessions.Hash(id)); err != nil {
+		t.Fatalf("session by hash: %v", err)
+	}
+	if _, err := s.opts.Sessions.LoadSession(ctx, []byte(id)); !errors.Is(err, sessions.ErrNotFound) {
+		t.Fatalf("session by its plain ID: %v; want not found", err)
+	}
+	// Logging out on the restarted handler ends it for good.
+	if st, _, _ := s.post("/ui/logout", url.Values{"csrf": {csrf}}, nil); st != http.StatusSeeOther {
+		t.Fatalf("logout: %d", st)
+	}
+	h, _ = web.New(s.opts)
+	s.srv.Config.Handler = h
+	if st, _, _ := s.get("/ui/devices"); st != http.StatusSeeOther {
+		t.Fatalf("devices after logout and a restart: %d", st)
 	}
 }

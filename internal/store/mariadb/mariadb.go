@@ -25,6 +25,7 @@ import (
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/internal/batchutil"
 	"github.com/drover/drover/internal/store/internal/instlock"
+	"github.com/drover/drover/internal/store/internal/sqlcommon"
 	"github.com/drover/drover/internal/store/migrate"
 )
 
@@ -35,8 +36,10 @@ var migrations embed.FS
 // max_allowed_packet in use (4 MiB, MySQL 5.7; MariaDB's is 16 MiB).
 const maxStatement = 1 << 20
 
-// Store is a fleet.Store on MariaDB or MySQL.
+// Store is a fleet.Store on MariaDB or MySQL. The embedded Aux keeps
+// alerts, labels, settings and sessions (migration 011).
 type Store struct {
+	*sqlcommon.Aux
 	db   *sql.DB
 	lock *lock // nil: no instance lock (drover migrate, cluster mode)
 }
@@ -136,6 +139,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	s.db.SetMaxOpenConns(8)
 	s.db.SetMaxIdleConns(8)
 	s.db.SetConnMaxIdleTime(time.Minute)
+	s.Aux = &sqlcommon.Aux{R: s.db, W: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
 	return s, nil
 }
 

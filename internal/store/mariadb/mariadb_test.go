@@ -11,6 +11,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/storetest"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
 
 func newDB(t testing.TB) storetest.Opener {
 	dsn := dbtest.Need(t, dbtest.MariaDB, server).NewDB(t)
-	return func(t testing.TB) (fleet.Store, error) {
+	return func(t testing.TB) (contract.Store, error) {
 		return Open(context.Background(), strings.TrimPrefix(dsn, "mysql://"))
 	}
 }
@@ -76,7 +77,7 @@ func TestCommitIsAtomic(t *testing.T) {
 // The database ends the lock's session; another server opens the store
 // before the first takes the lock back.
 func TestTakeover(t *testing.T) {
-	storetest.RunTakeover(t, newDB, func(t testing.TB, s fleet.Store) {
+	storetest.RunTakeover(t, newDB, func(t testing.TB, s contract.Store) {
 		st := s.(*Store)
 		var id sql.NullInt64
 		ctx := context.Background()

@@ -22,14 +22,18 @@ import (
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/internal/batchutil"
 	"github.com/drover/drover/internal/store/internal/instlock"
+	"github.com/drover/drover/internal/store/internal/sqlcommon"
 	"github.com/drover/drover/internal/store/migrate"
 )
 
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Store is a fleet.Store on PostgreSQL.
+// Store is a fleet.Store on PostgreSQL. The embedded Aux keeps alerts,
+// labels, settings and sessions (migration 011) through database/sql on
+// the same pool.
 type Store struct {
+	*sqlcommon.Aux
 	pool *pgxpool.Pool
 	lock *lock // nil: no instance lock (drover migrate, cluster mode)
 }
@@ -85,6 +89,8 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, err
 	}
+	db := stdlib.OpenDBFromPool(s.pool)
+	s.Aux = &sqlcommon.Aux{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost}
 	return s, nil
 }
 
@@ -121,6 +127,7 @@ func Migrate(ctx context.Context, cc *pgx.ConnConfig) (int, error) {
 
 // Close closes the pool and releases the instance lock.
 func (s *Store) Close() error {
+	s.Aux.R.Close()
 	s.pool.Close()
 	if s.lock != nil {
 		s.lock.close()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/storetest"
 )
 
@@ -32,7 +33,7 @@ func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
 
 func newDB(t testing.TB) storetest.Opener {
 	dsn := dbtest.Need(t, dbtest.Postgres, server).NewDB(t)
-	return func(t testing.TB) (fleet.Store, error) { return Open(context.Background(), dsn) }
+	return func(t testing.TB) (contract.Store, error) { return Open(context.Background(), dsn) }
 }
 
 // A statement failing late in a commit undoes the earlier ones: here the
@@ -71,7 +72,7 @@ func TestCommitIsAtomic(t *testing.T) {
 // The database ends the lock's session; another server opens the store
 // before the first takes the lock back.
 func TestTakeover(t *testing.T) {
-	storetest.RunTakeover(t, newDB, func(t testing.TB, s fleet.Store) {
+	storetest.RunTakeover(t, newDB, func(t testing.TB, s contract.Store) {
 		_, err := s.(*Store).pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_locks
 			WHERE locktype = 'advisory' AND granted AND classid = $1 AND objid = $2 AND objsubid = 1
 				AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,

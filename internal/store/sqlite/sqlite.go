@@ -18,6 +18,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/internal/instlock"
+	"github.com/drover/drover/internal/store/internal/sqlcommon"
 	"github.com/drover/drover/internal/store/migrate"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -26,8 +27,10 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Store is a fleet.Store on SQLite.
+// Store is a fleet.Store on SQLite. The embedded Aux keeps alerts,
+// labels, settings and sessions (migrations 002 and 011).
 type Store struct {
+	*sqlcommon.Aux
 	w    *sql.DB // the one writer
 	r    *sql.DB // readers
 	lock *instlock.FileLock
@@ -109,7 +112,8 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
-	s := &Store{w: w, r: r, lock: lock}
+	s := &Store{Aux: &sqlcommon.Aux{R: r, W: w, D: sqlcommon.SQLite}, w: w, r: r, lock: lock}
+	s.Aux.Writable = s.LockLost
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
 		s.closeDBs()

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/storetest"
 )
 
@@ -17,5 +17,5 @@ func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
 
 func newDB(t testing.TB) storetest.Opener {
 	path := filepath.Join(t.TempDir(), "drover.db")
-	return func(t testing.TB) (fleet.Store, error) { return Open(context.Background(), path, true) }
+	return func(t testing.TB) (contract.Store, error) { return Open(context.Background(), path, true) }
 }

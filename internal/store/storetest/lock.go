@@ -10,13 +10,9 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/instlock"
 )
-
-// lockHolder is the part of the store contract about the instance lock.
-type lockHolder interface {
-	LockLost() error
-}
 
 // testInstanceLock: while a store is open, opening the same database again
 // fails with an error naming the holder; after Close it opens.
@@ -37,12 +33,12 @@ func testInstanceLock(t *testing.T, h *handle) {
 	if msg := err.Error(); !strings.Contains(msg, "PID "+strconv.Itoa(os.Getpid())) || !strings.Contains(msg, host) || !strings.Contains(msg, "since") {
 		t.Errorf("message does not name the holder: %s", msg)
 	}
-	if err := h.store.(lockHolder).LockLost(); err != nil {
+	if err := h.store.LockLost(); err != nil {
 		t.Errorf("the holder says its lock is lost: %v", err)
 	}
 	commit(t, h.store, &fleet.Batch{Devices: []fleet.DeviceRecord{device(1, "m-1")}})
 	s := h.reopen()
-	if err := s.(lockHolder).LockLost(); err != nil {
+	if err := s.LockLost(); err != nil {
 		t.Errorf("after reopen the lock is lost: %v", err)
 	}
 	commit(t, s, &fleet.Batch{Devices: []fleet.DeviceRecord{device(2, "m-2")}})
@@ -53,12 +49,12 @@ func testInstanceLock(t *testing.T, h *handle) {
 // would) and another server opens the store before the first takes the
 // lock back: the second server gets the store, and the first one's commits
 // fail with instlock.ErrLost instead of mixing in.
-func RunTakeover(t *testing.T, newDB NewDB, kill func(t testing.TB, s fleet.Store)) {
+func RunTakeover(t *testing.T, newDB NewDB, kill func(t testing.TB, s contract.Store)) {
 	open := newDB(t)
 	a := open.mustOpen(t)
 	defer a.Close()
 	commit(t, a, &fleet.Batch{Devices: []fleet.DeviceRecord{device(1, "m-1")}})
-	var b fleet.Store
+	var b contract.Store
 	for try := 0; b == nil; try++ {
 		kill(t, a)
 		s, err := open(t)
@@ -77,7 +73,7 @@ func RunTakeover(t *testing.T, newDB NewDB, kill func(t testing.TB, s fleet.Stor
 	if !errors.Is(err, instlock.ErrLost) {
 		t.Fatalf("commit by the server that lost the lock: %v; want instlock.ErrLost", err)
 	}
-	if err := a.(lockHolder).LockLost(); !errors.Is(err, instlock.ErrLost) {
+	if err := a.LockLost(); !errors.Is(err, instlock.ErrLost) {
 		t.Errorf("LockLost after a fenced commit: %v", err)
 	}
 	commit(t, b, &fleet.Batch{Devices: []fleet.DeviceRecord{device(3, "m-3")}})
@@ -88,10 +84,10 @@ func RunTakeover(t *testing.T, newDB NewDB, kill func(t testing.TB, s fleet.Stor
 	// The first server's keeper finds the lock held by the second.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for a.(lockHolder).LockLost() == nil && ctx.Err() == nil {
+	for a.LockLost() == nil && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := a.(lockHolder).LockLost(); err == nil {
+	if err := a.LockLost(); err == nil {
 		t.Error("the first server still says it holds the lock")
 	}
 }

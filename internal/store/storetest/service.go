@@ -25,6 +25,7 @@ var serviceTests = []serviceTest{
 	{"ProfileUpdate", svcProfileUpdate},
 	{"Retention", svcRetention},
 	{"ConcurrentWriters", svcConcurrentWriters},
+	{"IDsNotReused", svcIDsNotReused},
 }
 
 // env is a fleet.Service on the store under test, in one persistence mode.

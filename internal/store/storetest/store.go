@@ -31,6 +31,10 @@ var storeTests = []storeTest{
 	{"ConcurrentWriters", testConcurrentWriters},
 	{"Restart", testRestart},
 	{"InstanceLock", testInstanceLock},
+	{"Alerts", testAlerts},
+	{"Labels", testLabels},
+	{"Sessions", testSessions},
+	{"IDsNotReused", testIDsNotReused},
 }
 
 // Values chosen to break stores that are not bytes-exact: case and trailing
@@ -354,10 +358,7 @@ func testAtomic(t *testing.T, h *handle) {
 }
 
 func testDeviceState(t *testing.T, h *handle) {
-	sr, ok := h.store.(fleet.StateReader)
-	if !ok {
-		t.Fatalf("%T does not implement fleet.StateReader: Drover's stores read states back", h.store)
-	}
+	sr := h.store
 	st := state(1, 3, t0)
 	commit(t, h.store, &fleet.Batch{Devices: []fleet.DeviceRecord{device(1, "a"), device(2, "b")}, States: []fleet.StateRecord{st}})
 	for _, c := range []struct {

@@ -1,11 +1,12 @@
-// Package storetest is the conformance suite every fleet.Store backend
-// passes: the same tests at the Store level and through fleet.Service in
+// Package storetest is the conformance suite every store backend passes
+// (the whole contract.Store: devices, states, history, profiles, labels,
+// alerts, events, settings, sessions, the instance lock, ID non-reuse): the same tests at the Store level and through fleet.Service in
 // write-through and write-back mode.
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t testing.TB) storetest.Opener {
 //			path := filepath.Join(t.TempDir(), "d.db")
-//			return func(t testing.TB) (fleet.Store, error) { … open path … }
+//			return func(t testing.TB) (contract.Store, error) { … open path … }
 //		})
 //	}
 package storetest
@@ -18,15 +19,16 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 )
 
 // Opener opens one database; every call opens it again (a restart), after
 // the suite closed the previous store. An open while another store of the
 // same database is open must fail with the instance lock's error.
-type Opener func(t testing.TB) (fleet.Store, error)
+type Opener func(t testing.TB) (contract.Store, error)
 
 // mustOpen opens or fails the test.
-func (open Opener) mustOpen(t testing.TB) fleet.Store {
+func (open Opener) mustOpen(t testing.TB) contract.Store {
 	t.Helper()
 	s, err := open(t)
 	if err != nil {
@@ -59,7 +61,7 @@ type handle struct {
 	t     testing.TB
 	open  Opener
 	mu    sync.Mutex
-	store fleet.Store
+	store contract.Store
 }
 
 func newHandle(t testing.TB, open Opener) *handle {
@@ -81,7 +83,7 @@ func (h *handle) close() {
 }
 
 // reopen closes the store and opens the database again.
-func (h *handle) reopen() fleet.Store {
+func (h *handle) reopen() contract.Store {
 	h.t.Helper()
 	h.close()
 	s := h.open.mustOpen(h.t)
