@@ -32,6 +32,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight requests and pending writes")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error; SIGHUP reloads it")
+	fs.StringVar(&c.SMTPPasswordFile, "smtp-password-file", c.SMTPPasswordFile, "file holding the SMTP password (then never stored, and one set in the dashboard or API is ignored)")
 	fs.StringVar(&c.DebugListen, "debug-listen", c.DebugListen, "address serving Go's /debug/pprof/ profiles, unauthenticated: keep it on loopback (empty: off)")
 	fs.StringVar(&c.MetricsToken, "metrics-token", c.MetricsToken, "bearer token that may read /metrics and nothing else (the admin token may too; empty: admin token only)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "plain-HTTP address serving /metrics without credentials, for a Prometheus on an operators' network (empty: none)")

@@ -29,6 +29,14 @@ type Options struct {
 	// Hook, when set, starts passing pushes to the engine once New
 	// returns; give Hook.OnPush to fleet.Options.OnPush.
 	Hook *Hook
+	// SecretKey (32 bytes) seals the SMTP password in the store. Without
+	// it the password is kept in memory only and must be set again after
+	// a restart.
+	SecretKey []byte
+	// SMTPPassword, when set (from a file named in the configuration), is
+	// the SMTP password: it is never stored, and a password set through the
+	// API or dashboard is ignored.
+	SMTPPassword string
 }
 
 // Hook forwards fleet pushes to an Engine created after the fleet.

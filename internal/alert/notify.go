@@ -466,6 +466,13 @@ func (e *Engine) SMTP() SMTPSettings {
 	return e.notify.smtp
 }
 
+// storedSMTP is SMTPSettings as stored: the password sealed, never plain.
+type storedSMTP struct {
+	SMTPSettings
+	Password       string `json:"password,omitempty"` // plain: only in stores written before sealing
+	PasswordSealed string `json:"password_sealed,omitempty"`
+}
+
 // SetSMTP validates and stores the e-mail settings. An empty Password keeps
 // the stored one when the username is unchanged.
 func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, error) {
@@ -476,8 +483,10 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 	if s.Password == "" && s.Username == cur.Username {
 		s.Password = cur.Password
 	}
-	b, _ := json.Marshal(s)
-	if err := e.store.PutSetting(ctx, smtpKey, string(b)); err != nil {
+	if e.opts.SMTPPassword != "" {
+		s.Password = e.opts.SMTPPassword
+	}
+	if err := e.saveSMTP(ctx, s); err != nil {
 		return SMTPSettings{}, err
 	}
 	e.notify.mu.Lock()
@@ -486,14 +495,49 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 	return s, nil
 }
 
+// saveSMTP stores s with its password sealed (or left out: taken from a
+// file, or no key to seal it with).
+func (e *Engine) saveSMTP(ctx context.Context, s SMTPSettings) error {
+	st := storedSMTP{SMTPSettings: s}
+	st.SMTPSettings.Password = ""
+	if s.Password != "" && e.opts.SMTPPassword == "" && e.opts.SecretKey != nil {
+		sealed, err := seal(e.opts.SecretKey, s.Password)
+		if err != nil {
+			return err
+		}
+		st.PasswordSealed = sealed
+	}
+	b, _ := json.Marshal(st)
+	return e.store.PutSetting(ctx, smtpKey, string(b))
+}
+
 func (e *Engine) loadSMTP(ctx context.Context) error {
 	v, err := e.store.Setting(ctx, smtpKey)
-	if err != nil || v == "" {
+	if err != nil {
 		return err
 	}
-	var s SMTPSettings
-	if err := json.Unmarshal([]byte(v), &s); err != nil {
-		return fmt.Errorf("stored SMTP settings: %w", err)
+	var st storedSMTP
+	if v != "" {
+		if err := json.Unmarshal([]byte(v), &st); err != nil {
+			return fmt.Errorf("stored SMTP settings: %w", err)
+		}
+	}
+	s := st.SMTPSettings
+	switch {
+	case e.opts.SMTPPassword != "":
+		s.Password = e.opts.SMTPPassword
+	case st.PasswordSealed != "":
+		p, err := unseal(e.opts.SecretKey, st.PasswordSealed)
+		if err != nil {
+			e.log.Error("stored SMTP password unreadable; set it again", "err", err)
+		}
+		s.Password = p
+	case st.Password != "":
+		// Written before passwords were sealed: seal it now.
+		s.Password = st.Password
+		if err := e.saveSMTP(ctx, s); err != nil {
+			return fmt.Errorf("sealing the stored SMTP password: %w", err)
+		}
 	}
 	e.notify.smtp = s
 	return nil

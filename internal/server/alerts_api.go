@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 
 	"github.com/drover/drover/internal/alert"
 )
@@ -18,7 +21,18 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 		}
 		as = s.store
 	}
-	eng, err := alert.New(ctx, alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention, Hook: hook})
+	var smtpPassword string
+	if f := s.cfg.SMTPPasswordFile; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("smtp-password-file: %w", err)
+		}
+		if smtpPassword = strings.TrimRight(string(b), "\r\n"); smtpPassword == "" {
+			return fmt.Errorf("smtp-password-file %s is empty", f)
+		}
+	}
+	eng, err := alert.New(ctx, alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention, Hook: hook,
+		SecretKey: s.Secrets.settingsKey(), SMTPPassword: smtpPassword})
 	if err != nil {
 		return err
 	}

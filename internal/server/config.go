@@ -50,6 +50,9 @@ type Config struct {
 	RegisterRatePerAddress  float64
 	RegisterBurstPerAddress int
 	RegisterRateExempt      string
+	// SMTPPasswordFile names a file holding the SMTP password, which is
+	// then never stored; "" for none.
+	SMTPPasswordFile string
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,

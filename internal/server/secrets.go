@@ -21,10 +21,24 @@ import (
 	"github.com/drover/drover/internal/fsutil"
 )
 
-// Secrets are generated on first start and kept in data-dir/secrets.json.
+// Secrets are generated on first start and kept in data-dir/secrets.json
+// (mode 0600).
 type Secrets struct {
 	EnrollmentSecret string `json:"enrollment_secret"`
 	AdminToken       string `json:"admin_token"`
+	// SettingsKey (32 bytes, base64) seals secrets the store keeps, such as
+	// the SMTP password (docs/operations.md, Secrets at rest). Added to an
+	// older file at the next start.
+	SettingsKey string `json:"settings_key,omitempty"`
+}
+
+// settingsKey decodes SettingsKey.
+func (s Secrets) settingsKey() []byte {
+	k, err := base64.RawURLEncoding.DecodeString(s.SettingsKey)
+	if err != nil || len(k) != 32 {
+		return nil
+	}
+	return k
 }
 
 func randomString(n int) string {
@@ -35,27 +49,35 @@ func randomString(n int) string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// loadSecrets reads data-dir/secrets.json, creating it when missing. It
-// reports whether it created the file.
+// loadSecrets reads data-dir/secrets.json, creating it when missing (and
+// adding a settings key to a file without one). It reports whether it
+// created the file.
 func loadSecrets(dir string) (Secrets, bool, error) {
 	path := filepath.Join(dir, "secrets.json")
 	var s Secrets
 	b, err := os.ReadFile(path)
-	if err == nil {
-		if err := json.Unmarshal(b, &s); err != nil || s.EnrollmentSecret == "" || s.AdminToken == "" {
+	created := false
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, &s); err != nil || s.EnrollmentSecret == "" || s.AdminToken == "" ||
+			(s.SettingsKey != "" && s.settingsKey() == nil) {
 			return s, false, fmt.Errorf("%s is damaged: remove it to generate new secrets", path)
 		}
-		return s, false, nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
+		if s.SettingsKey != "" {
+			return s, false, nil
+		}
+	case errors.Is(err, os.ErrNotExist):
+		s = Secrets{EnrollmentSecret: randomString(18), AdminToken: randomString(24)}
+		created = true
+	default:
 		return s, false, err
 	}
-	s = Secrets{EnrollmentSecret: randomString(18), AdminToken: randomString(24)}
+	s.SettingsKey = randomString(32)
 	b, _ = json.MarshalIndent(s, "", "  ")
 	if err := fsutil.WriteFileAtomic(path, append(b, '\n'), 0o600); err != nil {
 		return s, false, err
 	}
-	return s, true, nil
+	return s, created, nil
 }
 
 // loadCertificate returns the operator's certificate, or the self-signed one

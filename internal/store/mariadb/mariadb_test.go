@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/store/dbtest"
 	"github.com/drover/drover/internal/store/contract"
+	"github.com/drover/drover/internal/store/dbtest"
 	"github.com/drover/drover/internal/store/storetest"
 )
 
