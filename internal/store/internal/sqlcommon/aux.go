@@ -84,18 +84,23 @@ func (a *Aux) LoadRules(ctx context.Context) ([]alert.Rule, error) {
 	if err != nil {
 		return nil, err
 	}
+	return scanJSON[alert.Rule](rows, "alert rule")
+}
+
+// scanJSON decodes rows of one JSON column.
+func scanJSON[T any](rows *sql.Rows, what string) ([]T, error) {
 	defer rows.Close()
-	var out []alert.Rule
+	out := []T{}
 	for rows.Next() {
-		var spec []byte
-		if err := rows.Scan(&spec); err != nil {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
 			return nil, err
 		}
-		var r alert.Rule
-		if err := json.Unmarshal(spec, &r); err != nil {
-			return nil, fmt.Errorf("alert rule: %w", err)
+		var v T
+		if err := json.Unmarshal(b, &v); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
-		out = append(out, r)
+		out = append(out, v)
 	}
 	return out, rows.Err()
 }
@@ -182,20 +187,7 @@ func (a *Aux) Events(ctx context.Context, q alert.EventQuery) ([]alert.Event, er
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	out := []alert.Event{}
-	for rows.Next() {
-		var body []byte
-		if err := rows.Scan(&body); err != nil {
-			return nil, err
-		}
-		var e alert.Event
-		if err := json.Unmarshal(body, &e); err != nil {
-			return nil, fmt.Errorf("alert event: %w", err)
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
+	return scanJSON[alert.Event](rows, "alert event")
 }
 
 // MaxEventID implements alert.Store: pruned events' IDs count too.
