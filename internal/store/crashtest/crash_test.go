@@ -592,6 +592,8 @@ type flushed struct {
 	took    time.Duration
 }
 
+var flushedDevices = regexp.MustCompile(`msg="write-back flushed" .* devices=(\d+)`)
+
 var flushLine = regexp.MustCompile(`msg="write-back flushed" swapped=(\S+) took=(\S+)`)
 
 // flushes lists the write-back flushes the server logged as completed.
@@ -855,11 +857,15 @@ func TestLockTakenOver(t *testing.T) {
 				devs := first.registerAll("take", 10)
 				if mode == "write-back" {
 					// What write-back acknowledged but has not flushed may be
-					// lost (as at kill -9): wait for a flush that has it.
-					registered := time.Now()
+					// lost (as at kill -9): wait until the flushes wrote every
+					// registered device.
 					for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-						f := first.flushes()
-						if len(f) > 0 && f[len(f)-1].swapped.After(registered) {
+						flushed := 0
+						for _, m := range flushedDevices.FindAllStringSubmatch(first.log.String(), -1) {
+							n, _ := strconv.Atoi(m[1])
+							flushed += n
+						}
+						if flushed >= len(devs) {
 							break
 						}
 						if time.Now().After(deadline) {

@@ -11,7 +11,6 @@ import (
 	"database/sql/driver"
 	"embed"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -40,8 +39,9 @@ const maxStatement = 1 << 20
 // alerts, labels, settings and sessions (migration 011).
 type Store struct {
 	*sqlcommon.Aux
-	db   *sql.DB
-	lock *lock // nil: no instance lock (drover migrate, cluster mode)
+	*sqlcommon.Samples // History, DeviceState, PruneHistory
+	db                 *sql.DB
+	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
 }
 
 // ParseDSN reads go-sql-driver's DSN (user:pass@tcp(host:port)/db?params)
@@ -140,6 +140,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	s.db.SetMaxIdleConns(8)
 	s.db.SetConnMaxIdleTime(time.Minute)
 	s.Aux = &sqlcommon.Aux{R: s.db, W: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
+	s.Samples = &sqlcommon.Samples{DB: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
 	return s, nil
 }
 
@@ -422,98 +423,4 @@ func nonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
-}
-
-// History implements fleet.Store.
-func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) {
-	from, to := int64(math.MinInt64), int64(math.MaxInt64)
-	if !q.From.IsZero() {
-		from = q.From.UnixMilli()
-	}
-	if !q.To.IsZero() {
-		to = q.To.UnixMilli()
-	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 1000
-	}
-	rows, err := s.db.QueryContext(ctx, `SELECT at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
-		rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM samples WHERE device_id = ? AND at >= ? AND at < ?
-		ORDER BY at, id LIMIT ?`, deviceID, from, to, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []fleet.Sample{}
-	for rows.Next() {
-		var m fleet.Sample
-		var at, seq int64
-		var rx, tx *int64
-		if err := rows.Scan(&at, &seq, &m.Uptime, &m.CPU, &m.MemUsed, &m.MemTotal, &m.DiskUsed, &m.DiskTotal, &m.Temperature,
-			&rx, &tx, &m.RSSI, &m.RSRP, &m.RSRQ, &m.SINR); err != nil {
-			return nil, err
-		}
-		m.DeviceID, m.At, m.Seq = deviceID, time.UnixMilli(at).UTC(), uint64(seq)
-		m.RxBytes, m.TxBytes = batchutil.UnclampU(rx), batchutil.UnclampU(tx)
-		out = append(out, m)
-	}
-	return out, rows.Err()
-}
-
-// DeviceState implements fleet.StateReader.
-func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error) {
-	var st []byte
-	err := s.db.QueryRowContext(ctx, `SELECT state FROM devices WHERE id = ?`, deviceID).Scan(&st)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
-	return st, err
-}
-
-// PruneHistory implements fleet.Store. Samples are appended in time order,
-// so ids grow with time: it finds the first id at or after before by binary
-// search on the primary key, with no index on time to maintain.
-func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
-	cutoff, err := s.firstIDFrom(ctx, before.UnixMilli())
-	if err != nil {
-		return 0, err
-	}
-	res, err := s.db.ExecContext(ctx, `DELETE FROM samples WHERE id < ? ORDER BY id LIMIT ?`, cutoff, limit)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-// firstIDFrom returns the smallest id whose sample is at or after at (max
-// id + 1 when there is none).
-func (s *Store) firstIDFrom(ctx context.Context, at int64) (uint64, error) {
-	var lo, hi sql.Null[uint64]
-	if err := s.db.QueryRowContext(ctx, `SELECT min(id), max(id) FROM samples`).Scan(&lo, &hi); err != nil {
-		return 0, err
-	}
-	if !lo.Valid {
-		return 0, nil
-	}
-	// Invariant: every id < l is before at; the answer is within [l, h+1].
-	l, h := lo.V, hi.V+1
-	for l < h {
-		m := l + (h-l)/2
-		var id uint64
-		var t int64
-		err := s.db.QueryRowContext(ctx, `SELECT id, at FROM samples WHERE id >= ? ORDER BY id LIMIT 1`, m).Scan(&id, &t)
-		if errors.Is(err, sql.ErrNoRows) {
-			h = m
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		if t < at {
-			l = id + 1
-		} else {
-			h = m
-		}
-	}
-	return l, nil
 }

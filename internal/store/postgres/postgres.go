@@ -7,7 +7,6 @@ package postgres
 import (
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -34,8 +33,9 @@ var migrations embed.FS
 // the same pool.
 type Store struct {
 	*sqlcommon.Aux
-	pool *pgxpool.Pool
-	lock *lock // nil: no instance lock (drover migrate, cluster mode)
+	*sqlcommon.Samples // History, DeviceState, PruneHistory
+	pool               *pgxpool.Pool
+	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
 }
 
 // Open connects to the database a postgres:// URL (or key=value string)
@@ -91,6 +91,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	}
 	db := stdlib.OpenDBFromPool(s.pool)
 	s.Aux = &sqlcommon.Aux{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost}
+	s.Samples = &sqlcommon.Samples{DB: db, D: sqlcommon.Postgres, Writable: s.LockLost}
 	return s, nil
 }
 
@@ -309,97 +310,4 @@ func nonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
-}
-
-// History implements fleet.Store.
-func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) {
-	from, to := int64(math.MinInt64), int64(math.MaxInt64)
-	if !q.From.IsZero() {
-		from = q.From.UnixMilli()
-	}
-	if !q.To.IsZero() {
-		to = q.To.UnixMilli()
-	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 1000
-	}
-	rows, err := s.pool.Query(ctx, `SELECT at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
-		rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM samples WHERE device_id = $1 AND at >= $2 AND at < $3
-		ORDER BY at, id LIMIT $4`, int64(deviceID), from, to, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := []fleet.Sample{}
-	for rows.Next() {
-		var m fleet.Sample
-		var at, seq int64
-		var rx, tx *int64
-		if err := rows.Scan(&at, &seq, &m.Uptime, &m.CPU, &m.MemUsed, &m.MemTotal, &m.DiskUsed, &m.DiskTotal, &m.Temperature,
-			&rx, &tx, &m.RSSI, &m.RSRP, &m.RSRQ, &m.SINR); err != nil {
-			return nil, err
-		}
-		m.DeviceID, m.At, m.Seq = deviceID, time.UnixMilli(at).UTC(), uint64(seq)
-		m.RxBytes, m.TxBytes = batchutil.UnclampU(rx), batchutil.UnclampU(tx)
-		out = append(out, m)
-	}
-	return out, rows.Err()
-}
-
-// DeviceState implements fleet.StateReader.
-func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error) {
-	var st []byte
-	err := s.pool.QueryRow(ctx, `SELECT state FROM devices WHERE id = $1`, int64(deviceID)).Scan(&st)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	return st, err
-}
-
-// PruneHistory implements fleet.Store. Samples are appended in time order,
-// so ids grow with time: it finds the first id at or after before by binary
-// search on the primary key, with no index on time to maintain.
-func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error) {
-	cutoff, err := s.firstIDFrom(ctx, before.UnixMilli())
-	if err != nil {
-		return 0, err
-	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM samples WHERE id IN (SELECT id FROM samples WHERE id < $1 ORDER BY id LIMIT $2)`, cutoff, limit)
-	if err != nil {
-		return 0, err
-	}
-	return tag.RowsAffected(), nil
-}
-
-// firstIDFrom returns the smallest id whose sample is at or after at (max
-// id + 1 when there is none).
-func (s *Store) firstIDFrom(ctx context.Context, at int64) (int64, error) {
-	var lo, hi *int64
-	if err := s.pool.QueryRow(ctx, `SELECT min(id), max(id) FROM samples`).Scan(&lo, &hi); err != nil {
-		return 0, err
-	}
-	if lo == nil {
-		return 0, nil
-	}
-	// Invariant: every id < l is before at; the answer is within [l, h+1].
-	l, h := *lo, *hi+1
-	for l < h {
-		m := l + (h-l)/2
-		var id, t int64
-		err := s.pool.QueryRow(ctx, `SELECT id, at FROM samples WHERE id >= $1 ORDER BY id LIMIT 1`, m).Scan(&id, &t)
-		if errors.Is(err, pgx.ErrNoRows) {
-			h = m
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		if t < at {
-			l = id + 1
-		} else {
-			h = m
-		}
-	}
-	return l, nil
 }
