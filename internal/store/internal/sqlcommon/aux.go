@@ -59,6 +59,28 @@ func (a *Aux) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return tx.Commit()
 }
 
+// execEach runs q (with ? placeholders) once per row, with the arguments
+// args(i), in one transaction.
+func (a *Aux) execEach(ctx context.Context, q string, n int, args func(i int) ([]any, error)) error {
+	return a.tx(ctx, func(tx *sql.Tx) error {
+		st, err := tx.PrepareContext(ctx, a.D.q(q))
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for i := range n {
+			row, err := args(i)
+			if err != nil {
+				return err
+			}
+			if _, err := st.ExecContext(ctx, row...); err != nil {
+				return fmt.Errorf("%.40s…: row %d: %w", q, i, err)
+			}
+		}
+		return nil
+	})
+}
+
 // mark raises kind's high-water mark to at least id, in tx.
 func (a *Aux) mark(ctx context.Context, tx *sql.Tx, kind string, id uint64) error {
 	_, err := tx.ExecContext(ctx, a.D.q(`UPDATE id_marks SET high = ? WHERE kind = ? AND high < ?`), id, kind, id)
@@ -136,28 +158,19 @@ func (a *Aux) DeleteRule(ctx context.Context, id uint64) error {
 
 // SaveEvents implements alert.Store.
 func (a *Aux) SaveEvents(ctx context.Context, evs []alert.Event) error {
-	q := a.D.q(`INSERT INTO alert_events (id, rule_id, device_id, cleared_at, body) VALUES (?, ?, ?, ?, ?)` + a.D.upsert("id", "cleared_at", "body"))
-	return a.tx(ctx, func(tx *sql.Tx) error {
-		st, err := tx.PrepareContext(ctx, q)
+	q := `INSERT INTO alert_events (id, rule_id, device_id, cleared_at, body) VALUES (?, ?, ?, ?, ?)` + a.D.upsert("id", "cleared_at", "body")
+	return a.execEach(ctx, q, len(evs), func(i int) ([]any, error) {
+		e := &evs[i]
+		body, err := json.Marshal(e)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer st.Close()
-		for _, e := range evs {
-			body, err := json.Marshal(e)
-			if err != nil {
-				return err
-			}
-			var cleared *int64
-			if e.ClearedAt != nil {
-				ms := e.ClearedAt.UnixMilli()
-				cleared = &ms
-			}
-			if _, err := st.ExecContext(ctx, e.ID, e.RuleID, e.DeviceID, cleared, string(body)); err != nil {
-				return fmt.Errorf("alert event %d: %w", e.ID, err)
-			}
+		var cleared *int64
+		if e.ClearedAt != nil {
+			ms := e.ClearedAt.UnixMilli()
+			cleared = &ms
 		}
-		return nil
+		return []any{e.ID, e.RuleID, e.DeviceID, cleared, string(body)}, nil
 	})
 }
 
@@ -197,19 +210,10 @@ func (a *Aux) MaxEventID(ctx context.Context) (uint64, error) {
 
 // SaveSyncEvents implements alert.Store.
 func (a *Aux) SaveSyncEvents(ctx context.Context, evs []alert.SyncEvent) error {
-	q := a.D.q(`INSERT INTO sync_events (device_id, at, state, applied, desired, error) VALUES (?, ?, ?, ?, ?, ?)`)
-	return a.tx(ctx, func(tx *sql.Tx) error {
-		st, err := tx.PrepareContext(ctx, q)
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		for _, e := range evs {
-			if _, err := st.ExecContext(ctx, e.DeviceID, e.At.UnixMilli(), e.State, e.Applied, e.Desired, []byte(e.Error)); err != nil {
-				return fmt.Errorf("sync event of device %d: %w", e.DeviceID, err)
-			}
-		}
-		return nil
+	q := `INSERT INTO sync_events (device_id, at, state, applied, desired, error) VALUES (?, ?, ?, ?, ?, ?)`
+	return a.execEach(ctx, q, len(evs), func(i int) ([]any, error) {
+		e := &evs[i]
+		return []any{e.DeviceID, e.At.UnixMilli(), e.State, e.Applied, e.Desired, []byte(e.Error)}, nil
 	})
 }
 
@@ -356,19 +360,7 @@ func (a *Aux) AssignLabel(ctx context.Context, id uint16, deviceIDs []uint64, on
 	if on {
 		q = a.D.insertIgnore(`INSERT INTO device_labels (label_id, device_id) VALUES (?, ?)`)
 	}
-	return a.tx(ctx, func(tx *sql.Tx) error {
-		st, err := tx.PrepareContext(ctx, a.D.q(q))
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		for _, dev := range deviceIDs {
-			if _, err := st.ExecContext(ctx, id, dev); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return a.execEach(ctx, q, len(deviceIDs), func(i int) ([]any, error) { return []any{id, deviceIDs[i]}, nil })
 }
 
 // SaveSession implements sessions.Store.
