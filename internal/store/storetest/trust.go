@@ -8,6 +8,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/store/contract"
 )
 
 // Trust (fleet.TrustStore) is part of the contract: every backend keeps
@@ -18,13 +19,8 @@ func init() {
 	serviceTests = append(serviceTests, serviceTest{"Admission", svcAdmission})
 }
 
-func trustStore(t testing.TB, s fleet.Store) fleet.TrustStore {
-	t.Helper()
-	ts, ok := s.(fleet.TrustStore)
-	if !ok {
-		t.Fatalf("%T does not implement fleet.TrustStore", s)
-	}
-	return ts
+func trustStore(t testing.TB, s contract.Store) fleet.TrustStore {
+	return s
 }
 
 type trustLoaded struct {
@@ -32,7 +28,7 @@ type trustLoaded struct {
 	st   fleet.TrustState
 }
 
-func loadTrust(t testing.TB, s fleet.Store) trustLoaded {
+func loadTrust(t testing.TB, s contract.Store) trustLoaded {
 	t.Helper()
 	l := trustLoaded{recs: map[uint64]fleet.TrustRecord{}}
 	var err error
@@ -101,7 +97,7 @@ func testTrust(t *testing.T, h *handle) {
 		t.Fatal(err)
 	}
 
-	check := func(s fleet.Store, deleted uint64) {
+	check := func(s contract.Store, deleted uint64) {
 		t.Helper()
 		l := loadTrust(t, s)
 		for _, w := range want {
