@@ -25,6 +25,9 @@ for tool in go wrk nginx python3; do
 done
 top=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/drover-emubench.XXXXXX)
+# Capacity runs: wrk pushes each token in a loop, which per-device quotas
+# (docs/operations.md) would refuse.
+noquota="--quota-push-rate 0 --quota-history-samples 0 --quota-history-bytes 0"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
@@ -36,7 +39,7 @@ echo "building..." >&2
 (cd "$top" && go build -o "$work/drover" ./cmd/drover)
 
 dport=$(freeport); dhport=$(freeport)
-"$work/drover" serve --data-dir "$work/data" --listen 127.0.0.1:$dport --http-listen 127.0.0.1:$dhport --log-level warn >"$work/serve.out" 2>"$work/serve.log" &
+"$work/drover" serve $noquota --data-dir "$work/data" --listen 127.0.0.1:$dport --http-listen 127.0.0.1:$dhport --log-level warn >"$work/serve.out" 2>"$work/serve.log" &
 pids+=($!); waitport $dport
 
 nport=$(freeport)

@@ -235,7 +235,9 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 	case s.opts.Admission == PolicyPreauthorized && !s.isPreauthorized(r.MachineID):
 		return protocol.RegisterResponse{}, false, ErrNotPreauthorized
 	}
-	pe, err := s.ensureProfile(ctx, profileKey{r.DeviceType, r.Firmware})
+	// The profile policy picks the profile (policy.go); the new device
+	// takes the selection's use of it.
+	pe, _, err := s.selectProfile(ctx, profileKey{r.DeviceType, r.Firmware}, nil, 0)
 	if err != nil {
 		return protocol.RegisterResponse{}, false, err
 	}
@@ -243,11 +245,13 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 	s.regMu.Lock()
 	if _, exists := s.machineIDs[r.MachineID]; exists {
 		s.regMu.Unlock()
+		pe.release()
 		return protocol.RegisterResponse{}, true, nil
 	}
 	if c.token != nil {
 		if err := s.useEnrollmentToken(ctx, c.token.ID, s.nextID); err != nil {
 			s.regMu.Unlock()
+			pe.release()
 			return protocol.RegisterResponse{}, false, err
 		}
 	}
@@ -287,6 +291,7 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 	}
 	s.regMu.Unlock()
 	if err != nil {
+		pe.release()
 		return protocol.RegisterResponse{}, false, err
 	}
 	if err := ticket.Wait(ctx); err != nil {
@@ -403,12 +408,16 @@ func (s *Service) reregister(ctx context.Context, d *device, r protocol.Register
 // reissue gives a known device a new token (and key), updating its identity
 // fields from the registration.
 func (s *Service) reissue(ctx context.Context, d *device, r protocol.RegisterRequest, c credentials, newKey, fromRequest bool) (protocol.RegisterResponse, error) {
-	pe, err := s.ensureProfile(ctx, profileKey{r.DeviceType, r.Firmware})
+	d.mu.Lock()
+	prev := d.profile
+	d.mu.Unlock()
+	pe, _, err := s.selectProfile(ctx, profileKey{r.DeviceType, r.Firmware}, prev, d.id)
 	if err != nil {
 		return protocol.RegisterResponse{}, err
 	}
 	if c.token != nil {
 		if err := s.useEnrollmentToken(ctx, c.token.ID, d.id); err != nil {
+			pe.release()
 			return protocol.RegisterResponse{}, err
 		}
 	}
@@ -420,6 +429,7 @@ func (s *Service) reissue(ctx context.Context, d *device, r protocol.RegisterReq
 	d.mu.Lock()
 	if err := admissionError(d.admission); err != nil { // blocked meanwhile
 		d.mu.Unlock()
+		pe.release()
 		return protocol.RegisterResponse{}, err
 	}
 	keyHash := d.keyHash
@@ -455,9 +465,10 @@ func (s *Service) reissue(ctx context.Context, d *device, r protocol.RegisterReq
 			d.setIDs(d.machineID(), r.Serial)
 		}
 		d.tokenHash = hash
-		d.profile = pe
+		adopt(d, pe)
 	} else {
 		d.admission, d.keyHash, d.request = oldAdmission, oldKey, oldReq
+		pe.release()
 	}
 	d.mu.Unlock()
 	if err != nil {
@@ -580,7 +591,7 @@ func (s *Service) deleteDevice(ctx context.Context, d *device) error {
 	err := persist(ctx, s.persist, func(b *Batch) { b.Trust = append(b.Trust, TrustRecord{DeviceID: d.id, Deleted: true}) })
 	if err == nil {
 		d.tokenHash, d.keyHash, d.request, d.admission = [32]byte{}, keyDigest{}, nil, Blocked
-		d.profile = nil // List and Counts skip it from now on
+		adopt(d, nil) // List and Counts skip it from now on
 	}
 	d.mu.Unlock()
 	if err != nil {

@@ -82,8 +82,10 @@ type device struct {
 	profile        *profileEntry
 	labels         []uint16 // label IDs, sorted; replaced, never modified in place (labels.go)
 	// Admission and trust (admission.go).
-	keyHash keyDigest      // of the device key; zero: none
-	request *enrollRequest // a re-enrollment waiting for an operator; nil: none
+	keyHash    keyDigest      // of the device key; zero: none
+	request    *enrollRequest // a re-enrollment waiting for an operator; nil: none
+	pushTAT    uint32         // quota clocks in 1/8 s (quota.go)
+	lastSample uint32
 }
 
 // setIDs stores the machine ID and serial in one new string.

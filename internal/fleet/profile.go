@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,9 @@ type profileEntry struct {
 	p     atomic.Pointer[Profile]
 	ready chan struct{} // closed once the profile is durable
 	err   error         // set before ready closes if creation failed
+	// users counts the devices on this profile plus selections not yet
+	// adopted (see selectProfile); a profile in use is never deleted.
+	users atomic.Int64
 }
 
 func (e *profileEntry) get() *Profile { return e.p.Load() }
@@ -25,16 +29,40 @@ func (e *profileEntry) version() int64 {
 }
 func (e *profileEntry) interval() int { return e.p.Load().PushInterval }
 
-// profiles is the in-memory set of profiles.
+// release gives back one use.
+func (e *profileEntry) release() { e.users.Add(-1) }
+
+// adopt points d at pe, which the caller selected (nil: none, for a
+// deleted device); d.mu held.
+func adopt(d *device, pe *profileEntry) {
+	if d.profile == pe {
+		if pe != nil {
+			pe.release()
+		}
+		return
+	}
+	if d.profile != nil {
+		d.profile.release()
+	}
+	d.profile = pe
+}
+
+// profiles is the in-memory set of profiles and of links (policy.go).
 type profiles struct {
 	mu     sync.Mutex
 	byKey  map[profileKey]*profileEntry
 	byID   map[uint64]*profileEntry
 	nextID uint64
+	// links maps firmware without a profile of its own to the profile its
+	// devices use; created holds, per device type, when profiles were
+	// created within the policy's window (unix ns, oldest first).
+	links   map[profileKey]*linkEntry
+	created map[string][]int64
 }
 
 func newProfiles(loaded []Profile, maxID uint64) *profiles {
-	ps := &profiles{byKey: make(map[profileKey]*profileEntry), byID: make(map[uint64]*profileEntry), nextID: maxID + 1}
+	ps := &profiles{byKey: make(map[profileKey]*profileEntry), byID: make(map[uint64]*profileEntry), nextID: maxID + 1,
+		links: map[profileKey]*linkEntry{}, created: map[string][]int64{}}
 	for i := range loaded {
 		p := loaded[i]
 		e := &profileEntry{ready: make(chan struct{})}
@@ -45,40 +73,38 @@ func newProfiles(loaded []Profile, maxID uint64) *profiles {
 		if p.ID >= ps.nextID {
 			ps.nextID = p.ID + 1
 		}
+		ps.created[p.DeviceType] = append(ps.created[p.DeviceType], p.CreatedAt.UnixNano())
+	}
+	for _, c := range ps.created {
+		slices.Sort(c)
 	}
 	return ps
 }
 
-// ensure returns the profile for key, creating the default profile exactly
-// once when the key is new. Concurrent callers for a new key wait for the
-// one that creates it.
-func (s *Service) ensureProfile(ctx context.Context, key profileKey) (*profileEntry, error) {
+// createProfile makes the profile for key, which has none (ps.mu held; it
+// returns with ps.mu released), from base's configuration when inherit
+// is set, and waits until it is durable. Concurrent selectors for key wait
+// for it. The caller holds one use of the result.
+func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profile) (*profileEntry, error) {
 	ps := s.profiles
-	ps.mu.Lock()
-	e, ok := ps.byKey[key]
-	if ok {
-		ps.mu.Unlock()
-		select {
-		case <-e.ready:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		if e.err != nil {
-			return nil, e.err
-		}
-		return e, nil
-	}
 	now := s.now().UTC().Truncate(time.Millisecond)
 	p := &Profile{
 		ID: ps.nextID, DeviceType: key.deviceType, Firmware: key.firmware,
 		Version: 0, Config: json.RawMessage(`{}`), PushInterval: s.opts.DefaultPushInterval,
 		CreatedAt: now, UpdatedAt: now,
 	}
+	if base != nil {
+		// The same configuration keeps its version: devices that applied
+		// it stay in sync across the firmware upgrade.
+		p.Version, p.Config, p.PushInterval = base.Version, base.Config, base.PushInterval
+	}
 	ps.nextID++
-	e = &profileEntry{ready: make(chan struct{})}
+	e := &profileEntry{ready: make(chan struct{})}
 	e.p.Store(p)
+	e.users.Store(1)
 	ps.byKey[key] = e
 	ps.byID[p.ID] = e
+	ps.created[key.deviceType] = append(ps.created[key.deviceType], now.UnixNano())
 	ps.mu.Unlock()
 
 	err := persist(ctx, s.persist, func(b *Batch) { b.Profiles = append(b.Profiles, *p) })
@@ -92,7 +118,11 @@ func (s *Service) ensureProfile(ctx context.Context, key profileKey) (*profileEn
 		close(e.ready)
 		return nil, err
 	}
-	s.log.Info("profile created", "profile_id", p.ID, "device_type", key.deviceType, "firmware", key.firmware)
+	from := uint64(0)
+	if base != nil {
+		from = base.ID
+	}
+	s.log.Info("profile created", "profile_id", p.ID, "device_type", key.deviceType, "firmware", key.firmware, "inherited_from", from)
 	close(e.ready)
 	return e, nil
 }

@@ -42,6 +42,8 @@ type Options struct {
 	// RequireCertificate refuses registrations without a client
 	// certificate naming the machine ID (Proof.CertNames).
 	RequireCertificate bool
+	// Quotas are the per-device quotas (quota.go); zero: none.
+	Quotas QuotaOptions
 }
 
 // PushEvent describes one accepted push.
@@ -82,6 +84,8 @@ type Service struct {
 
 	labels labelRegistry // labels.go
 	trust  trustRegistry // enrollment.go
+	quota  *quotas       // quota.go
+	policy policyState   // policy.go
 }
 
 // New loads the fleet from store (nil for none) and returns the Service.
@@ -107,6 +111,9 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		devices: make([]*device, 1, 1024),
 	}
 	s.trust.init()
+	s.quota = newQuotas(opts.Quotas, s.now())
+	pol := DefaultProfilePolicy()
+	s.policy.policy.Store(&pol)
 	if store == nil {
 		s.profiles = newProfiles(nil, 0)
 		return s, nil
@@ -141,10 +148,15 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
 	s.profiles = newProfiles(res.Profiles, res.MaxProfileID)
+	if pst, ok := store.(PolicyStore); ok {
+		if err := s.loadPolicy(ctx, pst); err != nil {
+			return nil, err
+		}
+	}
 	s.nextID = res.MaxDeviceID + 1
 	s.devices = make([]*device, s.nextID, s.nextID+s.nextID/4+1024)
 	for _, d := range loaded {
-		pe, err := s.ensureProfile(ctx, profileKey{d.deviceType, d.firmware})
+		pe, err := s.loadProfile(ctx, profileKey{d.deviceType, d.firmware})
 		if err != nil {
 			return nil, fmt.Errorf("load fleet: profile of device %d: %w", d.id, err)
 		}
@@ -218,33 +230,62 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 	if !ok {
 		return protocol.PushResponse{}, ErrUnauthorized
 	}
-	// A firmware upgrade moves the device to another profile.
+	now := s.now()
+	nowNS := now.UnixNano()
+	// A firmware upgrade moves the device to the profile the policy
+	// selects (policy.go); a push over quota is refused before that.
 	var newProfile *profileEntry
+	var newFirmware string
 	if fw := p.State.Firmware; fw != "" {
 		d.mu.Lock()
-		changed, deviceType := fw != d.firmware, d.deviceType
+		if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
+			d.mu.Unlock()
+			return protocol.PushResponse{}, ErrUnauthorized
+		}
+		changed, deviceType, prev := fw != d.firmware, d.deviceType, d.profile
+		_, wait, ok := s.quota.pushCheck(d, nowNS, d.profile.interval())
 		d.mu.Unlock()
+		if !ok && !s.quota.isLifted(d.id, nowNS) {
+			return protocol.PushResponse{}, s.overQuota(d.id, wait, nowNS)
+		}
 		if changed {
-			pe, err := s.ensureProfile(ctx, profileKey{deviceType, fw})
+			pe, canon, err := s.selectProfile(ctx, profileKey{deviceType, fw}, prev, d.id)
 			if err != nil {
 				return protocol.PushResponse{}, err
 			}
-			newProfile = pe
+			newProfile, newFirmware = pe, canon
 		}
 	}
-	now := s.now()
 	d.mu.Lock()
 	if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
 		d.mu.Unlock()
+		if newProfile != nil {
+			newProfile.release()
+		}
 		return protocol.PushResponse{}, ErrUnauthorized
 	}
 	if err := admissionError(d.admission); err != nil { // blocked: nothing is stored
 		d.mu.Unlock()
+		if newProfile != nil {
+			newProfile.release()
+		}
 		return protocol.PushResponse{}, err
+	}
+	tat, wait, ok := s.quota.pushCheck(d, nowNS, d.profile.interval())
+	if !ok && !s.quota.isLifted(d.id, nowNS) {
+		d.mu.Unlock()
+		if newProfile != nil {
+			newProfile.release()
+		}
+		return protocol.PushResponse{}, s.overQuota(d.id, wait, nowNS)
 	}
 	firmware, pe := d.firmware, d.profile
 	if newProfile != nil && newProfile.get().DeviceType == d.deviceType {
-		firmware, pe = newProfile.get().Firmware, newProfile
+		firmware, pe = newFirmware, newProfile
+	}
+	lastSample, keep, hit := s.quota.keepSample(d, nowNS, pe.interval())
+	if !keep && s.quota.isLifted(d.id, nowNS) {
+		lastSample, keep, hit = s.quota.ticks(nowNS), true, false
 	}
 	st := StateRecord{
 		DeviceID: d.id, Firmware: firmware, LastSeen: now, Seq: p.Seq,
@@ -253,21 +294,37 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 	sample := sampleOf(d.id, now, &p)
 	ticket, err := s.persist.Enqueue(func(b *Batch) {
 		b.States = append(b.States, st)
-		b.Samples = append(b.Samples, sample)
+		if keep {
+			b.Samples = append(b.Samples, sample)
+		}
 	})
 	if err == nil {
-		d.firmware, d.profile = firmware, pe
-		d.lastSeen, d.seq, d.appliedVersion = now.UnixNano(), p.Seq, p.ConfigVersion
+		if pe != d.profile {
+			adopt(d, pe)
+		} else if newProfile != nil {
+			newProfile.release()
+		}
+		d.firmware = firmware
+		if ok {
+			d.pushTAT = tat
+		}
+		d.lastSample = lastSample
+		d.lastSeen, d.seq, d.appliedVersion = nowNS, p.Seq, p.ConfigVersion
 		if d.configError != p.ConfigError {
 			d.configError = strings.Clone(p.ConfigError)
 		}
 		if s.states == nil {
 			d.state = p.RawState
 		}
+	} else if newProfile != nil {
+		newProfile.release()
 	}
 	d.mu.Unlock()
 	if err != nil {
 		return protocol.PushResponse{}, err
+	}
+	if hit {
+		s.quota.note(d.id, QuotaHistory, nowNS)
 	}
 	if err := ticket.Wait(ctx); err != nil {
 		return protocol.PushResponse{}, err
@@ -282,6 +339,12 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
 	}
 	return resp, nil
+}
+
+// overQuota records a refused push and says when to come back.
+func (s *Service) overQuota(id uint64, wait time.Duration, now int64) error {
+	s.quota.note(id, QuotaPushRate, now)
+	return &QuotaError{RetryAfter: wait}
 }
 
 func sampleOf(id uint64, at time.Time, p *protocol.PushRequest) Sample {
@@ -314,6 +377,10 @@ type Filter struct {
 	Text       string   // substring of machine ID or serial
 	Labels     []uint16 // label IDs (LabelIDs); a device must have all
 	Admission  AdmissionFilter
+	// Quota selects devices by quota (QuotaFilters); set by ParseFilter,
+	// which resolves it.
+	Quota    string
+	quotaIDs map[uint64]struct{}
 }
 
 func (f *Filter) match(d *device, now int64) bool {
@@ -337,6 +404,11 @@ func (f *Filter) match(d *device, now int64) bool {
 	}
 	if len(f.Labels) > 0 && !d.hasLabels(f.Labels) {
 		return false
+	}
+	if f.Quota != "" {
+		if _, ok := f.quotaIDs[d.id]; !ok {
+			return false
+		}
 	}
 	return f.Admission.match(d)
 }

@@ -101,10 +101,11 @@ const (
 	FilterText       = "q"
 	FilterLabel      = "label" // repeated: a device must have every label
 	FilterAdmission  = "admission"
+	FilterQuota      = "quota" // hit, lifted or a reason (QuotaReasons)
 )
 
 // FilterParams lists the parameters ParseFilter reads.
-var FilterParams = []string{FilterSyncState, FilterLiveness, FilterDeviceType, FilterFirmware, FilterProfileID, FilterText, FilterLabel, FilterAdmission}
+var FilterParams = []string{FilterSyncState, FilterLiveness, FilterDeviceType, FilterFirmware, FilterProfileID, FilterText, FilterLabel, FilterAdmission, FilterQuota}
 
 // ParseFilter reads the devices filter from query or form values; other
 // keys are left alone. Every problem is reported (errors.Join of
@@ -143,6 +144,13 @@ func (s *Service) ParseFilter(v url.Values) (Filter, error) {
 			f.Admission = a
 		} else {
 			errs = append(errs, fieldError(FilterAdmission, "unknown admission %q: admission must be %s", t, oneOf(admissionFilterNames)))
+		}
+	}
+	if t := v.Get(FilterQuota); t != "" {
+		if ids, ok := s.quotaSet(t); ok {
+			f.Quota, f.quotaIDs = t, ids
+		} else {
+			errs = append(errs, fieldError(FilterQuota, "unknown quota filter %q: quota must be %s", t, oneOf(QuotaFilters)))
 		}
 	}
 	return f, errors.Join(errs...)

@@ -163,6 +163,9 @@ func startRunning(t *testing.T, metricsListen string) *server.Server {
 	cfg := server.DefaultConfig()
 	cfg.DataDir, cfg.Listen, cfg.HTTPListen, cfg.MetricsListen = t.TempDir(), "", "127.0.0.1:0", metricsListen
 	cfg.EnrollmentSecret, cfg.AdminToken, cfg.MetricsToken = "perf-secret", "perf-admin", "perf-metrics-token"
+	// A server measured by URL runs without per-device quotas, as the
+	// servers perf starts do (docs/perf.md).
+	cfg.QuotaPushRate, cfg.QuotaHistorySamples, cfg.QuotaHistoryBytes = 0, 0, 0
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := server.New(ctx, cfg, nil)
 	if err != nil {

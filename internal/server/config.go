@@ -24,13 +24,18 @@ type Config struct {
 	AdminToken       string
 	PushInterval     int
 	HistoryRetention time.Duration
-	MaxPendingWrites int
-	MaxInflight      int
-	Threads          int
-	ShutdownTimeout  time.Duration
-	LogFormat        string
-	LogLevel         string
-	DebugListen      string
+	// Per-device quotas (docs/operations.md, "Quotas").
+	QuotaPushRate       float64
+	QuotaPushBurst      int
+	QuotaHistorySamples int
+	QuotaHistoryBytes   int64
+	MaxPendingWrites    int
+	MaxInflight         int
+	Threads             int
+	ShutdownTimeout     time.Duration
+	LogFormat           string
+	LogLevel            string
+	DebugListen         string
 	// MetricsToken is a bearer token that may read /metrics and nothing
 	// else (the admin token may too); "" for none.
 	MetricsToken string
@@ -59,19 +64,23 @@ type Config struct {
 // HTTPS on :8443 with a generated certificate, write-through.
 func DefaultConfig() Config {
 	return Config{
-		DataDir:          "drover-data",
-		Listen:           ":8443",
-		Persistence:      "write-through",
-		TLSKeyExchange:   KeyExchangeClassic, // docs/performance.md, "TLS handshake CPU"
-		FlushInterval:    5 * time.Second,
-		PushInterval:     200,
-		HistoryRetention: 7 * 24 * time.Hour,
-		MaxPendingWrites: 50000,
-		MaxInflight:      8192,
-		ShutdownTimeout:  30 * time.Second,
-		LogFormat:        "text",
-		LogLevel:         "info",
-		Admission:        "open",
+		DataDir:             "drover-data",
+		Listen:              ":8443",
+		Persistence:         "write-through",
+		TLSKeyExchange:      KeyExchangeClassic, // docs/performance.md, "TLS handshake CPU"
+		FlushInterval:       5 * time.Second,
+		PushInterval:        200,
+		HistoryRetention:    7 * 24 * time.Hour,
+		QuotaPushRate:       fleet.DefaultQuotas().PushRate,
+		QuotaPushBurst:      fleet.DefaultQuotas().PushBurst,
+		QuotaHistorySamples: fleet.DefaultQuotas().HistorySamples,
+		QuotaHistoryBytes:   fleet.DefaultQuotas().HistoryBytes,
+		MaxPendingWrites:    50000,
+		MaxInflight:         8192,
+		ShutdownTimeout:     30 * time.Second,
+		LogFormat:           "text",
+		LogLevel:            "info",
+		Admission:           "open",
 		// Above what one server registers per second (13,000/s measured on
 		// 2 cores): a registration storm from three or more addresses
 		// never waits; see docs/operations.md#registration-rate-limits.
@@ -101,6 +110,18 @@ func (c *Config) Validate() error {
 	}
 	if err := fleet.CheckPushInterval(c.PushInterval); err != nil {
 		return fmt.Errorf("-push-interval %d: %w", c.PushInterval, err)
+	}
+	if c.QuotaPushRate < 0 || c.QuotaPushRate > 1000 {
+		return fmt.Errorf("-quota-push-rate must be 0..1000 pushes per interval, not %g", c.QuotaPushRate)
+	}
+	if c.QuotaPushBurst < 1 || c.QuotaPushBurst > 100 {
+		return fmt.Errorf("-quota-push-burst must be 1..100, not %d", c.QuotaPushBurst)
+	}
+	if c.QuotaHistorySamples < 0 || c.QuotaHistorySamples > 1000 {
+		return fmt.Errorf("-quota-history-samples must be 0..1000, not %d", c.QuotaHistorySamples)
+	}
+	if c.QuotaHistoryBytes < 0 {
+		return errors.New("-quota-history-bytes must not be negative")
 	}
 	if c.FlushInterval <= 0 {
 		return errors.New("-flush-interval must be positive")

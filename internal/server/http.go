@@ -128,6 +128,14 @@ func answerError(err error) *apiError {
 		return errEnrollment
 	case errors.Is(err, fleet.ErrUnauthorized):
 		return errDeviceToken
+	case errors.Is(err, fleet.ErrQuota):
+		return quotaError(err)
+	case errors.Is(err, fleet.ErrProfileInUse), errors.Is(err, fleet.ErrProfileExists):
+		return &apiError{status: http.StatusConflict, code: "conflict", msg: err.Error()}
+	case errors.Is(err, fleet.ErrNotPending):
+		return &apiError{status: http.StatusNotFound, code: "not_found", msg: err.Error()}
+	case errors.Is(err, fleet.ErrTooManyLifts):
+		return &apiError{status: http.StatusConflict, code: "too_many_lifts", msg: err.Error()}
 	case errors.Is(err, fleet.ErrCursor):
 		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: "cursor must be a next_cursor value", outcome: outInvalid}
 	case errors.Is(err, fleet.ErrInvalid), errors.Is(err, alert.ErrInvalid):

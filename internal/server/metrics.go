@@ -21,6 +21,7 @@ const (
 	outInvalid     = "invalid"
 	outOverloaded  = "overloaded"
 	outUnavailable = "unavailable"
+	outQuota       = "quota" // refused with 429: over the device's push quota
 )
 
 type metrics struct {
@@ -82,7 +83,7 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
 		m.commitSize, m.commitTime, m.commitErrors, m.storeUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable} {
+	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {
 		m.pushes.WithLabelValues(o)
 	}
 	for _, o := range []string{outNew, outRenewed, outForbidden, outInvalid, outOverloaded, outUnavailable, outPending, outRateLimited, outRefused} {
@@ -102,7 +103,7 @@ func (m *metrics) handler() http.Handler {
 
 // watchFleet exports the fleet's device and profile counts.
 func (m *metrics) watchFleet(f *fleet.Service) {
-	m.reg.MustRegister(&fleetCollector{fleet: f}, &admissionCollector{fleet: f})
+	m.reg.MustRegister(&fleetCollector{fleet: f}, &admissionCollector{fleet: f}, &quotaCollector{fleet: f})
 }
 
 func (m *metrics) observeCommit(records int, took time.Duration, err error) {

@@ -25,7 +25,7 @@ func TestWrongMethodAnswers405WithAllow(t *testing.T) {
 		{"DELETE", "/api/v1/register", "", "POST"},
 		{"POST", "/api/v1/devices", s.AdminToken, "GET, HEAD"},
 		{"POST", "/api/v1/devices/7", s.AdminToken, "GET, HEAD, DELETE"},
-		{"DELETE", "/api/v1/profiles/1", s.AdminToken, "GET, HEAD, PUT, PATCH"},
+		{"POST", "/api/v1/profiles/1", s.AdminToken, "GET, HEAD, PUT, PATCH, DELETE"},
 		{"PATCH", "/api/v1/alerts/rules/3", s.AdminToken, "GET, HEAD, PUT, DELETE"},
 		{"POST", "/healthz", "", "GET, HEAD"},
 		{"POST", "/metrics", "", "GET, HEAD"},

@@ -155,6 +155,7 @@ func (s *Server) loadFleet(ctx context.Context) error {
 	s.fleet, err = fleet.New(ctx, s.store, s.persist, fleet.Options{
 		EnrollmentSecret: s.Secrets.EnrollmentSecret, DefaultPushInterval: s.cfg.PushInterval, Logger: s.log, OnPush: hook.OnPush,
 		Admission: policy, RequireCertificate: s.cfg.RequireClientCert,
+		Quotas: s.cfg.quotas(),
 	})
 	if err != nil {
 		return err

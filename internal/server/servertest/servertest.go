@@ -20,12 +20,14 @@ import (
 )
 
 // Options adjust the server; zero values take the defaults of `drover serve`
-// except that it listens on free loopback ports.
+// except that it listens on free loopback ports and has no per-device
+// quotas (tests push in loops) unless Quotas is set.
 type Options struct {
 	DataDir     string // default: t.TempDir()
 	Persistence string // default: write-through
 	DB          string // default: SQLite in DataDir
 	HTTP        bool   // also serve plain HTTP
+	Quotas      bool   // keep the default per-device quotas
 	Configure   func(*server.Config)
 	Logger      *slog.Logger
 }
@@ -63,6 +65,9 @@ func Start(t testing.TB, opts Options) *Server {
 	}
 	cfg.DB = opts.DB
 	cfg.ShutdownTimeout = 10 * time.Second
+	if !opts.Quotas {
+		cfg.QuotaPushRate, cfg.QuotaHistorySamples, cfg.QuotaHistoryBytes = 0, 0, 0
+	}
 	if opts.Configure != nil {
 		opts.Configure(&cfg)
 	}

@@ -42,6 +42,7 @@ type Store struct {
 	*sqlcommon.Samples // History, DeviceState, PruneHistory
 	db                 *sql.DB
 	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
+	policyStore
 }
 
 // ParseDSN reads go-sql-driver's DSN (user:pass@tcp(host:port)/db?params)
@@ -141,6 +142,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	s.db.SetConnMaxIdleTime(time.Minute)
 	s.Aux = &sqlcommon.Aux{R: s.db, W: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
 	s.Samples = &sqlcommon.Samples{DB: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
+	s.policyStore = newPolicyStore(s.db)
 	return s, nil
 }
 

@@ -36,6 +36,7 @@ type Store struct {
 	*sqlcommon.Samples // History, DeviceState, PruneHistory
 	pool               *pgxpool.Pool
 	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
+	policyStore
 }
 
 // Open connects to the database a postgres:// URL (or key=value string)
@@ -92,6 +93,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	db := stdlib.OpenDBFromPool(s.pool)
 	s.Aux = &sqlcommon.Aux{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost}
 	s.Samples = &sqlcommon.Samples{DB: db, D: sqlcommon.Postgres, Writable: s.LockLost}
+	s.policyStore = newPolicyStore(db)
 	return s, nil
 }
 

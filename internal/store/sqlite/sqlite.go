@@ -35,6 +35,7 @@ type Store struct {
 	r    *sql.DB // readers
 	lock *instlock.FileLock
 	hist history // history.go
+	policyStore
 }
 
 // Open opens (creating if needed) the database file at path and applies the
@@ -112,7 +113,7 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
-	s := &Store{Aux: &sqlcommon.Aux{R: r, W: w, D: sqlcommon.SQLite}, w: w, r: r, lock: lock}
+	s := &Store{Aux: &sqlcommon.Aux{R: r, W: w, D: sqlcommon.SQLite}, w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
 	s.Aux.Writable = s.LockLost
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {

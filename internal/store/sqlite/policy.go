@@ -1,0 +1,16 @@
+package sqlite
+
+import (
+	"database/sql"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/internal/policysql"
+)
+
+// policyStore gives the Store fleet.PolicyStore (migration
+// 030_profile_policy.sql), on the writer connection.
+type policyStore = policysql.Store
+
+var _ fleet.PolicyStore = (*Store)(nil)
+
+func newPolicyStore(w *sql.DB) policyStore { return policysql.New(w, policysql.SQLite) }
