@@ -182,7 +182,7 @@ func svcFirmwareInherits(t *testing.T, e *env) {
 // Join mode, approval, cleanup and a lifted quota, each across a restart.
 func svcJoinApproveCleanupLift(t *testing.T, e *env) {
 	r := e.register("m", "ICR-3241", "6.3.5")
-	e.register("n", "ICR-3241", "5.0.0") // profile 2, unused once n upgrades
+	rn := e.register("n", "ICR-3241", "5.0.0") // profile 2, unused once n upgrades
 	pol := fleet.DefaultProfilePolicy()
 	pol.Mode = fleet.ModeJoin
 	if _, err := e.svc.SetProfilePolicy(e.ctx, pol); err != nil {
@@ -211,8 +211,11 @@ func svcJoinApproveCleanupLift(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	e.advance(2 * time.Hour)
-	// Device n registers again on 6.3.5: nothing uses 5.0.0's profile.
-	e.register("n", "ICR-3241", "6.3.5")
+	// Device n upgrades to 6.3.5, which has a profile: nothing uses
+	// 5.0.0's profile.
+	upN := pushReq(t, 1, 0, "")
+	upN.State.Firmware = "6.3.5"
+	e.push(rn.Token, upN)
 	res, err := e.svc.CleanupProfiles(e.ctx, time.Hour, false)
 	if err != nil || len(res.Deleted) != 1 || res.Deleted[0].Firmware != "5.0.0" {
 		t.Fatalf("cleanup: %+v %v", res, err)
