@@ -510,6 +510,7 @@ func (e *Engine) Check(now time.Time) {
 			offline = append(offline, r)
 		}
 	}
+	e.checkQuota(rules, now)
 	if len(offline) > 0 {
 		nowNs := now.UnixNano()
 		e.fleet.Scan(func(d fleet.DeviceInfo) {

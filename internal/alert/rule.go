@@ -25,10 +25,11 @@ const (
 	DiskFreeBelow    Kind = "disk_free_below"   // Threshold in percent of the disk
 	Reboot           Kind = "reboot"            // uptime went down; Seconds: how long the alert stays raised
 	Offline          Kind = "offline"           // no push for Seconds
+	Quota            Kind = "quota"             // hit a quota (push rate, profile creation) within Seconds
 )
 
 // Kinds lists every kind.
-func Kinds() []Kind { return []Kind{TemperatureAbove, CPUAbove, DiskFreeBelow, Reboot, Offline} }
+func Kinds() []Kind { return []Kind{TemperatureAbove, CPUAbove, DiskFreeBelow, Reboot, Offline, Quota} }
 
 // Metric reports whether k compares a pushed value with Threshold.
 func (k Kind) Metric() bool { return k == TemperatureAbove || k == CPUAbove || k == DiskFreeBelow }
@@ -46,6 +47,8 @@ func (k Kind) Describe() string {
 		return "reboot detected (uptime went down)"
 	case Offline:
 		return "offline for longer than the given seconds"
+	case Quota:
+		return "hit a quota (pushes refused with 429, or new firmware not given a profile) within the given seconds"
 	}
 	return string(k)
 }
@@ -100,10 +103,10 @@ func (r *Rule) Normalize() error {
 		if !(r.Threshold >= 0 && r.Threshold <= 100) {
 			errs = append(errs, fmt.Errorf("threshold of %s must be 0..100 %%", r.Kind))
 		}
-	case Reboot, Offline:
+	case Reboot, Offline, Quota:
 		r.Threshold = 0
 	default:
-		errs = append(errs, fmt.Errorf("kind must be one of temperature_above, cpu_above, disk_free_below, reboot, offline"))
+		errs = append(errs, fmt.Errorf("kind must be one of temperature_above, cpu_above, disk_free_below, reboot, offline, quota"))
 	}
 	if r.Kind.Metric() {
 		if r.Pushes == 0 {
@@ -175,6 +178,8 @@ func (r *Rule) Summary() string {
 		return fmt.Sprintf("reboot (uptime reset); clears after %s", time.Duration(r.Seconds)*time.Second)
 	case Offline:
 		return fmt.Sprintf("no push for %s", time.Duration(r.Seconds)*time.Second)
+	case Quota:
+		return fmt.Sprintf("hit a quota within %s", time.Duration(r.Seconds)*time.Second)
 	}
 	if r.Pushes > 1 {
 		s += fmt.Sprintf(" for %d pushes", r.Pushes)

@@ -22,6 +22,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"math"
 	"slices"
@@ -252,6 +253,32 @@ func (q *quotas) evictOldest() {
 		}
 	}
 	delete(q.hit, oldest)
+}
+
+// PushAllowed refuses a push over its device's quota before the request
+// body is read and decoded, so that a flooding device costs the server
+// little: a *QuotaError for a valid token over quota, nil otherwise (Push
+// decides the rest).
+func (s *Service) PushAllowed(token string) error {
+	if s.quota.opts.PushRate <= 0 {
+		return nil
+	}
+	d, hash, ok := s.deviceForToken(token)
+	if !ok {
+		return nil
+	}
+	now := s.now().UnixNano()
+	d.mu.Lock()
+	valid := subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) == 1
+	var wait time.Duration
+	if valid && d.profile != nil {
+		_, wait, ok = s.quota.pushCheck(d, now, d.profile.interval())
+	}
+	d.mu.Unlock()
+	if !valid || ok || s.quota.isLifted(d.id, now) {
+		return nil
+	}
+	return s.overQuota(d.id, wait, now)
 }
 
 // QuotaFilters are the values of the devices filter's quota parameter:

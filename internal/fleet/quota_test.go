@@ -3,8 +3,10 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -334,3 +336,40 @@ func TestPushQuotaAllocations(t *testing.T) {
 }
 
 var _ = protocol.PushRequest{}
+
+// BenchmarkPushQuota is BenchmarkPushMemory with the default quotas on
+// (and the firmware reported, as agents do): compare the two for the
+// quota's cost on the push path.
+func BenchmarkPushQuota(b *testing.B) {
+	ctx := context.Background()
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var tick atomic.Int64
+	// Every push advances the clock a second: each of the 10,000 devices
+	// pushes every 10,000 s, within its quota.
+	now := func() time.Time { return base.Add(time.Duration(tick.Add(1)) * time.Second) }
+	s, err := New(ctx, nil, nil, Options{EnrollmentSecret: "sesame", Now: now, Quotas: DefaultQuotas()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 10000
+	tokens := make([]string, n)
+	for i := range n {
+		r, err := s.Register(ctx, reg(fmt.Sprintf("m-%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		tokens[i] = r.Token
+	}
+	p := push(1, 0)
+	p.State.Firmware = "6.3.5"
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, err := s.Push(ctx, tokens[i%n], p); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+}

@@ -224,6 +224,10 @@ func (a *api) push(r *http.Request) (any, error) {
 	if !ok {
 		return nil, errNoBearer
 	}
+	// A device over its quota is refused before its body is decoded.
+	if err := a.fleet.PushAllowed(token); err != nil {
+		return nil, err
+	}
 	buf, err := readBody(r)
 	if err != nil {
 		return nil, err

@@ -73,6 +73,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s *session) {
 type devFilter struct {
 	SyncState, Liveness, DeviceType, Firmware, Label, Q, ProfileID string
 	Admission                                                      string
+	Quota                                                          string
 	Sort                                                           string
 	Desc                                                           bool
 	After                                                          string
@@ -86,7 +87,7 @@ func parseDevFilter(v url.Values) devFilter {
 		SyncState: v.Get("sync_state"), Liveness: v.Get("liveness"), DeviceType: v.Get("device_type"),
 		Firmware: v.Get("firmware"), Label: v.Get("label"), Q: strings.TrimSpace(v.Get("q")), ProfileID: v.Get("profile_id"),
 		Sort: v.Get("sort"), Desc: v.Get("dir") == "desc", After: v.Get("after"), Limit: 50,
-		Admission: v.Get(fleet.FilterAdmission),
+		Admission: v.Get(fleet.FilterAdmission), Quota: v.Get(fleet.FilterQuota),
 	}
 	if n, err := strconv.Atoi(v.Get("limit")); err == nil && n >= 1 && n <= 1000 {
 		f.Limit = n
@@ -118,6 +119,7 @@ func (f devFilter) values() url.Values {
 	set("q", f.Q)
 	set("profile_id", f.ProfileID)
 	set(fleet.FilterAdmission, f.Admission)
+	set(fleet.FilterQuota, f.Quota)
 	if f.Sort != "id" {
 		set("sort", f.Sort)
 	}
@@ -163,7 +165,7 @@ func (f devFilter) SortMark(col string) string {
 }
 
 func (f devFilter) Filtered() bool {
-	return f.SyncState != "" || f.Liveness != "" || f.DeviceType != "" || f.Firmware != "" || f.Label != "" || f.Q != "" || f.ProfileID != "" || f.Admission != ""
+	return f.SyncState != "" || f.Liveness != "" || f.DeviceType != "" || f.Firmware != "" || f.Label != "" || f.Q != "" || f.ProfileID != "" || f.Admission != "" || f.Quota != ""
 }
 
 type deviceRow struct {
@@ -184,6 +186,7 @@ type devicesData struct {
 	SyncStates         []string
 	Livenesses         []string
 	Admissions         []string
+	Quotas             []string
 	Sizes              []int
 	Took               time.Duration
 	HiddenFilterFields map[string]string
@@ -215,6 +218,7 @@ func (h *Handler) devicesData(f devFilter) devicesData {
 		d.Livenesses = append(d.Livenesses, v.String())
 	}
 	d.Admissions = fleet.AdmissionFilterNames()
+	d.Quotas = fleet.QuotaFilters
 	for _, dev := range res.Devices {
 		d.Rows = append(d.Rows, deviceRow{Device: dev, Labels: h.fleet.DeviceLabels(dev.ID)})
 	}
@@ -290,6 +294,7 @@ type devicePage struct {
 	Sync     []alert.SyncEvent
 	Problems []string
 	Actions  []admitButton // admission.go
+	Quota    *fleet.QuotaHit // quota.go; nil: never hit a quota, not lifted
 }
 
 var ranges = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
@@ -311,6 +316,9 @@ func (h *Handler) device(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	d := devicePage{D: dev, Labels: h.fleet.DeviceLabels(id), Range: r.URL.Query().Get("range"), Ranges: []string{"1h", "6h", "24h", "7d"},
 		Actions: admitButtons(dev)}
+	if q, ok := h.fleet.QuotaOf(id); ok {
+		d.Quota = &q
+	}
 	span, ok := ranges[d.Range]
 	if !ok {
 		d.Range, span = "24h", 24*time.Hour
@@ -417,7 +425,7 @@ func (h *Handler) profileRows() []profileRow {
 }
 
 func (h *Handler) profiles(w http.ResponseWriter, r *http.Request, s *session) {
-	h.render(w, r, http.StatusOK, "profiles", s, page{Title: "Profiles", Nav: "profiles", Data: h.profileRows()})
+	h.render(w, r, http.StatusOK, "profiles", s, page{Title: "Profiles", Nav: "profiles", Data: h.profilesData()})
 }
 
 type profilePage struct {
