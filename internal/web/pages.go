@@ -293,7 +293,7 @@ type devicePage struct {
 	Events   []alert.Event
 	Sync     []alert.SyncEvent
 	Problems []string
-	Actions  []admitButton // admission.go
+	Actions  []admitButton   // admission.go
 	Quota    *fleet.QuotaHit // quota.go; nil: never hit a quota, not lifted
 }
 
