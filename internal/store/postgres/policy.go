@@ -4,13 +4,13 @@ import (
 	"database/sql"
 
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/store/internal/policysql"
+	"github.com/drover/drover/internal/store/internal/sqlcommon"
 )
 
 // policyStore gives the Store fleet.PolicyStore (migration
 // 030_profile_policy.sql), through database/sql on the same pool.
-type policyStore = policysql.Store
+type policyStore = sqlcommon.Policy
 
 var _ fleet.PolicyStore = (*Store)(nil)
 
-func newPolicyStore(db *sql.DB) policyStore { return policysql.New(db, policysql.Postgres) }
+func newPolicyStore(db *sql.DB) policyStore { return sqlcommon.Policy{DB: db, D: sqlcommon.Postgres} }
