@@ -17,6 +17,7 @@ type Store interface {
 	fleet.StateReader // one device's current state
 	fleet.LabelStore  // labels and their assignments
 	fleet.TrustStore  // admission, device keys, enrollment tokens, deleted device IDs
+	fleet.PolicyStore // profile policy, firmware links, lifted quotas
 	alert.Store       // alert rules, alert and sync events, settings
 	sessions.Store    // dashboard sessions
 	// LockLost returns an error (wrapping instlock.ErrLost) once another

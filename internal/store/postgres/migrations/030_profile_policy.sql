@@ -1,5 +1,5 @@
 -- The profile policy (one row, JSON), firmware linked to another firmware's
--- profile, and lifted quotas (internal/store/internal/policysql).
+-- profile, and lifted quotas (internal/store/internal/sqlcommon/policy.go).
 CREATE TABLE profile_policy (
 	id   integer PRIMARY KEY,
 	spec text    NOT NULL
