@@ -550,10 +550,3 @@ func (s *Service) deleteProfiles(ctx context.Context, dryRun bool, pick func(*pr
 	s.log.Info("profiles deleted", "count", len(ids), "ids", ids)
 	return res, nil
 }
-
-// ProfileUsers counts the devices on each profile.
-func (s *Service) ProfileUsers() map[uint64]int {
-	out := map[uint64]int{}
-	s.each(func(d *device) { out[d.profile.get().ID]++ })
-	return out
-}
