@@ -124,7 +124,7 @@ func (s *Store) loadHistory(ctx context.Context, path, sync string, archiver boo
 	}
 	if archiver && archiveEvery > 0 {
 		h.stop, h.done = make(chan struct{}), make(chan struct{})
-		go s.archiver()
+		go s.archiver(h.stop, h.done)
 	}
 	return nil
 }
@@ -147,15 +147,15 @@ func (s *Store) closeHistory() error {
 }
 
 // archiver archives closed partitions now and every archiveEvery.
-func (s *Store) archiver() {
-	defer close(s.hist.done)
+func (s *Store) archiver(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
 	t := time.NewTicker(archiveEvery)
 	defer t.Stop()
 	for {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
 			select {
-			case <-s.hist.stop:
+			case <-stop:
 				cancel()
 			case <-ctx.Done():
 			}
@@ -163,7 +163,7 @@ func (s *Store) archiver() {
 		s.ArchiveClosedPartitions(ctx, time.Now())
 		cancel()
 		select {
-		case <-s.hist.stop:
+		case <-stop:
 			return
 		case <-t.C:
 		}
