@@ -135,7 +135,9 @@ func startServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration) *s
 func tryStartServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration) (*serve, error) {
 	t.Helper()
 	args := []string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--persistence", mode, "--log-level", "debug",
-		"--enrollment-secret", secret, "--admin-token", adminToken, "--shutdown-timeout", "60s", "--push-interval", "60"}
+		"--enrollment-secret", secret, "--admin-token", adminToken, "--shutdown-timeout", "60s", "--push-interval", "60",
+		// The load pushes in a closed loop: durability is tested here, quotas in internal/server.
+		"--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0"}
 	if dsn != "" {
 		args = append(args, "--db", dsn)
 	}
