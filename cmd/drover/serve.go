@@ -13,6 +13,7 @@ import (
 // serveFlags binds c's fields to flags of fs.
 func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the database, TLS certificate and generated secrets")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this server's name, sent as the X-Drover-Node header of every answer (empty: none; docs/cluster.md)")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTPS listen address (empty: no HTTPS)")
 	fs.StringVar(&c.HTTPListen, "http-listen", c.HTTPListen, "plain-HTTP listen address, for deployments behind a TLS terminator (empty: none)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain (empty: self-signed ECDSA certificate generated in data-dir/tls); SIGHUP reloads it")

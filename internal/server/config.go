@@ -58,6 +58,9 @@ type Config struct {
 	// SMTPPasswordFile names a file holding the SMTP password, which is
 	// then never stored; "" for none.
 	SMTPPasswordFile string
+	// NodeName names this server in the X-Drover-Node header of every
+	// answer (docs/cluster.md); "" sends none.
+	NodeName string
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
@@ -141,6 +144,9 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		return errors.New("-data-dir must not be empty")
 	}
+	if !validNodeName(c.NodeName) {
+		return fmt.Errorf("-node-name %q: at most 64 of A-Z a-z 0-9 . _ -", c.NodeName)
+	}
 	return c.validateTrust()
 }
 
@@ -152,4 +158,18 @@ func (c *Config) dbDSN() string {
 		return c.DB
 	}
 	return "sqlite:" + filepath.Join(c.DataDir, "drover.db")
+}
+
+// validNodeName: empty, or 1–64 of [A-Za-z0-9._-] (a safe header value).
+func validNodeName(n string) bool {
+	if len(n) > 64 {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

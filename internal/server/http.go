@@ -42,6 +42,8 @@ type api struct {
 	// refused counts device requests refused with 503 for overload.
 	refused atomic.Uint64
 
+	node []string // the X-Drover-Node header's value; nil: none
+
 	allowed *http.ServeMux      // the table's paths, for 405
 	methods map[string][]string // the methods of each path in allowed
 }

@@ -159,7 +159,13 @@ func (a *api) routes() http.Handler {
 		mux.Handle(pattern, h)
 	}
 	mux.HandleFunc("/", a.unrouted)
-	return mux
+	if a.node == nil {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["X-Drover-Node"] = a.node
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // wrap turns an apiFunc into a handler: access, request slots, the answer

@@ -178,6 +178,9 @@ func (s *Server) buildHandler(context.Context) error {
 		metricsToken: []byte(s.cfg.MetricsToken),
 		regLimit:     newRegLimiter(s.cfg.registerLimits()),
 	}
+	if s.cfg.NodeName != "" {
+		a.node = []string{s.cfg.NodeName}
+	}
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
 		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
