@@ -60,6 +60,7 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 	fs.StringVar(&tplFile, "template", "", "push body template file (default: a cellular router's state; see --print-template)")
 	fs.BoolVar(&printTemplate, "print-template", false, "print the default template and the placeholders, and exit")
 	fs.StringVar(&cfg.CredentialsFile, "credentials", "", "file to load device IDs and tokens from and save them to, so later runs skip registration")
+	fs.StringVar(&cfg.AcksFile, "acks", "", "write one JSON line per accepted push (device_id, seq, node, at_ms) to this file, to compare with what the server stored")
 	fs.StringVar(&cfg.DeviceType, "device-type", cfg.DeviceType, "device type to register with")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model to register with")
 	fs.StringVar(&cfg.Firmware, "firmware", cfg.Firmware, "firmware to register with and report")

@@ -61,6 +61,7 @@ type Config struct {
 	SourceAddrs     []net.IP  // local addresses to dial from, round robin (nil: the system's choice)
 	Template        *Template // push body (nil: DefaultTemplate)
 	CredentialsFile string    // load and save device IDs and tokens ("": none)
+	AcksFile        string    // one JSON line per accepted push ("": none; a shard writes FILE.k-of-n)
 
 	DeviceType, Model, Firmware string // registration fields
 

@@ -43,6 +43,7 @@ type engine struct {
 
 	push, reg *opStats
 	lag       *recorder // fleet: send time − intended time
+	acks      *acksLog  // nil: no Config.AcksFile
 
 	regPrefix, pushPrefix []byte
 
@@ -181,6 +182,12 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 	if cfg.Mode == ModeFleet {
 		e.end = e.start.Add(cfg.Duration)
 	}
+	if cfg.AcksFile != "" {
+		var err error
+		if e.acks, err = openAcks(credentialsPath(cfg.AcksFile, cfg.Shard)); err != nil {
+			return nil, fmt.Errorf("acks: %w", err)
+		}
+	}
 
 	col := newCollector(e)
 	colDone := make(chan struct{})
@@ -208,6 +215,11 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 	e.phase.Store("done")
 	close(stopCol)
 	<-colDone
+	if e.acks != nil {
+		if err := e.acks.close(); err != nil {
+			e.warn("acknowledged pushes could not be written: " + err.Error())
+		}
+	}
 
 	if cfg.CredentialsFile != "" && e.reg.first.Load()+e.push.first.Load() != 0 {
 		path := credentialsPath(cfg.CredentialsFile, cfg.Shard)

@@ -70,7 +70,7 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 				st.newReg.Add(1)
 			}
 			st.lat.record(s.hint, now.Sub(started))
-			st.accepted.Add(1)
+			st.accept(s.res.node)
 			st.end(now.UnixNano())
 			return true
 		case (status == 503 || status == 429) && attempt < e.cfg.MaxRetries:
@@ -236,7 +236,10 @@ func (e *engine) pushDevice(ctx context.Context, d *device, s *scratch, intended
 				}
 			}
 			st.lat.record(s.hint, done.Sub(intended))
-			st.accepted.Add(1)
+			st.accept(s.res.node)
+			if e.acks != nil {
+				e.acks.add(d.deviceID, d.seq, s.res.node, done)
+			}
 			st.end(done.UnixNano())
 			return
 		case status == 401 && !reregistered:

@@ -2,10 +2,17 @@ package emulator
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
 )
 
@@ -84,4 +91,71 @@ func TestRealServerReregistration(t *testing.T) {
 	if got := srv2.Metric("drover_pushes_total", map[string]string{"outcome": "unauthorized"}); got != 5 {
 		t.Fatalf("server counted %v unauthorized pushes", got)
 	}
+}
+
+// Answers name their node (X-Drover-Node): the emulator counts accepted
+// operations by node, and --acks lists every accepted push with its
+// device, sequence number and node, matching what the server stored.
+func TestAcceptedByNodeAndAcks(t *testing.T) {
+	srv := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.NodeName = "node-1" }})
+	cfg := DefaultConfig()
+	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Seed, cfg.Devices = srv.URL, srv.EnrollmentSecret, srv.CACertPEM, "acks", 20
+	cfg.Mode, cfg.Workers, cfg.Loops, cfg.Conn = ModeBenchmark, 4, 3, ConnNew
+	cfg.AcksFile = filepath.Join(t.TempDir(), "acks.jsonl")
+	sum, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	push, reg := sum.Op(results.OpPush), sum.Op(results.OpRegister)
+	if push.Accepted != 60 || !maps.Equal(push.AcceptedByNode, map[string]int64{"node-1": 60}) ||
+		!maps.Equal(reg.AcceptedByNode, map[string]int64{"node-1": 20}) {
+		t.Fatalf("push %+v register %+v", push.Counts, reg.Counts)
+	}
+	b, err := os.ReadFile(cfg.AcksFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]uint64{}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for _, l := range lines {
+		var a struct {
+			DeviceID string `json:"device_id"`
+			Seq      uint64 `json:"seq"`
+			Node     string `json:"node"`
+			AtMS     int64  `json:"at_ms"`
+		}
+		if err := json.Unmarshal([]byte(l), &a); err != nil || a.Node != "node-1" || a.AtMS < sum.Started.UnixMilli() {
+			t.Fatalf("ack line %q: %v", l, err)
+		}
+		if a.Seq <= last[a.DeviceID] {
+			t.Fatalf("device %s: seq %d acknowledged after %d", a.DeviceID, a.Seq, last[a.DeviceID])
+		}
+		last[a.DeviceID] = a.Seq
+	}
+	if len(lines) != 60 || len(last) != 20 {
+		t.Fatalf("%d ack lines for %d devices", len(lines), len(last))
+	}
+	for id, seq := range last {
+		resp, err := srv.Client().Do(adminGet(t, srv, "/api/v1/devices/"+id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d struct {
+			Seq uint64 `json:"seq"`
+		}
+		json.NewDecoder(resp.Body).Decode(&d)
+		resp.Body.Close()
+		if d.Seq != seq {
+			t.Errorf("device %s: stored seq %d, last acknowledged %d", id, d.Seq, seq)
+		}
+	}
+}
+
+func adminGet(t *testing.T, srv *servertest.Server, path string) *http.Request {
+	req, err := http.NewRequest("GET", srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+srv.AdminToken)
+	return req
 }

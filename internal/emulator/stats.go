@@ -33,6 +33,9 @@ type opStats struct {
 	first   atomic.Int64 // unix ns of the first attempt
 	last    atomic.Int64 // unix ns of the last outcome
 	lat     *recorder
+
+	nodeMu sync.Mutex
+	byNode map[string]*int64 // accepted, by the answer's X-Drover-Node
 }
 
 func newOpStats() *opStats { return &opStats{lat: newRecorder()} }
@@ -61,6 +64,26 @@ func (s *opStats) reject(status int) {
 
 func (s *opStats) drop(reason string) { s.dropped[dropIndex(reason)].Add(1) }
 
+// accept counts an accepted operation answered by node ("" when the
+// answer named none).
+func (s *opStats) accept(node []byte) {
+	s.accepted.Add(1)
+	if len(node) == 0 {
+		return
+	}
+	s.nodeMu.Lock()
+	if n, ok := s.byNode[string(node)]; ok {
+		*n++
+	} else {
+		if s.byNode == nil {
+			s.byNode = map[string]*int64{}
+		}
+		one := int64(1)
+		s.byNode[string(node)] = &one
+	}
+	s.nodeMu.Unlock()
+}
+
 // counts returns the cumulative counts.
 func (s *opStats) counts() results.Counts {
 	c := results.Counts{
@@ -84,6 +107,14 @@ func (s *opStats) counts() results.Counts {
 			c.Dropped[dropNames[i]] = n
 		}
 	}
+	s.nodeMu.Lock()
+	for node, n := range s.byNode {
+		if c.AcceptedByNode == nil {
+			c.AcceptedByNode = make(map[string]int64, len(s.byNode))
+		}
+		c.AcceptedByNode[node] = *n
+	}
+	s.nodeMu.Unlock()
 	return c
 }
 
@@ -97,6 +128,7 @@ func diff(cur, prev results.Counts) results.Counts {
 	}
 	d.Rejected = diffMap(cur.Rejected, prev.Rejected)
 	d.Dropped = diffMap(cur.Dropped, prev.Dropped)
+	d.AcceptedByNode = diffMap(cur.AcceptedByNode, prev.AcceptedByNode)
 	return d
 }
 

@@ -217,6 +217,7 @@ type response struct {
 	retryAfter time.Duration // -1: no Retry-After
 	body       []byte        // in the caller's buffer
 	close      bool
+	node       []byte // X-Drover-Node: which server node answered ("" when none said)
 }
 
 // do sends req (a complete HTTP/1.1 request) and reads the answer. A
@@ -275,7 +276,7 @@ func isConnGone(err error) bool {
 var errProtocol = errors.New("malformed HTTP response")
 
 func (c *conn) readResponse(resp *response, body []byte) error {
-	resp.retryAfter, resp.close, resp.body = -1, false, body[:0]
+	resp.retryAfter, resp.close, resp.body, resp.node = -1, false, body[:0], resp.node[:0]
 	var line []byte
 	var err error
 	for {
@@ -333,6 +334,8 @@ func (c *conn) readResponse(resp *response, body []byte) error {
 				}
 			case equalFold(name, "retry-after"):
 				resp.retryAfter = parseRetryAfter(string(val))
+			case equalFold(name, "x-drover-node"):
+				resp.node = append(resp.node[:0], val[:min(len(val), 64)]...)
 			}
 		}
 		if resp.status >= 200 || resp.status == 101 {

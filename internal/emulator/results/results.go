@@ -218,6 +218,9 @@ type Counts struct {
 	Resent       int64            `json:"resent,omitempty"`       // requests sent again after a kept-alive connection turned out closed
 	ConfigsSeen  int64            `json:"configs,omitempty"`      // answers that carried a new configuration
 	Unregistered int64            `json:"unregistered,omitempty"` // pushes not sent: the device could not register
+	// AcceptedByNode splits Accepted by the X-Drover-Node header of the
+	// answer (servers started with --node-name; docs/cluster.md).
+	AcceptedByNode map[string]int64 `json:"accepted_by_node,omitempty"`
 }
 
 // RejectedTotal sums Rejected.
@@ -267,6 +270,7 @@ func (c *Counts) Add(o Counts) {
 	c.Unregistered += o.Unregistered
 	c.Rejected = addMap(c.Rejected, o.Rejected)
 	c.Dropped = addMap(c.Dropped, o.Dropped)
+	c.AcceptedByNode = addMap(c.AcceptedByNode, o.AcceptedByNode)
 }
 
 func addMap(a, b map[string]int64) map[string]int64 {
