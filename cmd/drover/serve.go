@@ -31,6 +31,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.IntVar(&c.QuotaPushBurst, "quota-push-burst", c.QuotaPushBurst, "pushes a device that has been quiet may make back to back (reboots, configuration changes)")
 	fs.IntVar(&c.QuotaHistorySamples, "quota-history-samples", c.QuotaHistorySamples, "history samples kept per device per push interval (0: one per accepted push)")
 	fs.Int64Var(&c.QuotaHistoryBytes, "quota-history-bytes", c.QuotaHistoryBytes, "history bytes kept per device over -history-retention, at 192 bytes a sample (0: no byte bound)")
+	fs.DurationVar(&c.QuotaHold, "quota-hold", c.QuotaHold, "longest a device's push over quota is held before its 429 when its connection's last push was refused too (0: answer at once)")
 	fs.IntVar(&c.MaxPendingWrites, "max-pending-writes", c.MaxPendingWrites, "records waiting for a commit beyond which pushes get 503")
 	fs.IntVar(&c.MaxInflight, "max-inflight", c.MaxInflight, "device requests handled at once beyond which they get 503")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "OS threads running Go code, GOMAXPROCS (0: one per CPU)")

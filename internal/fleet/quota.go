@@ -74,8 +74,9 @@ func reasonIndex(r string) int { return slices.Index(QuotaReasons, r) }
 // ErrQuota is returned by Push for a push beyond the device's quota.
 var ErrQuota = errors.New("push quota exceeded")
 
-// QuotaError says when the device may push again.
+// QuotaError says which device is over its quota and when it may push again.
 type QuotaError struct {
+	DeviceID   uint64
 	RetryAfter time.Duration
 }
 

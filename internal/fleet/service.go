@@ -344,7 +344,7 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 // overQuota records a refused push and says when to come back.
 func (s *Service) overQuota(id uint64, wait time.Duration, now int64) error {
 	s.quota.note(id, QuotaPushRate, now)
-	return &QuotaError{RetryAfter: wait}
+	return &QuotaError{DeviceID: id, RetryAfter: wait}
 }
 
 func sampleOf(id uint64, at time.Time, p *protocol.PushRequest) Sample {

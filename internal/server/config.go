@@ -29,13 +29,17 @@ type Config struct {
 	QuotaPushBurst      int
 	QuotaHistorySamples int
 	QuotaHistoryBytes   int64
-	MaxPendingWrites    int
-	MaxInflight         int
-	Threads             int
-	ShutdownTimeout     time.Duration
-	LogFormat           string
-	LogLevel            string
-	DebugListen         string
+	// QuotaHold is the longest a push over quota is held before its 429
+	// when the connection's last push was refused too (tarpit.go); 0:
+	// never held.
+	QuotaHold        time.Duration
+	MaxPendingWrites int
+	MaxInflight      int
+	Threads          int
+	ShutdownTimeout  time.Duration
+	LogFormat        string
+	LogLevel         string
+	DebugListen      string
 	// MetricsToken is a bearer token that may read /metrics and nothing
 	// else (the admin token may too); "" for none.
 	MetricsToken string
@@ -78,6 +82,7 @@ func DefaultConfig() Config {
 		QuotaPushBurst:      fleet.DefaultQuotas().PushBurst,
 		QuotaHistorySamples: fleet.DefaultQuotas().HistorySamples,
 		QuotaHistoryBytes:   fleet.DefaultQuotas().HistoryBytes,
+		QuotaHold:           10 * time.Second,
 		MaxPendingWrites:    50000,
 		MaxInflight:         8192,
 		ShutdownTimeout:     30 * time.Second,
@@ -122,6 +127,9 @@ func (c *Config) Validate() error {
 	}
 	if c.QuotaHistorySamples < 0 || c.QuotaHistorySamples > 1000 {
 		return fmt.Errorf("-quota-history-samples must be 0..1000, not %d", c.QuotaHistorySamples)
+	}
+	if c.QuotaHold < 0 || c.QuotaHold > time.Minute {
+		return fmt.Errorf("-quota-hold must be 0..1m, not %v", c.QuotaHold)
 	}
 	if c.QuotaHistoryBytes < 0 {
 		return errors.New("-quota-history-bytes must not be negative")

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	fastjson "github.com/goccy/go-json"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // api serves the device protocol, the operator API and the probes; its
@@ -43,6 +45,10 @@ type api struct {
 	refused atomic.Uint64
 
 	node []string // the X-Drover-Node header's value; nil: none
+	// tarpit holds the answers to pushes over quota (tarpit.go);
+	// quota429 counts those refusals where fail would.
+	tarpit   tarpit
+	quota429 struct{ pushes, errors prometheus.Counter }
 
 	allowed *http.ServeMux      // the table's paths, for 405
 	methods map[string][]string // the methods of each path in allowed
@@ -56,14 +62,25 @@ type apiError struct {
 	code    string // the JSON error code
 	msg     string
 	outcome string // counted by device endpoints
-	// retryAfter is the Retry-After header, in seconds; "" for none.
-	retryAfter string
+	// retryAfter is the Retry-After header, in seconds; 0 for none.
+	retryAfter int
+	// spread draws Retry-After from [retryAfter, 2×retryAfter], so that
+	// clients refused together do not come back together.
+	spread bool
 	// log is the line logged (rate-limited) for this answer; "" for none.
 	log   string
 	cause error
 }
 
 func (e *apiError) Error() string { return e.msg }
+
+// retryAfterSeconds is the Retry-After of this answer, spread when asked.
+func (e *apiError) retryAfterSeconds() int {
+	if !e.spread {
+		return e.retryAfter
+	}
+	return e.retryAfter + rand.IntN(e.retryAfter+1)
+}
 
 // badField is a 400 for a wrong request field or parameter.
 func badField(msg string) error {
@@ -90,7 +107,7 @@ func ifNotFound(err error, what string) error {
 
 func overloaded(why string) *apiError {
 	return &apiError{status: http.StatusServiceUnavailable, code: "overloaded", msg: why + "; retry later",
-		outcome: outOverloaded, retryAfter: "2", log: "overloaded"}
+		outcome: outOverloaded, retryAfter: 2, spread: true, log: "overloaded"}
 }
 
 var (
@@ -102,7 +119,7 @@ var (
 	errDeviceToken   = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "unknown or revoked token: register again", outcome: outUnauth}
 	errEnrollment    = &apiError{status: http.StatusForbidden, code: "wrong_enrollment_secret", msg: "the enrollment secret is wrong", outcome: outForbidden}
 	errCancelled     = &apiError{status: http.StatusServiceUnavailable, code: "unavailable", msg: "the request was cancelled before it was stored",
-		outcome: outUnavailable, retryAfter: "5"}
+		outcome: outUnavailable, retryAfter: 5, spread: true}
 )
 
 // answerError maps any error a handler returns to its answer: the one place
@@ -148,7 +165,7 @@ func answerError(err error) *apiError {
 		return &apiError{status: http.StatusConflict, code: "duplicate_name", msg: err.Error()}
 	default:
 		return &apiError{status: http.StatusServiceUnavailable, code: "unavailable",
-			msg: "the store could not make this durable; retry later", outcome: outUnavailable, retryAfter: "5",
+			msg: "the store could not make this durable; retry later", outcome: outUnavailable, retryAfter: 5, spread: true,
 			log: "store unavailable", cause: err}
 	}
 }
@@ -170,8 +187,8 @@ func (a *api) fail(w http.ResponseWriter, rt *route, err error) {
 		}
 	}
 	h := w.Header()
-	if e.retryAfter != "" {
-		h.Set("Retry-After", e.retryAfter)
+	if e.retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.retryAfterSeconds()))
 	}
 	if e.status == http.StatusUnauthorized {
 		h.Set("WWW-Authenticate", `Bearer realm="drover"`)
@@ -226,10 +243,7 @@ func (a *api) push(r *http.Request) (any, error) {
 	if !ok {
 		return nil, errNoBearer
 	}
-	// A device over its quota is refused before its body is decoded.
-	if err := a.fleet.PushAllowed(token); err != nil {
-		return nil, err
-	}
+	// A device over its quota was refused before (refuseOverQuota).
 	buf, err := readBody(r)
 	if err != nil {
 		return nil, err

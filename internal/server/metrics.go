@@ -36,6 +36,7 @@ type metrics struct {
 	commitTime    prometheus.Histogram
 	commitErrors  prometheus.Counter
 	storeUp       prometheus.Gauge
+	quotaAnswers  *prometheus.CounterVec
 
 	pushAccepted, regNew, regRenewed, regPending prometheus.Counter
 	pushDuration, regDuration                    prometheus.Observer
@@ -74,6 +75,9 @@ func newMetrics() *metrics {
 		Name: "drover_store_up", Help: "1 when the last store commit succeeded.",
 	})
 	m.storeUp.Set(1)
+	m.quotaAnswers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "drover_push_quota_answers_total", Help: "Pushes refused with 429 for their quota, by answer: at_once, held (tarpit, until Retry-After), closed (the connection).",
+	}, []string{"answer"})
 	bi := buildinfo.Read()
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "drover_build_info", Help: "Always 1; the labels name the running build.",
@@ -81,7 +85,7 @@ func newMetrics() *metrics {
 	})
 	buildInfo.Set(1)
 	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
-		m.commitSize, m.commitTime, m.commitErrors, m.storeUp,
+		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {
 		m.pushes.WithLabelValues(o)

@@ -100,3 +100,49 @@ func TestOverloadWatchCountsRefusals(t *testing.T) {
 		t.Fatalf("after 3 refusals: %q", r)
 	}
 }
+
+// 503s spread their Retry-After over [n, 2n] (docs/protocol.md), so that
+// clients refused together do not come back together.
+func TestOverloadRetryAfterIsSpread(t *testing.T) {
+	f, err := fleet.New(context.Background(), nil, nil, fleet.Options{EnrollmentSecret: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &api{fleet: f, m: newMetrics(), log: discardLogger(), slots: make(chan struct{}, 1),
+		ready: func() error { return nil }}
+	a.slots <- struct{}{}
+	h := a.routes()
+	seen := map[string]int{}
+	for range 200 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/api/v1/push", strings.NewReader(`{}`)))
+		if rec.Code != 503 {
+			t.Fatalf("%d %s", rec.Code, rec.Body)
+		}
+		seen[rec.Header().Get("Retry-After")]++
+	}
+	for v, n := range seen {
+		if v != "2" && v != "3" && v != "4" {
+			t.Fatalf("Retry-After %q (%d times), want 2..4", v, n)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("Retry-After values %v: not spread over 2..4", seen)
+	}
+	for _, e := range []*apiError{errCancelled, answerError(errors.New("disk full")), rateLimited(10 * time.Second)} {
+		lo, hi := e.retryAfter, 0
+		for range 200 {
+			v := e.retryAfterSeconds()
+			if v < e.retryAfter || v > 2*e.retryAfter {
+				t.Fatalf("%s: Retry-After %d outside %d..%d", e.code, v, e.retryAfter, 2*e.retryAfter)
+			}
+			lo, hi = min(lo, v), max(hi, v)
+		}
+		if lo == hi {
+			t.Fatalf("%s: Retry-After always %d", e.code, lo)
+		}
+	}
+	if q := quotaError(&fleet.QuotaError{RetryAfter: 1500 * time.Millisecond}); q.retryAfterSeconds() != 2 {
+		t.Fatalf("quota Retry-After %d, want exactly 2 (not spread)", q.retryAfterSeconds())
+	}
+}

@@ -21,15 +21,24 @@ func (c *Config) quotas() fleet.QuotaOptions {
 }
 
 // quotaError is the 429 of a push over quota: Retry-After in whole seconds,
-// rounded up, so that a device coming back then is accepted.
+// rounded up, so that a device coming back then is accepted. Not spread:
+// each device's wait is its own.
 func quotaError(err error) *apiError {
-	wait := time.Second
+	secs := 1
 	if qe, ok := err.(*fleet.QuotaError); ok {
-		wait = max(qe.RetryAfter, time.Second)
+		secs = quotaSeconds(qe.RetryAfter)
 	}
-	secs := strconv.FormatInt(int64((wait+time.Second-1)/time.Second), 10)
 	return &apiError{status: http.StatusTooManyRequests, code: "quota_exceeded",
-		msg: "this device pushes more often than its profile allows; push again in " + secs + " s", outcome: outQuota, retryAfter: secs}
+		msg: quotaMessage(secs), outcome: outQuota, retryAfter: secs}
+}
+
+// quotaSeconds is a quota wait in whole seconds, rounded up, at least 1.
+func quotaSeconds(wait time.Duration) int {
+	return int((max(wait, time.Second) + time.Second - 1) / time.Second)
+}
+
+func quotaMessage(secs int) string {
+	return "this device pushes more often than its profile allows; push again in " + strconv.Itoa(secs) + " s"
 }
 
 func (a *api) listQuotas(r *http.Request) (any, error) {

@@ -48,6 +48,9 @@ type route struct {
 	fn           apiFunc
 	h            http.Handler // instead of fn: served as is
 	limited      bool         // takes a device request slot (503 when none free)
+	// refuse answers the request before a slot is taken when it returns
+	// true (pushes over quota).
+	refuse func(w http.ResponseWriter, r *http.Request) bool
 	// Device endpoints count every answer in outcomes; ok names the
 	// counter of a success.
 	outcomes *prometheus.CounterVec
@@ -70,7 +73,7 @@ func (a *api) table() []route {
 	return []route{
 		// Device protocol (docs/protocol.md).
 		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.registerDevice, limited: true, outcomes: m.registrations, ok: regOK},
-		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, outcomes: m.pushes, ok: pushOK},
+		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.refuseOverQuota, outcomes: m.pushes, ok: pushOK},
 
 		// Operator API (docs/operations.md).
 		{method: "GET", path: "/api/v1/devices", access: admin, fn: a.listDevices},
@@ -135,6 +138,10 @@ func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
 	a.allowed = http.NewServeMux()
 	a.methods = map[string][]string{}
+	t := &a.tarpit
+	t.atOnce, t.held, t.closed = a.m.quotaAnswers.WithLabelValues("at_once"), a.m.quotaAnswers.WithLabelValues("held"), a.m.quotaAnswers.WithLabelValues("closed")
+	a.quota429.pushes = a.m.pushes.WithLabelValues(outQuota)
+	a.quota429.errors = a.m.badRequests.WithLabelValues("push", strconv.Itoa(http.StatusTooManyRequests), "quota_exceeded")
 	for _, rt := range a.table() {
 		if rt.fn == nil && rt.h == nil {
 			continue // a part this server runs without (no dashboard in some tests)
@@ -182,12 +189,16 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			a.fail(w, &rt, errAdminToken)
 			return
 		}
+		// Not timed: a refused push may be held on purpose.
+		if rt.refuse != nil && rt.refuse(w, r) {
+			return
+		}
 		start := time.Now()
 		defer func() { duration.Observe(time.Since(start).Seconds()) }()
 		if rt.limited && a.writable != nil {
 			if err := a.writable(); err != nil {
 				a.fail(w, &rt, &apiError{status: http.StatusServiceUnavailable, code: "unavailable", msg: err.Error(),
-					outcome: outUnavailable, retryAfter: "60", log: "refusing device writes", cause: err})
+					outcome: outUnavailable, retryAfter: 60, spread: true, log: "refusing device writes", cause: err})
 				return
 			}
 		}

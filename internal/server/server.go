@@ -49,6 +49,7 @@ type Server struct {
 	servers   []*http.Server
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
+	stopHolds chan struct{} // closed on draining: held over-quota answers go out
 	pruneDone chan struct{}
 	alerts    *alert.Engine // alerts_api.go
 
@@ -181,6 +182,8 @@ func (s *Server) buildHandler(context.Context) error {
 	if s.cfg.NodeName != "" {
 		a.node = []string{s.cfg.NodeName}
 	}
+	s.stopHolds = make(chan struct{})
+	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
 		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
@@ -199,7 +202,7 @@ func (s *Server) listen(context.Context) error {
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
-			Handler: s.handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10,
+			Handler: s.handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState,
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		}
@@ -395,6 +398,9 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.log.Error("listener failed", "err", serveErr)
 	}
 	s.draining.Store(true)
+	if s.stopHolds != nil {
+		close(s.stopHolds)
+	}
 	stopPrune()
 	<-s.pruneDone
 	shutCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)

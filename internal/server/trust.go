@@ -79,7 +79,7 @@ func certNames(r *http.Request) []string {
 func rateLimited(wait time.Duration) *apiError {
 	secs := max(1, int((wait+time.Second-1)/time.Second))
 	return &apiError{status: http.StatusTooManyRequests, code: "rate_limited", outcome: outRateLimited,
-		msg: "too many registrations; retry after " + strconv.Itoa(secs) + " s", retryAfter: strconv.Itoa(secs)}
+		msg: "too many registrations; retry after " + strconv.Itoa(secs) + " s", retryAfter: secs, spread: true}
 }
 
 // admissionAnswer maps admission errors to answers; nil for other errors.
@@ -100,7 +100,7 @@ func admissionAnswer(err error) *apiError {
 		return &apiError{status: http.StatusForbidden, code: "certificate_required", msg: err.Error(), outcome: outForbidden}
 	case errors.Is(err, fleet.ErrEnrollConflict):
 		return &apiError{status: http.StatusConflict, code: "enrollment_conflict", msg: err.Error(), outcome: outRefused,
-			retryAfter: strconv.Itoa(fleet.PendingRetry)}
+			retryAfter: fleet.PendingRetry}
 	case errors.Is(err, fleet.ErrNothingToDo):
 		return &apiError{status: http.StatusConflict, code: "nothing_to_do", msg: err.Error()}
 	case errors.Is(err, fleet.ErrInvalid):
