@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,10 +119,11 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 		close(e.ready)
 		return nil, err
 	}
-	from := uint64(0)
+	from, note := uint64(0), "created empty"
 	if base != nil {
-		from = base.ID
+		from, note = base.ID, "inherited from profile "+strconv.FormatUint(base.ID, 10)+" ("+base.Firmware+")"
 	}
+	s.recordRevision(ctx, p, "drover", note)
 	s.log.Info("profile created", "profile_id", p.ID, "device_type", key.deviceType, "firmware", key.firmware, "inherited_from", from)
 	close(e.ready)
 	return e, nil
@@ -181,12 +183,18 @@ func (s *Service) Profile(id uint64) (Profile, bool) {
 type ProfileUpdate struct {
 	Config       json.RawMessage `json:"config,omitempty"`
 	PushInterval *int            `json:"push_interval,omitempty"`
+	// By names who makes the change, for the profile's history.
+	By string `json:"-"`
 }
 
 // UpdateProfile checks u (a *FieldError when it breaks a rule) and applies
 // it durably. A configuration change gives the profile a version above every
 // profile's, which puts its devices into Sync pending.
 func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate) (Profile, error) {
+	return s.updateProfile(ctx, id, u, u.By, "updated")
+}
+
+func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate, by, note string) (Profile, error) {
 	if err := u.Normalize(); err != nil {
 		return Profile{}, err
 	}
@@ -216,6 +224,7 @@ func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate)
 		return Profile{}, err
 	}
 	e.p.Store(&next)
-	s.log.Info("profile updated", "profile_id", next.ID, "version", next.Version)
+	s.recordRevision(ctx, &next, by, note)
+	s.log.Info("profile updated", "profile_id", next.ID, "version", next.Version, "by", by, "note", note)
 	return next, nil
 }

@@ -86,6 +86,7 @@ type Service struct {
 	trust  trustRegistry // enrollment.go
 	quota  *quotas       // quota.go
 	policy policyState   // policy.go
+	fw     firmwareState // firmware.go, rollout.go, profilehistory.go
 }
 
 // New loads the fleet from store (nil for none) and returns the Service.
@@ -111,6 +112,7 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		devices: make([]*device, 1, 1024),
 	}
 	s.trust.init()
+	s.fw.init()
 	s.quota = newQuotas(opts.Quotas, s.now())
 	pol := DefaultProfilePolicy()
 	s.policy.policy.Store(&pol)
@@ -150,6 +152,11 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 	s.profiles = newProfiles(res.Profiles, res.MaxProfileID)
 	if pst, ok := store.(PolicyStore); ok {
 		if err := s.loadPolicy(ctx, pst); err != nil {
+			return nil, err
+		}
+	}
+	if fst, ok := store.(FirmwareStore); ok {
+		if err := s.loadFirmware(ctx, fst); err != nil {
 			return nil, err
 		}
 	}
@@ -338,6 +345,7 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 	if Behind(p.ConfigVersion, prof.Version) {
 		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
 	}
+	resp.FirmwareUpdate = s.firmwareOnPush(d.id, firmware, p.FirmwareUpdate, now)
 	return resp, nil
 }
 

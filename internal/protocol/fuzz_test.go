@@ -19,6 +19,8 @@ func FuzzDecodePush(f *testing.F) {
 	f.Add([]byte(`{"state":{"signal":{"rssi":-1e308}}}`))
 	f.Add([]byte(`{"config_error":"u\uFFFD","state":{"extra":{"k":"` + "\u0085" + `"}}}`))
 	f.Add([]byte(`{"state":{"extra":{"k":"\uD800"},"x":["` + "\xc0\xae" + `"]}}`))
+	f.Add([]byte(`{"seq":2,"state":{},"firmware_update":{"rollout":3,"state":"downloading","progress":1024}}`))
+	f.Add([]byte(`{"state":{},"firmware_update":{"rollout":1,"state":"failed","reason":"sha256 mismatch"}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		p, err := DecodePush(body)
 		if err != nil {

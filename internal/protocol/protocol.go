@@ -18,6 +18,9 @@ import (
 const (
 	PathRegister = "/api/v1/register"
 	PathPush     = "/api/v1/push"
+	// PathFirmware prefixes a firmware file's address on the server:
+	// PathFirmware + "<id>/file" (docs/firmware.md).
+	PathFirmware = "/api/v1/firmware/"
 )
 
 // Limits enforced on every request. They are part of the protocol.
@@ -72,6 +75,52 @@ type PushRequest struct {
 	ConfigError   string          `json:"config_error,omitempty"`
 	RawState      json.RawMessage `json:"state"`
 	State         State           `json:"-"` // RawState decoded
+	// FirmwareUpdate reports the progress of a firmware update the server
+	// offered (docs/firmware.md); absent when none is under way.
+	FirmwareUpdate *FirmwareReport `json:"firmware_update,omitempty"`
+}
+
+// Firmware update states a device reports.
+const (
+	FirmwareDownloading = "downloading"
+	FirmwareInstalling  = "installing"
+	FirmwareFailed      = "failed"
+)
+
+// FirmwareReport is a device's view of the update it was offered.
+type FirmwareReport struct {
+	Rollout  uint64 `json:"rollout"`
+	State    string `json:"state"`              // downloading, installing or failed
+	Progress int64  `json:"progress,omitempty"` // bytes downloaded so far
+	Reason   string `json:"reason,omitempty"`   // why it failed
+}
+
+// Validate checks a firmware report.
+func (f *FirmwareReport) Validate() error {
+	switch f.State {
+	case FirmwareDownloading, FirmwareInstalling, FirmwareFailed:
+	default:
+		return invalid("firmware_update.state must be downloading, installing or failed")
+	}
+	if f.Rollout == 0 {
+		return invalid("firmware_update.rollout must be > 0")
+	}
+	if f.Progress < 0 {
+		return invalid("firmware_update.progress must be >= 0")
+	}
+	return checkText("firmware_update.reason", f.Reason, MaxConfigErrorLen, false)
+}
+
+// FirmwareOffer tells a device to install a firmware: fetch URL (relative:
+// from this server with the device token; absolute: from there without
+// it), check Size, SHA256 and, with a key installed, Signature, then install.
+type FirmwareOffer struct {
+	Rollout   uint64 `json:"rollout"`
+	Version   string `json:"version"`
+	URL       string `json:"url"`
+	SHA256    string `json:"sha256"` // hex
+	Size      int64  `json:"size"`
+	Signature string `json:"signature,omitempty"` // base64 ed25519 over the 32-byte SHA-256 digest
 }
 
 // State is what a device reports about itself. Absent numbers are null
@@ -115,6 +164,9 @@ type Signal struct {
 type PushResponse struct {
 	PushInterval int     `json:"push_interval"`
 	Config       *Config `json:"config,omitempty"`
+	// FirmwareUpdate is the firmware the device must install, while a
+	// rollout targets it (docs/firmware.md).
+	FirmwareUpdate *FirmwareOffer `json:"firmware_update,omitempty"`
 }
 
 // Config is a versioned desired configuration.
@@ -217,6 +269,11 @@ func (p *PushRequest) Validate() error {
 	}
 	if err := checkText("config_error", p.ConfigError, MaxConfigErrorLen, false); err != nil {
 		return err
+	}
+	if p.FirmwareUpdate != nil {
+		if err := p.FirmwareUpdate.Validate(); err != nil {
+			return err
+		}
 	}
 	return p.State.Validate()
 }

@@ -1,0 +1,283 @@
+package fleet
+
+// Firmware artifacts, rollouts and profile history (docs/firmware.md).
+// The files themselves live with the server (internal/server/firmware.go);
+// the fleet keeps what is known about them, the rollouts and every device's
+// place in one, in memory for the push path and in a FirmwareStore.
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/drover/drover/internal/protocol"
+)
+
+// FirmwareStore keeps firmware artifacts, rollouts, rollout devices and
+// profile revisions; all three backends implement it.
+type FirmwareStore interface {
+	// LoadFirmware returns every artifact and rollout, and the devices of
+	// the rollouts not finished.
+	LoadFirmware(ctx context.Context) (FirmwareData, error)
+	SaveFirmware(ctx context.Context, f Firmware) error // upsert by ID
+	DeleteFirmware(ctx context.Context, id uint64) error
+	SaveRollout(ctx context.Context, r Rollout) error // upsert by ID
+	// SaveRolloutDevices upserts by (RolloutID, DeviceID).
+	SaveRolloutDevices(ctx context.Context, ds []RolloutDevice) error
+	// RolloutDevices returns one rollout's devices by device ID.
+	RolloutDevices(ctx context.Context, rolloutID uint64) ([]RolloutDevice, error)
+	// AddProfileRevision stores r with the next revision number of its
+	// profile and returns it.
+	AddProfileRevision(ctx context.Context, r ProfileRevision) (ProfileRevision, error)
+	// ProfileRevisions returns a profile's revisions, oldest first.
+	ProfileRevisions(ctx context.Context, profileID uint64) ([]ProfileRevision, error)
+}
+
+// FirmwareData is what LoadFirmware returns.
+type FirmwareData struct {
+	Firmware []Firmware
+	Rollouts []Rollout
+	Devices  []RolloutDevice // of unfinished rollouts
+}
+
+// Firmware is one uploaded (or referenced) firmware image.
+type Firmware struct {
+	ID         uint64 `json:"id"`
+	DeviceType string `json:"device_type"`
+	Version    string `json:"version"`
+	SHA256     string `json:"sha256"` // lower-case hex
+	Size       int64  `json:"size"`
+	// Signature is base64 ed25519 over the 32-byte SHA-256 digest; "" for
+	// none.
+	Signature string `json:"signature,omitempty"`
+	// URL is where devices fetch it when the operator keeps it elsewhere
+	// (a CDN, an object store); "" when the server keeps the file.
+	URL       string    `json:"url,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	By        string    `json:"by,omitempty"`
+}
+
+// Stored reports whether the server keeps the file (no URL).
+func (f *Firmware) Stored() bool { return f.URL == "" }
+
+// FileName is the stored file's name in the firmware directory.
+func (f *Firmware) FileName() string { return f.SHA256 + ".bin" }
+
+// Limits on firmware metadata.
+const (
+	MaxFirmwareURLLen = 2048
+	maxFirmware       = 10000
+)
+
+// Check reports the first rule f breaks, as a *FieldError.
+func (f *Firmware) Check() error {
+	if p := fieldText(f.DeviceType, protocol.MaxNameLen); p != "" {
+		return &FieldError{Field: "device_type", Message: "device_type " + p}
+	}
+	if p := fieldText(f.Version, protocol.MaxNameLen); p != "" {
+		return &FieldError{Field: "version", Message: "version " + p}
+	}
+	if b, err := hex.DecodeString(f.SHA256); err != nil || len(b) != 32 || strings.ToLower(f.SHA256) != f.SHA256 {
+		return &FieldError{Field: "sha256", Message: "sha256 must be 64 lower-case hex digits"}
+	}
+	if f.Size <= 0 {
+		return &FieldError{Field: "size", Message: "size must be > 0 bytes"}
+	}
+	if f.Signature != "" {
+		if b, err := base64.StdEncoding.DecodeString(f.Signature); err != nil || len(b) != 64 {
+			return &FieldError{Field: "signature", Message: "signature must be 64 bytes (ed25519) in base64"}
+		}
+	}
+	if f.URL != "" {
+		u, err := url.Parse(f.URL)
+		if err != nil || len(f.URL) > MaxFirmwareURLLen || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return &FieldError{Field: "url", Message: "url must be an absolute http(s) URL of at most 2048 bytes"}
+		}
+	}
+	return nil
+}
+
+// fieldText says what is wrong with a required name, or "".
+func fieldText(v string, max int) string {
+	switch {
+	case v == "":
+		return "is required"
+	case len(v) > max:
+		return "is longer than " + strconv.Itoa(max) + " bytes"
+	case strings.TrimSpace(v) != v || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return "must not have control characters or surrounding spaces"
+	}
+	return ""
+}
+
+// Errors of firmware operations.
+var (
+	ErrFirmwareExists = errors.New("this device type has this firmware version already")
+	ErrFirmwareInUse  = errors.New("a rollout that is not finished uses this firmware")
+	ErrRolloutState   = errors.New("the rollout cannot do this in its state")
+	ErrNoDevices      = errors.New("no device matches the rollout's filter")
+)
+
+// firmwareState is the Service's firmware, rollouts and revisions.
+type firmwareState struct {
+	mu        sync.Mutex
+	store     FirmwareStore // nil: memory only
+	artifacts map[uint64]*Firmware
+	nextFW    uint64
+	rollouts  map[uint64]*rollout
+	nextRO    uint64
+	// byDevice is every device's place in an unfinished rollout; targets
+	// says whether it has any (the push path's only cost otherwise).
+	byDevice map[uint64]*target
+	targets  atomic.Bool
+	dirty    map[*target]struct{}
+	// revisions is the history without a store.
+	revisions map[uint64][]ProfileRevision
+	// storeMu serialises store writes of rollouts; stepMu engine steps.
+	storeMu, stepMu sync.Mutex
+}
+
+func (fs *firmwareState) init() {
+	fs.artifacts, fs.rollouts = map[uint64]*Firmware{}, map[uint64]*rollout{}
+	fs.byDevice, fs.dirty = map[uint64]*target{}, map[*target]struct{}{}
+	fs.revisions = map[uint64][]ProfileRevision{}
+	fs.nextFW, fs.nextRO = 1, 1
+}
+
+// loadFirmware reads artifacts, rollouts and their devices.
+func (s *Service) loadFirmware(ctx context.Context, st FirmwareStore) error {
+	data, err := st.LoadFirmware(ctx)
+	if err != nil {
+		return fmt.Errorf("load firmware: %w", err)
+	}
+	fs := &s.fw
+	fs.store = st
+	for i := range data.Firmware {
+		f := data.Firmware[i]
+		fs.artifacts[f.ID] = &f
+		fs.nextFW = max(fs.nextFW, f.ID+1)
+	}
+	for _, r := range data.Rollouts {
+		fs.nextRO = max(fs.nextRO, r.ID+1)
+		fw := fs.artifacts[r.FirmwareID]
+		if fw == nil {
+			continue
+		}
+		ro := &rollout{Rollout: r, fw: fw, targets: map[uint64]*target{}}
+		if !r.finished() {
+			if err := ro.parse(s); err != nil {
+				s.log.Warn("stored rollout's filter no longer parses; it is paused", "rollout", r.ID, "err", err)
+				ro.State, ro.Reason = RolloutPaused, "filter: "+err.Error()
+			}
+		}
+		fs.rollouts[r.ID] = ro
+	}
+	for _, d := range data.Devices {
+		ro := fs.rollouts[d.RolloutID]
+		if ro == nil || ro.finished() {
+			continue
+		}
+		t := &target{RolloutDevice: d, r: ro}
+		ro.add(t)
+		if !terminal(d.State) {
+			fs.byDevice[d.DeviceID] = t
+		}
+	}
+	fs.targets.Store(len(fs.byDevice) > 0)
+	return nil
+}
+
+// Firmware lists the artifacts, newest first.
+func (s *Service) Firmware() []Firmware {
+	fs := &s.fw
+	fs.mu.Lock()
+	out := make([]Firmware, 0, len(fs.artifacts))
+	for _, f := range fs.artifacts {
+		out = append(out, *f)
+	}
+	fs.mu.Unlock()
+	slices.SortFunc(out, func(a, b Firmware) int { return int(b.ID) - int(a.ID) })
+	return out
+}
+
+// FirmwareByID returns one artifact.
+func (s *Service) FirmwareByID(id uint64) (Firmware, bool) {
+	fs := &s.fw
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	f, ok := fs.artifacts[id]
+	if !ok {
+		return Firmware{}, false
+	}
+	return *f, true
+}
+
+// AddFirmware checks and records an artifact (its file, if the server
+// keeps it, is in place already) and returns it with its ID.
+func (s *Service) AddFirmware(ctx context.Context, f Firmware) (Firmware, error) {
+	if err := f.Check(); err != nil {
+		return Firmware{}, err
+	}
+	fs := &s.fw
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if len(fs.artifacts) >= maxFirmware {
+		return Firmware{}, &FieldError{Field: "version", Message: "the server holds 10000 firmware artifacts; delete some first"}
+	}
+	for _, o := range fs.artifacts {
+		if o.DeviceType == f.DeviceType && o.Version == f.Version {
+			return Firmware{}, ErrFirmwareExists
+		}
+	}
+	f.ID = fs.nextFW
+	f.CreatedAt = s.now().UTC().Truncate(time.Millisecond)
+	if fs.store != nil {
+		if err := fs.store.SaveFirmware(ctx, f); err != nil {
+			return Firmware{}, err
+		}
+	}
+	fs.nextFW++
+	fs.artifacts[f.ID] = &f
+	s.log.Info("firmware added", "firmware_id", f.ID, "device_type", f.DeviceType, "version", f.Version, "size", f.Size, "stored", f.Stored(), "by", f.By)
+	return f, nil
+}
+
+// DeleteFirmware forgets an artifact no unfinished rollout uses. It returns
+// the artifact, so that the caller removes its file when no other artifact
+// shares it.
+func (s *Service) DeleteFirmware(ctx context.Context, id uint64) (f Firmware, fileShared bool, err error) {
+	fs := &s.fw
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	a, ok := fs.artifacts[id]
+	if !ok {
+		return Firmware{}, false, ErrNotFound
+	}
+	for _, r := range fs.rollouts {
+		if r.FirmwareID == id && !r.finished() {
+			return Firmware{}, false, ErrFirmwareInUse
+		}
+	}
+	if fs.store != nil {
+		if err := fs.store.DeleteFirmware(ctx, id); err != nil {
+			return Firmware{}, false, err
+		}
+	}
+	delete(fs.artifacts, id)
+	for _, o := range fs.artifacts {
+		if o.Stored() && o.SHA256 == a.SHA256 {
+			fileShared = true
+		}
+	}
+	s.log.Info("firmware deleted", "firmware_id", id)
+	return *a, fileShared, nil
+}
