@@ -44,7 +44,10 @@ type FirmwareStore interface {
 
 // FirmwareData is what LoadFirmware returns.
 type FirmwareData struct {
-	Firmware []Firmware
+	// MaxFirmwareID is the highest firmware ID ever used (deleted ones
+	// too): IDs are never reused.
+	MaxFirmwareID uint64
+	Firmware      []Firmware
 	Rollouts []Rollout
 	Devices  []RolloutDevice // of unfinished rollouts
 }
@@ -161,6 +164,7 @@ func (s *Service) loadFirmware(ctx context.Context, st FirmwareStore) error {
 	}
 	fs := &s.fw
 	fs.store = st
+	fs.nextFW = max(fs.nextFW, data.MaxFirmwareID+1)
 	for i := range data.Firmware {
 		f := data.Firmware[i]
 		fs.artifacts[f.ID] = &f

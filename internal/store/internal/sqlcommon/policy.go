@@ -147,6 +147,10 @@ func (s Policy) DeleteProfiles(ctx context.Context, ids []uint64) (err error) {
 		if _, err = tx.ExecContext(ctx, s.D.q(`DELETE FROM profiles WHERE id = ?`), int64(id)); err != nil {
 			return err
 		}
+		// Profile IDs may be used again: the history goes with the profile.
+		if _, err = tx.ExecContext(ctx, s.D.q(`DELETE FROM profile_revisions WHERE profile_id = ?`), int64(id)); err != nil {
+			return err
+		}
 	}
 	return tx.Commit()
 }
