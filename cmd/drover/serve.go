@@ -49,6 +49,10 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.IntVar(&c.RegisterBurst, "register-burst", c.RegisterBurst, "registrations in total accepted at once above --register-rate")
 	fs.Float64Var(&c.RegisterRatePerAddress, "register-rate-per-address", c.RegisterRatePerAddress, "registrations per second per source address (IPv6: per /64) beyond which they get 429 (0: unlimited)")
 	fs.IntVar(&c.RegisterBurstPerAddress, "register-burst-per-address", c.RegisterBurstPerAddress, "registrations per address accepted at once above --register-rate-per-address")
+	fs.StringVar(&c.FirmwareDir, "firmware-dir", c.FirmwareDir, "directory of uploaded firmware files (empty: data-dir/firmware); see docs/firmware.md")
+	fs.Int64Var(&c.FirmwareMaxSize, "firmware-max-size", c.FirmwareMaxSize, "largest firmware file accepted by an upload, in bytes")
+	fs.DurationVar(&c.RolloutInterval, "rollout-interval", c.RolloutInterval, "how often rollouts advance (waves, failure checks) and their device states are written")
+	fs.DurationVar(&c.FirmwareDownloadMax, "firmware-download-max", c.FirmwareDownloadMax, "how long one firmware download or upload request may take (devices resume with Range after that)")
 	fs.StringVar(&c.RegisterRateExempt, "register-rate-exempt", c.RegisterRateExempt, "comma-separated addresses or CIDR prefixes without a per-address registration limit")
 }
 

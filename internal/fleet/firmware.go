@@ -7,6 +7,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -284,4 +285,28 @@ func (s *Service) DeleteFirmware(ctx context.Context, id uint64) (f Firmware, fi
 	}
 	s.log.Info("firmware deleted", "firmware_id", id)
 	return *a, fileShared, nil
+}
+
+// FirmwareAccess checks a device token for fetching firmware id: the
+// device must be admitted and of the firmware's device type.
+func (s *Service) FirmwareAccess(token string, id uint64) (Firmware, error) {
+	d, hash, ok := s.deviceForToken(token)
+	if !ok {
+		return Firmware{}, ErrUnauthorized
+	}
+	d.mu.Lock()
+	good := subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) == 1
+	adm, typ := d.admission, d.deviceType
+	d.mu.Unlock()
+	if !good {
+		return Firmware{}, ErrUnauthorized
+	}
+	if err := admissionError(adm); err != nil {
+		return Firmware{}, err
+	}
+	f, ok := s.FirmwareByID(id)
+	if !ok || f.DeviceType != typ {
+		return Firmware{}, ErrNotFound
+	}
+	return f, nil
 }

@@ -65,6 +65,13 @@ type Config struct {
 	// NodeName names this server in the X-Drover-Node header of every
 	// answer (docs/cluster.md); "" sends none.
 	NodeName string
+	// Firmware (docs/firmware.md): where uploaded files are kept ("":
+	// DataDir/firmware), the largest upload, how often rollouts advance and
+	// how long a firmware download may take.
+	FirmwareDir         string
+	FirmwareMaxSize     int64
+	RolloutInterval     time.Duration
+	FirmwareDownloadMax time.Duration
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
@@ -97,6 +104,9 @@ func DefaultConfig() Config {
 		RegisterRatePerAddress:  5000,
 		RegisterBurstPerAddress: 20000,
 		RegisterRateExempt:      "127.0.0.0/8,::1",
+		FirmwareMaxSize:         1 << 30,
+		RolloutInterval:         2 * time.Second,
+		FirmwareDownloadMax:     6 * time.Hour,
 	}
 }
 
@@ -134,6 +144,12 @@ func (c *Config) Validate() error {
 	if c.QuotaHistoryBytes < 0 {
 		return errors.New("-quota-history-bytes must not be negative")
 	}
+	if c.FirmwareMaxSize < 1 {
+		return errors.New("-firmware-max-size must be positive")
+	}
+	if c.RolloutInterval < 100*time.Millisecond || c.FirmwareDownloadMax < time.Minute {
+		return errors.New("-rollout-interval must be at least 100ms and -firmware-download-max at least 1m")
+	}
 	if c.FlushInterval <= 0 {
 		return errors.New("-flush-interval must be positive")
 	}
@@ -156,6 +172,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("-node-name %q: at most 64 of A-Z a-z 0-9 . _ -", c.NodeName)
 	}
 	return c.validateTrust()
+}
+
+// firmwareDir is where uploaded firmware files are kept.
+func (c *Config) firmwareDir() string {
+	if c.FirmwareDir != "" {
+		return c.FirmwareDir
+	}
+	return filepath.Join(c.DataDir, "firmware")
 }
 
 // DSN is the database the server opens: DB, or SQLite in DataDir.

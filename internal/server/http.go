@@ -37,6 +37,7 @@ type api struct {
 	writable   func() error // non-nil: device writes are refused (instance lock lost)
 	warnLimit  rateLimiter
 	regLimit   *regLimiter // registrations; nil: unlimited
+	fw         firmwareFiles
 
 	// metricsToken may read /metrics only; nil: none.
 	metricsToken []byte
@@ -149,7 +150,8 @@ func answerError(err error) *apiError {
 		return errDeviceToken
 	case errors.Is(err, fleet.ErrQuota):
 		return quotaError(err)
-	case errors.Is(err, fleet.ErrProfileInUse), errors.Is(err, fleet.ErrProfileExists):
+	case errors.Is(err, fleet.ErrProfileInUse), errors.Is(err, fleet.ErrProfileExists), errors.Is(err, fleet.ErrFirmwareExists),
+		errors.Is(err, fleet.ErrFirmwareInUse), errors.Is(err, fleet.ErrRolloutState), errors.Is(err, fleet.ErrNoDevices):
 		return &apiError{status: http.StatusConflict, code: "conflict", msg: err.Error()}
 	case errors.Is(err, fleet.ErrNotPending):
 		return &apiError{status: http.StatusNotFound, code: "not_found", msg: err.Error()}
@@ -399,6 +401,9 @@ func (a *api) updateProfile(r *http.Request) (any, error) {
 	}
 	var u fleet.ProfileUpdate
 	if err := decodeStrict(r, "profile update: ", &u); err != nil {
+		return nil, err
+	}
+	if u.By, err = operator(r); err != nil {
 		return nil, err
 	}
 	p, err := a.fleet.UpdateProfile(r.Context(), id, u)

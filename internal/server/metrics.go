@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/drover/drover/internal/buildinfo"
@@ -37,6 +38,9 @@ type metrics struct {
 	commitErrors  prometheus.Counter
 	storeUp       prometheus.Gauge
 	quotaAnswers  *prometheus.CounterVec
+	// firmwareDownloads counts firmware file requests (a resumed
+	// download is one more).
+	firmwareDownloads prometheus.Counter
 
 	pushAccepted, regNew, regRenewed, regPending prometheus.Counter
 	pushDuration, regDuration                    prometheus.Observer
@@ -78,6 +82,9 @@ func newMetrics() *metrics {
 	m.quotaAnswers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "drover_push_quota_answers_total", Help: "Pushes refused with 429 for their quota, by answer: at_once, held (tarpit, until Retry-After), closed (the connection).",
 	}, []string{"answer"})
+	m.firmwareDownloads = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "drover_firmware_file_requests_total", Help: "Firmware file requests served (ranges and resumptions count each).",
+	})
 	bi := buildinfo.Read()
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "drover_build_info", Help: "Always 1; the labels name the running build.",
@@ -85,7 +92,7 @@ func newMetrics() *metrics {
 	})
 	buildInfo.Set(1)
 	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
-		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers,
+		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers, m.firmwareDownloads,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {
 		m.pushes.WithLabelValues(o)
@@ -107,7 +114,7 @@ func (m *metrics) handler() http.Handler {
 
 // watchFleet exports the fleet's device and profile counts.
 func (m *metrics) watchFleet(f *fleet.Service) {
-	m.reg.MustRegister(&fleetCollector{fleet: f}, &admissionCollector{fleet: f}, &quotaCollector{fleet: f})
+	m.reg.MustRegister(&fleetCollector{fleet: f}, &admissionCollector{fleet: f}, &quotaCollector{fleet: f}, &rolloutCollector{fleet: f})
 }
 
 func (m *metrics) observeCommit(records int, took time.Duration, err error) {
@@ -146,4 +153,22 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(livenessDesc, prometheus.GaugeValue, float64(lives[l]), l.String())
 	}
 	ch <- prometheus.MustNewConstMetric(profilesDesc, prometheus.GaugeValue, float64(len(f.Profiles())))
+}
+
+// rolloutCollector reports the devices of unfinished rollouts by state.
+type rolloutCollector struct{ fleet *fleet.Service }
+
+var rolloutDesc = prometheus.NewDesc("drover_rollout_devices", "Devices of unfinished rollouts by rollout and state.", []string{"rollout", "state"}, nil)
+
+func (c *rolloutCollector) Describe(ch chan<- *prometheus.Desc) { ch <- rolloutDesc }
+
+func (c *rolloutCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.fleet.Rollouts() {
+		if r.State == fleet.RolloutDone || r.State == fleet.RolloutAborted {
+			continue
+		}
+		for st, n := range r.Counts {
+			ch <- prometheus.MustNewConstMetric(rolloutDesc, prometheus.GaugeValue, float64(n), strconv.FormatUint(r.ID, 10), st)
+		}
+	}
 }

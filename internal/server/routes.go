@@ -51,6 +51,9 @@ type route struct {
 	// refuse answers the request before a slot is taken when it returns
 	// true (pushes over quota).
 	refuse func(w http.ResponseWriter, r *http.Request) bool
+	// stream: the handler bounds the body itself and may take up to
+	// -firmware-download-max (firmware uploads).
+	stream bool
 	// Device endpoints count every answer in outcomes; ok names the
 	// counter of a success.
 	outcomes *prometheus.CounterVec
@@ -100,6 +103,23 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/profiles/pending", access: admin, fn: a.pendingFirmware},
 		{method: "POST", path: "/api/v1/profiles/approve", access: admin, fn: a.approveFirmware},
 		{method: "POST", path: "/api/v1/profiles/cleanup", access: admin, fn: a.cleanupProfiles},
+		{method: "GET", path: "/api/v1/profiles/{id}/history", access: admin, fn: a.profileHistory},
+		{method: "GET", path: "/api/v1/profiles/{id}/diff", access: admin, fn: a.profileDiff},
+		{method: "POST", path: "/api/v1/profiles/{id}/rollback", access: admin, fn: a.rollbackProfile},
+		{method: "GET", path: "/api/v1/firmware", access: admin, fn: a.listFirmware},
+		{method: "POST", path: "/api/v1/firmware", access: admin, fn: a.uploadFirmware, stream: true},
+		{method: "GET", path: "/api/v1/firmware/{id}", access: admin, fn: a.getFirmware},
+		{method: "DELETE", path: "/api/v1/firmware/{id}", access: admin, fn: a.deleteFirmware},
+		// Firmware files: devices with their token (own device type), or
+		// the admin token; checked in the handler.
+		{method: "GET", path: protocol.PathFirmware + "{id}/file", h: http.HandlerFunc(a.firmwareFile)},
+		{method: "GET", path: "/api/v1/rollouts", access: admin, fn: a.listRollouts},
+		{method: "POST", path: "/api/v1/rollouts", access: admin, fn: a.createRollout},
+		{method: "GET", path: "/api/v1/rollouts/{id}", access: admin, fn: a.getRollout},
+		{method: "GET", path: "/api/v1/rollouts/{id}/devices", access: admin, fn: a.rolloutDevices},
+		{method: "POST", path: "/api/v1/rollouts/{id}/pause", access: admin, fn: a.controlRollout(fleet.ActionPause)},
+		{method: "POST", path: "/api/v1/rollouts/{id}/resume", access: admin, fn: a.controlRollout(fleet.ActionResume)},
+		{method: "POST", path: "/api/v1/rollouts/{id}/abort", access: admin, fn: a.controlRollout(fleet.ActionAbort)},
 		{method: "GET", path: "/api/v1/quotas", access: admin, fn: a.listQuotas},
 		{method: "GET", path: "/api/v1/devices/{id}/quota", access: admin, fn: a.getDeviceQuota},
 		{method: "PUT", path: "/api/v1/devices/{id}/quota", access: admin, fn: a.liftQuota},
@@ -212,7 +232,11 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 				return
 			}
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, protocol.MaxBodyBytes)
+		if rt.stream {
+			a.fw.extend(w)
+		} else {
+			r.Body = http.MaxBytesReader(w, r.Body, protocol.MaxBodyBytes)
+		}
 		v, err := rt.fn(r)
 		if err != nil {
 			a.fail(w, &rt, err)

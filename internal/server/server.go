@@ -178,6 +178,7 @@ func (s *Server) buildHandler(context.Context) error {
 		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable,
 		metricsToken: []byte(s.cfg.MetricsToken),
 		regLimit:     newRegLimiter(s.cfg.registerLimits()),
+		fw:           firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax},
 	}
 	if s.cfg.NodeName != "" {
 		a.node = []string{s.cfg.NodeName}
@@ -388,6 +389,12 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	pruneCtx, stopPrune := context.WithCancel(context.Background())
 	go s.pruneLoop(pruneCtx)
+	rolloutCtx, stopRollouts := context.WithCancel(context.Background())
+	rolloutsDone := make(chan struct{})
+	go func() {
+		defer close(rolloutsDone)
+		s.fleet.RunRollouts(rolloutCtx, s.cfg.RolloutInterval)
+	}()
 	stopAlerts := s.startAlerts()
 
 	var serveErr error
@@ -417,6 +424,8 @@ func (s *Server) Serve(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	stopRollouts() // after the last push: its rollout state is written
+	<-rolloutsDone
 	stopAlerts()
 	if err := s.persist.Close(shutCtx); err != nil {
 		serveErr = errors.Join(serveErr, fmt.Errorf("draining writes: %w", err))

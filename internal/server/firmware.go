@@ -1,0 +1,374 @@
+package server
+
+// Firmware files, rollouts and profile history over HTTP (docs/firmware.md).
+// Uploads stream to a temporary file while SHA-256 is computed, within
+// -firmware-max-size, and are renamed into place; downloads are
+// http.ServeContent on the open file (Range, If-Range, no copy through
+// memory).
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+)
+
+// firmwareFiles is the directory of uploaded firmware.
+type firmwareFiles struct {
+	dir         string
+	max         int64
+	downloadMax time.Duration
+}
+
+var errFirmwareTooLarge = &apiError{status: http.StatusRequestEntityTooLarge, code: "body_too_large", msg: "the firmware file exceeds -firmware-max-size", outcome: outInvalid}
+
+// put streams r into the directory under its SHA-256 and returns both.
+func (ff *firmwareFiles) put(r io.Reader) (sum string, size int64, err error) {
+	if err := os.MkdirAll(ff.dir, 0o750); err != nil {
+		return "", 0, err
+	}
+	tmp, err := os.CreateTemp(ff.dir, ".upload-*")
+	if err != nil {
+		return "", 0, err
+	}
+	defer os.Remove(tmp.Name()) // after the rename: nothing
+	h := sha256.New()
+	size, err = io.Copy(io.MultiWriter(tmp, h), io.LimitReader(r, ff.max+1))
+	if err == nil && size > ff.max {
+		err = errFirmwareTooLarge
+	}
+	if err == nil && size == 0 {
+		err = badField("the firmware file is empty")
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			err = errFirmwareTooLarge
+		}
+		return "", 0, err
+	}
+	sum = hex.EncodeToString(h.Sum(nil))
+	if err := os.Rename(tmp.Name(), filepath.Join(ff.dir, sum+".bin")); err != nil {
+		return "", 0, err
+	}
+	if d, err := os.Open(ff.dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return sum, size, nil
+}
+
+// extend lets a long transfer run up to downloadMax.
+func (ff *firmwareFiles) extend(w http.ResponseWriter) {
+	rc := http.NewResponseController(w)
+	deadline := time.Now().Add(ff.downloadMax)
+	rc.SetReadDeadline(deadline)
+	rc.SetWriteDeadline(deadline)
+}
+
+// operator names who makes a change: "api", or "api:<name>" with the
+// X-Drover-Operator header (a label the admin token's holder chooses).
+func operator(r *http.Request) (string, error) {
+	n := r.Header.Get("X-Drover-Operator")
+	if n == "" {
+		return "api", nil
+	}
+	if len(n) > 64 || strings.ContainsFunc(n, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		return "", badField("X-Drover-Operator must be at most 64 printable bytes")
+	}
+	return "api:" + n, nil
+}
+
+func (a *api) listFirmware(*http.Request) (any, error) {
+	return map[string]any{"firmware": a.fleet.Firmware()}, nil
+}
+
+func (a *api) getFirmware(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	f, ok := a.fleet.FirmwareByID(id)
+	if !ok {
+		return nil, notFound("firmware " + strconv.FormatUint(id, 10))
+	}
+	return f, nil
+}
+
+// uploadFirmware adds an artifact: the file as the body with its metadata
+// in the query, or (Content-Type application/json) a reference to a file
+// kept elsewhere.
+func (a *api) uploadFirmware(r *http.Request) (any, error) {
+	by, err := operator(r)
+	if err != nil {
+		return nil, err
+	}
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "application/json" {
+		r.Body = http.MaxBytesReader(nil, r.Body, 64<<10)
+		var f fleet.Firmware
+		if err := decodeStrict(r, "firmware: ", &struct {
+			DeviceType *string `json:"device_type"`
+			Version    *string `json:"version"`
+			SHA256     *string `json:"sha256"`
+			Size       *int64  `json:"size"`
+			Signature  *string `json:"signature"`
+			URL        *string `json:"url"`
+		}{&f.DeviceType, &f.Version, &f.SHA256, &f.Size, &f.Signature, &f.URL}); err != nil {
+			return nil, err
+		}
+		if f.URL == "" {
+			return nil, badField("url is required when no file is uploaded")
+		}
+		f.By = by
+		f, err = a.fleet.AddFirmware(r.Context(), f)
+		if err != nil {
+			return nil, err
+		}
+		return created(f), nil
+	}
+	q := r.URL.Query()
+	meta := fleet.Firmware{DeviceType: q.Get("device_type"), Version: q.Get("version"), Signature: q.Get("signature"), By: by}
+	f, err := a.storeFirmware(r.Context(), meta, q.Get("sha256"), r.Body, r.ContentLength)
+	if err != nil {
+		return nil, err
+	}
+	return created(f), nil
+}
+
+// storeFirmware checks meta, stores body as its file and records it; want
+// is the SHA-256 the uploader expects ("": any). The dashboard uses it too.
+func (a *api) storeFirmware(ctx context.Context, meta fleet.Firmware, want string, body io.Reader, length int64) (fleet.Firmware, error) {
+	// The metadata is checked before the body is read.
+	probe := meta
+	probe.SHA256, probe.Size = strings.Repeat("0", 64), 1
+	if err := probe.Check(); err != nil {
+		return fleet.Firmware{}, err
+	}
+	if length > a.fw.max {
+		return fleet.Firmware{}, errFirmwareTooLarge
+	}
+	sum, size, err := a.fw.put(body)
+	if err != nil {
+		return fleet.Firmware{}, err
+	}
+	meta.SHA256, meta.Size = sum, size
+	if want != "" && !strings.EqualFold(want, sum) {
+		err = badField("sha256 mismatch: the uploaded file's is " + sum)
+	} else {
+		meta, err = a.fleet.AddFirmware(ctx, meta)
+	}
+	if err != nil {
+		a.removeFile(sum)
+		return fleet.Firmware{}, err
+	}
+	return meta, nil
+}
+
+// removeFile deletes a stored file no artifact refers to.
+func (a *api) removeFile(sum string) {
+	for _, f := range a.fleet.Firmware() {
+		if f.Stored() && f.SHA256 == sum {
+			return
+		}
+	}
+	if err := os.Remove(filepath.Join(a.fw.dir, sum+".bin")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		a.log.Warn("removing a firmware file failed", "sha256", sum, "err", err)
+	}
+}
+
+func (a *api) deleteFirmware(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	f, shared, err := a.fleet.DeleteFirmware(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
+	if f.Stored() && !shared {
+		a.removeFile(f.SHA256)
+	}
+	return map[string]any{"deleted": f}, nil
+}
+
+// firmwareFile serves a stored firmware file to a device of its type (its
+// token) or the operator, with Range; a firmware kept elsewhere redirects.
+func (a *api) firmwareFile(w http.ResponseWriter, r *http.Request) {
+	rt := &route{endpoint: "firmware_file"}
+	id, err := pathID(r)
+	if err != nil {
+		a.fail(w, rt, err)
+		return
+	}
+	var f fleet.Firmware
+	if a.isAdmin(r) {
+		var ok bool
+		if f, ok = a.fleet.FirmwareByID(id); !ok {
+			err = fleet.ErrNotFound
+		}
+	} else if token, ok := bearer(r); !ok {
+		err = errNoBearer
+	} else {
+		f, err = a.fleet.FirmwareAccess(token, id)
+	}
+	if err != nil {
+		a.fail(w, rt, err)
+		return
+	}
+	if !f.Stored() {
+		http.Redirect(w, r, f.URL, http.StatusFound)
+		return
+	}
+	file, err := os.Open(filepath.Join(a.fw.dir, f.FileName()))
+	if err != nil {
+		a.fail(w, rt, &apiError{status: http.StatusServiceUnavailable, code: "unavailable", msg: "the firmware file cannot be read; retry later",
+			retryAfter: 60, log: "firmware file missing", cause: err})
+		return
+	}
+	defer file.Close()
+	a.fw.extend(w)
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("ETag", `"`+f.SHA256+`"`)
+	h.Set("Cache-Control", "private, max-age=31536000, immutable")
+	a.m.firmwareDownloads.Inc()
+	http.ServeContent(w, r, "", f.CreatedAt, file)
+}
+
+func (a *api) listRollouts(*http.Request) (any, error) {
+	return map[string]any{"rollouts": a.fleet.Rollouts()}, nil
+}
+
+func (a *api) createRollout(r *http.Request) (any, error) {
+	by, err := operator(r)
+	if err != nil {
+		return nil, err
+	}
+	spec := fleet.DefaultRolloutSpec()
+	if err := decodeStrict(r, "rollout: ", &spec); err != nil {
+		return nil, err
+	}
+	ro, err := a.fleet.CreateRollout(r.Context(), spec, by)
+	if err != nil {
+		return nil, err
+	}
+	return created(ro), nil
+}
+
+func (a *api) getRollout(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	ro, ok := a.fleet.RolloutByID(id)
+	if !ok {
+		return nil, notFound("rollout " + strconv.FormatUint(id, 10))
+	}
+	return ro, nil
+}
+
+// rolloutDevices pages a rollout's devices: ?state=&after=<device id>&limit=.
+func (a *api) rolloutDevices(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	after, err := optUint(q.Get("after"))
+	if err != nil {
+		return nil, badField("after must be a device ID")
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
+			return nil, badField("limit must be 1..1000")
+		}
+	}
+	st := q.Get("state")
+	if st != "" && !strings.Contains(" "+strings.Join(fleet.RolloutDeviceStates, " ")+" ", " "+st+" ") {
+		return nil, badField("state must be one of " + strings.Join(fleet.RolloutDeviceStates, ", "))
+	}
+	ds, err := a.fleet.RolloutDevices(r.Context(), id, st, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"devices": ds}, nil
+}
+
+func (a *api) controlRollout(action string) apiFunc {
+	return func(r *http.Request) (any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return nil, err
+		}
+		by, err := operator(r)
+		if err != nil {
+			return nil, err
+		}
+		return a.fleet.ControlRollout(r.Context(), id, action, by)
+	}
+}
+
+func (a *api) profileHistory(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	h, err := a.fleet.ProfileHistory(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"revisions": h}, nil
+}
+
+func (a *api) profileDiff(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	from, err1 := strconv.Atoi(q.Get("from"))
+	to, err2 := strconv.Atoi(q.Get("to"))
+	if err1 != nil || err2 != nil {
+		return nil, badField("from and to must be revision numbers")
+	}
+	d, err := a.fleet.ProfileDiff(r.Context(), id, from, to)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"from": from, "to": to, "changes": d}, nil
+}
+
+func (a *api) rollbackProfile(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	by, err := operator(r)
+	if err != nil {
+		return nil, err
+	}
+	var body struct {
+		Rev int `json:"rev"`
+	}
+	if err := decodeStrict(r, "rollback: ", &body); err != nil {
+		return nil, err
+	}
+	return a.fleet.RollbackProfile(r.Context(), id, body.Rev, by)
+}
