@@ -49,8 +49,8 @@ type FirmwareData struct {
 	// too): IDs are never reused.
 	MaxFirmwareID uint64
 	Firmware      []Firmware
-	Rollouts []Rollout
-	Devices  []RolloutDevice // of unfinished rollouts
+	Rollouts      []Rollout
+	Devices       []RolloutDevice // of unfinished rollouts
 }
 
 // Firmware is one uploaded (or referenced) firmware image.

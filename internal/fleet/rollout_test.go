@@ -168,7 +168,7 @@ func TestRolloutWindowAbortAndStall(t *testing.T) {
 	if ro, _ = s.RolloutByID(ro.ID); ro.Wave != 0 {
 		t.Fatal("wave started outside the window")
 	}
-	c.add(19 * time.Hour) // 22:04
+	c.add(19 * time.Hour)                       // 22:04
 	s.Push(ctx, r.Token, pushFW(2, 0, "6.3.5")) // offline devices wait for a later wave
 	s.RolloutStep(ctx)
 	if resp, _ := s.Push(ctx, r.Token, pushFW(3, 0, "6.3.5")); resp.FirmwareUpdate == nil {
