@@ -21,6 +21,8 @@ command -v dash >/dev/null || need+=(dash)
 command -v busybox >/dev/null || need+=(busybox)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v chromium >/dev/null || need+=(chromium)
+# internal/cluster runs its nodes against a throwaway nats-server.
+{ command -v nats-server || [ -x /usr/sbin/nats-server ]; } >/dev/null 2>&1 || need+=(nats-server)
 [ -e /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)
 # deploy/: promtool checks the alerting rules, podman builds the image,
 # systemd-analyze checks the unit.

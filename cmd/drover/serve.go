@@ -13,7 +13,7 @@ import (
 // serveFlags binds c's fields to flags of fs.
 func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the database, TLS certificate and generated secrets")
-	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this server's name, sent as the X-Drover-Node header of every answer (empty: none; docs/cluster.md)")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this server's name, sent as the X-Drover-Node header of every answer (empty: none); with --cluster the node's name, unique in the cluster (empty there: the host name; docs/cluster.md)")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTPS listen address (empty: no HTTPS)")
 	fs.StringVar(&c.HTTPListen, "http-listen", c.HTTPListen, "plain-HTTP listen address, for deployments behind a TLS terminator (empty: none)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain (empty: self-signed ECDSA certificate generated in data-dir/tls); SIGHUP reloads it")
@@ -54,6 +54,8 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.DurationVar(&c.RolloutInterval, "rollout-interval", c.RolloutInterval, "how often rollouts advance (waves, failure checks) and their device states are written")
 	fs.DurationVar(&c.FirmwareDownloadMax, "firmware-download-max", c.FirmwareDownloadMax, "how long one firmware download or upload request may take (devices resume with Range after that)")
 	fs.StringVar(&c.RegisterRateExempt, "register-rate-exempt", c.RegisterRateExempt, "comma-separated addresses or CIDR prefixes without a per-address registration limit")
+	fs.BoolVar(&c.Cluster, "cluster", c.Cluster, "run as one node of a cluster sharing the PostgreSQL --db with other nodes (docs/cluster.md); write-through only")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "cluster mode: NATS server(s) carrying the nodes' news to each other, comma-separated (empty: the database alone, slower)")
 }
 
 // serveConfig reads serve's configuration: flags, environment, config file.

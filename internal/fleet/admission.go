@@ -215,6 +215,11 @@ func (s *Service) RegisterWith(ctx context.Context, r protocol.RegisterRequest, 
 				return s.reregister(ctx, d, r, pr, c)
 			}
 		}
+		if known, err := s.storedElsewhere(ctx, r.MachineID); err != nil {
+			return protocol.RegisterResponse{}, err
+		} else if known {
+			continue // read back: a re-registration
+		}
 		resp, retry, err := s.enroll(ctx, r, pr, c)
 		if !retry {
 			return resp, err
@@ -242,6 +247,9 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 		return protocol.RegisterResponse{}, false, err
 	}
 	now := s.now()
+	if s.opts.Cluster != nil {
+		return s.enrollShared(ctx, r, pr, c, pe, pending, now)
+	}
 	s.regMu.Lock()
 	if _, exists := s.machineIDs[r.MachineID]; exists {
 		s.regMu.Unlock()
@@ -300,15 +308,77 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 		d.mu.Unlock()
 		return protocol.RegisterResponse{}, false, err
 	}
+	return s.enrolled(r, pr, id, pe, key, token, pending), false, nil
+}
+
+// enrolled is the answer to a new device's registration.
+func (s *Service) enrolled(r protocol.RegisterRequest, pr Proof, id uint64, pe *profileEntry, key, token string, pending bool) protocol.RegisterResponse {
 	resp := protocol.RegisterResponse{DeviceID: strconv.FormatUint(id, 10), PushInterval: pe.interval(), New: true, DeviceKey: key}
 	if pending {
 		s.log.Info("device admission", "action", "request", "device_id", id, "machine_id", r.MachineID, "from", pr.Source, "admission", Pending.String())
 		resp.Pending, resp.RetryAfter = true, PendingRetry
 		resp.Message = "registration waits for an operator's approval; ask again with device_key"
-		return resp, false, nil
+		return resp
 	}
 	resp.Token = token
-	return resp, false, nil
+	return resp
+}
+
+// enrollShared is enroll's end in cluster mode: the database hands out the
+// ID and settles which node's registration of a machine ID wins; the loser
+// reads the winner's device back and starts over (retry).
+func (s *Service) enrollShared(ctx context.Context, r protocol.RegisterRequest, pr Proof, c credentials, pe *profileEntry, pending bool, now time.Time) (protocol.RegisterResponse, bool, error) {
+	cs := s.opts.Cluster
+	id, err := cs.NextDeviceID(ctx)
+	if err == nil && c.token != nil {
+		err = s.useEnrollmentToken(ctx, c.token.ID, id)
+	}
+	if err != nil {
+		pe.release()
+		return protocol.RegisterResponse{}, false, err
+	}
+	key, keyHash := newDeviceKey()
+	s.regMu.Lock()
+	d := &device{
+		id: id, registeredAt: now.Unix(), profile: pe,
+		deviceType: s.intern(r.DeviceType), model: s.intern(r.Model), firmware: s.intern(r.Firmware), keyHash: keyHash,
+	}
+	s.regMu.Unlock()
+	d.setIDs(r.MachineID, r.Serial)
+	var token string
+	if pending {
+		d.admission = Pending
+	} else {
+		token, d.tokenHash = newToken(id)
+	}
+	rec := DeviceRecord{
+		ID: id, MachineID: d.machineID(), DeviceType: d.deviceType, Model: d.model, Firmware: d.firmware,
+		Serial: d.serial(), TokenHash: append([]byte(nil), d.tokenHash[:]...), RegisteredAt: time.Unix(d.registeredAt, 0),
+	}
+	won, err := cs.ClaimDevice(ctx, rec, d.trustRecord())
+	if err != nil || !won {
+		pe.release()
+		if err == nil {
+			err = s.claimLost(ctx, r.MachineID)
+		}
+		return protocol.RegisterResponse{}, err == nil, err
+	}
+	s.regMu.Lock()
+	s.devMu.Lock()
+	for uint64(len(s.devices)) <= id {
+		s.devices = append(s.devices, nil)
+	}
+	old := s.devices[id]
+	s.devices[id] = d
+	s.devMu.Unlock()
+	s.machineIDs[d.machineID()] = id
+	s.regMu.Unlock()
+	if old != nil { // read back from the change log meanwhile
+		old.mu.Lock()
+		adopt(old, nil)
+		old.mu.Unlock()
+	}
+	return s.enrolled(r, pr, id, pe, key, token, pending), false, nil
 }
 
 // decision is what a re-registration of a known device leads to.

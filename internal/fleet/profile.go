@@ -104,16 +104,35 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 	e.p.Store(p)
 	e.users.Store(1)
 	ps.byKey[key] = e
-	ps.byID[p.ID] = e
+	cs := s.opts.Cluster
+	if cs == nil {
+		ps.byID[p.ID] = e
+	}
 	ps.created[key.deviceType] = append(ps.created[key.deviceType], now.UnixNano())
 	ps.mu.Unlock()
 
-	err := persist(ctx, s.persist, func(b *Batch) { b.Profiles = append(b.Profiles, *p) })
+	var err error
+	if cs != nil {
+		// The database hands out the ID; a profile another node made for
+		// the same key first is taken as it is.
+		var stored Profile
+		if stored, err = cs.ClaimProfile(ctx, *p); err == nil {
+			p = &stored
+			e.p.Store(p)
+			ps.mu.Lock()
+			ps.byID[p.ID] = e
+			ps.mu.Unlock()
+		}
+	} else {
+		err = persist(ctx, s.persist, func(b *Batch) { b.Profiles = append(b.Profiles, *p) })
+	}
 	if err != nil {
 		// Let a later registration try again.
 		ps.mu.Lock()
 		delete(ps.byKey, key)
-		delete(ps.byID, p.ID)
+		if ps.byID[p.ID] == e {
+			delete(ps.byID, p.ID)
+		}
 		ps.mu.Unlock()
 		e.err = err
 		close(e.ready)

@@ -44,6 +44,10 @@ type Options struct {
 	RequireCertificate bool
 	// Quotas are the per-device quotas (quota.go); zero: none.
 	Quotas QuotaOptions
+	// Cluster, when set, is the database several servers share (cluster
+	// mode, cluster.go): IDs and registrations are settled there, and
+	// memory is refreshed from it.
+	Cluster ClusterStore
 }
 
 // PushEvent describes one accepted push.
@@ -231,8 +235,17 @@ func (s *Service) deviceForToken(token string) (*device, [32]byte, bool) {
 	return d, sha256.Sum256([]byte(token)), true
 }
 
-// Push records a device's state and tells it what to change.
+// Push records a device's state and tells it what to change. In cluster
+// mode a token memory refuses is checked against the database first.
 func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest) (protocol.PushResponse, error) {
+	resp, err := s.push(ctx, token, p)
+	if errors.Is(err, ErrUnauthorized) && s.checkStored(ctx, token) {
+		return s.push(ctx, token, p)
+	}
+	return resp, err
+}
+
+func (s *Service) push(ctx context.Context, token string, p protocol.PushRequest) (protocol.PushResponse, error) {
 	d, hash, ok := s.deviceForToken(token)
 	if !ok {
 		return protocol.PushResponse{}, ErrUnauthorized

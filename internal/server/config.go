@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store"
 )
 
 // Config is everything `drover serve` can be told; cmd/drover fills it
@@ -63,7 +65,13 @@ type Config struct {
 	// then never stored; "" for none.
 	SMTPPasswordFile string
 	// NodeName names this server in the X-Drover-Node header of every
-	// answer (docs/cluster.md); "" sends none.
+	// answer (docs/cluster.md); "" sends none. In cluster mode it names
+	// the node (default there: the host name, ClusterNode).
+	// Cluster mode (docs/cluster.md): this server is one node of several
+	// sharing a PostgreSQL database, told of each other's changes through
+	// NATS at NATSURL ("": the database alone).
+	Cluster  bool
+	NATSURL  string
 	NodeName string
 	// Firmware (docs/firmware.md): where uploaded files are kept ("":
 	// DataDir/firmware), the largest upload, how often rollouts advance and
@@ -107,6 +115,7 @@ func DefaultConfig() Config {
 		FirmwareMaxSize:         1 << 30,
 		RolloutInterval:         2 * time.Second,
 		FirmwareDownloadMax:     6 * time.Hour,
+		NATSURL:                 cluster.DefaultConfig().NATSURL,
 	}
 }
 
@@ -171,6 +180,9 @@ func (c *Config) Validate() error {
 	if !validNodeName(c.NodeName) {
 		return fmt.Errorf("-node-name %q: at most 64 of A-Z a-z 0-9 . _ -", c.NodeName)
 	}
+	if err := c.validateCluster(); err != nil {
+		return err
+	}
 	return c.validateTrust()
 }
 
@@ -204,4 +216,30 @@ func validNodeName(n string) bool {
 		}
 	}
 	return true
+}
+
+// validateCluster checks the cluster mode's settings.
+func (c *Config) validateCluster() error {
+	if !c.Cluster {
+		return nil
+	}
+	if c.Persistence != "write-through" {
+		return fmt.Errorf("-cluster needs -persistence write-through (the nodes share what they commit), not %q", c.Persistence)
+	}
+	if backend, _, err := store.Parse(c.dbDSN()); err != nil || backend != store.Postgres {
+		return errors.New("-cluster needs a PostgreSQL -db (postgres://…): SQLite and MariaDB serve one server; see docs/cluster.md")
+	}
+	if !validNodeName(c.ClusterNode()) {
+		return fmt.Errorf("cluster mode names the node by its host name %q, which is no valid -node-name: set -node-name", c.ClusterNode())
+	}
+	return nil
+}
+
+// ClusterNode is the node's name in cluster mode: NodeName, or the host
+// name.
+func (c *Config) ClusterNode() string {
+	if c.NodeName != "" {
+		return c.NodeName
+	}
+	return cluster.DefaultConfig().Node
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/alert"
+	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	fastjson "github.com/goccy/go-json"
@@ -34,7 +35,9 @@ type api struct {
 	adminToken []byte
 	slots      chan struct{} // bounds device requests in flight
 	ready      func() error
-	writable   func() error // non-nil: device writes are refused (instance lock lost)
+	degraded   func() string // what works less well while ready ("": nothing)
+	cnode      *cluster.Node // cluster mode; nil: not
+	writable   func() error  // non-nil: device writes are refused (instance lock lost)
 	warnLimit  rateLimiter
 	regLimit   *regLimiter // registrations; nil: unlimited
 	fw         firmwareFiles

@@ -125,6 +125,7 @@ func (a *api) table() []route {
 		{method: "PUT", path: "/api/v1/devices/{id}/quota", access: admin, fn: a.liftQuota},
 		{method: "DELETE", path: "/api/v1/devices/{id}/quota", access: admin, fn: a.restoreQuota},
 		{method: "GET", path: "/api/v1/stats", access: admin, fn: a.stats},
+		{method: "GET", path: "/api/v1/cluster", access: admin, fn: a.getCluster},
 		{method: "GET", path: "/api/v1/labels", access: admin, fn: a.listLabels},
 		{method: "POST", path: "/api/v1/labels/assign", access: admin, fn: a.assignLabel},
 		{method: "DELETE", path: "/api/v1/labels/{name}", access: admin, fn: a.deleteLabel},
@@ -316,6 +317,16 @@ func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := a.ready(); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": err.Error()})
+		return
+	}
+	d := ""
+	if a.degraded != nil {
+		d = a.degraded()
+	}
+	if d != "" {
+		// Still serving correctly, from the database: no reason to take
+		// the node out of the balancer.
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "degraded": d})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -20,6 +20,7 @@ import (
 
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/buildinfo"
+	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store"
 	"github.com/drover/drover/internal/web"
@@ -52,6 +53,8 @@ type Server struct {
 	stopHolds chan struct{} // closed on draining: held over-quota answers go out
 	pruneDone chan struct{}
 	alerts    *alert.Engine // alerts_api.go
+	node      *cluster.Node // cluster mode (cluster_api.go); nil: not
+	cstore    store.Cluster // the store, in cluster mode
 
 	metricsLn  net.Listener
 	metricsSrv *http.Server // /metrics without credentials, on metricsLn; closed when Serve returns
@@ -115,7 +118,12 @@ func (s *Server) openPersistence(ctx context.Context) error {
 	case "memory":
 		s.persist = fleet.Memory{}
 	case "write-through":
-		if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
+		if s.cfg.Cluster {
+			if s.cstore, err = store.OpenCluster(ctx, s.cfg.dbDSN(), s.cfg.ClusterNode()); err != nil {
+				return err
+			}
+			s.store = s.cstore
+		} else if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
 			return err
 		}
 		s.persist = fleet.NewWriteThrough(s.store, s.cfg.MaxPendingWrites, s.observeCommit)
@@ -153,11 +161,15 @@ func (s *Server) loadFleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.fleet, err = fleet.New(ctx, s.store, s.persist, fleet.Options{
+	opts := fleet.Options{
 		EnrollmentSecret: s.Secrets.EnrollmentSecret, DefaultPushInterval: s.cfg.PushInterval, Logger: s.log, OnPush: hook.OnPush,
 		Admission: policy, RequireCertificate: s.cfg.RequireClientCert,
 		Quotas: s.cfg.quotas(),
-	})
+	}
+	if err := s.joinCluster(ctx, &opts); err != nil {
+		return err
+	}
+	s.fleet, err = fleet.New(ctx, s.store, s.persist, opts)
 	if err != nil {
 		return err
 	}
@@ -175,20 +187,22 @@ func (s *Server) loadFleet(ctx context.Context) error {
 func (s *Server) buildHandler(context.Context) error {
 	a := &api{
 		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log, adminToken: []byte(s.Secrets.AdminToken),
-		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable,
+		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable, degraded: s.degraded, cnode: s.node,
 		metricsToken: []byte(s.cfg.MetricsToken),
 		regLimit:     newRegLimiter(s.cfg.registerLimits()),
 		fw:           firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax},
 	}
 	if s.cfg.NodeName != "" {
 		a.node = []string{s.cfg.NodeName}
+	} else if s.cfg.Cluster {
+		a.node = []string{s.cfg.ClusterNode()}
 	}
 	s.stopHolds = make(chan struct{})
 	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
 		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
-		Sessions: s.sessionStore(),
+		Sessions: s.sessionStore(), SharedSessions: s.cfg.Cluster,
 	})
 	if err != nil {
 		return err
@@ -396,6 +410,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.fleet.RunRollouts(rolloutCtx, s.cfg.RolloutInterval)
 	}()
 	stopAlerts := s.startAlerts()
+	stopNode := s.startNode()
 
 	var serveErr error
 	select {
@@ -427,6 +442,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	stopRollouts() // after the last push: its rollout state is written
 	<-rolloutsDone
 	stopAlerts()
+	stopNode()
 	if err := s.persist.Close(shutCtx); err != nil {
 		serveErr = errors.Join(serveErr, fmt.Errorf("draining writes: %w", err))
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/mariadb"
 	"github.com/drover/drover/internal/store/postgres"
@@ -58,11 +59,30 @@ func Parse(dsn string) (backend, rest string, err error) {
 
 // Options are how Open opens a store.
 type Options struct {
-	// Cluster is reserved for cluster mode (issue 12), which is not built:
-	// several servers would share one PostgreSQL database, so Open would
-	// take no instance lock. Leave it false: with it, nothing keeps two
-	// servers from handing out the same IDs. SQLite refuses it.
+	// Cluster refuses: a cluster node opens its store with OpenCluster.
 	Cluster bool
+}
+
+// Cluster is a store for one node of a cluster (see OpenCluster).
+type Cluster = contract.Cluster
+
+// OpenCluster opens the store of one node, named node, of a cluster of
+// servers sharing one PostgreSQL database (docs/cluster.md): no instance
+// lock (a shared one that keeps a server without --cluster away), IDs from
+// the database, a change log. Other backends refuse.
+func OpenCluster(ctx context.Context, dsn, node string) (Cluster, error) {
+	backend, rest, err := Parse(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if backend != Postgres {
+		return nil, fmt.Errorf("cluster mode needs PostgreSQL (a %s store serves one server); see docs/cluster.md", backend)
+	}
+	s, err := postgres.OpenCluster(ctx, rest, node)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // HeldError is what Open returns when another server holds the store's
@@ -83,21 +103,14 @@ func Open(ctx context.Context, dsn string, o Options) (Store, error) {
 		return nil, err
 	}
 	var st Store
-	switch {
-	case backend == Postgres:
-		open := postgres.Open
-		if o.Cluster {
-			open = postgres.OpenUnlocked
-		}
-		st, err = nilIfErr(open(ctx, rest))
-	case backend == MySQL:
-		open := mariadb.Open
-		if o.Cluster {
-			open = mariadb.OpenUnlocked
-		}
-		st, err = nilIfErr(open(ctx, rest))
-	case o.Cluster:
-		err = errors.New("cluster mode needs a database server; a SQLite file has one writer")
+	if o.Cluster {
+		return nil, errors.New("a cluster node opens its store with OpenCluster")
+	}
+	switch backend {
+	case Postgres:
+		st, err = nilIfErr(postgres.Open(ctx, rest))
+	case MySQL:
+		st, err = nilIfErr(mariadb.Open(ctx, rest))
 	default:
 		st, err = nilIfErr(sqlite.Open(ctx, rest, true))
 	}

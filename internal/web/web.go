@@ -45,6 +45,10 @@ type Options struct {
 	SessionTTL time.Duration
 	// Sessions keeps logins across restarts (default: in memory only).
 	Sessions sessions.Store
+	// SharedSessions: other servers share Sessions (cluster mode) and may
+	// end a session, so every request checks the store, not only the
+	// first one this server sees.
+	SharedSessions bool
 }
 
 // Prefix is where the dashboard is mounted.
@@ -195,6 +199,18 @@ func (h *Handler) session(r *http.Request) *session {
 	h.mu.Lock()
 	s := h.sessions[c.Value]
 	h.mu.Unlock()
+	if s != nil && h.opts.SharedSessions {
+		if _, err := h.opts.Sessions.LoadSession(r.Context(), sessions.Hash(c.Value)); err != nil {
+			if !errors.Is(err, sessions.ErrNotFound) {
+				h.log.Error("dashboard session lookup failed", "err", err)
+				return nil
+			}
+			h.mu.Lock()
+			delete(h.sessions, c.Value) // ended on another server
+			h.mu.Unlock()
+			return nil
+		}
+	}
 	if s == nil {
 		// Not seen since this process started: a login from before a
 		// restart is in the store.

@@ -6,6 +6,9 @@
 package contract
 
 import (
+	"context"
+	"time"
+
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/web/sessions"
@@ -25,4 +28,28 @@ type Store interface {
 	// server took this store's instance lock, else nil. From then on this
 	// server must not acknowledge writes: its commits fail.
 	LockLost() error
+}
+
+// Cluster is a store that serves one node of a cluster (PostgreSQL only,
+// docs/cluster.md): the whole contract, the fleet's cluster needs, and
+// what the node's own loops use.
+type Cluster interface {
+	Store
+	fleet.ClusterStore
+	// OnChange sets what runs after each commit that wrote change log rows.
+	OnChange(func())
+	// TryLeader says whether this node leads, taking the leader lock when
+	// it is free.
+	TryLeader(ctx context.Context) (bool, error)
+	// ClusterID names the cluster (its database), for NATS subjects.
+	ClusterID(ctx context.Context) (string, error)
+	LastChange(ctx context.Context) (int64, error)
+	// ChangesAfter reads change log entries after seq or among holes.
+	ChangesAfter(ctx context.Context, seq int64, holes []int64, limit int) ([]fleet.Change, error)
+	PruneChanges(ctx context.Context, before time.Time) (int64, error)
+	// StatesSince reads pushes stored with a last-seen time after since.
+	StatesSince(ctx context.Context, since time.Time) ([]fleet.StateRecord, error)
+	Heartbeat(ctx context.Context, n fleet.ClusterNode) error
+	Leave(ctx context.Context, name string) error
+	Nodes(ctx context.Context) ([]fleet.ClusterNode, error)
 }

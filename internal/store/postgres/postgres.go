@@ -35,7 +35,8 @@ type Store struct {
 	*sqlcommon.Aux
 	*sqlcommon.Samples // History, DeviceState, PruneHistory
 	pool               *pgxpool.Pool
-	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
+	lock               *lock    // nil: no instance lock (drover migrate, cluster mode)
+	cluster            *cluster // cluster mode (cluster.go); nil: not
 	policyStore
 }
 
@@ -52,9 +53,8 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	return open(ctx, dsn, true)
 }
 
-// OpenUnlocked opens the database without the instance lock: for drover
-// migrate, and reserved for a cluster mode (not built) where several
-// servers share one database.
+// OpenUnlocked opens the database without the instance lock, for drover
+// migrate (cluster nodes use OpenCluster).
 func OpenUnlocked(ctx context.Context, dsn string) (*Store, error) {
 	return open(ctx, dsn, false)
 }
@@ -134,6 +134,9 @@ func (s *Store) Close() error {
 	s.pool.Close()
 	if s.lock != nil {
 		s.lock.close()
+	}
+	if s.cluster != nil {
+		s.cluster.close()
 	}
 	return nil
 }
@@ -221,6 +224,9 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 	for attempt := 1; ; attempt++ {
 		err := s.commit(ctx, profiles, devices, states, b.Samples, b.Trust)
 		if err == nil {
+			if s.cluster != nil && len(profiles)+len(devices)+len(b.Trust) > 0 {
+				s.cluster.onChange()
+			}
 			return nil
 		}
 		if s.lock != nil {
@@ -303,6 +309,9 @@ func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []
 			floats[2], floats[3], floats[4], floats[5])
 	}
 	queueTrust(&q, trust)
+	if s.cluster != nil {
+		s.cluster.queueChanges(&q, profiles, devices, trust)
+	}
 	return s.pool.SendBatch(ctx, &q).Close()
 }
 

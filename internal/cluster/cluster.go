@@ -1,0 +1,413 @@
+// Package cluster runs one node of a Drover cluster: several servers behind
+// a load balancer sharing one PostgreSQL database (docs/cluster.md). The
+// database is the truth: IDs, registrations and a change log written in
+// the same transactions as the changes. NATS is the fast path: a node that
+// committed a change says so, and the others read the change log at once;
+// nodes also publish their pushes' summaries so that every node shows the
+// whole fleet's liveness. Without NATS every node still polls the change
+// log (every Poll) and reads other nodes' pushes from the database, so
+// correctness holds and only the load on the database grows.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
+)
+
+// Config configures a node.
+type Config struct {
+	Node    string // this node's name, unique in the cluster
+	NATSURL string // "": no NATS (the database alone)
+	Address string // where the node serves, shown in the node list
+	// Poll is how often the change log is read without a NATS nudge;
+	// StatesEvery how often other nodes' pushes are read from the
+	// database while NATS is down (and, ten times rarer, while it is up).
+	Poll, StatesEvery, Heartbeat time.Duration
+	Logger                       *slog.Logger
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{Node: host, NATSURL: "nats://127.0.0.1:4222", Poll: 250 * time.Millisecond,
+		StatesEvery: time.Second, Heartbeat: time.Second}
+}
+
+// Subjects, under a prefix naming the cluster (its database).
+const (
+	subjChanges = ".changes" // payload: the node's name; read the change log now
+	subjStates  = ".states"  // payload: a node's push summaries (JSON)
+)
+
+// gapWait is how long a hole in the change log's sequence numbers is
+// waited for: a transaction that took its number may commit after a later
+// one, or roll back and never fill it.
+const gapWait = 10 * time.Second
+
+// Node is one node of a cluster.
+type Node struct {
+	cfg   Config
+	st    contract.Cluster
+	fleet *fleet.Service
+	log   *slog.Logger
+	self  fleet.ClusterNode
+
+	nc     *nats.Conn
+	prefix string
+	wake   chan struct{}
+
+	// change log position (run goroutine only)
+	maxSeen int64
+	missing map[int64]time.Time
+
+	leader    atomic.Bool
+	natsUp    atomic.Bool
+	applied   atomic.Uint64 // change log entries applied
+	stateRecs atomic.Uint64 // other nodes' push summaries applied
+	lagNS     atomic.Int64  // commit-to-apply time of the last applied change
+	pollErr   atomic.Pointer[string]
+	lastPoll  atomic.Int64 // unix ns of the last successful poll
+
+	pmu     sync.Mutex
+	pending []summary // this node's pushes not yet published
+}
+
+// summary is one push as other nodes learn it.
+type summary struct {
+	ID  uint64 `json:"d"`
+	At  int64  `json:"t"` // unix ns
+	Seq uint64 `json:"s"`
+	Ver int64  `json:"v"`
+	Err string `json:"e,omitempty"`
+}
+
+// New prepares a node over st: it notes the change log's end, so that
+// what changes while the fleet loads is applied after. Call Run once the
+// fleet is loaded.
+func New(ctx context.Context, cfg Config, st contract.Cluster) (*Node, error) {
+	def := DefaultConfig()
+	if cfg.Node == "" {
+		cfg.Node = def.Node
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = def.Poll
+	}
+	if cfg.StatesEvery <= 0 {
+		cfg.StatesEvery = def.StatesEvery
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = def.Heartbeat
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	host, _ := os.Hostname()
+	n := &Node{cfg: cfg, st: st, log: cfg.Logger, wake: make(chan struct{}, 1), missing: map[int64]time.Time{},
+		self: fleet.ClusterNode{Name: cfg.Node, Host: host, PID: os.Getpid(), Address: cfg.Address, StartedAt: time.Now().UTC()}}
+	var err error
+	if n.maxSeen, err = st.LastChange(ctx); err != nil {
+		return nil, err
+	}
+	id, err := st.ClusterID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n.prefix = "drover.cluster." + id
+	if err := n.beat(ctx); err != nil {
+		return nil, err
+	}
+	st.OnChange(n.changed)
+	return n, nil
+}
+
+// Run connects to NATS and keeps the node in step until ctx ends; fl is
+// the loaded fleet.
+func (n *Node) Run(ctx context.Context, fl *fleet.Service) {
+	n.fleet = fl
+	n.connect()
+	defer func() {
+		if n.nc != nil {
+			n.nc.Close()
+		}
+		lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		n.st.Leave(lctx, n.cfg.Node)
+	}()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); n.follow(ctx) }()
+	go func() { defer wg.Done(); n.housekeep(ctx) }()
+	wg.Wait()
+}
+
+// connect opens the NATS connection; it keeps reconnecting by itself.
+func (n *Node) connect() {
+	if n.cfg.NATSURL == "" {
+		return
+	}
+	nc, err := nats.Connect(n.cfg.NATSURL, nats.Name("drover "+n.cfg.Node), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(2*time.Second),
+		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(2),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			n.natsUp.Store(false)
+			n.log.Warn("cluster: NATS connection lost; the database carries everything", "err", err)
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			n.natsUp.Store(true)
+			n.log.Info("cluster: NATS connection back")
+			n.nudge()
+		}),
+		nats.ConnectHandler(func(*nats.Conn) {
+			n.natsUp.Store(true)
+			n.log.Info("cluster: NATS connected", "url", n.cfg.NATSURL)
+		}))
+	if err != nil {
+		n.log.Warn("cluster: NATS unavailable; the database carries everything", "url", n.cfg.NATSURL, "err", err)
+		return
+	}
+	n.nc = nc
+	n.natsUp.Store(nc.IsConnected())
+	nc.Subscribe(n.prefix+subjChanges, func(m *nats.Msg) {
+		if string(m.Data) != n.cfg.Node {
+			n.nudge()
+		}
+	})
+	nc.Subscribe(n.prefix+subjStates, func(m *nats.Msg) {
+		var b struct {
+			Node string    `json:"n"`
+			S    []summary `json:"s"`
+		}
+		if json.Unmarshal(m.Data, &b) != nil || b.Node == n.cfg.Node {
+			return
+		}
+		n.applyStates(b.S)
+	})
+}
+
+// changed runs after a local commit that wrote change log rows.
+func (n *Node) changed() {
+	if n.nc != nil && n.natsUp.Load() {
+		n.nc.Publish(n.prefix+subjChanges, []byte(n.cfg.Node))
+	}
+}
+
+func (n *Node) nudge() {
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+// follow applies the change log: at every NATS nudge, and every Poll.
+func (n *Node) follow(ctx context.Context) {
+	t := time.NewTicker(n.cfg.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-n.wake:
+		}
+		if err := n.poll(ctx); err != nil && ctx.Err() == nil {
+			msg := err.Error()
+			if n.pollErr.Swap(&msg) == nil {
+				n.log.Error("cluster: reading the change log failed", "err", err)
+			}
+			continue
+		}
+		if n.pollErr.Swap(nil) != nil {
+			n.log.Info("cluster: change log read again")
+		}
+		n.lastPoll.Store(time.Now().UnixNano())
+	}
+}
+
+// poll reads the change log past the last entry seen, and the holes
+// before it, and applies what other nodes changed.
+func (n *Node) poll(ctx context.Context) error {
+	now := time.Now()
+	holes := make([]int64, 0, len(n.missing))
+	for seq, since := range n.missing {
+		if now.Sub(since) > gapWait {
+			delete(n.missing, seq)
+		} else {
+			holes = append(holes, seq)
+		}
+	}
+	for {
+		cs, err := n.st.ChangesAfter(ctx, n.maxSeen, holes, 1000)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if c.Node != n.cfg.Node {
+				if err := n.fleet.ApplyChange(ctx, c); err != nil {
+					return err
+				}
+				n.applied.Add(1)
+				n.lagNS.Store(int64(time.Since(c.At)))
+			}
+			if c.Seq > n.maxSeen {
+				for s := n.maxSeen + 1; s < c.Seq && len(n.missing) < 100000; s++ {
+					n.missing[s] = now
+				}
+				n.maxSeen = c.Seq
+			} else {
+				delete(n.missing, c.Seq)
+			}
+		}
+		if len(cs) < 1000 {
+			return nil
+		}
+		holes = holes[:0]
+	}
+}
+
+// housekeep beats the heartbeat, takes or keeps the leadership, publishes
+// this node's pushes and reads other nodes' from the database while NATS
+// cannot bring them.
+func (n *Node) housekeep(ctx context.Context) {
+	pub := time.NewTicker(500 * time.Millisecond)
+	defer pub.Stop()
+	beat := time.NewTicker(n.cfg.Heartbeat)
+	defer beat.Stop()
+	states := time.NewTicker(n.cfg.StatesEvery)
+	defer states.Stop()
+	// Pushes are read back from the database with this much overlap:
+	// write-back commits them later than they happened.
+	const overlap = 10 * time.Second
+	scanned := time.Now().Add(-overlap)
+	rare := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-pub.C:
+			n.publish()
+		case <-beat.C:
+			if err := n.beat(ctx); err != nil && ctx.Err() == nil {
+				n.log.Warn("cluster: heartbeat failed", "err", err)
+			}
+			lead, err := n.st.TryLeader(ctx)
+			if err != nil && ctx.Err() == nil {
+				n.log.Warn("cluster: leader lock", "err", err)
+			}
+			if n.leader.Swap(lead) != lead {
+				n.log.Info("cluster: leadership", "leader", lead)
+			}
+			if lead {
+				if _, err := n.st.PruneChanges(ctx, time.Now().Add(-time.Hour)); err != nil && ctx.Err() == nil {
+					n.log.Warn("cluster: change log prune failed", "err", err)
+				}
+			}
+		case <-states.C:
+			if rare++; n.natsUp.Load() && rare%10 != 0 {
+				continue
+			}
+			start := time.Now()
+			recs, err := n.st.StatesSince(ctx, scanned.Add(-overlap))
+			if err != nil {
+				if ctx.Err() == nil {
+					n.log.Warn("cluster: reading pushes failed", "err", err)
+				}
+				continue
+			}
+			scanned = start
+			n.stateRecs.Add(uint64(n.fleet.ApplyStates(recs)))
+		}
+	}
+}
+
+func (n *Node) beat(ctx context.Context) error {
+	n.self.Heartbeat = time.Now().UTC()
+	return n.st.Heartbeat(ctx, n.self)
+}
+
+// OnPush notes a push this node took, for the next publication; chain it
+// into fleet.Options.OnPush.
+func (n *Node) OnPush(ev fleet.PushEvent) {
+	if n.nc == nil {
+		return
+	}
+	n.pmu.Lock()
+	if len(n.pending) < 100000 {
+		n.pending = append(n.pending, summary{ID: ev.DeviceID, At: ev.At.UnixNano(), Seq: ev.Seq, Ver: ev.ConfigVersion, Err: ev.ConfigError})
+	}
+	n.pmu.Unlock()
+}
+
+// publish sends the pushes noted since the last time, in messages of at
+// most 2000 (NATS's default payload limit is 1 MiB).
+func (n *Node) publish() {
+	n.pmu.Lock()
+	p := n.pending
+	n.pending = nil
+	n.pmu.Unlock()
+	if len(p) == 0 || !n.natsUp.Load() {
+		return // the others read them from the database meanwhile
+	}
+	for len(p) > 0 {
+		k := min(len(p), 2000)
+		b, _ := json.Marshal(struct {
+			Node string    `json:"n"`
+			S    []summary `json:"s"`
+		}{n.cfg.Node, p[:k]})
+		n.nc.Publish(n.prefix+subjStates, b)
+		p = p[k:]
+	}
+}
+
+func (n *Node) applyStates(s []summary) {
+	if n.fleet == nil {
+		return
+	}
+	recs := make([]fleet.StateRecord, len(s))
+	for i, v := range s {
+		recs[i] = fleet.StateRecord{DeviceID: v.ID, LastSeen: time.Unix(0, v.At), Seq: v.Seq, AppliedVersion: v.Ver, ConfigError: v.Err}
+	}
+	n.stateRecs.Add(uint64(n.fleet.ApplyStates(recs)))
+}
+
+// Status is a node's view of the cluster, for readiness and metrics.
+type Status struct {
+	Node         string `json:"node"`
+	Leader       bool   `json:"leader"`
+	NATS         bool   `json:"nats"`           // connected
+	ChangeLogErr string `json:"change_log_err"` // the last read's failure, "" when it works
+	// Applied counts change log entries applied; States other nodes' push
+	// summaries taken; Lag is the last applied change's age when applied.
+	Applied uint64        `json:"applied"`
+	States  uint64        `json:"states"`
+	Lag     time.Duration `json:"lag_ns"`
+}
+
+// Status returns the node's status.
+func (n *Node) Status() Status {
+	st := Status{Node: n.cfg.Node, Leader: n.leader.Load(), NATS: n.natsUp.Load(), Applied: n.applied.Load(),
+		States: n.stateRecs.Load(), Lag: time.Duration(n.lagNS.Load())}
+	if e := n.pollErr.Load(); e != nil {
+		st.ChangeLogErr = *e
+	}
+	return st
+}
+
+// Leader says whether this node leads (runs the alert checks).
+func (n *Node) Leader() bool { return n.leader.Load() }
+
+// Nodes lists the cluster's nodes as recorded.
+func (n *Node) Nodes(ctx context.Context) ([]fleet.ClusterNode, error) { return n.st.Nodes(ctx) }
+
+// ErrNoNATS is the readiness detail of a node without NATS.
+var ErrNoNATS = errors.New("NATS unreachable: changes travel through the database (slower, still correct)")

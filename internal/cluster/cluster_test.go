@@ -1,0 +1,534 @@
+package cluster_test
+
+// These tests run real `drover serve --cluster` processes on one throwaway
+// PostgreSQL and one throwaway nats-server, on loopback ports, and check
+// what docs/cluster.md promises.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/store/dbtest"
+)
+
+var (
+	droverBin string
+	pg        *dbtest.Server
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "drover-clustertest")
+	if err != nil {
+		panic(err)
+	}
+	droverBin = filepath.Join(dir, "drover")
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	build := exec.Command(gobin, "build", "-o", droverBin, "github.com/drover/drover/cmd/drover")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building drover:", err)
+		os.Exit(1)
+	}
+	code := dbtest.Main(m, map[dbtest.Kind]**dbtest.Server{dbtest.Postgres: &pg})
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	secret     = "cluster-enroll"
+	adminToken = "cluster-admin-token"
+)
+
+// natsServer is a throwaway nats-server.
+type natsServer struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+}
+
+func startNATS(t *testing.T) *natsServer {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		bin = "/usr/sbin/nats-server"
+		if _, err := os.Stat(bin); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatal("nats-server not installed (Debian package nats-server)")
+			}
+			t.Skip("nats-server not installed (Debian package nats-server; scripts/test.sh installs it)")
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &natsServer{t: t, port: ln.Addr().(*net.TCPAddr).Port}
+	ln.Close()
+	n.cmd = exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(n.port))
+	n.start()
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *natsServer) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
+
+func (n *natsServer) start() {
+	n.t.Helper()
+	if n.cmd.Process != nil {
+		n.cmd = exec.Command(n.cmd.Path, n.cmd.Args[1:]...)
+	}
+	if err := n.cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	for range 100 {
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.port)); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n.t.Fatal("nats-server did not listen")
+}
+
+func (n *natsServer) stop() {
+	if n.cmd.Process != nil && n.cmd.ProcessState == nil {
+		n.cmd.Process.Kill()
+		n.cmd.Wait()
+	}
+}
+
+// node is a running `drover serve --cluster`.
+type node struct {
+	t      *testing.T
+	name   string
+	cmd    *exec.Cmd
+	base   string
+	client *http.Client
+	log    *bytes.Buffer
+	logMu  *sync.Mutex
+	exited chan error
+}
+
+var listening = regexp.MustCompile(`msg=listening proto=http addr=(\S+)`)
+
+func startNode(t *testing.T, name, dsn, natsURL string, extra ...string) *node {
+	t.Helper()
+	args := append([]string{"serve", "--cluster", "--node-name", name, "--nats-url", natsURL, "--db", dsn,
+		"--data-dir", t.TempDir(), "--listen", "", "--http-listen", "127.0.0.1:0", "--log-level", "debug",
+		"--enrollment-secret", secret, "--admin-token", adminToken, "--push-interval", "60",
+		"--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0"}, extra...)
+	cmd := exec.Command(droverBin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, name: name, cmd: cmd, log: &bytes.Buffer{}, logMu: &sync.Mutex{}, exited: make(chan error, 1),
+		client: &http.Client{Timeout: 30 * time.Second}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			n.logMu.Lock()
+			n.log.WriteString(sc.Text() + "\n")
+			n.logMu.Unlock()
+			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+	}()
+	go func() { n.exited <- cmd.Wait() }()
+	select {
+	case a := <-addr:
+		n.base = "http://" + a
+	case err := <-n.exited:
+		time.Sleep(100 * time.Millisecond)
+		t.Fatalf("node %s exited early: %v\n%s", name, err, n.logs())
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("node %s did not listen within 60 s\n%s", name, n.logs())
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+		}
+		if t.Failed() {
+			t.Logf("node %s log:\n%s", name, tail(n.logs()))
+		}
+	})
+	return n
+}
+
+func (n *node) logs() string {
+	n.logMu.Lock()
+	defer n.logMu.Unlock()
+	return n.log.String()
+}
+
+func tail(s string) string {
+	if len(s) > 6000 {
+		return "…" + s[len(s)-6000:]
+	}
+	return s
+}
+
+func (n *node) do(method, path, token, body string) (int, []byte) {
+	n.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, n.base+path, rd)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := n.client.Do(req)
+	if err != nil {
+		n.t.Fatalf("%s %s on %s: %v", method, path, n.name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+type registration struct {
+	DeviceID  string `json:"device_id"`
+	Token     string `json:"token"`
+	DeviceKey string `json:"device_key"`
+}
+
+func (n *node) register(machine, key string) (int, registration) {
+	n.t.Helper()
+	body := fmt.Sprintf(`{"machine_id":%q,"device_type":"ICR-3241","firmware":"6.3.5","enrollment_secret":%q}`, machine, secret)
+	if key != "" {
+		body = fmt.Sprintf(`{"machine_id":%q,"device_type":"ICR-3241","firmware":"6.3.5","device_key":%q}`, machine, key)
+	}
+	st, b := n.do("POST", "/api/v1/register", "", body)
+	var r registration
+	if st == 200 {
+		if err := json.Unmarshal(b, &r); err != nil {
+			n.t.Fatalf("register answer %s: %v", b, err)
+		}
+	}
+	return st, r
+}
+
+func (n *node) mustRegister(machine string) registration {
+	n.t.Helper()
+	st, r := n.register(machine, "")
+	if st != 200 || r.Token == "" {
+		n.t.Fatalf("register %s on %s: %d", machine, n.name, st)
+	}
+	return r
+}
+
+var seq = map[string]int{}
+var seqMu sync.Mutex
+
+func (n *node) push(token string) (int, []byte) {
+	n.t.Helper()
+	seqMu.Lock()
+	seq[token]++
+	s := seq[token]
+	seqMu.Unlock()
+	return n.do("POST", "/api/v1/push", token, fmt.Sprintf(`{"seq":%d,"config_version":0,"state":{"uptime":%d}}`, s, 100+s))
+}
+
+func (n *node) metric(name string) float64 {
+	n.t.Helper()
+	_, b := n.do("GET", "/metrics", adminToken, "")
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, _ := strconv.ParseFloat(rest, 64)
+			return v
+		}
+	}
+	n.t.Fatalf("no metric %s on %s", name, n.name)
+	return 0
+}
+
+// within polls cond every 20 ms and returns how long it took to hold, or
+// fails after limit.
+func within(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// converge is the bound of the issue: a change made on one node holds on
+// every node within 1 s.
+const converge = time.Second
+
+func TestCluster(t *testing.T) {
+	srv := dbtest.Need(t, dbtest.Postgres, pg)
+	dsn := srv.NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url())
+	b := startNode(t, "b", dsn, nats.url())
+
+	t.Run("register on A, push on B", func(t *testing.T) {
+		r := a.mustRegister("m-ab")
+		if st, body := b.push(r.Token); st != 200 {
+			t.Fatalf("push on B right after registering on A: %d %s", st, body)
+		}
+	})
+
+	// reregisterRevokes re-registers a device on B and wants its old token
+	// refused on A within the bound.
+	reregisterRevokes := func(t *testing.T, machine string) {
+		r := a.mustRegister(machine)
+		if st, _ := a.push(r.Token); st != 200 {
+			t.Fatalf("push on A: %d", st)
+		}
+		st, r2 := b.register(machine, r.DeviceKey)
+		if st != 200 || r2.Token == "" || r2.DeviceID != r.DeviceID {
+			t.Fatalf("re-register on B: %d %+v", st, r2)
+		}
+		took := within(t, converge, "old token refused on A", func() bool {
+			st, _ := a.push(r.Token)
+			return st == 401
+		})
+		t.Logf("old token refused on A %v after the re-registration on B", took)
+		for _, n := range []*node{a, b} {
+			if st, body := n.push(r2.Token); st != 200 {
+				t.Fatalf("new token on %s: %d %s", n.name, st, body)
+			}
+			if st, _ := n.push(r.Token); st != 401 {
+				t.Fatalf("old token on %s: %d", n.name, st)
+			}
+		}
+	}
+	t.Run("re-registration revokes the old token everywhere", func(t *testing.T) { reregisterRevokes(t, "m-rereg") })
+
+	t.Run("profile change reaches every node", func(t *testing.T) {
+		a.mustRegister("m-prof")
+		st, body := a.do("GET", "/api/v1/profiles", adminToken, "")
+		var ps struct {
+			Profiles []struct {
+				ID uint64 `json:"id"`
+			} `json:"profiles"`
+		}
+		if st != 200 || json.Unmarshal(body, &ps) != nil || len(ps.Profiles) == 0 {
+			t.Fatalf("profiles: %d %s", st, body)
+		}
+		id := ps.Profiles[0].ID
+		st, body = a.do("PATCH", fmt.Sprintf("/api/v1/profiles/%d", id), adminToken, `{"config":{"ntp":"pool.example"}}`)
+		var p struct {
+			Version int64 `json:"version"`
+		}
+		if st != 200 || json.Unmarshal(body, &p) != nil {
+			t.Fatalf("profile change: %d %s", st, body)
+		}
+		took := within(t, converge, "profile version on B", func() bool {
+			st, body := b.do("GET", fmt.Sprintf("/api/v1/profiles/%d", id), adminToken, "")
+			var q struct {
+				Version int64           `json:"version"`
+				Config  json.RawMessage `json:"config"`
+			}
+			return st == 200 && json.Unmarshal(body, &q) == nil && q.Version == p.Version && strings.Contains(string(q.Config), "pool.example")
+		})
+		t.Logf("profile change visible on B %v after A answered", took)
+	})
+
+	t.Run("one machine ID registered on A and B at once gets one device ID", func(t *testing.T) {
+		for i := range 10 {
+			machine := fmt.Sprintf("m-race-%d", i)
+			var wg sync.WaitGroup
+			var ids [2]string
+			var sts [2]int
+			for j, n := range []*node{a, b} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					body := fmt.Sprintf(`{"machine_id":%q,"device_type":"ICR-3241","firmware":"6.3.5","enrollment_secret":%q}`, machine, secret)
+					st, b := n.do("POST", "/api/v1/register", "", body)
+					var r registration
+					json.Unmarshal(b, &r)
+					sts[j], ids[j] = st, r.DeviceID
+				}()
+			}
+			wg.Wait()
+			if sts[0] != 200 && sts[1] != 200 {
+				t.Fatalf("%s: neither registration succeeded: %v", machine, sts)
+			}
+			if ids[0] != "" && ids[1] != "" && ids[0] != ids[1] {
+				t.Fatalf("%s: two device IDs %v", machine, ids)
+			}
+		}
+	})
+
+	t.Run("IDs never collide under concurrent registration", func(t *testing.T) {
+		c := startNode(t, "c", dsn, nats.url())
+		nodes := []*node{a, b, c}
+		var mu sync.Mutex
+		seen := map[string]string{}
+		var wg sync.WaitGroup
+		for i := range 3 * 40 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n := nodes[i%3]
+				machine := fmt.Sprintf("m-many-%d", i)
+				r := n.mustRegister(machine)
+				mu.Lock()
+				defer mu.Unlock()
+				if other, dup := seen[r.DeviceID]; dup {
+					t.Errorf("device ID %s given to %s and %s", r.DeviceID, other, machine)
+				}
+				seen[r.DeviceID] = machine
+			}()
+		}
+		wg.Wait()
+		st, body := c.do("GET", "/api/v1/cluster", adminToken, "")
+		var v struct {
+			Alive int `json:"alive"`
+		}
+		if st != 200 || json.Unmarshal(body, &v) != nil || v.Alive != 3 {
+			t.Fatalf("cluster view: %d %s", st, body)
+		}
+	})
+
+	t.Run("liveness of other nodes' devices", func(t *testing.T) {
+		r := a.mustRegister("m-live")
+		if st, _ := a.push(r.Token); st != 200 {
+			t.Fatal("push")
+		}
+		within(t, 3*time.Second, "B sees the push", func() bool {
+			st, body := b.do("GET", "/api/v1/devices/"+r.DeviceID, adminToken, "")
+			var d struct {
+				Liveness string `json:"liveness"`
+			}
+			return st == 200 && json.Unmarshal(body, &d) == nil && d.Liveness == "online"
+		})
+	})
+
+	t.Run("dashboard sessions work across nodes", func(t *testing.T) {
+		jar, _ := cookiejar.New(nil)
+		cl := &http.Client{Jar: jar, Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		get := func(n *node, path string) (int, string) {
+			resp, err := cl.Get(n.base + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		if st, _ := get(a, "/ui/login"); st != 200 {
+			t.Fatal("login page")
+		}
+		ua, _ := url.Parse(a.base + "/ui/")
+		ub, _ := url.Parse(b.base + "/ui/")
+		cookie := func(u *url.URL, name string) *http.Cookie {
+			for _, c := range jar.Cookies(u) {
+				if c.Name == name {
+					return c
+				}
+			}
+			return nil
+		}
+		login := cookie(ua, "drover_login")
+		if login == nil {
+			t.Fatal("no login cookie")
+		}
+		resp, err := cl.PostForm(a.base+"/ui/login", url.Values{"csrf": {login.Value}, "password": {adminToken}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		session := cookie(ua, "drover_session")
+		if resp.StatusCode != http.StatusSeeOther || session == nil {
+			t.Fatalf("login: %d", resp.StatusCode)
+		}
+		// As behind a balancer, the browser sends the cookie to every node.
+		jar.SetCookies(ub, []*http.Cookie{session})
+		for _, n := range []*node{b, a, b} {
+			if st, _ := get(n, "/ui/"); st != 200 {
+				t.Fatalf("dashboard on %s with the session made on A: %d", n.name, st)
+			}
+		}
+		// Logging out on B ends the session on A, which has it cached.
+		_, page := get(b, "/ui/")
+		m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(page)
+		if m == nil {
+			t.Fatal("no csrf field on the dashboard")
+		}
+		req, _ := http.NewRequest("POST", b.base+"/ui/logout", strings.NewReader(url.Values{"csrf": {m[1]}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if resp, err := cl.Do(req); err != nil || resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("logout on B: %v %v", err, resp)
+		}
+		jar.SetCookies(ua, []*http.Cookie{session})
+		if st, _ := get(a, "/ui/"); st != http.StatusSeeOther {
+			t.Fatalf("dashboard on A after logging out on B: %d, want a redirect to the login", st)
+		}
+	})
+
+	t.Run("without NATS", func(t *testing.T) {
+		nats.stop()
+		within(t, 10*time.Second, "readyz says degraded", func() bool {
+			st, body := a.do("GET", "/readyz", "", "")
+			return st == 200 && strings.Contains(string(body), "degraded")
+		})
+		if v := a.metric("drover_cluster_nats_up"); v != 0 {
+			t.Fatalf("drover_cluster_nats_up = %v with NATS down", v)
+		}
+		reregisterRevokes(t, "m-rereg-nonats")
+		r := b.mustRegister("m-nonats")
+		if st, _ := a.push(r.Token); st != 200 {
+			t.Fatal("push on A of a device registered on B without NATS")
+		}
+		nats.start()
+		within(t, 10*time.Second, "NATS back", func() bool { return a.metric("drover_cluster_nats_up") == 1 })
+		if st, body := a.do("GET", "/readyz", "", ""); st != 200 || strings.Contains(string(body), "degraded") {
+			t.Fatalf("readyz after NATS came back: %d %s", st, body)
+		}
+	})
+}
+
+func TestClusterRefusesOtherBackends(t *testing.T) {
+	for _, dsn := range []string{"sqlite:" + filepath.Join(t.TempDir(), "x.db"), "mysql://root@tcp(127.0.0.1:1)/x"} {
+		out, err := exec.CommandContext(context.Background(), droverBin, "serve", "--cluster", "--db", dsn,
+			"--data-dir", t.TempDir()).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "PostgreSQL") {
+			t.Fatalf("--cluster on %s: %v %s", dsn, err, out)
+		}
+	}
+}

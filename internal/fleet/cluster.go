@@ -1,0 +1,300 @@
+package fleet
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ClusterStore is what the fleet needs from a database that several
+// servers share (cluster mode, docs/cluster.md): IDs the database hands
+// out, registrations it settles, and single rows read back when another
+// node changed them. With Options.Cluster set, the fleet's memory is a
+// cache of the database, refreshed through ApplyChange.
+type ClusterStore interface {
+	// NextDeviceID hands out a device ID no node has used.
+	NextDeviceID(ctx context.Context) (uint64, error)
+	// ClaimDevice stores a new device and its trust record unless its
+	// machine ID is stored already (then won is false and nothing is
+	// written). The database's unique machine ID settles races.
+	ClaimDevice(ctx context.Context, rec DeviceRecord, tr TrustRecord) (won bool, err error)
+	// ClaimProfile stores p under a new ID unless a profile for its type and
+	// firmware exists; it returns the stored one either way.
+	ClaimProfile(ctx context.Context, p Profile) (Profile, error)
+	// ReadDevice reads one device with its trust record; ok is false when
+	// it is not stored (never registered, or deleted).
+	ReadDevice(ctx context.Context, id uint64) (rec DeviceRecord, tr TrustRecord, ok bool, err error)
+	// DeviceIDOf finds a machine ID's device.
+	DeviceIDOf(ctx context.Context, machineID string) (uint64, bool, error)
+	// ReadProfile reads one profile; ProfileOf the one of a device type
+	// and firmware.
+	ReadProfile(ctx context.Context, id uint64) (Profile, bool, error)
+	ProfileOf(ctx context.Context, deviceType, firmware string) (Profile, bool, error)
+}
+
+// ChangeKind says what a change log entry names.
+type ChangeKind uint8
+
+// Change kinds.
+const (
+	ChangeDevice  ChangeKind = 1 // identity, token, trust or deletion
+	ChangeProfile ChangeKind = 2
+)
+
+// Change is one entry of a cluster's change log: something a commit
+// changed, to be read back by every node.
+type Change struct {
+	Seq  int64
+	Kind ChangeKind
+	ID   uint64
+	Node string
+	At   time.Time
+}
+
+// ClusterNode is a server of a cluster as recorded in the database.
+type ClusterNode struct {
+	Name      string    `json:"name"`
+	Host      string    `json:"host"`
+	PID       int       `json:"pid"`
+	Address   string    `json:"address,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	Heartbeat time.Time `json:"heartbeat"`
+}
+
+// ApplyChange reads back what a change names and replaces the memory's
+// copy; the database is the truth.
+func (s *Service) ApplyChange(ctx context.Context, c Change) error {
+	switch c.Kind {
+	case ChangeDevice:
+		return s.refreshDevice(ctx, c.ID)
+	case ChangeProfile:
+		return s.refreshProfile(ctx, c.ID)
+	}
+	return nil
+}
+
+// refreshDevice replaces device id in memory with the stored one (adds it,
+// or drops it when it is no longer stored).
+func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
+	cs := s.opts.Cluster
+	if cs == nil {
+		return nil
+	}
+	rec, tr, ok, err := cs.ReadDevice(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if d := s.get(id); d != nil {
+			s.forget(d)
+		}
+		return nil
+	}
+	key := profileKey{rec.DeviceType, rec.Firmware}
+	if rec.State.Firmware != "" {
+		key.firmware = rec.State.Firmware
+	}
+	pe, err := s.clusterProfile(ctx, key)
+	if err != nil {
+		return err
+	}
+	s.regMu.Lock()
+	deviceType, model, firmware := s.intern(rec.DeviceType), s.intern(rec.Model), s.intern(key.firmware)
+	d := s.get(id)
+	if d == nil {
+		d = &device{id: id, registeredAt: rec.RegisteredAt.Unix()}
+		d.setIDs(rec.MachineID, rec.Serial)
+		s.devMu.Lock()
+		for uint64(len(s.devices)) <= id {
+			s.devices = append(s.devices, nil)
+		}
+		s.devices[id] = d
+		s.devMu.Unlock()
+		s.machineIDs[d.machineID()] = id
+	}
+	s.regMu.Unlock()
+	d.mu.Lock()
+	d.deviceType, d.model, d.firmware = deviceType, model, firmware
+	if d.serial() != rec.Serial {
+		d.setIDs(d.machineID(), rec.Serial)
+	}
+	clear(d.tokenHash[:])
+	copy(d.tokenHash[:], rec.TokenHash)
+	if ls := rec.State.LastSeen.UnixNano(); !rec.State.LastSeen.IsZero() && ls > d.lastSeen {
+		d.lastSeen, d.seq, d.appliedVersion, d.configError = ls, rec.State.Seq, rec.State.AppliedVersion, rec.State.ConfigError
+	}
+	d.admission = tr.Admission
+	clear(d.keyHash[:])
+	copy(d.keyHash[:], tr.KeyHash)
+	d.request = nil
+	if rq := tr.Request; rq != nil {
+		d.request = &enrollRequest{at: rq.At.UnixNano(), from: rq.From, approved: rq.Approved}
+		copy(d.request.keyHash[:], rq.KeyHash)
+	}
+	d.unacked = false
+	adopt(d, pe)
+	d.mu.Unlock()
+	return nil
+}
+
+// forget drops a device another node deleted from memory.
+func (s *Service) forget(d *device) {
+	s.regMu.Lock()
+	if s.machineIDs[d.machineID()] == d.id {
+		delete(s.machineIDs, d.machineID())
+	}
+	s.regMu.Unlock()
+	s.devMu.Lock()
+	if d.id < uint64(len(s.devices)) && s.devices[d.id] == d {
+		s.devices[d.id] = nil
+	}
+	s.devMu.Unlock()
+	d.mu.Lock()
+	adopt(d, nil)
+	d.tokenHash = [32]byte{}
+	d.mu.Unlock()
+}
+
+// clusterProfile is loadProfile for a device another node stored: its
+// profile may be one this node has not seen yet.
+func (s *Service) clusterProfile(ctx context.Context, key profileKey) (*profileEntry, error) {
+	ps := s.profiles
+	ps.mu.Lock()
+	_, own := ps.byKey[key]
+	_, linked := ps.links[key]
+	ps.mu.Unlock()
+	if !own && !linked {
+		p, ok, err := s.opts.Cluster.ProfileOf(ctx, key.deviceType, key.firmware)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			s.adoptProfile(p)
+		}
+	}
+	return s.loadProfile(ctx, key)
+}
+
+// refreshProfile replaces profile id in memory with the stored one.
+func (s *Service) refreshProfile(ctx context.Context, id uint64) error {
+	p, ok, err := s.opts.Cluster.ReadProfile(ctx, id)
+	if err != nil || !ok {
+		return err
+	}
+	s.adoptProfile(p)
+	return nil
+}
+
+// adoptProfile puts a stored profile into memory, replacing this node's
+// copy; it returns the entry.
+func (s *Service) adoptProfile(p Profile) *profileEntry {
+	ps := s.profiles
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if e, ok := ps.byID[p.ID]; ok {
+		if cur := e.get(); cur == nil || cur.Version != p.Version || cur.PushInterval != p.PushInterval || !p.UpdatedAt.Before(cur.UpdatedAt) {
+			e.p.Store(&p)
+		}
+		return e
+	}
+	key := profileKey{p.DeviceType, p.Firmware}
+	if e, ok := ps.byKey[key]; ok {
+		return e // being created here; the claim gives it this ID
+	}
+	e := &profileEntry{ready: make(chan struct{})}
+	e.p.Store(&p)
+	close(e.ready)
+	ps.byKey[key] = e
+	ps.byID[p.ID] = e
+	ps.created[p.DeviceType] = append(ps.created[p.DeviceType], p.CreatedAt.UnixNano())
+	return e
+}
+
+// ApplyStates takes other nodes' pushes (device, last seen, sequence,
+// applied version, config error) into memory, so that liveness and sync
+// state cover the whole fleet; older ones than memory's are skipped.
+func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
+	for i := range recs {
+		r := &recs[i]
+		d := s.get(r.DeviceID)
+		if d == nil || r.LastSeen.IsZero() {
+			continue
+		}
+		ns := r.LastSeen.UnixNano()
+		d.mu.Lock()
+		if ns > d.lastSeen {
+			d.lastSeen, d.seq, d.appliedVersion = ns, r.Seq, r.AppliedVersion
+			if d.configError != r.ConfigError {
+				d.configError = strings.Clone(r.ConfigError)
+			}
+			applied++
+		}
+		d.mu.Unlock()
+	}
+	return applied
+}
+
+// checkStored is the cluster's second look at a push's token that memory
+// refused: the device may have registered, or re-registered, on another
+// node a moment ago. It reads the device back and says whether the token
+// is now the device's.
+func (s *Service) checkStored(ctx context.Context, token string) bool {
+	if s.opts.Cluster == nil {
+		return false
+	}
+	dot := strings.IndexByte(token, '.')
+	if dot <= 0 {
+		return false
+	}
+	id, err := strconv.ParseUint(token[:dot], 10, 64)
+	if err != nil {
+		return false
+	}
+	if err := s.refreshDevice(ctx, id); err != nil {
+		s.log.Warn("cluster: reading a device back failed", "device_id", id, "err", err)
+		return false
+	}
+	d := s.get(id)
+	if d == nil {
+		return false
+	}
+	hash := sha256.Sum256([]byte(token))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return hashEq(hash, d.tokenHash)
+}
+
+// claimLost handles a registration that another node won: the device is
+// read back, so that the registration starts over as a re-registration.
+func (s *Service) claimLost(ctx context.Context, machineID string) error {
+	id, ok, err := s.opts.Cluster.DeviceIDOf(ctx, machineID)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("cluster: device %q neither stored nor storable", machineID)
+	}
+	return s.refreshDevice(ctx, id)
+}
+
+// storedElsewhere, in cluster mode, reads back a machine ID this node does
+// not know that another node registered; it says whether it did.
+func (s *Service) storedElsewhere(ctx context.Context, machineID string) (bool, error) {
+	if s.opts.Cluster == nil {
+		return false, nil
+	}
+	id, ok, err := s.opts.Cluster.DeviceIDOf(ctx, machineID)
+	if err != nil || !ok {
+		return false, err
+	}
+	if err := s.refreshDevice(ctx, id); err != nil {
+		return false, err
+	}
+	s.regMu.Lock()
+	_, known := s.machineIDs[machineID]
+	s.regMu.Unlock()
+	return known, nil
+}
