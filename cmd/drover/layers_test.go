@@ -45,6 +45,7 @@ func TestImportLayers(t *testing.T) {
 		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert", "internal/render", "internal/web/sessions"},
 		"internal/web/sessions":      {},
 		"internal/store/contract":    {"internal/fleet", "internal/alert", "internal/web/sessions"},
+		"internal/cluster":           {"internal/fleet", "internal/store/contract", "internal/protocol", "internal/alert", "internal/web/sessions"},
 		"cmd/internal/command":       {},
 		"cmd/internal/agentcmd":      {"cmd/internal/command", "internal/agent"},
 		"cmd/drover-agent":           {"cmd/internal/command", "cmd/internal/agentcmd"},
