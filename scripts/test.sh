@@ -29,6 +29,12 @@ command -v chromium >/dev/null || need+=(chromium)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v podman >/dev/null || need+=(podman)
 command -v systemd-analyze >/dev/null || need+=(systemd)
+# internal/clustertest: nodes in network namespaces (ip, setpriv) behind
+# HAProxy, with a throwaway NATS; deploy/: haproxy -c checks its config.
+[ -x /usr/sbin/haproxy ] || need+=(haproxy)
+[ -x /usr/sbin/nats-server ] || need+=(nats-server)
+command -v ip >/dev/null || [ -x /usr/sbin/ip ] || need+=(iproute2)
+command -v setpriv >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing: ${need[*]}" >&2

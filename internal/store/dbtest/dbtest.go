@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -50,9 +51,11 @@ type Server struct {
 	Kind Kind
 	Port int
 	Dir  string // data directory and unix socket live here
+	Host string // the address DSN names: 127.0.0.1, or Options.Host
 
 	bin   string // postgres or mariadbd
 	args  []string
+	wrap  []string // command prefix of the server process
 	cred  *syscall.Credential
 	mu    sync.Mutex
 	cmd   *exec.Cmd
@@ -64,12 +67,29 @@ type Server struct {
 func Start(kind Kind) (*Server, error) {
 	switch kind {
 	case Postgres:
-		return startPostgres()
+		return startPostgres(Options{})
 	case MariaDB:
 		return startMariaDB()
 	}
 	return nil, fmt.Errorf("dbtest: unknown kind %q", kind)
 }
+
+// Options adjust a PostgreSQL server started by StartPostgres.
+type Options struct {
+	// Host is an address of this machine the server listens on too, and
+	// the one DSN names: e.g. a bridge address that network namespaces
+	// reach (internal/clustertest). "": loopback only.
+	Host string
+	// Clients is the CIDR prefix allowed to connect to Host with the
+	// password (a pg_hba.conf line), e.g. "10.77.0.0/24".
+	Clients string
+	// Wrap runs the server process under this command, e.g. ip netns exec
+	// NS (which execs it: the process keeps the PID).
+	Wrap []string
+}
+
+// StartPostgres starts a PostgreSQL server with o.
+func StartPostgres(o Options) (*Server, error) { return startPostgres(o) }
 
 // Main is a TestMain body: it starts one server of each kind wanted (at
 // once) into the pointers given, runs the tests and stops the servers.
@@ -215,6 +235,17 @@ func (s *Server) startProcess(ping func(context.Context) error) error {
 	}
 	defer log.Close()
 	cmd := s.command(s.bin, s.args...)
+	if len(s.wrap) > 0 {
+		// The wrapper needs root (setns); setpriv then drops to the
+		// server's account. Both exec: the server keeps the PID.
+		argv := slices.Clone(s.wrap)
+		if s.cred != nil {
+			argv = append(argv, "setpriv", fmt.Sprintf("--reuid=%d", s.cred.Uid), fmt.Sprintf("--regid=%d", s.cred.Gid), "--clear-groups")
+		}
+		cmd = exec.Command(argv[0], append(append(argv[1:], s.bin), s.args...)...)
+		cmd.Dir = s.Dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return err
@@ -242,6 +273,16 @@ func (s *Server) startProcess(ping func(context.Context) error) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// PID is the server process's ID (0 when stopped).
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
 }
 
 // LogTail returns the end of the server's log.
@@ -337,7 +378,7 @@ func (s *Server) NewDB(t testing.TB) string {
 // DSN is the Drover DSN of database (MariaDB) or schema (PostgreSQL) name.
 func (s *Server) DSN(name string) string {
 	if s.Kind == Postgres {
-		return fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/drover?sslmode=disable&search_path=%s", User, Password, s.Port, name)
+		return fmt.Sprintf("postgres://%s:%s@%s/drover?sslmode=disable&search_path=%s", User, Password, net.JoinHostPort(s.Host, strconv.Itoa(s.Port)), name)
 	}
 	return fmt.Sprintf("mysql://%s:%s@tcp(127.0.0.1:%d)/%s", User, Password, s.Port, name)
 }
@@ -366,7 +407,7 @@ func postgresBin() (string, error) {
 	return best, nil
 }
 
-func startPostgres() (*Server, error) {
+func startPostgres(o Options) (*Server, error) {
 	bin, err := postgresBin()
 	if err != nil {
 		return nil, err
@@ -379,7 +420,7 @@ func startPostgres() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Kind: Postgres, Dir: dir, cred: cred, bin: filepath.Join(bin, "postgres")}
+	s := &Server{Kind: Postgres, Dir: dir, cred: cred, bin: filepath.Join(bin, "postgres"), Host: "127.0.0.1", wrap: o.Wrap}
 	fail := func(err error) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err
@@ -398,10 +439,25 @@ func startPostgres() (*Server, error) {
 	if s.Port, err = freePort(); err != nil {
 		return fail(err)
 	}
+	listen := "127.0.0.1"
+	if o.Host != "" {
+		s.Host, listen = o.Host, listen+","+o.Host
+		hba, err := os.OpenFile(filepath.Join(dir, "data", "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return fail(err)
+		}
+		_, err = fmt.Fprintf(hba, "host all all %s scram-sha-256\n", o.Clients)
+		if cerr := hba.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
 	// A short deadlock_timeout resolves lock-order waits between the
 	// suite's deliberately conflicting writers quickly (default 1 s).
 	s.args = []string{"-D", filepath.Join(dir, "data"), "-p", strconv.Itoa(s.Port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "shared_buffers=64MB",
+		"-c", "listen_addresses=" + listen, "-c", "max_connections=200", "-c", "shared_buffers=64MB",
 		"-c", "logging_collector=off", "-c", "deadlock_timeout=100ms"}
 	if err := s.startProcess(s.pingPostgres); err != nil {
 		return fail(err)
@@ -416,7 +472,7 @@ func startPostgres() (*Server, error) {
 }
 
 func (s *Server) pgConnect(ctx context.Context, db string) (*pgx.Conn, error) {
-	return pgx.Connect(ctx, fmt.Sprintf("postgres://%s:%s@127.0.0.1:%d/%s?sslmode=disable", User, Password, s.Port, db))
+	return pgx.Connect(ctx, fmt.Sprintf("postgres://%s:%s@%s/%s?sslmode=disable", User, Password, net.JoinHostPort(s.Host, strconv.Itoa(s.Port)), db))
 }
 
 func (s *Server) pingPostgres(ctx context.Context) error {
@@ -476,7 +532,7 @@ func startMariaDB() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Kind: MariaDB, Dir: dir, cred: cred, bin: bin}
+	s := &Server{Kind: MariaDB, Dir: dir, cred: cred, bin: bin, Host: "127.0.0.1"}
 	fail := func(err error) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err

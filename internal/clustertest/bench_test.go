@@ -1,0 +1,222 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/emulator/results"
+)
+
+// TestMeasure is the measurement of docs/cluster.md (scripts/bench-cluster.sh
+// runs it): for 1, 2 and 3 nodes, each time on a fresh lab and database,
+// the fleet registers, then pushes open loop through HAProxy with a new
+// TCP connection and TLS handshake per push; what every process used is
+// read from /proc and every host's traffic from its veth. It runs only
+// when DROVER_CLUSTER_BENCH=1 (it takes minutes and the whole machine).
+//
+//	DROVER_BENCH_NODES=1,2,3  DROVER_BENCH_DEVICES=6000  DROVER_BENCH_INTERVAL=20s
+//	DROVER_BENCH_DURATION=40s DROVER_BENCH_RUNS=1 (3: medians of 3)
+func TestMeasure(t *testing.T) {
+	if os.Getenv("DROVER_CLUSTER_BENCH") != "1" {
+		t.Skip("a measurement: DROVER_CLUSTER_BENCH=1 (scripts/bench-cluster.sh)")
+	}
+	need(t)
+	nodes := envInts(t, "DROVER_BENCH_NODES", "1,2,3")
+	devices := envInts(t, "DROVER_BENCH_DEVICES", "6000")[0]
+	runs := envInts(t, "DROVER_BENCH_RUNS", "1")[0]
+	interval := envDuration(t, "DROVER_BENCH_INTERVAL", "20s")
+	duration := envDuration(t, "DROVER_BENCH_DURATION", "40s")
+	load, _ := os.ReadFile("/proc/loadavg")
+	var rows []measured
+	for _, n := range nodes {
+		var all []measured
+		for run := range runs {
+			t.Run(fmt.Sprintf("nodes=%d/run=%d", n, run+1), func(t *testing.T) {
+				m := measure(t, n, devices, interval, duration)
+				t.Logf("%+v", m)
+				all = append(all, m)
+			})
+		}
+		if len(all) > 0 {
+			rows = append(rows, median(all))
+		}
+	}
+	load2, _ := os.ReadFile("/proc/loadavg")
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%d devices, one push each per %v, for %v after registration; new TCP + TLS per push through HAProxy; medians of %d run(s).\n", devices, interval, duration, runs)
+	fmt.Fprintf(&b, "/proc/loadavg before: %s, after: %s\n\n", strings.TrimSpace(string(load)), strings.TrimSpace(string(load2)))
+	b.WriteString("| nodes | offered/s | accepted/s | p50 ms | p99 ms | late % | node CPU ms/push (each) | nodes CPU ms/push | PostgreSQL CPU ms/push | HAProxy CPU ms/push | NATS CPU ms/push | device bytes/push | DB wire bytes/push | NATS bytes/push | DB growth bytes/push | WAL bytes/push |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, m := range rows {
+		each := make([]string, len(m.nodeCPU))
+		for i, c := range m.nodeCPU {
+			each[i] = fmt.Sprintf("%.3f", c)
+		}
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+			m.nodes, m.offered, m.rate, m.p50, m.p99, m.latePct, strings.Join(each, " / "), m.nodesCPU, m.pgCPU, m.lbCPU, m.natsCPU,
+			m.deviceBytes, m.dbBytes, m.natsBytes, m.dbGrowth, m.wal)
+	}
+	t.Log(b.String())
+	fmt.Println(b.String())
+}
+
+func envInts(t *testing.T, name, def string) []int {
+	v := os.Getenv(name)
+	if v == "" {
+		v = def
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want positive integers, comma-separated", name, v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func envDuration(t *testing.T, name, def string) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		v = def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a duration", name, v)
+	}
+	return d
+}
+
+// measured is one configuration's figures, per accepted push unless named
+// otherwise.
+type measured struct {
+	nodes                                          int
+	offered, rate, p50, p99, latePct               float64
+	nodeCPU                                        []float64 // ms per push it accepted, each node
+	nodesCPU, pgCPU, lbCPU, natsCPU                float64   // ms per push
+	deviceBytes, dbBytes, natsBytes, dbGrowth, wal float64
+}
+
+// snapshot is what the lab's processes and hosts used so far.
+type snapshot struct {
+	nodeTicks          []int64
+	pg, lb, nats       int64
+	nodeBytes          []int64
+	dbBytes, natsBytes int64
+	dbSize, walLSN     int64
+}
+
+func (l *lab) snapshot(t *testing.T) snapshot {
+	t.Helper()
+	var s snapshot
+	for _, nd := range l.nodes {
+		s.nodeTicks = append(s.nodeTicks, cpuTicks(nd.cmd.Process.Pid, false))
+		s.nodeBytes = append(s.nodeBytes, nd.host.bytes())
+	}
+	s.pg = treeTicks(l.pg.PID())
+	s.lb = cpuTicks(l.haproxy.Process.Pid, false)
+	s.nats = cpuTicks(l.nats.Process.Pid, false)
+	s.dbBytes, s.natsBytes = l.dbHost.bytes(), l.natsHost.bytes()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := l.db(ctx)
+	defer c.Close(ctx)
+	// The schema's tables with their indexes and TOAST; the WAL position.
+	if err := c.QueryRow(ctx, `SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::bigint,
+		(pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = current_schema() AND c.relkind = 'r'`).Scan(&s.dbSize, &s.walLSN); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func measure(t *testing.T, n, devices int, interval, duration time.Duration) measured {
+	l := newLab(t)
+	if n > 1 && !l.cluster {
+		t.Skipf("%d nodes need drover serve --cluster, which this build lacks", n)
+	}
+	l.startNodes(n)
+	l.register(devices)
+	// A first interval warms connection pools and caches; it is not counted.
+	l.emulate(devices, "--interval", interval.String(), "--duration", interval.String()).wait(t)
+	before := l.snapshot(t)
+	sum, _ := l.emulate(devices, "--interval", interval.String(), "--duration", duration.String()).wait(t)
+	after := l.snapshot(t)
+	push := sum.Op(results.OpPush)
+	p := float64(push.Accepted)
+	if p == 0 {
+		t.Fatalf("no push accepted: %+v", push.Counts)
+	}
+	const msPerTick = 10 // USER_HZ = 100
+	m := measured{nodes: n, offered: float64(devices) / interval.Seconds(), rate: push.AcceptedRate()}
+	if push.Latency != nil {
+		m.p50 = float64(push.Latency.Quantile(0.5).Microseconds()) / 1000
+		m.p99 = float64(push.Latency.Quantile(0.99).Microseconds()) / 1000
+	}
+	if done := push.Done(); done > 0 {
+		m.latePct = 100 * float64(push.Late) / float64(done)
+	}
+	var nodeTicks, nodeBytes int64
+	for i, nd := range l.nodes {
+		dt := after.nodeTicks[i] - before.nodeTicks[i]
+		nodeTicks += dt
+		nodeBytes += after.nodeBytes[i] - before.nodeBytes[i]
+		m.nodeCPU = append(m.nodeCPU, float64(dt*msPerTick)/max(1, float64(push.AcceptedByNode[nd.name])))
+	}
+	m.nodesCPU = float64(nodeTicks*msPerTick) / p
+	m.pgCPU = float64((after.pg-before.pg)*msPerTick) / p
+	m.lbCPU = float64((after.lb-before.lb)*msPerTick) / p
+	m.natsCPU = float64((after.nats-before.nats)*msPerTick) / p
+	db, nats := after.dbBytes-before.dbBytes, after.natsBytes-before.natsBytes
+	// A node's veth carries its devices' traffic (from HAProxy), its
+	// database and its NATS traffic; the last two are the db and nats
+	// hosts' own veths.
+	m.deviceBytes = float64(nodeBytes-db-nats) / p
+	m.dbBytes, m.natsBytes = float64(db)/p, float64(nats)/p
+	m.dbGrowth = float64(after.dbSize-before.dbSize) / p
+	m.wal = float64(after.walLSN-before.walLSN) / p
+	if out, err := exec.Command("uptime").Output(); err == nil {
+		t.Logf("%d nodes: %s", n, strings.TrimSpace(string(out)))
+	}
+	return m
+}
+
+// median takes each figure's median over runs.
+func median(ms []measured) measured {
+	med := func(f func(measured) float64) float64 {
+		v := make([]float64, len(ms))
+		for i, m := range ms {
+			v[i] = f(m)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	out := measured{nodes: ms[0].nodes}
+	out.offered = med(func(m measured) float64 { return m.offered })
+	out.rate = med(func(m measured) float64 { return m.rate })
+	out.p50 = med(func(m measured) float64 { return m.p50 })
+	out.p99 = med(func(m measured) float64 { return m.p99 })
+	out.latePct = med(func(m measured) float64 { return m.latePct })
+	for i := range ms[0].nodeCPU {
+		out.nodeCPU = append(out.nodeCPU, med(func(m measured) float64 { return m.nodeCPU[i] }))
+	}
+	out.nodesCPU = med(func(m measured) float64 { return m.nodesCPU })
+	out.pgCPU = med(func(m measured) float64 { return m.pgCPU })
+	out.lbCPU = med(func(m measured) float64 { return m.lbCPU })
+	out.natsCPU = med(func(m measured) float64 { return m.natsCPU })
+	out.deviceBytes = med(func(m measured) float64 { return m.deviceBytes })
+	out.dbBytes = med(func(m measured) float64 { return m.dbBytes })
+	out.natsBytes = med(func(m measured) float64 { return m.natsBytes })
+	out.dbGrowth = med(func(m measured) float64 { return m.dbGrowth })
+	out.wal = med(func(m measured) float64 { return m.wal })
+	return out
+}
