@@ -86,6 +86,7 @@ type device struct {
 	request    *enrollRequest // a re-enrollment waiting for an operator; nil: none
 	pushTAT    uint32         // quota clocks in 1/8 s (quota.go)
 	lastSample uint32
+	cmds       *cmdQueue // remote commands not finished (commands.go); nil: none
 }
 
 // setIDs stores the machine ID and serial in one new string.

@@ -91,6 +91,7 @@ type Service struct {
 	quota  *quotas       // quota.go
 	policy policyState   // policy.go
 	fw     firmwareState // firmware.go, rollout.go, profilehistory.go
+	cmds   commands      // commands.go
 }
 
 // New loads the fleet from store (nil for none) and returns the Service.
@@ -307,6 +308,8 @@ func (s *Service) push(ctx context.Context, token string, p protocol.PushRequest
 	if !keep && s.quota.isLifted(d.id, nowNS) {
 		lastSample, keep, hit = s.quota.ticks(nowNS), true, false
 	}
+	var cmds []protocol.Command
+	var cmdChanges []DeviceCommand
 	st := StateRecord{
 		DeviceID: d.id, Firmware: firmware, LastSeen: now, Seq: p.Seq,
 		AppliedVersion: p.ConfigVersion, ConfigError: p.ConfigError, State: p.RawState,
@@ -336,6 +339,9 @@ func (s *Service) push(ctx context.Context, token string, p protocol.PushRequest
 		if s.states == nil {
 			d.state = p.RawState
 		}
+		if d.cmds != nil || len(p.Results) > 0 {
+			cmds, cmdChanges = s.commandsOnPush(d, p.Results, nowNS)
+		}
 	} else if newProfile != nil {
 		newProfile.release()
 	}
@@ -354,7 +360,12 @@ func (s *Service) push(ctx context.Context, token string, p protocol.PushRequest
 		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State,
 			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError})
 	}
-	resp := protocol.PushResponse{PushInterval: prof.PushInterval}
+	resp := protocol.PushResponse{PushInterval: prof.PushInterval, Commands: cmds}
+	if err := s.saveCommands(ctx, cmdChanges); err != nil {
+		// Delivered in memory only: they expire without a result.
+		s.log.Warn("push: storing command states failed; commands not sent", "device", d.id, "err", err)
+		resp.Commands = nil
+	}
 	if Behind(p.ConfigVersion, prof.Version) {
 		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
 	}

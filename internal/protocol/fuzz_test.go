@@ -21,6 +21,7 @@ func FuzzDecodePush(f *testing.F) {
 	f.Add([]byte(`{"state":{"extra":{"k":"\uD800"},"x":["` + "\xc0\xae" + `"]}}`))
 	f.Add([]byte(`{"seq":2,"state":{},"firmware_update":{"rollout":3,"state":"downloading","progress":1024}}`))
 	f.Add([]byte(`{"state":{},"firmware_update":{"rollout":1,"state":"failed","reason":"sha256 mismatch"}}`))
+	f.Add([]byte(`{"seq":2,"state":{},"results":[{"id":7,"exit_code":1,"error":"timed out","output":["a","b"],"started_at":1,"finished_at":2}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		p, err := DecodePush(body)
 		if err != nil {

@@ -78,6 +78,8 @@ type PushRequest struct {
 	// FirmwareUpdate reports the progress of a firmware update the server
 	// offered (docs/firmware.md); absent when none is under way.
 	FirmwareUpdate *FirmwareReport `json:"firmware_update,omitempty"`
+	// Results of commands the server sent (command.go).
+	Results []CommandResult `json:"results,omitempty"`
 }
 
 // Firmware update states a device reports.
@@ -167,6 +169,9 @@ type PushResponse struct {
 	// FirmwareUpdate is the firmware the device must install, while a
 	// rollout targets it (docs/firmware.md).
 	FirmwareUpdate *FirmwareOffer `json:"firmware_update,omitempty"`
+	// Commands to run (command.go); agents that do not know the field
+	// ignore it.
+	Commands []Command `json:"commands,omitempty"`
 }
 
 // Config is a versioned desired configuration.
@@ -274,6 +279,9 @@ func (p *PushRequest) Validate() error {
 		if err := p.FirmwareUpdate.Validate(); err != nil {
 			return err
 		}
+	}
+	if err := validateResults(p.Results); err != nil {
+		return err
 	}
 	return p.State.Validate()
 }

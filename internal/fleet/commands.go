@@ -1,0 +1,828 @@
+package fleet
+
+// Remote commands (docs/operations.md#remote-commands). An operator's
+// command is a job aimed at one device or at every device a filter
+// matches. Each targeted device holds its copy (devCmd) in its own queue,
+// so a push finds its commands without a query (O(1): one nil check when
+// there are none); the answer carries them, a later push the results.
+// Per-device rows of a bulk job are written in batches by a background
+// goroutine, never all in the request.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/drover/drover/internal/protocol"
+)
+
+// CommandState is the state of one device's command.
+type CommandState uint8
+
+const (
+	CmdQueued    CommandState = iota // waiting for the device's next push
+	CmdDelivered                     // sent in a push answer, no result yet
+	CmdSucceeded                     // exit status 0
+	CmdFailed                        // non-zero status, refused or stopped by the agent
+	CmdExpired                       // not delivered before the job expired, or no result in time
+	CmdCancelled                     // cancelled by an operator before delivery
+	numCommandStates
+)
+
+var commandStateNames = [...]string{"queued", "delivered", "succeeded", "failed", "expired", "cancelled"}
+
+func (s CommandState) String() string { return commandStateNames[s] }
+
+// MarshalText writes the state's name.
+func (s CommandState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// ParseCommandState accepts the names String returns.
+func ParseCommandState(v string) (CommandState, bool) {
+	i := slices.Index(commandStateNames[:], v)
+	return CommandState(i), i >= 0
+}
+
+func (s CommandState) terminal() bool { return s >= CmdSucceeded }
+
+// JobState is the state of a job as a whole.
+type JobState uint8
+
+const (
+	JobActive    JobState = iota // delivering
+	JobPaused                    // queued commands wait
+	JobCancelled                 // queued commands were cancelled
+	JobDone                      // every device's command reached an end state
+)
+
+var jobStateNames = [...]string{"active", "paused", "cancelled", "done"}
+
+func (s JobState) String() string { return jobStateNames[s] }
+
+// ParseJobState accepts the names String returns.
+func ParseJobState(v string) (JobState, bool) {
+	i := slices.Index(jobStateNames[:], v)
+	return JobState(i), i >= 0
+}
+
+// Limits and defaults of commands.
+const (
+	DefaultCommandTimeout = 60 // seconds
+	DefaultCommandTTL     = 24 * time.Hour
+	MaxCommandTTL         = 30 * 24 * time.Hour
+	commandBatch          = 1000 // per-device rows per transaction
+	// A delivered command without a result expires after its timeout,
+	// two push intervals and this.
+	resultGrace = time.Minute
+)
+
+// CommandSpec is an operator's command.
+type CommandSpec struct {
+	Kind    string
+	Args    []string
+	Timeout int           // seconds; 0: DefaultCommandTimeout
+	TTL     time.Duration // undelivered commands expire after it; 0: DefaultCommandTTL
+}
+
+// Validate applies the defaults and checks the command (the agents'
+// rules, protocol.Command.Validate, and the TTL).
+func (c *CommandSpec) Validate() error {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultCommandTimeout
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultCommandTTL
+	}
+	if c.TTL < time.Second || c.TTL > MaxCommandTTL {
+		return fieldError("expires_in", "expires_in must be within 1..%d seconds", int(MaxCommandTTL/time.Second))
+	}
+	pc := protocol.Command{ID: 1, Kind: c.Kind, Args: c.Args, Timeout: c.Timeout}
+	if err := pc.Validate(); err != nil {
+		var pe *protocol.Error
+		if errors.As(err, &pe) {
+			return fieldError("command", "%s", pe.Message)
+		}
+		return err
+	}
+	return nil
+}
+
+// Target names the devices of a job: one device, or a filter.
+type Target struct {
+	DeviceID uint64
+	Filter   url.Values // the devices filter's parameters (FilterParams)
+}
+
+// Job is a job as the operator API shows it.
+type Job struct {
+	ID        uint64         `json:"id,string"`
+	Kind      string         `json:"kind"`
+	Args      []string       `json:"args,omitempty"`
+	Timeout   int            `json:"timeout"`
+	Target    string         `json:"target"`
+	State     string         `json:"state"`
+	CreatedAt time.Time      `json:"created_at"`
+	ExpiresAt time.Time      `json:"expires_at"`
+	Total     int            `json:"total"`
+	Creating  bool           `json:"creating,omitempty"` // per-device commands still being queued
+	Counts    map[string]int `json:"counts"`
+}
+
+// job is a job in memory.
+type job struct {
+	mu       sync.Mutex // rec's mutable fields
+	rec      JobRecord
+	cmd      protocol.Command // ID, kind, args, timeout, as sent
+	state    atomic.Uint32    // JobState
+	counts   [numCommandStates]atomic.Int64
+	creating atomic.Bool
+	stop     chan struct{} // closed when cancelled: creation stops
+}
+
+func (j *job) jobState() JobState { return JobState(j.state.Load()) }
+
+// move counts one device's command leaving from and reaching to.
+func (j *job) move(from, to CommandState) {
+	j.counts[from].Add(-1)
+	j.counts[to].Add(1)
+}
+
+// devCmd is one device's copy of a job, in the device's queue; d.mu held.
+type devCmd struct {
+	job         *job
+	state       CommandState
+	queuedAt    int64 // unix ns
+	deliveredAt int64
+}
+
+// cmdQueue is a device's pending commands; device.cmds is nil without any.
+type cmdQueue struct{ q []*devCmd }
+
+// commands is the Service's command registry.
+type commands struct {
+	mu    sync.Mutex // jobs, next
+	jobs  map[uint64]*job
+	next  uint64
+	store CommandStore // nil: memory only
+	w     cmdWriter
+	wg    sync.WaitGroup // creation goroutines
+}
+
+func (c *commands) init() {
+	if c.jobs == nil {
+		c.jobs, c.next = map[uint64]*job{}, 1
+	}
+}
+
+// cmdWriter stores per-device state changes in groups: whoever comes while
+// a write runs joins the next one.
+type cmdWriter struct {
+	mu      sync.Mutex
+	pending []DeviceCommand
+	waiters []chan error
+	running bool
+}
+
+// save stores recs and returns when they are stored (or failed).
+func (s *Service) saveCommands(ctx context.Context, recs []DeviceCommand) error {
+	c := &s.cmds
+	if c.store == nil || len(recs) == 0 {
+		return nil
+	}
+	w := &c.w
+	done := make(chan error, 1)
+	w.mu.Lock()
+	w.pending = append(w.pending, recs...)
+	w.waiters = append(w.waiters, done)
+	if !w.running {
+		w.running = true
+		go s.writeCommands()
+	}
+	w.mu.Unlock()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Service) writeCommands() {
+	w := &s.cmds.w
+	for {
+		w.mu.Lock()
+		recs, waiters := w.pending, w.waiters
+		w.pending, w.waiters = nil, nil
+		if len(waiters) == 0 {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := s.cmds.store.SaveDeviceCommands(ctx, recs)
+		cancel()
+		if err != nil {
+			s.log.Warn("storing command states failed", "commands", len(recs), "err", err)
+		}
+		for _, ch := range waiters {
+			ch <- err
+		}
+	}
+}
+
+// AttachCommands loads jobs and pending commands from cs and keeps later
+// changes there. Call it once, before serving; unfinished bulk creations
+// continue in the background.
+func (s *Service) AttachCommands(ctx context.Context, cs CommandStore) error {
+	c := &s.cmds
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.init()
+	var pending []DeviceCommand
+	recs, err := cs.LoadCommands(ctx, func(dc DeviceCommand) error {
+		pending = append(pending, dc)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load commands: %w", err)
+	}
+	for _, r := range recs {
+		j := newJob(r)
+		for st, n := range r.Counts {
+			j.counts[st].Store(int64(n))
+		}
+		c.jobs[r.ID] = j
+		c.next = max(c.next, r.ID+1)
+	}
+	for _, dc := range pending {
+		j, d := c.jobs[dc.JobID], s.get(dc.DeviceID)
+		if j == nil {
+			continue
+		}
+		if d == nil { // device deleted meanwhile
+			j.move(dc.State, CmdCancelled)
+			continue
+		}
+		d.mu.Lock()
+		enqueue(d, &devCmd{job: j, state: dc.State, queuedAt: dc.QueuedAt.UnixNano(), deliveredAt: unixNano(dc.DeliveredAt)})
+		d.mu.Unlock()
+	}
+	c.store = cs
+	for _, j := range c.jobs {
+		if j.rec.Creating && j.jobState() != JobCancelled {
+			f, err := s.jobFilter(j.rec)
+			if err != nil {
+				return fmt.Errorf("job %d: %w", j.rec.ID, err)
+			}
+			ids := s.matching(f, j.rec.Cursor, j.rec.LastID)
+			j.mu.Lock()
+			j.rec.Total = j.countTotal() + len(ids)
+			j.mu.Unlock()
+			s.startCreating(j, ids)
+		}
+	}
+	return nil
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func nanoTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
+}
+
+func newJob(r JobRecord) *job {
+	j := &job{rec: r, stop: make(chan struct{}),
+		cmd: protocol.Command{ID: r.ID, Kind: r.Kind, Args: r.Args, Timeout: r.Timeout}}
+	j.state.Store(uint32(r.State))
+	j.creating.Store(r.Creating)
+	if r.State == JobCancelled {
+		close(j.stop)
+	}
+	return j
+}
+
+// countTotal is how many per-device commands exist.
+func (j *job) countTotal() int {
+	n := 0
+	for i := range j.counts {
+		n += int(j.counts[i].Load())
+	}
+	return n
+}
+
+func enqueue(d *device, dc *devCmd) {
+	if d.cmds == nil {
+		d.cmds = &cmdQueue{}
+	}
+	d.cmds.q = append(d.cmds.q, dc)
+}
+
+// jobFilter parses a stored job's filter.
+func (s *Service) jobFilter(r JobRecord) (Filter, error) {
+	v, err := url.ParseQuery(r.Filter)
+	if err != nil {
+		return Filter{}, err
+	}
+	return s.ParseFilter(v)
+}
+
+// matching returns the IDs of devices matching f in (after, last], in ID
+// order (last 0: no bound).
+func (s *Service) matching(f Filter, after, last uint64) []uint64 {
+	now := s.now().UnixNano()
+	var ids []uint64
+	s.each(func(d *device) {
+		if d.id > after && (last == 0 || d.id <= last) && f.match(d, now) {
+			ids = append(ids, d.id)
+		}
+	})
+	return ids
+}
+
+// SendCommand makes a job of spec for the target and queues it; a bulk
+// job's per-device commands are queued in the background (Job.Creating).
+func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (Job, error) {
+	if err := spec.Validate(); err != nil {
+		return Job{}, err
+	}
+	now := s.now()
+	rec := JobRecord{Kind: spec.Kind, Args: spec.Args, Timeout: spec.Timeout, CreatedAt: now.UTC(), ExpiresAt: now.Add(spec.TTL).UTC()}
+	var ids []uint64
+	if t.Filter == nil {
+		d := s.get(t.DeviceID)
+		if d == nil {
+			return Job{}, ErrNotFound
+		}
+		ids = []uint64{d.id}
+		rec.DeviceID, rec.Target = d.id, "device "+strconv.FormatUint(d.id, 10)
+	} else {
+		f, err := s.ParseFilter(t.Filter)
+		if err != nil {
+			return Job{}, err
+		}
+		rec.Filter = t.Filter.Encode()
+		rec.Target = "devices " + describeFilter(t.Filter)
+		s.devMu.RLock()
+		rec.LastID = uint64(len(s.devices)) - 1
+		s.devMu.RUnlock()
+		ids = s.matching(f, 0, rec.LastID)
+	}
+	rec.Total, rec.Creating = len(ids), true
+	c := &s.cmds
+	c.mu.Lock()
+	c.init()
+	rec.ID = c.next
+	if c.store != nil {
+		if err := c.store.SaveJob(ctx, rec); err != nil {
+			c.mu.Unlock()
+			return Job{}, err
+		}
+	}
+	c.next++
+	j := newJob(rec)
+	c.jobs[rec.ID] = j
+	c.mu.Unlock()
+	if rec.DeviceID != 0 {
+		if err := s.createBatch(ctx, j, ids); err != nil {
+			return Job{}, err
+		}
+	} else {
+		s.startCreating(j, ids)
+	}
+	return j.view(), nil
+}
+
+// describeFilter is a filter for people: "label=x&sync_state=…" or "all".
+func describeFilter(v url.Values) string {
+	for k, vals := range v {
+		if len(vals) == 0 || (len(vals) == 1 && vals[0] == "") {
+			delete(v, k)
+		}
+	}
+	if len(v) == 0 {
+		return "(all)"
+	}
+	return v.Encode()
+}
+
+// startCreating queues ids' commands in batches in the background.
+func (s *Service) startCreating(j *job, ids []uint64) {
+	c := &s.cmds
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-j.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		for len(ids) > 0 || j.creating.Load() {
+			n := min(len(ids), commandBatch)
+			if err := s.createBatch(ctx, j, ids[:n]); err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("queueing a job's commands failed; retrying", "job", j.rec.ID, "err", err)
+					select {
+					case <-time.After(5 * time.Second):
+						continue
+					case <-ctx.Done():
+					}
+				}
+				return
+			}
+			ids = ids[n:]
+		}
+	}()
+}
+
+// createBatch stores and queues one batch of a job's per-device commands;
+// the last batch (ids the rest) ends the creation.
+func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
+	now := s.now()
+	recs := make([]DeviceCommand, len(ids))
+	for i, id := range ids {
+		recs[i] = DeviceCommand{JobID: j.rec.ID, DeviceID: id, State: CmdQueued, QueuedAt: now.UTC()}
+	}
+	j.mu.Lock()
+	rec := j.rec
+	j.mu.Unlock()
+	if len(ids) > 0 {
+		rec.Cursor = ids[len(ids)-1]
+	}
+	last := j.countTotal()+len(ids) >= rec.Total
+	rec.Creating = !last
+	if s.cmds.store != nil {
+		if err := s.cmds.store.AddDeviceCommands(ctx, rec, recs); err != nil {
+			return err
+		}
+	}
+	for _, id := range ids {
+		d := s.get(id)
+		if d == nil {
+			j.counts[CmdCancelled].Add(1)
+			continue
+		}
+		d.mu.Lock()
+		enqueue(d, &devCmd{job: j, state: CmdQueued, queuedAt: now.UnixNano()})
+		d.mu.Unlock()
+		j.counts[CmdQueued].Add(1)
+	}
+	j.mu.Lock()
+	j.rec.Cursor, j.rec.Creating = rec.Cursor, rec.Creating
+	j.mu.Unlock()
+	j.creating.Store(!last)
+	return nil
+}
+
+// commandsOnPush takes a push's results and hands out the device's queued
+// commands; d.mu held. It returns the commands for the answer and the
+// state changes to store before answering.
+func (s *Service) commandsOnPush(d *device, results []protocol.CommandResult, now int64) ([]protocol.Command, []DeviceCommand) {
+	var out []protocol.Command
+	var changes []DeviceCommand
+	q := d.cmds
+	for i := range results {
+		r := &results[i]
+		if q == nil {
+			break
+		}
+		k := slices.IndexFunc(q.q, func(dc *devCmd) bool { return dc.job.rec.ID == r.ID })
+		if k < 0 {
+			continue // unknown, or already finished: nothing to record
+		}
+		dc := q.q[k]
+		to := CmdFailed
+		if r.Succeeded() {
+			to = CmdSucceeded
+		}
+		dc.job.move(dc.state, to)
+		rec := dc.record(d.id, to, now)
+		rec.ExitCode, rec.Error, rec.Output = r.ExitCode, r.Error, r.Output
+		rec.StartedOn, rec.FinishedOn = r.StartedAt, r.FinishedAt
+		changes = append(changes, rec)
+		q.q = slices.Delete(q.q, k, k+1)
+	}
+	if q != nil {
+		for _, dc := range q.q {
+			if dc.state != CmdQueued || dc.job.jobState() != JobActive || len(out) == protocol.MaxCommandsPerPush {
+				continue
+			}
+			if now > dc.job.rec.ExpiresAt.UnixNano() {
+				continue // the sweep expires it
+			}
+			dc.job.move(CmdQueued, CmdDelivered)
+			dc.state, dc.deliveredAt = CmdDelivered, now
+			changes = append(changes, dc.record(d.id, CmdDelivered, now))
+			out = append(out, dc.job.cmd)
+		}
+		if len(q.q) == 0 {
+			d.cmds = nil
+		}
+	}
+	return out, changes
+}
+
+// record is dc as stored, in state to at now.
+func (dc *devCmd) record(device uint64, to CommandState, now int64) DeviceCommand {
+	r := DeviceCommand{JobID: dc.job.rec.ID, DeviceID: device, State: to, QueuedAt: nanoTime(dc.queuedAt), DeliveredAt: nanoTime(dc.deliveredAt)}
+	if to.terminal() {
+		r.FinishedAt = nanoTime(now)
+	}
+	return r
+}
+
+// HasCommands reports whether a device has commands waiting for delivery
+// (persistent connections ask it to push at once).
+func (s *Service) HasCommands(id uint64) bool {
+	d := s.get(id)
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmds == nil {
+		return false
+	}
+	for _, dc := range d.cmds.q {
+		if dc.state == CmdQueued && dc.job.jobState() == JobActive {
+			return true
+		}
+	}
+	return false
+}
+
+// SweepCommands expires undelivered commands of expired jobs and delivered
+// commands whose result is overdue, and marks finished jobs done. The
+// server calls it periodically.
+func (s *Service) SweepCommands(ctx context.Context) error {
+	c := &s.cmds
+	c.mu.Lock()
+	var live []*job
+	for _, j := range c.jobs {
+		if st := j.jobState(); st != JobDone {
+			live = append(live, j)
+		}
+	}
+	c.mu.Unlock()
+	if len(live) == 0 {
+		return nil
+	}
+	now := s.now()
+	nowNS := now.UnixNano()
+	var errs []error
+	for _, j := range live {
+		if nowNS > j.rec.ExpiresAt.UnixNano() && j.counts[CmdQueued].Load() > 0 && !j.creating.Load() {
+			if err := s.finishQueued(ctx, j, CmdExpired, now); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	var overdue []DeviceCommand
+	s.each(func(d *device) {
+		if d.cmds == nil {
+			return
+		}
+		grace := time.Duration(2*d.profile.interval())*time.Second + resultGrace
+		d.cmds.q = slices.DeleteFunc(d.cmds.q, func(dc *devCmd) bool {
+			if dc.state != CmdDelivered || nowNS < dc.deliveredAt+int64(time.Duration(dc.job.rec.Timeout)*time.Second+grace) {
+				return false
+			}
+			dc.job.move(CmdDelivered, CmdExpired)
+			r := dc.record(d.id, CmdExpired, nowNS)
+			r.Error = "no result in time"
+			overdue = append(overdue, r)
+			return true
+		})
+		if len(d.cmds.q) == 0 {
+			d.cmds = nil
+		}
+	})
+	if err := s.saveCommands(ctx, overdue); err != nil {
+		errs = append(errs, err)
+	}
+	for _, j := range live {
+		if j.jobState() == JobActive && !j.creating.Load() && j.counts[CmdQueued].Load() == 0 && j.counts[CmdDelivered].Load() == 0 {
+			if err := s.setJobState(ctx, j, JobDone); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// finishQueued moves every queued command of j to state (expired or
+// cancelled), in the store with one statement, then in memory.
+func (s *Service) finishQueued(ctx context.Context, j *job, state CommandState, at time.Time) error {
+	if st := s.cmds.store; st != nil {
+		if _, err := st.FinishQueued(ctx, j.rec.ID, state, at); err != nil {
+			return err
+		}
+	}
+	s.each(func(d *device) {
+		if d.cmds == nil {
+			return
+		}
+		d.cmds.q = slices.DeleteFunc(d.cmds.q, func(dc *devCmd) bool {
+			if dc.job != j || dc.state != CmdQueued {
+				return false
+			}
+			j.move(CmdQueued, state)
+			return true
+		})
+		if len(d.cmds.q) == 0 {
+			d.cmds = nil
+		}
+	})
+	return nil
+}
+
+func (s *Service) setJobState(ctx context.Context, j *job, st JobState) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	rec := j.rec
+	rec.State = st
+	if s.cmds.store != nil {
+		if err := s.cmds.store.SaveJob(ctx, rec); err != nil {
+			return err
+		}
+	}
+	j.rec.State = st
+	j.state.Store(uint32(st))
+	return nil
+}
+
+// Errors of job changes.
+var ErrJobState = errors.New("the job is not in a state that allows this")
+
+// PauseJob holds a job's queued commands (pause true) or releases them.
+func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, error) {
+	j := s.job(id)
+	if j == nil {
+		return Job{}, ErrNotFound
+	}
+	from, to := JobActive, JobPaused
+	if !pause {
+		from, to = JobPaused, JobActive
+	}
+	if j.jobState() == to {
+		return j.view(), nil
+	}
+	if j.jobState() != from {
+		return Job{}, ErrJobState
+	}
+	if err := s.setJobState(ctx, j, to); err != nil {
+		return Job{}, err
+	}
+	return j.view(), nil
+}
+
+// CancelJob cancels a job's commands not yet delivered; delivered ones
+// still report.
+func (s *Service) CancelJob(ctx context.Context, id uint64) (Job, error) {
+	j := s.job(id)
+	if j == nil {
+		return Job{}, ErrNotFound
+	}
+	switch j.jobState() {
+	case JobCancelled:
+		return j.view(), nil
+	case JobDone:
+		return Job{}, ErrJobState
+	}
+	if err := s.setJobState(ctx, j, JobCancelled); err != nil {
+		return Job{}, err
+	}
+	close(j.stop)
+	s.cmds.wg.Wait() // creation stops at its next batch
+	if err := s.finishQueued(ctx, j, CmdCancelled, s.now()); err != nil {
+		return Job{}, err
+	}
+	j.mu.Lock()
+	j.rec.Total = j.countTotal()
+	j.mu.Unlock()
+	return j.view(), nil
+}
+
+func (s *Service) job(id uint64) *job {
+	c := &s.cmds
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.jobs[id]
+}
+
+func (j *job) view() Job {
+	j.mu.Lock()
+	r := j.rec
+	j.mu.Unlock()
+	v := Job{ID: r.ID, Kind: r.Kind, Args: r.Args, Timeout: r.Timeout, Target: r.Target, State: j.jobState().String(),
+		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Total: r.Total, Creating: j.creating.Load(), Counts: map[string]int{}}
+	for i, n := range commandStateNames {
+		v.Counts[n] = int(j.counts[i].Load())
+	}
+	return v
+}
+
+// Jobs lists jobs, newest first, at most limit (0: all).
+func (s *Service) Jobs(limit int) []Job {
+	c := &s.cmds
+	c.mu.Lock()
+	all := make([]*job, 0, len(c.jobs))
+	for _, j := range c.jobs {
+		all = append(all, j)
+	}
+	c.mu.Unlock()
+	sort.Slice(all, func(a, b int) bool { return all[a].rec.ID > all[b].rec.ID })
+	if limit > 0 && len(all) > limit {
+		all = all[:limit]
+	}
+	out := make([]Job, len(all))
+	for i, j := range all {
+		out[i] = j.view()
+	}
+	return out
+}
+
+// Job returns one job.
+func (s *Service) Job(id uint64) (Job, error) {
+	j := s.job(id)
+	if j == nil {
+		return Job{}, ErrNotFound
+	}
+	return j.view(), nil
+}
+
+// JobCommands lists a job's per-device commands (q.JobID set) or a
+// device's (q.DeviceID set). Without a store, they are read from memory,
+// where only pending ones are kept.
+func (s *Service) JobCommands(ctx context.Context, q CommandQuery) ([]DeviceCommand, error) {
+	if q.JobID != 0 && s.job(q.JobID) == nil {
+		return nil, ErrNotFound
+	}
+	if q.DeviceID != 0 && s.get(q.DeviceID) == nil {
+		return nil, ErrNotFound
+	}
+	if q.Limit <= 0 || q.Limit > 1000 {
+		q.Limit = 100
+	}
+	if st := s.cmds.store; st != nil {
+		return st.DeviceCommands(ctx, q)
+	}
+	var out []DeviceCommand
+	s.each(func(d *device) {
+		if d.cmds == nil || (q.DeviceID != 0 && d.id != q.DeviceID) {
+			return
+		}
+		for _, dc := range d.cmds.q {
+			if (q.JobID == 0 || dc.job.rec.ID == q.JobID) && (q.State == nil || *q.State == dc.state) && (q.JobID == 0 || d.id > q.After) {
+				out = append(out, dc.record(d.id, dc.state, 0))
+			}
+		}
+	})
+	if len(out) > q.Limit {
+		out = out[:q.Limit]
+	}
+	return out, nil
+}
+
+// WaitCommands waits for background job creation to stop (tests, shutdown
+// after CancelJob).
+func (s *Service) WaitCommands() { s.cmds.wg.Wait() }
+
+// MarshalOutput and UnmarshalOutput are the stored form of a result's
+// output lines (JSON text), shared by the adapters.
+func MarshalOutput(lines []string) string {
+	if len(lines) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(lines)
+	return string(b)
+}
+
+// UnmarshalOutput reads MarshalOutput's form.
+func UnmarshalOutput(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []string
+	err := json.Unmarshal([]byte(s), &out)
+	return out, err
+}
