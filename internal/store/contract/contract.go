@@ -22,6 +22,7 @@ type Store interface {
 	fleet.TrustStore    // admission, device keys, enrollment tokens, deleted device IDs
 	fleet.PolicyStore   // profile policy, firmware links, lifted quotas
 	fleet.FirmwareStore // firmware artifacts, rollouts, profile revisions
+	fleet.CommandStore  // remote command jobs and per-device commands
 	alert.Store         // alert rules, alert and sync events, settings
 	sessions.Store      // dashboard sessions
 	// LockLost returns an error (wrapping instlock.ErrLost) once another

@@ -26,6 +26,7 @@ var serviceTests = []serviceTest{
 	{"Retention", svcRetention},
 	{"ConcurrentWriters", svcConcurrentWriters},
 	{"IDsNotReused", svcIDsNotReused},
+	{"Commands", svcCommands},
 }
 
 // env is a fleet.Service on the store under test, in one persistence mode.

@@ -35,6 +35,7 @@ var storeTests = []storeTest{
 	{"Labels", testLabels},
 	{"Sessions", testSessions},
 	{"IDsNotReused", testIDsNotReused},
+	{"Commands", testCommands},
 }
 
 // Values chosen to break stores that are not bytes-exact: case and trailing
