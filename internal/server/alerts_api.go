@@ -19,6 +19,9 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 		if err := s.fleet.AttachLabels(ctx, s.store); err != nil {
 			return err
 		}
+		if err := s.fleet.AttachCommands(ctx, s.store); err != nil {
+			return err
+		}
 		as = s.store
 	}
 	var smtpPassword string

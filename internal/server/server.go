@@ -409,6 +409,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		defer close(rolloutsDone)
 		s.fleet.RunRollouts(rolloutCtx, s.cfg.RolloutInterval)
 	}()
+	cmdDone := make(chan struct{})
+	go func() {
+		defer close(cmdDone)
+		s.commandLoop(pruneCtx, 30*time.Second)
+	}()
 	stopAlerts := s.startAlerts()
 	stopNode := s.startNode()
 
@@ -425,6 +430,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	stopPrune()
 	<-s.pruneDone
+	<-cmdDone
 	shutCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var wg sync.WaitGroup

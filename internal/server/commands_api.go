@@ -1,0 +1,190 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+)
+
+// Remote commands (docs/operations.md#remote-commands).
+
+// commandBody is the body of POST /api/v1/commands: the command and
+// exactly one target.
+type commandBody struct {
+	Kind      string       `json:"kind"`
+	Args      []string     `json:"args"`
+	Timeout   int          `json:"timeout"`    // seconds
+	ExpiresIn int          `json:"expires_in"` // seconds
+	DeviceID  uint64       `json:"device_id,string"`
+	Label     string       `json:"label"`
+	Filter    *labelFilter `json:"filter"`
+}
+
+func (a *api) sendCommand(r *http.Request) (any, error) {
+	var in commandBody
+	if err := decodeStrict(r, "", &in); err != nil {
+		return nil, err
+	}
+	targets := 0
+	var t fleet.Target
+	if in.DeviceID != 0 {
+		targets++
+		t.DeviceID = in.DeviceID
+	}
+	if in.Label != "" {
+		targets++
+		t.Filter = (&labelFilter{Labels: []string{in.Label}}).values()
+	}
+	if in.Filter != nil {
+		targets++
+		t.Filter = in.Filter.values()
+	}
+	if targets != 1 {
+		return nil, badField(`name exactly one target: device_id, label or filter ({} selects every device)`)
+	}
+	if in.ExpiresIn < 0 {
+		return nil, badField("expires_in must be a positive number of seconds")
+	}
+	spec := fleet.CommandSpec{Kind: in.Kind, Args: in.Args, Timeout: in.Timeout, TTL: time.Duration(in.ExpiresIn) * time.Second}
+	j, err := a.fleet.SendCommand(r.Context(), spec, t)
+	if err != nil {
+		return nil, ifNotFound(err, "device "+strconv.FormatUint(in.DeviceID, 10))
+	}
+	return created(j), nil
+}
+
+func (a *api) listCommands(r *http.Request) (any, error) {
+	limit, err := optUint(r.URL.Query().Get("limit"))
+	if err != nil || limit > 1000 {
+		return nil, badField("limit must be 0..1000")
+	}
+	return map[string]any{"jobs": a.fleet.Jobs(int(limit))}, nil
+}
+
+func (a *api) getCommand(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	j, err := a.fleet.Job(id)
+	return j, ifNotFound(err, "command "+strconv.FormatUint(id, 10))
+}
+
+// commandQuery reads state, after and limit.
+func commandQuery(r *http.Request) (fleet.CommandQuery, error) {
+	v := r.URL.Query()
+	var q fleet.CommandQuery
+	if s := v.Get("state"); s != "" {
+		st, ok := fleet.ParseCommandState(s)
+		if !ok {
+			return q, badField("state must be queued, delivered, succeeded, failed, expired or cancelled")
+		}
+		q.State = &st
+	}
+	after, err := optUint(v.Get("after"))
+	if err != nil {
+		return q, badField("after must be an ID")
+	}
+	limit, err := optUint(v.Get("limit"))
+	if err != nil || limit > 1000 {
+		return q, badField("limit must be 0..1000")
+	}
+	q.After, q.Limit = after, int(limit)
+	return q, nil
+}
+
+// commandsPage answers a page and the after value of the next one.
+func commandsPage(cmds []fleet.DeviceCommand, q fleet.CommandQuery, next func(fleet.DeviceCommand) uint64) any {
+	out := map[string]any{"commands": cmds}
+	if n := len(cmds); n > 0 && n == max(q.Limit, 1) {
+		out["next_after"] = strconv.FormatUint(next(cmds[n-1]), 10)
+	}
+	return out
+}
+
+func (a *api) commandDevices(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	q, err := commandQuery(r)
+	if err != nil {
+		return nil, err
+	}
+	q.JobID = id
+	if q.Limit == 0 {
+		q.Limit = 100
+	}
+	cmds, err := a.fleet.JobCommands(r.Context(), q)
+	if err != nil {
+		return nil, ifNotFound(err, "command "+strconv.FormatUint(id, 10))
+	}
+	return commandsPage(cmds, q, func(c fleet.DeviceCommand) uint64 { return c.DeviceID }), nil
+}
+
+func (a *api) deviceCommands(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	q, err := commandQuery(r)
+	if err != nil {
+		return nil, err
+	}
+	q.DeviceID = id
+	if q.Limit == 0 {
+		q.Limit = 100
+	}
+	cmds, err := a.fleet.JobCommands(r.Context(), q)
+	if err != nil {
+		return nil, ifNotFound(err, "device "+strconv.FormatUint(id, 10))
+	}
+	return commandsPage(cmds, q, func(c fleet.DeviceCommand) uint64 { return c.JobID }), nil
+}
+
+// changeCommand pauses, resumes or cancels a job.
+func (a *api) changeCommand(op string) apiFunc {
+	return func(r *http.Request) (any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return nil, err
+		}
+		var j fleet.Job
+		switch op {
+		case "pause", "resume":
+			j, err = a.fleet.PauseJob(r.Context(), id, op == "pause")
+		case "cancel":
+			j, err = a.fleet.CancelJob(r.Context(), id)
+		}
+		if errors.Is(err, fleet.ErrJobState) {
+			return nil, &apiError{status: http.StatusConflict, code: "conflict", msg: "cannot " + op + " a command that is " + a.jobState(id)}
+		}
+		return j, ifNotFound(err, "command "+strconv.FormatUint(id, 10))
+	}
+}
+
+func (a *api) jobState(id uint64) string {
+	j, _ := a.fleet.Job(id)
+	return j.State
+}
+
+// commandLoop expires overdue commands and closes finished jobs until ctx
+// ends.
+func (s *Server) commandLoop(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := s.fleet.SweepCommands(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("command sweep failed", "err", err)
+		}
+	}
+}
