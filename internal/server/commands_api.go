@@ -97,36 +97,19 @@ func commandQuery(r *http.Request) (fleet.CommandQuery, error) {
 	return q, nil
 }
 
-// commandsPage answers a page and the after value of the next one.
-func commandsPage(cmds []fleet.DeviceCommand, q fleet.CommandQuery, next func(fleet.DeviceCommand) uint64) any {
-	out := map[string]any{"commands": cmds}
-	if n := len(cmds); n > 0 && n == max(q.Limit, 1) {
-		out["next_after"] = strconv.FormatUint(next(cmds[n-1]), 10)
-	}
-	return out
-}
-
 func (a *api) commandDevices(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	q, err := commandQuery(r)
-	if err != nil {
-		return nil, err
-	}
-	q.JobID = id
-	if q.Limit == 0 {
-		q.Limit = 100
-	}
-	cmds, err := a.fleet.JobCommands(r.Context(), q)
-	if err != nil {
-		return nil, ifNotFound(err, "command "+strconv.FormatUint(id, 10))
-	}
-	return commandsPage(cmds, q, func(c fleet.DeviceCommand) uint64 { return c.DeviceID }), nil
+	return a.pagedCommands(r, "command ", func(q *fleet.CommandQuery, id uint64) { q.JobID = id },
+		func(c fleet.DeviceCommand) uint64 { return c.DeviceID })
 }
 
 func (a *api) deviceCommands(r *http.Request) (any, error) {
+	return a.pagedCommands(r, "device ", func(q *fleet.CommandQuery, id uint64) { q.DeviceID = id },
+		func(c fleet.DeviceCommand) uint64 { return c.JobID })
+}
+
+// pagedCommands answers a page of a job's (or a device's) commands: set
+// puts the path's {id} into the query, next is a row's after value.
+func (a *api) pagedCommands(r *http.Request, what string, set func(*fleet.CommandQuery, uint64), next func(fleet.DeviceCommand) uint64) (any, error) {
 	id, err := pathID(r)
 	if err != nil {
 		return nil, err
@@ -135,15 +118,19 @@ func (a *api) deviceCommands(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	q.DeviceID = id
+	set(&q, id)
 	if q.Limit == 0 {
 		q.Limit = 100
 	}
 	cmds, err := a.fleet.JobCommands(r.Context(), q)
 	if err != nil {
-		return nil, ifNotFound(err, "device "+strconv.FormatUint(id, 10))
+		return nil, ifNotFound(err, what+strconv.FormatUint(id, 10))
 	}
-	return commandsPage(cmds, q, func(c fleet.DeviceCommand) uint64 { return c.JobID }), nil
+	out := map[string]any{"commands": cmds}
+	if n := len(cmds); n > 0 && n == q.Limit {
+		out["next_after"] = strconv.FormatUint(next(cmds[n-1]), 10)
+	}
+	return out, nil
 }
 
 // changeCommand pauses, resumes or cancels a job.
