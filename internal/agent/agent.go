@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +35,14 @@ type Config struct {
 	HookRetry        time.Duration // a failed version is tried again after this (0: only when a new version arrives)
 	Collector        string        // shell command that prints signal and extra values
 	CollectorTimeout time.Duration
+
+	// Remote commands (commands.go): the kinds this device runs, the
+	// executable set-config and hook run (argv, no shell), the command
+	// reboot runs, and the logs read-log may read by name.
+	CommandKinds  []string
+	CommandHook   string
+	RebootCommand []string
+	Logs          map[string]string
 
 	Identity  Identity // empty fields are read from the system
 	MachineID string   // empty: the one kept in StateDir, created once
@@ -66,6 +75,8 @@ func DefaultConfig() Config {
 		EnrollRetry:      10 * time.Minute,
 		RequestTimeout:   30 * time.Second,
 		CPUWindow:        time.Second,
+		CommandKinds:     DefaultCommandKinds,
+		RebootCommand:    []string{"/sbin/reboot"},
 	}
 }
 
@@ -101,9 +112,12 @@ type Agent struct {
 	interval      time.Duration // as the server last said
 	intervalKnown bool
 	reporting     bool // this push reports a hook's result
-	bo            backoff
-	lock          *os.File
-	sleep         func(context.Context, time.Duration) bool // replaced in tests
+	// rebootAfterPush: a reboot command's result is queued; reboot once
+	// a push carried it.
+	rebootAfterPush bool
+	bo              backoff
+	lock            *os.File
+	sleep           func(context.Context, time.Duration) bool // replaced in tests
 }
 
 // New checks cfg, takes the state directory and loads the agent's state.
@@ -397,16 +411,28 @@ func (a *Agent) pushOnce(ctx context.Context) (report bool, err error) {
 		a.save()
 	}
 	body := &pushBody{Seq: a.seq, ConfigVersion: a.st.ConfigVersion, ConfigError: a.st.ConfigError, State: st}
+	body.Results = a.st.Results[:min(len(a.st.Results), protocol.MaxResultsPerPush)]
+	reboot := a.rebootAfterPush && len(body.Results) == len(a.st.Results)
 	resp, err := a.client.push(ctx, a.st.Token, body)
 	if err != nil {
 		return false, err
 	}
+	if len(body.Results) > 0 {
+		a.st.Results = slices.Delete(slices.Clone(a.st.Results), 0, len(body.Results))
+		a.save()
+	}
+	if reboot {
+		a.reboot(ctx)
+	}
 	a.setInterval(resp.PushInterval)
 	a.log.Debug("pushed", "seq", a.seq, "config_version", body.ConfigVersion, "state", describe(&st))
-	if resp.Config == nil {
-		return false, nil
+	if resp.Config != nil {
+		report = a.apply(ctx, resp.Config)
 	}
-	return a.apply(ctx, resp.Config), nil
+	if len(resp.Commands) > 0 && a.runCommands(ctx, resp.Commands) {
+		report = true
+	}
+	return report || len(a.st.Results) > 0, nil
 }
 
 // collect reads the system, runs the collector and makes sure the result

@@ -277,8 +277,9 @@ func (c *client) push(ctx context.Context, token string, p *pushBody) (protocol.
 // pushBody is what the agent sends; protocol.PushRequest carries the state
 // as raw JSON for the server's sake.
 type pushBody struct {
-	Seq           uint64         `json:"seq"`
-	ConfigVersion int64          `json:"config_version"`
-	ConfigError   string         `json:"config_error,omitempty"`
-	State         protocol.State `json:"state"`
+	Seq           uint64                   `json:"seq"`
+	ConfigVersion int64                    `json:"config_version"`
+	ConfigError   string                   `json:"config_error,omitempty"`
+	State         protocol.State           `json:"state"`
+	Results       []protocol.CommandResult `json:"results,omitempty"`
 }

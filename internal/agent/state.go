@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/protocol"
+
 	"github.com/drover/drover/internal/fsutil"
 )
 
@@ -38,6 +40,10 @@ type persisted struct {
 	ConfigError   string    `json:"config_error,omitempty"`
 	FailedVersion int64     `json:"failed_version,omitempty"` // version whose hook failed last
 	FailedAt      time.Time `json:"failed_at,omitzero"`
+	// Remote commands (commands.go): results not yet accepted by the
+	// server, and the IDs run lately (never run one twice).
+	Results      []protocol.CommandResult `json:"results,omitempty"`
+	DoneCommands []uint64                 `json:"done_commands,omitempty"`
 }
 
 // loadMachineID returns the machine ID kept in dir, creating one when there

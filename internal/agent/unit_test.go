@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -87,12 +88,13 @@ func TestMachineIDCreatedOnceAndKept(t *testing.T) {
 
 func TestStateSavedAtomicallyAndPrivately(t *testing.T) {
 	dir := t.TempDir()
-	p := persisted{DeviceID: "7", Token: "7.secret", Seq: 128, ConfigVersion: 3, ConfigError: "bad", FailedVersion: 4, FailedAt: time.Unix(100, 0).UTC()}
+	p := persisted{DeviceID: "7", Token: "7.secret", Seq: 128, ConfigVersion: 3, ConfigError: "bad", FailedVersion: 4, FailedAt: time.Unix(100, 0).UTC(),
+		Results: []protocol.CommandResult{{ID: 9, ExitCode: 1, Output: []string{"x"}, StartedAt: 1, FinishedAt: 2}}, DoneCommands: []uint64{9}}
 	if err := saveState(dir, &p); err != nil {
 		t.Fatal(err)
 	}
 	got, err := loadState(dir)
-	if err != nil || got != p {
+	if err != nil || !reflect.DeepEqual(got, p) {
 		t.Fatalf("loaded %+v, %v; want %+v", got, err, p)
 	}
 	fi, _ := os.Stat(filepath.Join(dir, stateFile))
@@ -115,7 +117,7 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, stateFile+".corrupt")); err != nil {
 		t.Fatal("corrupt file not kept for inspection")
 	}
-	if p, err := loadState(dir); err != nil || p != (persisted{}) {
+	if p, err := loadState(dir); err != nil || !reflect.DeepEqual(p, persisted{}) {
 		t.Fatalf("after moving aside: %+v, %v", p, err)
 	}
 }

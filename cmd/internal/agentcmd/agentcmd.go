@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 
 	"github.com/drover/drover/cmd/internal/command"
@@ -47,6 +48,11 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	fs.DurationVar(&cfg.EnrollRetry, "enroll-retry", cfg.EnrollRetry, "wait before registering again after the enrollment secret was rejected")
 	fs.DurationVar(&cfg.RequestTimeout, "timeout", cfg.RequestTimeout, "timeout of one request to the server")
 	fs.BoolVar(&cfg.Once, "once", false, "register if needed, push once, apply a configuration if one comes, and exit (non-zero on failure)")
+	kinds, logs, rebootCmd := strings.Join(cfg.CommandKinds, ","), "", strings.Join(cfg.RebootCommand, " ")
+	fs.StringVar(&kinds, "commands", kinds, "comma-separated remote command kinds this device runs: reboot, ping, read-log, set-config, hook (docs/protocol.md#commands); empty: none")
+	fs.StringVar(&cfg.CommandHook, "command-hook", "", "executable run (no shell) for the set-config and hook commands, with argv: set-config KEY VALUE, or hook ARGS...")
+	fs.StringVar(&logs, "logs", "", "logs the read-log command may read: comma-separated NAME=PATH, e.g. messages=/var/log/messages")
+	fs.StringVar(&rebootCmd, "reboot-command", rebootCmd, "program and arguments (split at spaces, no shell) the reboot command runs")
 	fs.StringVar(&logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&printPin, "print-pin", "", "print the --pin-pubkey value of a PEM certificate file and exit")
@@ -93,6 +99,9 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	if cfg.Server == "" {
 		return command.Usage(errors.New("--server is required"))
 	}
+	if err := commandFlags(&cfg, kinds, logs, rebootCmd); err != nil {
+		return command.Usage(err)
+	}
 	log, _, err := command.NewLogger(env.Stderr, logFormat, logLevel)
 	if err != nil {
 		return err
@@ -119,4 +128,31 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 		}
 	}()
 	return a.Run(ctx)
+}
+
+// commandFlags reads the remote command flags into cfg.
+func commandFlags(cfg *agent.Config, kinds, logs, rebootCmd string) error {
+	cfg.CommandKinds = nil
+	for _, k := range strings.Split(kinds, ",") {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if !slices.Contains(agent.KnownCommandKinds, k) {
+			return fmt.Errorf("--commands: unknown kind %q (known: %s)", k, strings.Join(agent.KnownCommandKinds, ", "))
+		}
+		cfg.CommandKinds = append(cfg.CommandKinds, k)
+	}
+	cfg.Logs = map[string]string{}
+	for _, l := range strings.Split(logs, ",") {
+		if l = strings.TrimSpace(l); l == "" {
+			continue
+		}
+		name, path, ok := strings.Cut(l, "=")
+		if !ok || name == "" || path == "" {
+			return fmt.Errorf("--logs: %q is not NAME=PATH", l)
+		}
+		cfg.Logs[name] = path
+	}
+	cfg.RebootCommand = strings.Fields(rebootCmd)
+	return nil
 }

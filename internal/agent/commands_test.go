@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/protocol"
+)
+
+// TestEndToEndCommands: the Go agent runs commands of every kind it allows
+// against a real server, refuses the others, passes arguments as argv and
+// reports output, exit codes and timeouts.
+func TestEndToEndCommands(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t, "", "")
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "messages")
+	os.WriteFile(logFile, []byte(strings.Repeat("old line\n", 2000)+"last\tline\x01\n"), 0o644)
+	hook := filepath.Join(dir, "hook.sh")
+	argsFile := filepath.Join(dir, "args")
+	os.WriteFile(hook, []byte("#!/bin/sh\nfor a in \"$@\"; do echo \"[$a]\"; done > "+argsFile+"\ncat "+argsFile+"\n[ \"$2\" = fail ] && exit 3\n[ \"$2\" = sleep ] && sleep 30\nexit 0\n"), 0o755)
+	cfg := DefaultConfig()
+	cfg.Server, cfg.EnrollSecret, cfg.StateDir = srv.s.URL, srv.s.EnrollmentSecret, filepath.Join(dir, "state")
+	cfg.TLS.CACert = srv.caFile
+	cfg.CPUWindow = 100 * time.Millisecond
+	cfg.MinBackoff, cfg.MaxBackoff = 200*time.Millisecond, time.Second
+	cfg.CommandHook, cfg.Logs = hook, map[string]string{"messages": logFile}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		a.Close()
+	}()
+	var id string
+	waitFor(t, 20*time.Second, "registration", func() bool {
+		st, _ := loadState(cfg.StateDir)
+		id = st.DeviceID
+		return id != ""
+	})
+	send := func(body map[string]any) string {
+		t.Helper()
+		body["device_id"] = id
+		var j struct {
+			ID string `json:"id"`
+		}
+		if st := srv.call("POST", "/api/v1/commands", srv.s.AdminToken, body, nil); st != 201 {
+			t.Fatalf("send %v: %d", body, st)
+		}
+		var list struct {
+			Jobs []struct {
+				ID string `json:"id"`
+			} `json:"jobs"`
+		}
+		srv.call("GET", "/api/v1/commands", srv.s.AdminToken, nil, &list)
+		j.ID = list.Jobs[0].ID
+		return j.ID
+	}
+	type result struct {
+		JobID    string   `json:"job_id"`
+		State    string   `json:"state"`
+		ExitCode int      `json:"exit_code"`
+		Error    string   `json:"error"`
+		Output   []string `json:"output"`
+	}
+	wait := func(job string) result {
+		t.Helper()
+		var r result
+		waitFor(t, 30*time.Second, "result of command "+job, func() bool {
+			var out struct{ Commands []result }
+			srv.call("GET", "/api/v1/commands/"+job+"/devices", srv.s.AdminToken, nil, &out)
+			if len(out.Commands) == 1 {
+				r = out.Commands[0]
+			}
+			return r.State == "succeeded" || r.State == "failed"
+		})
+		return r
+	}
+	r := wait(send(map[string]any{"kind": "set-config", "args": []string{"wan.mtu", "1400; touch /tmp/pwned $(id)"}}))
+	if r.State != "succeeded" || strings.Join(r.Output, "|") != "[set-config]|[wan.mtu]|[1400; touch /tmp/pwned $(id)]" {
+		t.Fatalf("set-config: %+v", r)
+	}
+	r = wait(send(map[string]any{"kind": "hook", "args": []string{"fail"}}))
+	if r.State != "failed" || r.ExitCode != 3 {
+		t.Fatalf("hook failing: %+v", r)
+	}
+	r = wait(send(map[string]any{"kind": "hook", "args": []string{"sleep"}, "timeout": 1}))
+	if r.State != "failed" || !strings.Contains(r.Error, "timed out") {
+		t.Fatalf("hook timing out: %+v", r)
+	}
+	r = wait(send(map[string]any{"kind": "read-log", "args": []string{"messages"}}))
+	total := 0
+	for _, l := range r.Output {
+		total += len(l)
+	}
+	if r.State != "succeeded" || r.Output[len(r.Output)-1] != "last line" || total > protocol.MaxResultOutputBytes {
+		t.Fatalf("read-log: %s %d lines, %d bytes, last %q", r.State, len(r.Output), total, r.Output[len(r.Output)-1])
+	}
+	r = wait(send(map[string]any{"kind": "read-log", "args": []string{"shadow"}}))
+	if r.State != "failed" || !strings.Contains(r.Error, "no log named shadow") {
+		t.Fatalf("read-log of an unconfigured log: %+v", r)
+	}
+	r = wait(send(map[string]any{"kind": "reboot"}))
+	if r.State != "failed" || !strings.Contains(r.Error, "not allowed") {
+		t.Fatalf("reboot not enabled: %+v", r)
+	}
+}
+
+func TestOutputLines(t *testing.T) {
+	got := outputLines([]byte("a\tb\r\nc\x1b[0m\xff\n\n"))
+	if strings.Join(got, "|") != "a b|c[0m?" {
+		t.Fatalf("%q", got)
+	}
+	big := outputLines([]byte(strings.Repeat("x", 3*protocol.MaxResultOutputBytes)))
+	if len(big) != 1 || len(big[0]) != protocol.MaxResultOutputBytes {
+		t.Fatalf("one long line: %d", len(big[0]))
+	}
+	r := protocol.CommandResult{ID: 1, Output: outputLines([]byte(strings.Repeat("line\n", 5000)))}
+	if err := (&protocol.PushRequest{Results: []protocol.CommandResult{r}}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
