@@ -37,6 +37,11 @@ type Options struct {
 	// the SMTP password: it is never stored, and a password set through the
 	// API or dashboard is ignored.
 	SMTPPassword string
+	// Leading, when set, says whether this server leads a cluster
+	// (docs/cluster.md): only the leader evaluates pushes and checks, so
+	// that each alert is raised once; every server reloads the rules
+	// from the store at each check, as other servers change them.
+	Leading func() bool
 }
 
 // Hook forwards fleet pushes to an Engine created after the fleet.
@@ -226,6 +231,9 @@ func sameCondition(a, b *Rule) bool {
 
 // OnPush evaluates one accepted push; it is fleet.Options.OnPush.
 func (e *Engine) OnPush(ev fleet.PushEvent) {
+	if e.opts.Leading != nil && !e.opts.Leading() {
+		return
+	}
 	st := ev.State
 	syncNow := uint64(fleet.Synchronized)
 	switch {
@@ -420,6 +428,7 @@ func (e *Engine) Run(ctx context.Context) {
 	flush := time.NewTicker(250 * time.Millisecond)
 	defer flush.Stop()
 	lastPrune := time.Time{}
+	leading := true // as New left it: the first check settles it
 	for {
 		select {
 		case <-ctx.Done():
@@ -431,6 +440,11 @@ func (e *Engine) Run(ctx context.Context) {
 			wg.Wait()
 			return
 		case <-check.C:
+			if e.opts.Leading != nil {
+				if !e.follow(ctx, &leading) {
+					continue
+				}
+			}
 			e.Check(e.now())
 			if e.opts.Retention > 0 && time.Since(lastPrune) > time.Hour {
 				lastPrune = time.Now()
@@ -637,6 +651,13 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	}
 	now := e.now().UTC().Truncate(time.Millisecond)
 	if id == 0 {
+		if e.opts.Leading != nil { // other servers create rules too
+			m, err := e.store.MaxRuleID(ctx)
+			if err != nil {
+				return Rule{}, err
+			}
+			e.maxRule = max(e.maxRule, m)
+		}
 		// Never a deleted rule's ID: its events would show as this one's.
 		r.ID, r.CreatedAt = e.maxRule+1, now
 	} else {
@@ -800,4 +821,94 @@ func (t *slotTable) get(id uint64) *atomic.Uint64 {
 	next[ci] = new(slotChunk)
 	t.chunks.Store(&next)
 	return &next[ci][off]
+}
+
+// follow keeps a cluster node's engine in step (Options.Leading): it
+// reloads the rules, and on a change of leadership takes over the stored
+// active alerts and event IDs (a new leader) or drops its alert state (no
+// longer leader). It says whether this node leads.
+func (e *Engine) follow(ctx context.Context, leading *bool) bool {
+	if err := e.reloadRules(ctx); err != nil {
+		e.log.Warn("alert rules not reloaded", "err", err)
+	}
+	now := e.opts.Leading()
+	if now == *leading {
+		return now
+	}
+	*leading = now
+	for i := range e.shards {
+		sh := &e.shards[i]
+		sh.mu.Lock()
+		clear(sh.m)
+		sh.mu.Unlock()
+	}
+	for _, r := range *e.rules.Load() {
+		r.stats.active.Store(0)
+	}
+	if !now {
+		return false
+	}
+	maxID, err := e.store.MaxEventID(ctx)
+	if err == nil {
+		for cur := e.nextEvent.Load(); maxID > cur && !e.nextEvent.CompareAndSwap(cur, maxID); cur = e.nextEvent.Load() {
+		}
+		byID := map[uint64]*compiled{}
+		for _, r := range *e.rules.Load() {
+			byID[r.ID] = r
+		}
+		err = e.restoreActive(ctx, byID)
+	}
+	if err != nil {
+		e.log.Error("alert state not taken over", "err", err)
+		*leading = false // try again at the next check
+		return false
+	}
+	e.log.Info("alert engine leads the cluster")
+	return true
+}
+
+// reloadRules replaces the rules with the stored ones, keeping the state
+// of rules whose condition did not change.
+func (e *Engine) reloadRules(ctx context.Context) error {
+	stored, err := e.store.LoadRules(ctx)
+	if err != nil {
+		return err
+	}
+	maxRule, err := e.store.MaxRuleID(ctx)
+	if err != nil {
+		return err
+	}
+	e.rulesMu.Lock()
+	defer e.rulesMu.Unlock()
+	e.maxRule = max(e.maxRule, maxRule)
+	list := *e.rules.Load()
+	byID := make(map[uint64]*compiled, len(list))
+	for _, c := range list {
+		byID[c.ID] = c
+	}
+	next := make([]*compiled, 0, len(stored))
+	changed := len(stored) != len(list)
+	for _, r := range stored {
+		prev := byID[r.ID]
+		delete(byID, r.ID)
+		if prev != nil && prev.UpdatedAt.Equal(r.UpdatedAt) {
+			next = append(next, prev)
+			continue
+		}
+		changed = true
+		c := e.compile(r, prev)
+		next = append(next, c)
+		if prev != nil && prev.gen != c.gen {
+			e.retire(prev, "rule changed")
+		}
+	}
+	if !changed {
+		return nil
+	}
+	sort.Slice(next, func(i, j int) bool { return next[i].ID < next[j].ID })
+	e.rules.Store(&next)
+	for _, gone := range byID {
+		e.retire(gone, "rule deleted")
+	}
+	return nil
 }

@@ -48,6 +48,7 @@ func DefaultConfig() Config {
 const (
 	subjChanges = ".changes" // payload: the node's name; read the change log now
 	subjStates  = ".states"  // payload: a node's push summaries (JSON)
+	subjPushes  = ".pushes"  // payload: a node's whole push events, for the leader's alerts (JSON)
 )
 
 // gapWait is how long a hole in the change log's sequence numbers is
@@ -80,7 +81,9 @@ type Node struct {
 	lastPoll  atomic.Int64 // unix ns of the last successful poll
 
 	pmu     sync.Mutex
-	pending []summary // this node's pushes not yet published
+	pending []summary         // this node's pushes not yet published
+	fwd     []fleet.PushEvent // the same, whole, while not leading
+	forward func(fleet.PushEvent)
 }
 
 // summary is one push as other nodes learn it.
@@ -192,6 +195,18 @@ func (n *Node) connect() {
 			return
 		}
 		n.applyStates(b.S)
+	})
+	nc.Subscribe(n.prefix+subjPushes, func(m *nats.Msg) {
+		if !n.leader.Load() || n.forward == nil {
+			return
+		}
+		var evs []fleet.PushEvent
+		if json.Unmarshal(m.Data, &evs) != nil {
+			return
+		}
+		for _, ev := range evs {
+			n.forward(ev)
+		}
 	})
 }
 
@@ -335,6 +350,10 @@ func (n *Node) beat(ctx context.Context) error {
 	return n.st.Heartbeat(ctx, n.self)
 }
 
+// Forward sets where the leader passes the pushes other nodes took (the
+// alert engine's hook); call it before Run.
+func (n *Node) Forward(f func(fleet.PushEvent)) { n.forward = f }
+
 // OnPush notes a push this node took, for the next publication; chain it
 // into fleet.Options.OnPush.
 func (n *Node) OnPush(ev fleet.PushEvent) {
@@ -344,6 +363,9 @@ func (n *Node) OnPush(ev fleet.PushEvent) {
 	n.pmu.Lock()
 	if len(n.pending) < 100000 {
 		n.pending = append(n.pending, summary{ID: ev.DeviceID, At: ev.At.UnixNano(), Seq: ev.Seq, Ver: ev.ConfigVersion, Err: ev.ConfigError})
+		if !n.leader.Load() && n.forward != nil {
+			n.fwd = append(n.fwd, ev)
+		}
 	}
 	n.pmu.Unlock()
 }
@@ -352,11 +374,19 @@ func (n *Node) OnPush(ev fleet.PushEvent) {
 // most 2000 (NATS's default payload limit is 1 MiB).
 func (n *Node) publish() {
 	n.pmu.Lock()
-	p := n.pending
-	n.pending = nil
+	p, fwd := n.pending, n.fwd
+	n.pending, n.fwd = nil, nil
 	n.pmu.Unlock()
 	if len(p) == 0 || !n.natsUp.Load() {
 		return // the others read them from the database meanwhile
+	}
+	for len(fwd) > 0 {
+		k := min(len(fwd), 500)
+		b, err := json.Marshal(fwd[:k])
+		if err == nil {
+			n.nc.Publish(n.prefix+subjPushes, b)
+		}
+		fwd = fwd[k:]
 	}
 	for len(p) > 0 {
 		k := min(len(p), 2000)

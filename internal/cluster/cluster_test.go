@@ -501,6 +501,68 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("each alert is raised once", func(t *testing.T) {
+		// A rule made on B; pushes meeting it on both nodes; one device
+		// falls silent. Whichever node leads, each alert is raised once.
+		for _, rule := range []string{`{"name":"hot","kind":"cpu_above","threshold":50,"severity":"warning"}`,
+			`{"name":"gone","kind":"offline","seconds":2,"severity":"critical"}`} {
+			if st, body := b.do("POST", "/api/v1/alerts/rules", adminToken, rule); st != 201 {
+				t.Fatalf("rule: %d %s", st, body)
+			}
+		}
+		hot := a.mustRegister("m-hot")
+		silent := b.mustRegister("m-silent")
+		if st, _ := b.push(silent.Token); st != 200 {
+			t.Fatal("push")
+		}
+		events := func(n *node, device string) map[string]int {
+			st, body := n.do("GET", "/api/v1/alerts?device_id="+device, adminToken, "")
+			var v struct {
+				Alerts []struct {
+					ID   string `json:"id"`
+					Rule string `json:"rule"`
+				} `json:"alerts"`
+			}
+			if st != 200 || json.Unmarshal(body, &v) != nil {
+				t.Fatalf("alerts: %d %s", st, body)
+			}
+			out := map[string]int{}
+			for _, e := range v.Alerts {
+				out[e.Rule]++
+			}
+			return out
+		}
+		cpu := func(n *node) {
+			seqMu.Lock()
+			seq[hot.Token]++
+			sq := seq[hot.Token]
+			seqMu.Unlock()
+			if st, body := n.do("POST", "/api/v1/push", hot.Token, fmt.Sprintf(`{"seq":%d,"config_version":0,"state":{"cpu":90}}`, sq)); st != 200 {
+				t.Fatalf("push on %s: %d %s", n.name, st, body)
+			}
+		}
+		within(t, 30*time.Second, "the cpu alert", func() bool {
+			cpu(a)
+			cpu(b)
+			time.Sleep(200 * time.Millisecond)
+			return events(a, hot.DeviceID)["hot"] > 0
+		})
+		within(t, 30*time.Second, "the offline alert", func() bool { return events(b, silent.DeviceID)["gone"] > 0 })
+		for range 5 {
+			cpu(a)
+			cpu(b)
+		}
+		time.Sleep(6 * time.Second) // more than a check of every node
+		for _, n := range []*node{a, b} {
+			if got := events(n, hot.DeviceID)["hot"]; got != 1 {
+				t.Errorf("cpu alerts seen on %s: %d, want 1", n.name, got)
+			}
+			if got := events(n, silent.DeviceID)["gone"]; got != 1 {
+				t.Errorf("offline alerts seen on %s: %d, want 1", n.name, got)
+			}
+		}
+	})
+
 	t.Run("without NATS", func(t *testing.T) {
 		nats.stop()
 		within(t, 10*time.Second, "readyz says degraded", func() bool {

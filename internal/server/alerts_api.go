@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/drover/drover/internal/alert"
 )
@@ -34,8 +35,14 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 			return fmt.Errorf("smtp-password-file %s is empty", f)
 		}
 	}
-	eng, err := alert.New(ctx, alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention, Hook: hook,
-		SecretKey: s.Secrets.settingsKey(), SMTPPassword: smtpPassword})
+	opts := alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention, Hook: hook,
+		SecretKey: s.Secrets.settingsKey(), SMTPPassword: smtpPassword}
+	if s.node != nil {
+		// The leader alone raises alerts (docs/cluster.md); it checks
+		// more often, as leadership may move.
+		opts.Leading, opts.CheckEvery = s.node.Leader, 5*time.Second
+	}
+	eng, err := alert.New(ctx, opts)
 	if err != nil {
 		return err
 	}

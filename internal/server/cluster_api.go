@@ -30,6 +30,7 @@ func (s *Server) joinCluster(ctx context.Context, opts *fleet.Options) error {
 	s.m.watchNode(n)
 	opts.Cluster = s.cstore
 	onPush := opts.OnPush
+	n.Forward(onPush) // other nodes' pushes, for the alert engine of the leader
 	opts.OnPush = func(ev fleet.PushEvent) {
 		onPush(ev)
 		n.OnPush(ev)
