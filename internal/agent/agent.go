@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/drover/drover/internal/buildinfo"
@@ -43,6 +44,9 @@ type Config struct {
 	CommandHook   string
 	RebootCommand []string
 	Logs          map[string]string
+	// Connect holds a persistent connection to the server, which then
+	// reaches the device within a second (connect.go).
+	Connect bool
 
 	Identity  Identity // empty fields are read from the system
 	MachineID string   // empty: the one kept in StateDir, created once
@@ -115,9 +119,13 @@ type Agent struct {
 	// rebootAfterPush: a reboot command's result is queued; reboot once
 	// a push carried it.
 	rebootAfterPush bool
-	bo              backoff
-	lock            *os.File
-	sleep           func(context.Context, time.Duration) bool // replaced in tests
+	// Persistent connection (connect.go): the token it authenticates
+	// with, and the server's requests to push now.
+	connToken atomic.Value // string
+	nudges    chan struct{}
+	bo        backoff
+	lock      *os.File
+	sleep     func(context.Context, time.Duration) bool // replaced in tests
 }
 
 // New checks cfg, takes the state directory and loads the agent's state.
@@ -268,7 +276,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent starting", "server", a.cfg.Server, "machine_id", a.machineID, "device_id", a.st.DeviceID,
 		"device_type", a.identity.DeviceType, "firmware", a.identity.Firmware, "state_dir", a.cfg.StateDir)
 	justRegistered, reported := false, false
+	if a.cfg.Connect && !a.cfg.Once {
+		a.nudges = make(chan struct{}, 1)
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go a.holdConnection(cctx)
+	}
 	for {
+		a.connToken.Store(a.st.Token)
 		if a.st.Token == "" {
 			wait, err := a.register(ctx)
 			if ctx.Err() != nil {
@@ -326,7 +341,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			wait = a.retryDelay(err)
 			a.log.Warn("push failed", "err", err, "retry_in", wait.Round(time.Millisecond))
 		}
-		if !a.sleep(ctx, wait) {
+		a.connToken.Store(a.st.Token)
+		if !a.wait(ctx, wait) {
 			return nil
 		}
 	}

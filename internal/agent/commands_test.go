@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/server/servertest"
 )
 
 // TestEndToEndCommands: the Go agent runs commands of every kind it allows
@@ -128,4 +130,59 @@ func TestOutputLines(t *testing.T) {
 	if err := (&protocol.PushRequest{Results: []protocol.CommandResult{r}}).Validate(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPersistentConnection: with Connect, a command reaches an agent whose
+// push interval is an hour (the server asks it to push over the
+// WebSocket), and so does a new configuration.
+func TestPersistentConnection(t *testing.T) {
+	t.Parallel()
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.PushInterval = 3600 }})
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(ca, s.CACertPEM, 0o644)
+	srv := &realServer{t: t, s: s, caFile: ca}
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "hook.sh")
+	os.WriteFile(hook, []byte("#!/bin/sh\necho ran \"$@\"\n"), 0o755)
+	cfg := DefaultConfig()
+	cfg.Server, cfg.EnrollSecret, cfg.StateDir = srv.s.URL, srv.s.EnrollmentSecret, filepath.Join(dir, "state")
+	cfg.TLS.CACert = srv.caFile
+	cfg.CPUWindow = 10 * time.Millisecond
+	cfg.CommandHook, cfg.Connect, cfg.Hook = hook, true, "cat > "+filepath.Join(dir, "applied")
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		a.Close()
+	}()
+	var id string
+	waitFor(t, 20*time.Second, "first push", func() bool {
+		st, _ := loadState(cfg.StateDir)
+		id = st.DeviceID
+		return id != "" && srv.device(id).Seq >= 1
+	})
+	waitFor(t, 20*time.Second, "the connection", func() bool {
+		return srv.s.Metric("drover_device_connections", nil) == 1
+	})
+	if st := srv.call("POST", "/api/v1/commands", srv.s.AdminToken, map[string]any{"kind": "hook", "args": []string{"now"}, "device_id": id}, nil); st != 201 {
+		t.Fatalf("send: %d", st)
+	}
+	waitFor(t, 20*time.Second, "the command's result without waiting for the interval", func() bool {
+		var out struct {
+			Commands []struct{ State string }
+		}
+		srv.call("GET", "/api/v1/devices/"+id+"/commands", srv.s.AdminToken, nil, &out)
+		return len(out.Commands) == 1 && out.Commands[0].State == "succeeded"
+	})
+	d := srv.device(id)
+	srv.setConfig(d.ProfileID, `{"apn":"now"}`)
+	waitFor(t, 20*time.Second, "the configuration without waiting for the interval", func() bool {
+		return srv.device(id).SyncState == "synchronized" && srv.device(id).AppliedVersion > 0
+	})
 }

@@ -10,6 +10,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -173,6 +174,9 @@ type commands struct {
 	store CommandStore // nil: memory only
 	w     cmdWriter
 	wg    sync.WaitGroup // creation goroutines
+	// notify is called for each device that gets a command (OnCommands).
+	notify        atomic.Pointer[func(uint64)]
+	profileNotify atomic.Pointer[func(uint64)] // OnProfileChange
 }
 
 func (c *commands) init() {
@@ -485,6 +489,7 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 		enqueue(d, &devCmd{job: j, state: CmdQueued, queuedAt: now.UnixNano()})
 		d.mu.Unlock()
 		j.counts[CmdQueued].Add(1)
+		s.cmds.notifyDevice(id)
 	}
 	j.mu.Lock()
 	j.rec.Cursor, j.rec.Creating = rec.Cursor, rec.Creating
@@ -825,4 +830,57 @@ func UnmarshalOutput(s string) ([]string, error) {
 	var out []string
 	err := json.Unmarshal([]byte(s), &out)
 	return out, err
+}
+
+// OnProfileChange sets fn to be called with a profile's ID after its
+// configuration or interval changed. fn must be fast.
+func (s *Service) OnProfileChange(fn func(profileID uint64)) { s.cmds.profileNotify.Store(&fn) }
+
+func (c *commands) notifyProfile(id uint64) {
+	if fn := c.profileNotify.Load(); fn != nil {
+		(*fn)(id)
+	}
+}
+
+// OnCommands sets fn to be called with a device's ID whenever commands are
+// queued for it (persistent connections tell the device to push at once).
+// fn must be fast and must not call back into the Service.
+func (s *Service) OnCommands(fn func(deviceID uint64)) { s.cmds.notify.Store(&fn) }
+
+func (c *commands) notifyDevice(id uint64) {
+	if fn := c.notify.Load(); fn != nil {
+		(*fn)(id)
+	}
+}
+
+// Authenticate returns the ID of the device a token belongs to, if the
+// device may push (ErrUnauthorized, or an admission error, otherwise).
+func (s *Service) Authenticate(token string) (uint64, error) {
+	d, hash, ok := s.deviceForToken(token)
+	if !ok {
+		return 0, ErrUnauthorized
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
+		return 0, ErrUnauthorized
+	}
+	if err := admissionError(d.admission); err != nil {
+		return 0, err
+	}
+	return d.id, nil
+}
+
+// ProfileOf returns the ID of a device's profile (0: unknown device).
+func (s *Service) ProfileOf(id uint64) uint64 {
+	d := s.get(id)
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.profile == nil {
+		return 0
+	}
+	return d.profile.get().ID
 }

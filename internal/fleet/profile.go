@@ -244,6 +244,7 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	}
 	e.p.Store(&next)
 	s.recordRevision(ctx, &next, by, note)
+	s.cmds.notifyProfile(next.ID)
 	s.log.Info("profile updated", "profile_id", next.ID, "version", next.Version, "by", by, "note", note)
 	return next, nil
 }

@@ -18,6 +18,8 @@ import (
 const (
 	PathRegister = "/api/v1/register"
 	PathPush     = "/api/v1/push"
+	// PathConnect is the optional persistent connection (WebSocket).
+	PathConnect = "/api/v1/connect"
 	// PathFirmware prefixes a firmware file's address on the server:
 	// PathFirmware + "<id>/file" (docs/firmware.md).
 	PathFirmware = "/api/v1/firmware/"

@@ -41,6 +41,7 @@ type api struct {
 	warnLimit  rateLimiter
 	regLimit   *regLimiter // registrations; nil: unlimited
 	fw         firmwareFiles
+	hub        *hub // persistent connections; nil: none (connect.go)
 
 	// metricsToken may read /metrics only; nil: none.
 	metricsToken []byte

@@ -33,6 +33,7 @@ type metrics struct {
 	badRequests   *prometheus.CounterVec
 	duration      *prometheus.HistogramVec
 	inflight      prometheus.Gauge
+	connections   prometheus.Gauge // persistent device connections
 	commitSize    prometheus.Histogram
 	commitTime    prometheus.Histogram
 	commitErrors  prometheus.Counter
@@ -64,6 +65,9 @@ func newMetrics() *metrics {
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "drover_inflight_requests", Help: "Device requests being handled.",
 	})
+	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "drover_device_connections", Help: "Devices holding a persistent connection.",
+	})
 	m.commitSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "drover_store_commit_records", Help: "Records per store commit (grouped commits).",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 16),
@@ -91,7 +95,7 @@ func newMetrics() *metrics {
 		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "goversion": bi.GoVersion},
 	})
 	buildInfo.Set(1)
-	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight,
+	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight, m.connections,
 		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers, m.firmwareDownloads,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {

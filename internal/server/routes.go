@@ -76,6 +76,7 @@ func (a *api) table() []route {
 	return []route{
 		// Device protocol (docs/protocol.md).
 		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.registerDevice, limited: true, outcomes: m.registrations, ok: regOK},
+		{method: "GET", path: protocol.PathConnect, endpoint: "connect", h: a.connectHandler()},
 		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.refuseOverQuota, outcomes: m.pushes, ok: pushOK},
 
 		// Operator API (docs/operations.md).

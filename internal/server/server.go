@@ -52,6 +52,7 @@ type Server struct {
 	draining  atomic.Bool
 	stopHolds chan struct{} // closed on draining: held over-quota answers go out
 	pruneDone chan struct{}
+	hub       *hub          // devices' persistent connections (connect.go)
 	alerts    *alert.Engine // alerts_api.go
 	node      *cluster.Node // cluster mode (cluster_api.go); nil: not
 	cstore    store.Cluster // the store, in cluster mode
@@ -68,7 +69,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: log, m: newMetrics(), pruneDone: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, m: newMetrics(), pruneDone: make(chan struct{}), hub: newHub()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -197,6 +198,11 @@ func (s *Server) buildHandler(context.Context) error {
 	} else if s.cfg.Cluster {
 		a.node = []string{s.cfg.ClusterNode()}
 	}
+	a.hub = s.hub
+	s.fleet.OnCommands(s.hub.notify)
+	s.fleet.OnProfileChange(func(profile uint64) {
+		go s.hub.notifyWhere(func(id uint64) bool { return s.fleet.ProfileOf(id) == profile })
+	})
 	s.stopHolds = make(chan struct{})
 	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}
@@ -431,6 +437,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	stopPrune()
 	<-s.pruneDone
 	<-cmdDone
+	s.hub.close()
 	shutCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var wg sync.WaitGroup

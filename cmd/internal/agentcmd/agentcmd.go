@@ -53,6 +53,7 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	fs.StringVar(&cfg.CommandHook, "command-hook", "", "executable run (no shell) for the set-config and hook commands, with argv: set-config KEY VALUE, or hook ARGS...")
 	fs.StringVar(&logs, "logs", "", "logs the read-log command may read: comma-separated NAME=PATH, e.g. messages=/var/log/messages")
 	fs.StringVar(&rebootCmd, "reboot-command", rebootCmd, "program and arguments (split at spaces, no shell) the reboot command runs")
+	fs.BoolVar(&cfg.Connect, "connect", false, "hold a persistent connection (WebSocket) to the server, which then reaches this device within a second; pushes go on as usual")
 	fs.StringVar(&logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&printPin, "print-pin", "", "print the --pin-pubkey value of a PEM certificate file and exit")

@@ -1,0 +1,87 @@
+package agent
+
+// The persistent connection (docs/protocol.md#persistent-connection): with
+// Config.Connect the agent holds a WebSocket to the server, which sends
+// {"type":"push"} when it has something for the device; the agent then
+// pushes at once. Pushes go on as before whether or not it is connected.
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/drover/drover/internal/protocol"
+)
+
+// connectURL is the WebSocket URL of the server.
+func (c *client) connectURL() string {
+	u := c.base + protocol.PathConnect
+	if rest, ok := strings.CutPrefix(u, "https://"); ok {
+		return "wss://" + rest
+	}
+	return "ws://" + strings.TrimPrefix(u, "http://")
+}
+
+// holdConnection keeps the connection up until ctx ends, redialling with
+// backoff, and signals a.nudges when the server asks for a push.
+func (a *Agent) holdConnection(ctx context.Context) {
+	bo := backoff{min: a.cfg.MinBackoff, max: a.cfg.MaxBackoff}
+	// No overall timeout: the connection lives on after the upgrade.
+	hc := &http.Client{Transport: a.client.http.Transport}
+	for ctx.Err() == nil {
+		token, _ := a.connToken.Load().(string)
+		if token == "" {
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		dctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout)
+		ws, _, err := websocket.Dial(dctx, a.client.connectURL(), &websocket.DialOptions{HTTPClient: hc,
+			HTTPHeader: http.Header{"Authorization": {"Bearer " + token}, "User-Agent": {a.client.userAgent}}})
+		cancel()
+		if err != nil {
+			wait := bo.next()
+			a.log.Debug("persistent connection failed; pushing on schedule", "err", err, "retry_in", wait.Round(time.Millisecond))
+			sleepCtx(ctx, wait)
+			continue
+		}
+		bo.reset()
+		a.log.Info("persistent connection up")
+		ws.SetReadLimit(protocol.MaxBodyBytes)
+		for {
+			_, msg, err := ws.Read(ctx) // answers the server's pings
+			if err != nil {
+				a.log.Info("persistent connection lost; pushing on schedule", "err", err)
+				break
+			}
+			var m struct{ Type string }
+			if json.Unmarshal(msg, &m) == nil && m.Type == "push" {
+				select {
+				case a.nudges <- struct{}{}:
+				default:
+				}
+			}
+		}
+		ws.CloseNow()
+		sleepCtx(ctx, bo.next())
+	}
+}
+
+// wait sleeps d, or less when the server asks for a push.
+func (a *Agent) wait(ctx context.Context, d time.Duration) bool {
+	if a.nudges == nil {
+		return a.sleep(ctx, d)
+	}
+	t := time.NewTimer(max(d, 0))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-a.nudges:
+		a.log.Debug("server asked for a push")
+	}
+	return true
+}
