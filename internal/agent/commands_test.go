@@ -25,29 +25,8 @@ func TestEndToEndCommands(t *testing.T) {
 	hook := filepath.Join(dir, "hook.sh")
 	argsFile := filepath.Join(dir, "args")
 	os.WriteFile(hook, []byte("#!/bin/sh\nfor a in \"$@\"; do echo \"[$a]\"; done > "+argsFile+"\ncat "+argsFile+"\n[ \"$2\" = fail ] && exit 3\n[ \"$2\" = sleep ] && sleep 30\nexit 0\n"), 0o755)
-	cfg := DefaultConfig()
-	cfg.Server, cfg.EnrollSecret, cfg.StateDir = srv.s.URL, srv.s.EnrollmentSecret, filepath.Join(dir, "state")
-	cfg.TLS.CACert = srv.caFile
-	cfg.CPUWindow = 100 * time.Millisecond
-	cfg.MinBackoff, cfg.MaxBackoff = 200*time.Millisecond, time.Second
-	cfg.CommandHook, cfg.Logs = hook, map[string]string{"messages": logFile}
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-		a.Close()
-	}()
-	var id string
-	waitFor(t, 20*time.Second, "registration", func() bool {
-		st, _ := loadState(cfg.StateDir)
-		id = st.DeviceID
-		return id != ""
+	id := startAgent(t, srv, dir, func(cfg *Config) {
+		cfg.CommandHook, cfg.Logs = hook, map[string]string{"messages": logFile}
 	})
 	send := func(body map[string]any) string {
 		t.Helper()
@@ -144,29 +123,10 @@ func TestPersistentConnection(t *testing.T) {
 	dir := t.TempDir()
 	hook := filepath.Join(dir, "hook.sh")
 	os.WriteFile(hook, []byte("#!/bin/sh\necho ran \"$@\"\n"), 0o755)
-	cfg := DefaultConfig()
-	cfg.Server, cfg.EnrollSecret, cfg.StateDir = srv.s.URL, srv.s.EnrollmentSecret, filepath.Join(dir, "state")
-	cfg.TLS.CACert = srv.caFile
-	cfg.CPUWindow = 10 * time.Millisecond
-	cfg.CommandHook, cfg.Connect, cfg.Hook = hook, true, "cat > "+filepath.Join(dir, "applied")
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-		a.Close()
-	}()
-	var id string
-	waitFor(t, 20*time.Second, "first push", func() bool {
-		st, _ := loadState(cfg.StateDir)
-		id = st.DeviceID
-		return id != "" && srv.device(id).Seq >= 1
+	id := startAgent(t, srv, dir, func(cfg *Config) {
+		cfg.CommandHook, cfg.Connect, cfg.Hook = hook, true, "cat > "+filepath.Join(dir, "applied")
 	})
+	waitFor(t, 20*time.Second, "first push", func() bool { return srv.device(id).Seq >= 1 })
 	waitFor(t, 20*time.Second, "the connection", func() bool {
 		return srv.s.Metric("drover_device_connections", nil) == 1
 	})
@@ -185,4 +145,35 @@ func TestPersistentConnection(t *testing.T) {
 	waitFor(t, 20*time.Second, "the configuration without waiting for the interval", func() bool {
 		return srv.device(id).SyncState == "synchronized" && srv.device(id).AppliedVersion > 0
 	})
+}
+
+// startAgent runs an agent against srv with its state in dir, changed by
+// set, until the test ends, and returns its device ID once registered.
+func startAgent(t *testing.T, srv *realServer, dir string, set func(*Config)) string {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Server, cfg.EnrollSecret, cfg.StateDir = srv.s.URL, srv.s.EnrollmentSecret, filepath.Join(dir, "state")
+	cfg.TLS.CACert = srv.caFile
+	cfg.CPUWindow = 10 * time.Millisecond
+	cfg.MinBackoff, cfg.MaxBackoff = 200*time.Millisecond, time.Second
+	set(&cfg)
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		a.Close()
+	})
+	var id string
+	waitFor(t, 20*time.Second, "registration", func() bool {
+		st, _ := loadState(cfg.StateDir)
+		id = st.DeviceID
+		return id != ""
+	})
+	return id
 }
