@@ -34,6 +34,10 @@ type Config struct {
 	EnrollmentSecret string
 	CACertPEM        []byte // trusted certificates; nil: the system's
 	Insecure         bool   // skip certificate verification
+	// TLSKeyExchange is what the emulated devices offer, as the agent's
+	// --tls-key-exchange: "classic" (X25519, P-256, P-384: no post-quantum
+	// key share computed per handshake) or "hybrid" (also X25519MLKEM768).
+	TLSKeyExchange string
 
 	Devices int    // the whole fleet
 	Shard   Shard  // this process's share (zero: 1/1)
@@ -79,7 +83,7 @@ func DefaultConfig() Config {
 		Devices: 1000, Seed: "drover", Mode: ModeFleet, Interval: 200 * time.Second,
 		Workers: 8, Loops: 10, RampStart: 8, RampFactor: 2, RampStepDuration: 10 * time.Second,
 		MaxInflight: 10000, Timeout: 30 * time.Second, MaxRetries: 5, MaxRetryWait: time.Minute,
-		LateAfter: 100 * time.Millisecond, DeviceType: "router", Model: "EMU-R1", Firmware: "7.4.2",
+		LateAfter: 100 * time.Millisecond, TLSKeyExchange: "classic", DeviceType: "router", Model: "EMU-R1", Firmware: "7.4.2",
 	}
 }
 
@@ -126,6 +130,13 @@ func (c *Config) Validate() error {
 	case ConnNew, ConnResume, ConnKeepAlive:
 	default:
 		return fmt.Errorf("conn %q: want new, resume or keepalive", c.Conn)
+	}
+	switch c.TLSKeyExchange {
+	case "":
+		c.TLSKeyExchange = "classic"
+	case "classic", "hybrid":
+	default:
+		return fmt.Errorf("TLS key exchange %q: want classic or hybrid", c.TLSKeyExchange)
 	}
 	if c.Interval <= 0 || c.Duration < 0 {
 		return errors.New("interval and duration must be positive")

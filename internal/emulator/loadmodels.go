@@ -87,8 +87,12 @@ func (e *engine) runFleet(ctx context.Context) error {
 		phases[i] = phase(d)
 	}
 	start := e.start
-	sem := make(chan struct{}, e.cfg.MaxInflight)
+	// Pushes run on a pool of workers that grows to the largest number in
+	// flight (at most MaxInflight): a goroutine per push would cost a new
+	// stack, and its growth, every time.
+	jobs := make(chan fleetJob)
 	var wg sync.WaitGroup
+	workers := 0
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	limited := false
@@ -116,22 +120,27 @@ dispatch:
 			}
 			for {
 				if d.state.CompareAndSwap(0, 1) {
+					job := fleetJob{d, due}
 					select {
-					case sem <- struct{}{}:
+					case jobs <- job: // an idle worker took it
 					default:
+						if workers < e.cfg.MaxInflight {
+							workers++
+							wg.Add(1)
+							go e.fleetWorker(ctx, job, jobs, &wg)
+							break
+						}
 						if !limited {
 							limited = true
 							e.warnOnce("inflight", fmt.Sprintf("%d operations in flight (--max-inflight): sends are delayed; the server answers too slowly for this fleet or the limit is too low", e.cfg.MaxInflight))
 						}
 						select {
-						case sem <- struct{}{}:
+						case jobs <- job:
 						case <-ctx.Done():
 							d.state.Store(0)
 							break dispatch
 						}
 					}
-					wg.Add(1)
-					go e.fleetDevice(ctx, d, due, sem, &wg)
 					break
 				}
 				if d.state.Load() == 2 {
@@ -145,15 +154,32 @@ dispatch:
 			}
 		}
 	}
+	close(jobs)
 	wg.Wait()
 	return ctx.Err()
 }
 
-func (e *engine) fleetDevice(ctx context.Context, d *device, due time.Time, sem chan struct{}, wg *sync.WaitGroup) {
+// fleetJob is one scheduled push.
+type fleetJob struct {
+	d   *device
+	due time.Time
+}
+
+// fleetWorker runs job, then every job it takes until jobs closes.
+func (e *engine) fleetWorker(ctx context.Context, job fleetJob, jobs <-chan fleetJob, wg *sync.WaitGroup) {
 	defer wg.Done()
-	defer func() { <-sem }()
 	s := e.getScratch()
 	defer e.putScratch(s)
+	for {
+		e.fleetDevice(ctx, job.d, job.due, s)
+		var ok bool
+		if job, ok = <-jobs; !ok {
+			return
+		}
+	}
+}
+
+func (e *engine) fleetDevice(ctx context.Context, d *device, due time.Time, s *scratch) {
 	for {
 		e.pushDevice(ctx, d, s, due, true)
 		if d.state.CompareAndSwap(1, 0) {

@@ -41,6 +41,7 @@ type transport struct {
 	tlsConf *tls.Config
 	mode    ConnMode
 	dialers []*net.Dialer
+	raw     []*rawDialer // the lean dialers (Linux, IP address targets), one per source address
 	next    atomic.Uint32
 	timeout time.Duration
 
@@ -55,9 +56,15 @@ type transport struct {
 
 type conn struct {
 	nc   net.Conn
+	raw  net.Conn // the TCP connection under nc; shutdown sets its deadline
 	br   *bufio.Reader
-	used int // requests answered on this connection
+	used int  // requests answered on this connection
+	set  bool // the deadline of the first request is already set
 }
+
+// conns recycles connection records and their read buffers: with a new
+// connection per request, one 4 KiB buffer per request would be garbage.
+var conns = sync.Pool{New: func() any { return &conn{br: bufio.NewReaderSize(nil, 4096)} }}
 
 func newTransport(target *url.URL, tlsConf *tls.Config, mode ConnMode, sources []net.IP, timeout time.Duration) (*transport, error) {
 	t := &transport{mode: mode, timeout: timeout, host: target.Host, all: map[*conn]struct{}{}}
@@ -92,6 +99,21 @@ func newTransport(target *url.URL, tlsConf *tls.Config, mode ConnMode, sources [
 	for _, ip := range sources {
 		t.dialers = append(t.dialers, &net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: ip}, Control: bindNoPort})
 	}
+	if ip := net.ParseIP(target.Hostname()); ip != nil {
+		n, _ := strconv.Atoi(port)
+		raddr := &net.TCPAddr{IP: ip, Port: n}
+		if len(sources) == 0 {
+			sources = []net.IP{nil}
+		}
+		for _, src := range sources {
+			d, ok := newRawDialer(raddr, src)
+			if !ok {
+				t.raw = nil
+				break
+			}
+			t.raw = append(t.raw, d)
+		}
+	}
 	return t, nil
 }
 
@@ -114,22 +136,50 @@ func (t *transport) get(ctx context.Context) (*conn, error) {
 }
 
 func (t *transport) dial(ctx context.Context) (*conn, error) {
-	d := t.dialers[0]
-	if len(t.dialers) > 1 {
-		d = t.dialers[int(t.next.Add(1))%len(t.dialers)]
+	i := 0
+	if n := max(len(t.raw), len(t.dialers)); n > 1 {
+		i = int(t.next.Add(1) % uint32(n))
 	}
 	t.dials.Add(1)
-	nc, err := d.DialContext(ctx, "tcp", t.addr)
+	var nc net.Conn
+	var err error
+	if t.raw != nil {
+		nc, err = t.raw[i].dial(time.Now().Add(t.timeout))
+	} else {
+		nc, err = t.dialers[i].DialContext(ctx, "tcp", t.addr)
+		if err == nil {
+			err = nc.SetDeadline(time.Now().Add(t.timeout))
+		}
+	}
 	if err != nil {
 		t.dialErrors.Add(1)
 		return nil, err
 	}
+	c := conns.Get().(*conn)
+	c.nc, c.raw, c.used, c.set = nc, nc, 0, true
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		nc.Close()
+		conns.Put(c)
+		return nil, context.Canceled
+	}
+	t.all[c] = struct{}{} // from here, shutdown can interrupt it
+	t.mu.Unlock()
+	if n := t.open.Add(1); n > t.maxOpen.Load() {
+		t.maxOpen.Store(n) // racy maximum; good enough for a gauge
+	}
 	if t.tlsConf != nil {
 		tc := tls.Client(nc, t.tlsConf)
-		tc.SetDeadline(time.Now().Add(t.timeout))
-		if err := tc.HandshakeContext(ctx); err != nil {
+		// Handshake, not HandshakeContext: that starts a goroutine per
+		// handshake to watch ctx; shutdown interrupts through the deadline.
+		if err := tc.Handshake(); err != nil {
 			t.tlsErrors.Add(1)
-			nc.Close()
+			t.closeConn(c)
+			if t.raw != nil && isConnectErr(err) {
+				t.dialErrors.Add(1) // the connect itself failed (found by the first write)
+				return nil, err
+			}
 			return nil, &tlsError{err}
 		}
 		if tc.ConnectionState().DidResume {
@@ -137,21 +187,17 @@ func (t *transport) dial(ctx context.Context) (*conn, error) {
 		} else {
 			t.tlsFull.Add(1)
 		}
-		nc = tc
+		c.nc = tc
 	}
-	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, 4096)}
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		nc.Close()
-		return nil, context.Canceled
-	}
-	t.all[c] = struct{}{}
-	t.mu.Unlock()
-	if n := t.open.Add(1); n > t.maxOpen.Load() {
-		t.maxOpen.Store(n) // racy maximum; good enough for a gauge
-	}
+	c.br.Reset(c.nc)
 	return c, nil
+}
+
+// isConnectErr tells whether err is a connect's failure, which the lean
+// dialer learns from the first write or read.
+func isConnectErr(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EADDRNOTAVAIL) ||
+		errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTUNREACH)
 }
 
 type tlsError struct{ err error }
@@ -175,11 +221,17 @@ func (t *transport) release(c *conn, reuse bool) {
 func (t *transport) closeConn(c *conn) {
 	c.nc.Close()
 	t.mu.Lock()
-	if _, ok := t.all[c]; ok {
+	_, ok := t.all[c]
+	if ok {
 		delete(t.all, c)
 		t.open.Add(-1)
 	}
 	t.mu.Unlock()
+	if ok {
+		c.nc, c.raw = nil, nil
+		c.br.Reset(nil)
+		conns.Put(c)
+	}
 }
 
 // shutdown closes idle connections and, if abort, interrupts busy ones.
@@ -188,18 +240,14 @@ func (t *transport) shutdown(abort bool) {
 	t.closed = true
 	idle := t.idle
 	t.idle = nil
-	var busy []*conn
 	if abort {
 		for c := range t.all {
-			busy = append(busy, c)
+			c.raw.SetDeadline(time.Unix(1, 0))
 		}
 	}
 	t.mu.Unlock()
 	for _, c := range idle {
 		t.closeConn(c)
-	}
-	for _, c := range busy {
-		c.nc.SetDeadline(time.Unix(1, 0))
 	}
 }
 
@@ -242,6 +290,9 @@ func (t *transport) do(ctx context.Context, req []byte, body []byte, resp *respo
 			return resent, nil
 		}
 		t.closeConn(c)
+		if !reused && t.raw != nil && isConnectErr(err) {
+			t.dialErrors.Add(1) // the lean dialer's connect failed, found by the first write
+		}
 		if reused && attempt == 0 && errors.Is(err, errStale) && ctx.Err() == nil {
 			resent = true
 			continue
@@ -254,7 +305,9 @@ func (t *transport) do(ctx context.Context, req []byte, body []byte, resp *respo
 }
 
 func (c *conn) roundTrip(req, body []byte, resp *response, timeout time.Duration) error {
-	if err := c.nc.SetDeadline(time.Now().Add(timeout)); err != nil {
+	if c.set {
+		c.set = false // a new connection: its deadline covers connect, handshake and this request
+	} else if err := c.nc.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return err
 	}
 	if _, err := c.nc.Write(req); err != nil {

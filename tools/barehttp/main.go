@@ -1,6 +1,8 @@
 // Command barehttp is the reference point of the benchmarks: a bare Go
 // net/http server answering every request with a small 200 JSON body, over
-// HTTP and HTTPS (the certificate and key given as flags).
+// HTTP and HTTPS (the certificate and key given as flags). A POST to
+// /api/v1/register gets a registration answer with a made-up token, so the
+// emulator can run against it (scripts/bench-emulator-cpu.sh).
 package main
 
 import (
@@ -8,6 +10,8 @@ import (
 	"flag"
 	"log"
 	"net/http"
+	"strconv"
+	"sync/atomic"
 )
 
 func main() {
@@ -16,8 +20,14 @@ func main() {
 	cert := flag.String("cert", "", "PEM certificate")
 	key := flag.String("key", "", "PEM key")
 	flag.Parse()
+	var devices atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost && r.URL.Path == "/api/v1/register" {
+			n := strconv.FormatInt(devices.Add(1), 10)
+			w.Write([]byte(`{"device_id":"d` + n + `","token":"t` + n + `","push_interval":200,"new":true}` + "\n"))
+			return
+		}
 		w.Write([]byte(`{"push_interval":200}` + "\n"))
 	})
 	if *httpsAddr != "" {
