@@ -27,6 +27,7 @@ func perf_(ctx context.Context, args []string, env command.Env) error {
 commands:
   list                          the presets of the test matrix
   run [flags] NAME...           run presets and write their protocols
+  fleet [flags]                 issue 11's fleet test (the Fleet-1M preset): run --scale 0.2 for 200,000 devices
   report RESULT.json...         render protocols again from result files
   compare PREVIOUS CURRENT      version comparison (result files or directories)
   summary DIR...                a Markdown index of results (verdicts, figures, commands)
@@ -49,6 +50,12 @@ Run 'drover perf <command> --help' for a command's flags. docs/perf.md explains 
 			return err
 		}
 		return perfRun(ctx, args[1:], env, []string{exe, "serve"})
+	case "fleet":
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		return perfRun(ctx, append(args[1:], perf.FleetPreset), env, []string{exe, "serve"})
 	case "report":
 		return perfReport(args[1:], env)
 	case "compare":
@@ -193,6 +200,9 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 		}
 		c := perf.Compute(r)
 		fmt.Fprintf(stdout, "%s: %s — %s\n", r.Title(), c.Verdict, strings.Join(paths, ", "))
+		if p.Kind == perf.Fleet {
+			fmt.Fprintln(stdout, strings.Join(perf.FleetChecksText(r), "\n"))
+		}
 		if c.Verdict == perf.Failed {
 			failed = append(failed, p.Name)
 		}

@@ -100,9 +100,34 @@ type Calc struct {
 	Ideal080, Safe080 int
 	Lowest            float64
 
+	// fleet test (issue 11 point 1)
+	Checks       []Check
+	MedianPerSec float64 // accepted pushes per second, median of the complete seconds
+	MinPerSec    float64
+	BytesPerDev  float64 // server RSS at the end / devices
+	P99Ms        float64 // push latency from the intended send time
+	// a scaled fleet test: RSS per device projected to the full fleet
+	ProjectedDevices     int
+	ProjectedBytesPerDev float64
+
 	Verdict string
 	Reasons []string // why, one line each
 }
+
+// Check is one pass/fail criterion of a fleet test.
+type Check struct {
+	Name     string
+	Measured string
+	Limit    string
+	OK       bool
+}
+
+// Fleet test criteria (issue 11 point 1).
+const (
+	FleetMaxP99Ms        = 1000.0 // latency from the intended send time
+	FleetMinRateOfMedian = 0.8    // every second's accepted pushes against the median second
+	FleetMaxBytesPerDev  = 1024.0 // server RSS at the end per device
+)
 
 // Row is one part of a benchmark or peak test.
 type Row struct {
@@ -144,6 +169,9 @@ func Compute(r *Result) Calc {
 	switch p.Kind {
 	case Stability:
 		computeStability(r, &c)
+	case Fleet:
+		computeStability(r, &c)
+		computeFleet(r, &c)
 	default:
 		computeRows(r, &c)
 	}
@@ -175,6 +203,16 @@ func Compute(r *Result) Calc {
 			}
 			if c.LeakPct > th.MaxLeakPct {
 				fail("server RSS grew %.1f %% over the second half of the test (more than %.3g %%: a leak?)", c.LeakPct, th.MaxLeakPct)
+			}
+		}
+		c.Verdict = Passed
+		if len(c.Reasons) > 0 {
+			c.Verdict = Failed
+		}
+	case Fleet:
+		for _, ch := range c.Checks {
+			if !ch.OK {
+				fail("%s: %s (limit %s)", ch.Name, ch.Measured, ch.Limit)
 			}
 		}
 		c.Verdict = Passed
@@ -286,4 +324,79 @@ func computeRows(r *Result, c *Calc) {
 		c.Ideal080 = idealMaxDevices(c.Lowest, float64(p.LoopTime))
 		c.Safe080 = recommendedMax(c.Ideal080, Rule080.Pct)
 	}
+}
+
+// computeFleet checks issue 11's criteria: nothing rejected or dropped, p99
+// latency from the intended send time, every second's throughput against
+// the median second, server RSS per device at the end.
+func computeFleet(r *Result, c *Calc) {
+	p := r.Preset
+	if len(r.Parts) == 0 {
+		return
+	}
+	part := r.Parts[0]
+	push := part.Push
+	c.P99Ms = push.LatencyMs.P99
+	add := func(name, measured, limit string, ok bool) {
+		c.Checks = append(c.Checks, Check{name, measured, limit, ok})
+	}
+	rejected := sumMap(push.Rejected) + push.Retried
+	add("rejected pushes (an error status, or 503/429 retried later)", group(rejected), "0", rejected == 0)
+	dropped := sumMap(push.Dropped) + push.Skipped + push.Unregistered + push.Aborted
+	add("dropped pushes (no answer, not sent, or cut off)", group(dropped), "0", dropped == 0)
+	add("p99 latency from the intended send time", fx(push.LatencyMs.P99, 1)+" ms", fx(FleetMaxP99Ms, 0)+" ms",
+		push.Accepted > 0 && push.LatencyMs.P99 <= FleetMaxP99Ms)
+	rates := completeSeconds(part.Series, p.Duration.Seconds())
+	if len(rates) > 0 {
+		sorted := append([]float64(nil), rates...)
+		sort.Float64s(sorted)
+		c.MedianPerSec = median(sorted)
+		c.MinPerSec = sorted[0]
+	}
+	add("lowest accepted pushes per second / median second", fmt.Sprintf("%s / %s = %s", fx(c.MinPerSec, 0), fx(c.MedianPerSec, 0), fx(safeDiv(c.MinPerSec, c.MedianPerSec), 3)),
+		"≥ "+fx(FleetMinRateOfMedian, 1), len(rates) > 0 && c.MinPerSec >= FleetMinRateOfMedian*c.MedianPerSec)
+	c.BytesPerDev = part.After.RSSMiB * (1 << 20) / float64(max(p.Devices, 1))
+	measured := fx(c.BytesPerDev, 0) + " bytes (" + fx(part.After.RSSMiB, 1) + " MiB)"
+	judged := c.BytesPerDev
+	// A scaled run judges its RSS projected to the full fleet: the empty
+	// server's RSS plus the growth per device times the full fleet.
+	if full, ok := Lookup(p.Name); ok && full.Devices > p.Devices && part.Empty != nil && part.Empty.RSSMiB > 0 {
+		grow := (part.After.RSSMiB - part.Empty.RSSMiB) / float64(max(p.Devices, 1))
+		judged = (part.Empty.RSSMiB + grow*float64(full.Devices)) * (1 << 20) / float64(full.Devices)
+		c.ProjectedDevices, c.ProjectedBytesPerDev = full.Devices, judged
+		measured += fmt.Sprintf("; projected to %s devices (empty server %s MiB + growth × devices): %s bytes",
+			gi(full.Devices), fx(part.Empty.RSSMiB, 1), fx(judged, 0))
+	}
+	add("server RSS at the end per device", measured, fx(FleetMaxBytesPerDev, 0)+" bytes",
+		part.After.RSSMiB > 0 && judged <= FleetMaxBytesPerDev)
+}
+
+// completeSeconds is the accepted pushes per second of the series buckets
+// that lie wholly inside the schedule: the first and the last bucket are
+// partial and left out, as are those after the schedule (answers to the
+// last pushes).
+func completeSeconds(series []Point, duration float64) []float64 {
+	var out []float64
+	for i, pt := range series {
+		if i == 0 || i == len(series)-1 || pt.T+pt.Dur > duration || pt.Dur <= 0 {
+			continue
+		}
+		out = append(out, pt.Accepted)
+	}
+	return out
+}
+
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
+}
+
+func safeDiv(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }

@@ -215,3 +215,51 @@ func TestComputePeakLimit(t *testing.T) {
 		t.Errorf("verdict %s, want PASSED", c.Verdict)
 	}
 }
+
+func TestFleetChecks(t *testing.T) {
+	r := &Result{Preset: Preset{Name: FleetPreset, Kind: Fleet, Devices: 100_000, Duration: 10 * time.Second, LoopTime: 200}}
+	part := Part{Push: OpStats{Accepted: 5000, LatencyMs: Latency{P99: 900}}, After: Snapshot{RSSMiB: 90}}
+	for i := 0; i < 12; i++ { // buckets 0 and 11 are partial; 10 is past the schedule
+		part.Series = append(part.Series, Point{T: float64(i), Dur: 1, Accepted: 500})
+	}
+	part.Series[0].Accepted, part.Series[10].Accepted, part.Series[11].Accepted = 3, 1, 1
+	part.Series[4].Accepted = 401
+	r.Parts = []Part{part}
+	c := Compute(r)
+	if c.Verdict != Passed || c.MedianPerSec != 500 || c.MinPerSec != 401 || len(c.Checks) != 5 {
+		t.Fatalf("%s %v median %g min %g", c.Verdict, c.Reasons, c.MedianPerSec, c.MinPerSec)
+	}
+	// Each criterion fails on its own.
+	for name, change := range map[string]func(p *Part){
+		"rejected": func(p *Part) { p.Push.Rejected = map[string]int64{"500": 1} },
+		"retried":  func(p *Part) { p.Push.Retried = 1 },
+		"dropped":  func(p *Part) { p.Push.Dropped = map[string]int64{"timeout": 1} },
+		"skipped":  func(p *Part) { p.Push.Skipped = 1 },
+		"p99":      func(p *Part) { p.Push.LatencyMs.P99 = 1001 },
+		"rate":     func(p *Part) { p.Series = append([]Point(nil), p.Series...); p.Series[4].Accepted = 399 },
+		"rss":      func(p *Part) { p.After.RSSMiB = 98 },
+	} {
+		bad := *r
+		bp := part
+		change(&bp)
+		bad.Parts = []Part{bp}
+		if c := Compute(&bad); c.Verdict != Failed || len(c.Reasons) != 1 {
+			t.Errorf("%s: %s %v", name, c.Verdict, c.Reasons)
+		}
+	}
+}
+
+// A scaled fleet test judges the RSS projected to the full fleet.
+func TestFleetRSSProjected(t *testing.T) {
+	r := &Result{Preset: Preset{Name: FleetPreset, Kind: Fleet, Devices: 100_000, Duration: 10 * time.Second, LoopTime: 200}}
+	r.Parts = []Part{{Empty: &Snapshot{RSSMiB: 20}, After: Snapshot{RSSMiB: 110}}}
+	c := Compute(r)
+	// growth 90 MiB / 100,000 = 943.7 B; projected (20 MiB + 943.7 B × 1e6) / 1e6 = 964.7 B
+	if c.ProjectedDevices != 1_000_000 || c.ProjectedBytesPerDev < 964 || c.ProjectedBytesPerDev > 965.5 || !c.Checks[4].OK {
+		t.Fatalf("projected %d devices, %g B, %+v", c.ProjectedDevices, c.ProjectedBytesPerDev, c.Checks[4])
+	}
+	r.Parts[0].After.RSSMiB = 120 // growth 1,048.6 B per device
+	if c := Compute(r); c.Checks[4].OK {
+		t.Fatalf("%+v", c.Checks[4])
+	}
+}

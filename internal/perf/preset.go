@@ -19,6 +19,10 @@ const (
 	Stability Kind = "stability"
 	Benchmark Kind = "benchmark"
 	Peak      Kind = "peak"
+	// Fleet is issue 11's fleet test: the fleet registers (not measured),
+	// then every device pushes once per loop time, plain HTTP, a new
+	// connection per push, with pass/fail criteria of its own (FleetChecks).
+	Fleet Kind = "fleet"
 )
 
 // PeakMode says what a Peak test storms the server with.
@@ -89,8 +93,13 @@ func Presets() []Preset {
 				Duration: 10 * time.Minute, LoopTime: defaultLoopTime, Mode: m.mode, Note: m.note})
 		}
 	}
+	ps = append(ps, Preset{Name: FleetPreset, Kind: Fleet, Devices: 1_000_000, Threads: 15000, Duration: 10 * time.Minute,
+		LoopTime: defaultLoopTime, Note: "issue 11: 1,000,000 devices every 200 s, plain HTTP, a new connection per push"})
 	return ps
 }
+
+// FleetPreset is the name of issue 11's fleet test (`drover perf fleet`).
+const FleetPreset = "Fleet-1M"
 
 // Lookup finds a preset by name, case-insensitively.
 func Lookup(name string) (Preset, bool) {
@@ -104,7 +113,7 @@ func Lookup(name string) (Preset, bool) {
 
 // Override changes a preset for a quick look; zero fields keep the preset's.
 type Override struct {
-	Scale    float64       // multiplies devices and duration (0 < scale ≤ 1)
+	Scale    float64       // multiplies devices and duration (0 < scale ≤ 1); a fleet test's devices only
 	Devices  int           // replaces devices (after scale)
 	Duration time.Duration // replaces duration (after scale)
 	LoopTime int           // replaces loop time, seconds
@@ -122,7 +131,9 @@ func (o Override) Apply(p Preset) (Preset, string, error) {
 	}
 	if o.Scale > 0 && o.Scale < 1 {
 		p.Devices = max(1, int(math.Ceil(float64(p.Devices)*o.Scale)))
-		if p.Duration > 0 {
+		// A fleet test keeps its duration and per-device interval: the
+		// scaled fleet offers the same load per device, scale × the pushes/s.
+		if p.Duration > 0 && p.Kind != Fleet {
 			p.Duration = max(time.Second, time.Duration(float64(p.Duration)*o.Scale).Round(time.Second))
 		}
 		notes = append(notes, fmt.Sprintf("scale %g", o.Scale))

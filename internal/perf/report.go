@@ -109,6 +109,9 @@ func protocol(r *Result, charts bool) *doc {
 	switch p.Kind {
 	case Stability:
 		stabilitySections(d, r, &c)
+	case Fleet:
+		fleetSection(d, r, &c)
+		stabilitySections(d, r, &c)
 	default:
 		rowSections(d, r, &c)
 	}
@@ -118,7 +121,7 @@ func protocol(r *Result, charts bool) *doc {
 
 	d.h("Summary")
 	t = newTable("item", "value")
-	if p.Kind == Stability {
+	if p.Kind == Stability || p.Kind == Fleet {
 		t.row("RAM utilisation note", orNA(c.RAMGrade != "", c.RAMGrade))
 		t.row("CPU utilisation note", c.CPUGrade)
 	}
@@ -145,6 +148,12 @@ func protocol(r *Result, charts bool) *doc {
 		t.row("server RSS growth over the second half at most", fx(th.MaxLeakPct, 0)+" %")
 		t.row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
 		t.row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
+	case Fleet:
+		for _, ch := range c.Checks {
+			t.row(ch.Name, ch.Limit)
+		}
+		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.row("crashes and restarts", "0")
 	case Benchmark:
 		t.row("push errors at most", fx(th.MaxPushErrorPct, 3)+" %")
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
@@ -172,6 +181,8 @@ func kindName(p Preset) string {
 		return "stability test"
 	case Benchmark:
 		return "benchmark"
+	case Fleet:
+		return "fleet test"
 	default:
 		return "peak test (" + p.Note + ")"
 	}
@@ -183,6 +194,8 @@ func specNote(p Preset) string {
 		return "open loop: every device pushes once per loop time"
 	case Benchmark:
 		return "closed loop: " + gi(p.Loops) + " immediate loops"
+	case Fleet:
+		return "registered first; then open loop: every device pushes once per loop time, a new connection per push"
 	default:
 		return p.Note
 	}
@@ -264,6 +277,40 @@ func stabilitySections(d *doc, r *Result, c *Calc) {
 	t.row("max safe # of devices", orNA(c.RAMGrade != "", gi(c.MaxSafe)), "devices / RAM utilisation")
 	t.row("RSS growth over the second half %", fx(c.LeakPct, 2), "RSS at the end / RSS at max(½ duration, 1.5 loops) − 1")
 	d.tab(t)
+}
+
+// fleetSection is a fleet test's criteria (issue 11 point 1).
+func fleetSection(d *doc, r *Result, c *Calc) {
+	d.h("Fleet test criteria")
+	t := newTable("criterion", "measured", "limit", "result")
+	for _, ch := range c.Checks {
+		res := "pass"
+		if !ch.OK {
+			res = "**FAIL**"
+		}
+		t.row(ch.Name, ch.Measured, ch.Limit, res)
+	}
+	d.tab(t)
+	if len(r.Parts) > 0 {
+		reg := r.Parts[0].Register
+		d.p("Before the test the fleet registered (not measured, kept-alive connections): %s devices in %s s, %s rejected, %s dropped.",
+			group(reg.Accepted), fx(reg.ElapsedSec, 1), group(sumMap(reg.Rejected)), group(sumMap(reg.Dropped)))
+	}
+}
+
+// FleetChecksText is a fleet test's criteria as plain lines, for the
+// terminal.
+func FleetChecksText(r *Result) []string {
+	c := Compute(r)
+	var out []string
+	for _, ch := range c.Checks {
+		res := "pass"
+		if !ch.OK {
+			res = "FAIL"
+		}
+		out = append(out, fmt.Sprintf("  %-4s %s: %s (limit %s)", res, ch.Name, ch.Measured, ch.Limit))
+	}
+	return out
 }
 
 func latencyText(l Latency) string {
@@ -462,6 +509,15 @@ func chartSections(d *doc, r *Result) {
 		if anyRegs {
 			th.add("registrations/s", regs)
 		}
+		if r.Preset.Kind == Fleet {
+			if c := Compute(r); c.MedianPerSec > 0 {
+				floor := make([]float64, len(xs))
+				for i := range floor {
+					floor[i] = FleetMinRateOfMedian * c.MedianPerSec
+				}
+				th.add("0.8 × median accepted/s", floor)
+			}
+		}
 		d.chartBlock(th)
 		lat := &chart{title: "Latency percentiles" + name, unit: "ms", xs: xs}
 		lat.add("p50", p50)
@@ -499,6 +555,12 @@ func notes(r *Result, c *Calc) []string {
 			"Estimated data-pushes = devices × minutes × 60 / loop time; rough avg req/s = performed pushes / total time; real loop time = total time / (performed pushes / devices).",
 			"Max safe # of devices = devices / RAM utilisation: the fleet at which the OS memory would be fully used if it grew with the fleet. OS used memory = MemTotal − MemAvailable and includes everything else on the machine.",
 			fmt.Sprintf("Each device pushes once per %d s at its own phase (open loop); at most %d requests are in flight at once (the emulator threads).", p.LoopTime, p.Threads))
+	case Fleet:
+		n = append(n,
+			"Issue 11's fleet test: the devices register first (a storm on kept-alive connections, not measured; the RSS before the test is that of the registered fleet), then each pushes once per loop time at its own phase (open loop), over plain HTTP with a new TCP connection per push. Latency counts from each push's intended send time, so a late send counts against the server.",
+			fmt.Sprintf("At most %s pushes are in flight at once; beyond, sends wait (and are late). Rejected counts every error status, including 503/429 answers the emulator retried after their Retry-After; dropped counts pushes without an answer, not sent (device still busy or unregistered) or cut off at the end.", gi(p.Threads)),
+			"Per-second throughput: accepted pushes per chart bucket, over the buckets wholly inside the schedule (the first and the last are partial and left out). RSS per device: the server's RSS at the end divided by the devices.",
+			"Scaled runs (`--scale F`) keep the loop time and the duration: F × the devices and F × the pushes per second.")
 	case Benchmark:
 		n = append(n, fmt.Sprintf("Elapsed time runs from the first push to the last answer of the %d loops; registration is before it and not counted. Pushes/s = accepted pushes / elapsed (devices × loops / elapsed when all are accepted).", p.Loops),
 			"Each handler-thread count is a fresh server (`--threads N`, Go's GOMAXPROCS) with a fresh database.")

@@ -50,6 +50,7 @@ type Part struct {
 	Push           OpStats            `json:"push"`
 	Register       OpStats            `json:"register"`
 	ConfigChanges  int                `json:"config_changes,omitempty"` // profile updates made during the run
+	Empty          *Snapshot          `json:"empty,omitempty"`          // fleet test: the server before registration
 	Before         Snapshot           `json:"before"`
 	After          Snapshot           `json:"after"`
 	Samples        []Sample           `json:"samples,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -104,7 +105,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	} else {
 		r.Env.Emulator = fmt.Sprintf("the same machine as the server, in the drover perf process (GOMAXPROCS %d); the server a separate process", runtime.GOMAXPROCS(0))
 		if o.SourceAddrs == nil {
-			for i := 1; i <= 8; i++ {
+			for i := 1; i <= sourceAddrsFor(p); i++ {
 				o.SourceAddrs = append(o.SourceAddrs, net.IPv4(127, 0, 0, byte(i)))
 			}
 		}
@@ -125,6 +126,19 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 		}
 	}
 	return r, nil
+}
+
+// sourceAddrsFor is how many loopback source addresses a test connects
+// from: 8, or for an open loop one per 20,000 connections a closed socket
+// holds in TIME_WAIT for up to two minutes (a source address and a
+// destination have about 28,000 ephemeral ports).
+func sourceAddrsFor(p Preset) int {
+	n := 8
+	if (p.Kind == Fleet || p.Kind == Stability) && p.LoopTime > 0 {
+		rate := float64(p.Devices) / float64(p.LoopTime)
+		n = max(n, int(math.Ceil(rate*120/20000)))
+	}
+	return min(n, 250)
 }
 
 func backendName(db, persistence string) string {
@@ -155,6 +169,8 @@ type target struct {
 	review             *LogReview
 	logFile            string
 	logOffset          int64
+	seed               string // the emulated fleet's identity seed
+	credentials        string // a fleet test: the registered fleet's credentials file
 }
 
 func randomToken() string {
@@ -176,6 +192,20 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	}
 	if t.local != nil {
 		r.Setup.Target = "local " + t.url
+	}
+
+	t.seed = "perf-" + strings.ToLower(p.Name) + "-" + strconv.FormatInt(time.Now().Unix(), 36)
+	if p.Kind == Fleet {
+		sleepCtx(ctx, time.Second)
+		if empty, err := t.snapshot(); err == nil {
+			part.Empty = &empty
+		}
+		reg, err := registerFleet(ctx, p, t, o)
+		part.Register = reg
+		if err != nil {
+			part.Err = err.Error()
+			return part, err
+		}
 	}
 
 	// Settle, then the pre-test snapshot.
@@ -219,7 +249,9 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	part.Series = series
 	if sum != nil {
 		part.Push = opStats(sum.Op(results.OpPush))
-		part.Register = opStats(sum.Op(results.OpRegister))
+		if p.Kind != Fleet { // a fleet test's registrations were before it
+			part.Register = opStats(sum.Op(results.OpRegister))
+		}
 		res := sum.Resources
 		part.Emulator = EmuStats{CPUAvg: res.CPUAvg, CPUMax: res.CPUMax, RSSMiB: mib(res.RSSMax), Cores: res.Cores, Warnings: sum.Warnings}
 		if sum.Err != "" && err == nil && ctx.Err() == nil && part.ServerExit == "" {
@@ -267,22 +299,55 @@ func opStats(o *results.OpSummary) OpStats {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// drive runs the emulator for one part.
-func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []Point, error) {
+// emuConfig is the emulator's configuration for a part, before its load model.
+func emuConfig(p Preset, t *target, o Options) (emulator.Config, *progress) {
 	cfg := emulator.DefaultConfig()
 	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Insecure = t.url, t.secret, t.caPEM, o.Insecure && t.local == nil
-	cfg.Devices, cfg.Seed = p.Devices, "perf-"+strings.ToLower(p.Name)+"-"+strconv.FormatInt(start.Unix(), 36)
+	cfg.Devices, cfg.Seed = p.Devices, t.seed
 	cfg.Conn, cfg.SourceAddrs, cfg.Workers = o.Conn, o.SourceAddrs, p.Threads
-	var prog progress
-	prog.w, prog.every, prog.name = o.Progress, o.ProgressEvery, p.Name
+	prog := &progress{w: o.Progress, every: o.ProgressEvery, name: p.Name}
 	cfg.Progress = prog.show
 	cfg.Warn = prog.warn
+	return cfg, prog
+}
+
+// registerFleet registers a fleet test's devices before it (a registration
+// storm on kept-alive connections, not measured) and saves their
+// credentials for the test.
+func registerFleet(ctx context.Context, p Preset, t *target, o Options) (OpStats, error) {
+	dir, err := os.MkdirTemp(o.WorkDir, "drover-perf-cred")
+	if err != nil {
+		return OpStats{}, err
+	}
+	t.credentials = filepath.Join(dir, "credentials.jsonl")
+	cfg, prog := emuConfig(p, t, o)
+	prog.name = p.Name + " registration"
+	cfg.Mode, cfg.Loops, cfg.Workers, cfg.Conn = emulator.ModeBenchmark, 0, 64, emulator.ConnKeepAlive
+	cfg.CredentialsFile = t.credentials
+	sum, err := emulator.Run(ctx, cfg, nil)
+	if sum == nil {
+		return OpStats{}, fmt.Errorf("registering the fleet: %w", err)
+	}
+	reg := opStats(sum.Op(results.OpRegister))
+	if err != nil {
+		return reg, fmt.Errorf("registering the fleet: %w", err)
+	}
+	if reg.Accepted < int64(p.Devices) {
+		return reg, fmt.Errorf("registering the fleet: %d of %d devices registered", reg.Accepted, p.Devices)
+	}
+	return reg, nil
+}
+
+// drive runs the emulator for one part.
+func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []Point, error) {
+	cfg, _ := emuConfig(p, t, o)
 	switch p.Kind {
-	case Stability:
+	case Stability, Fleet:
 		cfg.Mode = emulator.ModeFleet
 		cfg.Interval = time.Duration(p.LoopTime) * time.Second
 		cfg.Duration = p.Duration
 		cfg.MaxInflight = p.Threads
+		cfg.CredentialsFile = t.credentials
 	case Benchmark:
 		cfg.Mode = emulator.ModeBenchmark
 		cfg.Loops = p.Loops
@@ -458,6 +523,9 @@ func openTarget(ctx context.Context, p Preset, handlers int, o Options) (*target
 func (t *target) close() {
 	if t.local != nil {
 		t.local.stop()
+	}
+	if t.credentials != "" {
+		os.RemoveAll(filepath.Dir(t.credentials))
 	}
 	if t.client != nil {
 		t.client.CloseIdleConnections()

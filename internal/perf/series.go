@@ -21,6 +21,7 @@ type seriesSink struct {
 	width   int64 // seconds per bucket
 	buf     []byte
 	buckets []*bucket
+	pos     float64 // where the next record starts, seconds since start; <0: no record yet
 }
 
 type bucket struct {
@@ -29,7 +30,7 @@ type bucket struct {
 }
 
 func newSeriesSink(start time.Time, width time.Duration) *seriesSink {
-	return &seriesSink{start: start.Unix(), width: max(1, int64(width/time.Second))}
+	return &seriesSink{start: start.Unix(), width: max(1, int64(width/time.Second)), pos: -1}
 }
 
 func (s *seriesSink) Write(p []byte) (int, error) {
@@ -55,13 +56,19 @@ func (s *seriesSink) record(line []byte) {
 	if json.Unmarshal(line, &iv) != nil {
 		return
 	}
-	idx := (iv.TS - s.start) / s.width
-	if idx < 0 {
-		idx = 0
+	// A record goes to the bucket of its middle: records follow each other
+	// (each covers the time since the previous one), so a tick that came
+	// late does not put two records in one bucket and none in the next, as
+	// placing them by their whole second would.
+	if s.pos < 0 {
+		s.pos = float64(iv.TS - s.start)
 	}
+	mid := s.pos + iv.Dur/2
+	s.pos += iv.Dur
+	idx := max(int64(mid), 0) / s.width
 	for idx >= maxBuckets {
 		s.halve()
-		idx = (iv.TS - s.start) / s.width
+		idx = max(int64(mid), 0) / s.width
 	}
 	for int64(len(s.buckets)) <= idx {
 		s.buckets = append(s.buckets, &bucket{})

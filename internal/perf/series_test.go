@@ -39,3 +39,27 @@ func TestSeriesSinkBucketsAndHalves(t *testing.T) {
 		t.Errorf("halved %+v", pts)
 	}
 }
+
+// A late tick (a record of 1.6 s, then one of 0.4 s) leaves no bucket
+// empty: records go to the bucket of their middle.
+func TestSeriesSinkLateTick(t *testing.T) {
+	start := time.Unix(2_000_000, 0)
+	var stream bytes.Buffer
+	w := results.NewWriter(&stream)
+	durs := []float64{1, 1, 1.6, 0.4, 1, 1}
+	ts := start.Unix()
+	pos := 0.0
+	for _, d := range durs {
+		w.Write(&results.Interval{Type: results.TypeInterval, TS: ts, Dur: d, Ops: map[string]*results.Op{
+			results.OpPush: {Counts: results.Counts{Accepted: int64(d * 10)}}}})
+		pos += d
+		ts = start.Unix() + int64(pos) // the second the next tick fell in
+	}
+	sink := newSeriesSink(start, time.Second)
+	sink.Write(stream.Bytes())
+	for i, p := range sink.points() {
+		if p.Accepted < 9.9 || p.Accepted > 10.1 {
+			t.Errorf("bucket %d: %+v", i, p)
+		}
+	}
+}

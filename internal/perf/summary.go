@@ -22,6 +22,9 @@ func Summary(w io.Writer, rs []*Result) error {
 		case Stability:
 			fig = fmt.Sprintf("%s devices, RSS %s → %s MiB (%s KiB/device), RAM utilisation %s %%, rough %s req/s, push errors %s %%",
 				gi(r.Preset.Devices), fx(c.RSSBefore, 1), fx(c.RSSAfter, 1), fx(c.KiBPerDevice, 2), fx(c.RAMUtilPct, 2), fx(c.RoughReqPerSec, 2), fx(c.PushErrPct, 3))
+		case Fleet:
+			fig = fmt.Sprintf("%s devices every %d s: p99 %s ms from the intended send time, median %s accepted/s (lowest %s), RSS %s bytes/device",
+				gi(r.Preset.Devices), r.Preset.LoopTime, fx(c.P99Ms, 1), fx(c.MedianPerSec, 0), fx(c.MinPerSec, 0), fx(c.BytesPerDev, 0))
 		case Benchmark:
 			var rates []string
 			for _, row := range c.Rows {
