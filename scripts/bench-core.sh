@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Server-core benchmark (issue 2): pushes/s and registrations/s of `drover
-# serve` (SQLite, write-through) measured with wrk next to nginx `return 200`
-# and a bare Go net/http handler, on the same machine in the same run; then
-# RSS per device with N registered devices that each pushed once.
+# Server-core benchmark (issues 2 and 11): pushes/s and registrations/s of
+# `drover serve` measured next to nginx `return 200` (same certificate) and a
+# bare Go net/http handler, on the same machine in the same run, medians of
+# the runs, interleaved:
+#   - keep-alive (wrk): Drover write-through (SQLite) and memory mode against
+#     nginx HTTPS (issue 11 point 2: at least 0.6x and 0.8x);
+#   - a new connection per push (the emulator, closed loop, the same client
+#     for every target): Drover HTTPS with a full TLS handshake per push
+#     against nginx's full-handshake rate (point 3: at least 0.9x), and with
+#     resumed TLS sessions against full handshakes (at least 1.5x);
+# then RSS per device with N registered devices that each pushed once.
 #
-# Usage: scripts/bench-core.sh [-r runs] [-d seconds] [-c connections] [-n rss-devices]
-# Needs: go, wrk, nginx (Debian packages wrk nginx-light).
+# Usage: scripts/bench-core.sh [-r runs] [-d seconds] [-c connections] [-n rss-devices] [-N] [-M]
+#   -N  skip the new-connection runs   -M  skip the memory (RSS) part
+# Needs: go, python3, wrk, nginx (Debian packages wrk nginx-light: installed
+# on demand when missing and running as root).
 set -euo pipefail
-runs=3 dur=10 conns=64 rssn=100000 threads=2
-while getopts r:d:c:n: o; do
-  case $o in r) runs=$OPTARG;; d) dur=$OPTARG;; c) conns=$OPTARG;; n) rssn=$OPTARG;; *) exit 2;; esac
+runs=3 dur=10 conns=64 rssn=100000 threads=2 newconn=1 mem=1
+while getopts r:d:c:n:NM o; do
+  case $o in r) runs=$OPTARG;; d) dur=$OPTARG;; c) conns=$OPTARG;; n) rssn=$OPTARG;; N) newconn=0;; M) mem=0;; *) exit 2;; esac
 done
 export PATH=$PATH:/usr/local/go/bin
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing nginx-light and wrk..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light wrk >/dev/null
+  else
+    echo "missing nginx or wrk (Debian: apt-get install nginx-light wrk)" >&2; exit 1
+  fi
+fi
 top=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/drover-bench.XXXXXX)
 # Capacity runs: wrk pushes each token in a loop, which per-device quotas
@@ -57,12 +74,26 @@ http {
 CONF
 nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" & pids+=($!); waitport $nport
 
+# Drover in memory mode (nothing written), for the keep-alive ratio.
+mport=$(freeport)
+"$work/drover" serve $noquota --persistence memory --data-dir "$work/datam" --listen 127.0.0.1:$mport --http-listen= --log-level warn >/dev/null 2>"$work/servem.log" &
+pids+=($!); waitport $mport
+msecret=$(python3 -c "import json;print(json.load(open('$work/datam/secrets.json'))['enrollment_secret'])")
+
 # Bare Go net/http.
 gport=$(freeport); gsport=$(freeport)
 "$work/barehttp" -http 127.0.0.1:$gport -https 127.0.0.1:$gsport -cert "$cert" -key "$key" & pids+=($!); waitport $gsport
 
 echo "registering 10000 devices for the push runs..." >&2
 "$work/benchprep" -url https://127.0.0.1:$dport -secret "$secret" -n 10000 -out "$work/tokens.txt" -prefix pushbench 2>&2
+"$work/benchprep" -url https://127.0.0.1:$mport -secret "$msecret" -n 10000 -out "$work/tokensm.txt" -prefix pushbench 2>&2
+if [ "$newconn" = 1 ]; then
+  # The emulator's fleet, registered once with the write-through server; the
+  # same credentials go to nginx (which ignores them) and to the memory-mode
+  # server, which registers them on their first push.
+  "$work/drover" emulate --target https://127.0.0.1:$dport --server-dir "$work/data" --credentials "$work/creds.jsonl" \
+    --devices 10000 --mode benchmark --loops 0 --workers 32 --conn keepalive --progress none --out "" >"$work/register.log" 2>&1
+fi
 
 rate() { # wrk output -> requests/s and non-2xx count
   awk '/Requests\/sec/ {r=$2} /Non-2xx/ {e=$5} /Socket errors/ {s=$0} END {printf "%s %s\n", r, (e==""?0:e)}'
@@ -76,15 +107,50 @@ run() { # name, then wrk arguments
   results[$name]+="${r%% *} "
   printf '  %-34s %10s req/s  non-2xx %s\n' "$name" "${r%% *}" "${r##* }" >&2
 }
+emu() { # name, URL, connection mode: the emulator pushes back to back on $conns workers for $dur s
+  local name=$1 url=$2 mode=$3 r
+  "$work/drover" emulate --target "$url" --ca-cert "$cert" --secret "$secret" --credentials "$work/creds.jsonl" \
+    --devices 10000 --mode benchmark --loops 1000000 --workers "$conns" --duration "${dur}s" --conn "$mode" \
+    --source-addrs 127.0.0.1-127.0.0.8 --progress none --out "$work/emu.jsonl" >>"$work/emu.log" 2>&1 || true
+  r=$(python3 - "$work/emu.jsonl" <<'PY'
+import json, sys, datetime
+def t(s):
+    s = s.rstrip("Z")
+    if "." in s:
+        a, b = s.split(".")
+        s = a + "." + b[:6]
+    return datetime.datetime.fromisoformat(s)
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["type"] == "summary":
+        p = r["ops"].get("push", {})
+        acc = p.get("accepted", 0)
+        bad = sum(p.get("rejected", {}).values()) + sum(p.get("dropped", {}).values())
+        el = (t(p["last"]) - t(p["first"])).total_seconds() if acc else 1
+        c = r.get("conns", {})
+        print("%.0f %d %d %d" % (acc / el, bad, c.get("tls_full", 0), c.get("tls_resumed", 0)))
+PY
+)
+  read -r rate bad full resumed <<<"$r"
+  results[$name]+="$rate "
+  printf '  %-40s %10s req/s  errors %s  TLS full %s resumed %s\n' "$name" "$rate" "$bad" "$full" "$resumed" >&2
+}
 for i in $(seq "$runs"); do
-  echo "run $i/$runs" >&2
+  echo "run $i/$runs (load $(cut -d' ' -f1 /proc/loadavg))" >&2
   run "nginx return 200, http"            http://127.0.0.1:$nport/
   run "nginx return 200, https"           https://127.0.0.1:$nsport/
   run "go net/http bare, http"            http://127.0.0.1:$gport/
   run "go net/http bare, https"           https://127.0.0.1:$gsport/
   TOKENS=$work/tokens.txt WRK_THREADS=$threads run "drover push, http"  -s "$top/scripts/wrk/push.lua" http://127.0.0.1:$dhport
   TOKENS=$work/tokens.txt WRK_THREADS=$threads run "drover push, https" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$dport
+  TOKENS=$work/tokensm.txt WRK_THREADS=$threads run "drover push, https, memory" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$mport
   SECRET=$secret RUN=r$i run "drover register, https" -s "$top/scripts/wrk/register.lua" https://127.0.0.1:$dport
+  if [ "$newconn" = 1 ]; then
+    emu "nginx return 200, https, new connection" https://127.0.0.1:$nsport new
+    emu "drover push, https, new connection" https://127.0.0.1:$dport new
+    emu "drover push, https, resumed session" https://127.0.0.1:$dport resume
+    emu "nginx return 200, https, resumed session" https://127.0.0.1:$nsport resume
+  fi
 done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
@@ -93,14 +159,28 @@ echo "## Throughput (wrk -t$threads -c$conns -d${dur}s keep-alive, median of $ru
 echo
 echo "| target | runs (req/s) | median req/s |"
 echo "|---|---|---:|"
-for name in "nginx return 200, http" "nginx return 200, https" "go net/http bare, http" "go net/http bare, https" "drover push, http" "drover push, https" "drover register, https"; do
+names=("nginx return 200, http" "nginx return 200, https" "go net/http bare, http" "go net/http bare, https" "drover push, http" "drover push, https" "drover push, https, memory" "drover register, https")
+if [ "$newconn" = 1 ]; then
+  names+=("nginx return 200, https, new connection" "drover push, https, new connection" "drover push, https, resumed session" "nginx return 200, https, resumed session")
+fi
+for name in "${names[@]}"; do
   m=$(echo "${results[$name]}" | median)
   printf '| %s | %s | %.0f |\n' "$name" "$(echo ${results[$name]} | sed 's/ /, /g')" "$m"
   eval "med_$(echo "$name" | tr -c 'a-z0-9' '_')=$m"
 done
 echo
+echo "(new connection and resumed rows: drover emulate --mode benchmark --workers $conns --conn new|resume, ${dur}s, TLS key exchange classic on both sides)"
+echo
 awk -v a="$med_drover_push__https_" -v b="$med_nginx_return_200__https_" -v c="$med_go_net_http_bare__https_" -v d="$med_drover_push__http_" -v e="$med_nginx_return_200__http_" \
-  'BEGIN {printf "drover push / nginx (https): %.2f; drover push / bare Go (https): %.2f; drover push / nginx (http): %.2f\n", a/b, a/c, d/e}'
+  -v m="$med_drover_push__https__memory" \
+  'BEGIN {printf "keep-alive: drover push write-through / nginx (https): %.2f (issue 11: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
+          printf "drover push / bare Go (https): %.2f; drover push / nginx (http): %.2f\n", a/c, d/e}'
+if [ "$newconn" = 1 ]; then
+  awk -v n="$med_drover_push__https__new_connection" -v g="$med_nginx_return_200__https__new_connection" -v r="$med_drover_push__https__resumed_session" \
+    'BEGIN {printf "new connection: drover full handshake / nginx full handshake: %.2f (issue 11: >= 0.9); drover resumed / drover full: %.2f (>= 1.5)\n", n/g, r/n}'
+fi
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+[ "$mem" = 1 ] || exit 0
 
 kill $dpid; wait $dpid 2>/dev/null || true
 echo

@@ -8,8 +8,8 @@ import (
 
 func TestPresetsAreTheMatrix(t *testing.T) {
 	ps := Presets()
-	if len(ps) != 7+8+9 {
-		t.Fatalf("%d presets, want 24", len(ps))
+	if len(ps) != 7+8+9+1 {
+		t.Fatalf("%d presets, want 25", len(ps))
 	}
 	want := map[string]struct {
 		devices, threads int
@@ -22,6 +22,7 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 		"Bench-6-SSL": {1200, 6, 0, true}, "Bench-6-noSSL": {1200, 6, 0, false}, "Bench-12-SSL": {2400, 12, 0, true},
 		"Bench-12-noSSL": {2400, 12, 0, false}, "Bench-24-SSL": {4800, 24, 0, true}, "Bench-24-noSSL": {4800, 24, 0, false},
 		"Bench-48-SSL": {9600, 48, 0, true}, "Bench-48-noSSL": {9600, 48, 0, false},
+		FleetPreset: {1_000_000, 15000, 10, false}, // issue 11's fleet test
 	}
 	for _, m := range []string{"R", "D", "F"} {
 		for _, n := range []string{"64", "256", "1024"} {
@@ -71,6 +72,11 @@ func TestOverride(t *testing.T) {
 	r := &Result{Preset: p, Changes: ch}
 	if !strings.Contains(r.Title(), "scaled down") || r.FileBase() != "Stab-2-2-scaled" {
 		t.Errorf("title %q base %q", r.Title(), r.FileBase())
+	}
+	// A fleet test scales its devices only: the same load per device.
+	fleet, _ := Lookup(FleetPreset)
+	if p, _, err := (Override{Scale: 0.2}).Apply(fleet); err != nil || p.Devices != 200_000 || p.Duration != 10*time.Minute || p.LoopTime != 200 {
+		t.Errorf("fleet scale: %+v %v", p, err)
 	}
 	bench, _ := Lookup("Bench-6-SSL")
 	if _, _, err := (Override{Duration: time.Minute}).Apply(bench); err == nil {
