@@ -98,7 +98,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	cfg.Loops = 1
 	sum, _ := run(t, cfg)
 	push := sum.Op(results.OpPush)
-	if push.Accepted != 3 || push.Retried != 3 || push.RejectedTotal() != 0 {
+	if push.Accepted != 3 || push.Retried != 3 || push.RejectedTotal() != 0 || push.RetryAfter["1"] != 3 || len(push.RetryAfter) != 1 {
 		t.Fatalf("%+v", push.Counts)
 	}
 	for m, times := range f.pushTimes {
@@ -125,7 +125,8 @@ func TestRetriesRunOut(t *testing.T) {
 	cfg.Loops, cfg.MaxRetries = 1, 1
 	sum, _ := run(t, cfg)
 	push := sum.Op(results.OpPush)
-	if push.Rejected["503"] != 2 || push.Retried != 2 || push.Accepted != 0 || !hasWarning(sum, "no push was accepted") {
+	// Every 503 is counted by its Retry-After, the last ones (not retried) too.
+	if push.Rejected["503"] != 2 || push.Retried != 2 || push.Accepted != 0 || push.RetryAfter["0"] != 4 || !hasWarning(sum, "no push was accepted") {
 		t.Fatalf("%+v %q", push.Counts, sum.Warnings)
 	}
 }

@@ -73,7 +73,12 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 			st.accept(s.res.node)
 			st.end(now.UnixNano())
 			return true
-		case (status == 503 || status == 429) && attempt < e.cfg.MaxRetries:
+		case status == 503 || status == 429:
+			st.sawRetryAfter(s.res.retryAfter)
+			if attempt >= e.cfg.MaxRetries {
+				e.rejected(st, status, s.hint, now.Sub(started), now)
+				return false
+			}
 			wait, ok := e.retryWait(s.res.retryAfter, attempt+1, &s.jit)
 			if !ok {
 				e.rejected(st, status, s.hint, now.Sub(started), now)
@@ -250,7 +255,12 @@ func (e *engine) pushDevice(ctx context.Context, d *device, s *scratch, intended
 				e.rejected(st, status, s.hint, time.Since(intended), time.Now())
 				return
 			}
-		case (status == 503 || status == 429) && attempt < e.cfg.MaxRetries:
+		case status == 503 || status == 429:
+			st.sawRetryAfter(s.res.retryAfter)
+			if attempt >= e.cfg.MaxRetries {
+				e.rejected(st, status, s.hint, done.Sub(intended), done)
+				return
+			}
 			wait, ok := e.retryWait(s.res.retryAfter, attempt+1, &s.jit)
 			if !ok {
 				e.rejected(st, status, s.hint, done.Sub(intended), done)

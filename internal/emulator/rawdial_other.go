@@ -10,6 +10,6 @@ import (
 type rawDialer struct{}
 
 // newRawDialer: only Linux has the lean dialer; elsewhere net.Dialer dials.
-func newRawDialer(*net.TCPAddr, net.IP) (*rawDialer, bool) { return nil, false }
+func newRawDialer(*net.TCPAddr, net.IP, bool) (*rawDialer, bool) { return nil, false }
 
 func (d *rawDialer) dial(time.Time) (net.Conn, error) { panic("unreachable") }

@@ -28,8 +28,9 @@ func dropIndex(name string) int {
 type opStats struct {
 	accepted, aborted, retried, rereg, newReg, late, skipped, resent, configs, unregistered atomic.Int64
 
-	status  [600]atomic.Int64
-	dropped [10]atomic.Int64
+	status     [600]atomic.Int64
+	dropped    [10]atomic.Int64
+	retryAfter [maxRetryAfterSecs + 3]atomic.Int64 // by seconds; then 120+, none
 	first   atomic.Int64 // unix ns of the first attempt
 	last    atomic.Int64 // unix ns of the last outcome
 	lat     *recorder
@@ -63,6 +64,18 @@ func (s *opStats) reject(status int) {
 }
 
 func (s *opStats) drop(reason string) { s.dropped[dropIndex(reason)].Add(1) }
+
+// maxRetryAfterSecs is the largest Retry-After counted by its own value.
+const maxRetryAfterSecs = 119
+
+// sawRetryAfter counts a 503 or 429 answer's Retry-After (negative: none).
+func (s *opStats) sawRetryAfter(d time.Duration) {
+	i := len(s.retryAfter) - 1
+	if d >= 0 {
+		i = min(int(d/time.Second), maxRetryAfterSecs+1)
+	}
+	s.retryAfter[i].Add(1)
+}
 
 // accept counts an accepted operation answered by node ("" when the
 // answer named none).
@@ -105,6 +118,21 @@ func (s *opStats) counts() results.Counts {
 				c.Dropped = map[string]int64{}
 			}
 			c.Dropped[dropNames[i]] = n
+		}
+	}
+	for i := range s.retryAfter {
+		if n := s.retryAfter[i].Load(); n != 0 {
+			if c.RetryAfter == nil {
+				c.RetryAfter = map[string]int64{}
+			}
+			key := strconv.Itoa(i)
+			switch i {
+			case maxRetryAfterSecs + 1:
+				key = strconv.Itoa(i) + "+"
+			case len(s.retryAfter) - 1:
+				key = "none"
+			}
+			c.RetryAfter[key] = n
 		}
 	}
 	s.nodeMu.Lock()

@@ -106,7 +106,7 @@ func newTransport(target *url.URL, tlsConf *tls.Config, mode ConnMode, sources [
 			sources = []net.IP{nil}
 		}
 		for _, src := range sources {
-			d, ok := newRawDialer(raddr, src)
+			d, ok := newRawDialer(raddr, src, t.tlsConf != nil)
 			if !ok {
 				t.raw = nil
 				break

@@ -221,6 +221,10 @@ type Counts struct {
 	// AcceptedByNode splits Accepted by the X-Drover-Node header of the
 	// answer (servers started with --node-name; docs/cluster.md).
 	AcceptedByNode map[string]int64 `json:"accepted_by_node,omitempty"`
+	// RetryAfter counts the 503 and 429 answers by their Retry-After in
+	// seconds ("120+" and above, "none" without one): how the server
+	// spreads its clients' returns.
+	RetryAfter map[string]int64 `json:"retry_after,omitempty"`
 }
 
 // RejectedTotal sums Rejected.
@@ -271,6 +275,7 @@ func (c *Counts) Add(o Counts) {
 	c.Rejected = addMap(c.Rejected, o.Rejected)
 	c.Dropped = addMap(c.Dropped, o.Dropped)
 	c.AcceptedByNode = addMap(c.AcceptedByNode, o.AcceptedByNode)
+	c.RetryAfter = addMap(c.RetryAfter, o.RetryAfter)
 }
 
 func addMap(a, b map[string]int64) map[string]int64 {
