@@ -31,9 +31,9 @@ type opStats struct {
 	status     [600]atomic.Int64
 	dropped    [10]atomic.Int64
 	retryAfter [maxRetryAfterSecs + 3]atomic.Int64 // by seconds; then 120+, none
-	first   atomic.Int64 // unix ns of the first attempt
-	last    atomic.Int64 // unix ns of the last outcome
-	lat     *recorder
+	first      atomic.Int64                        // unix ns of the first attempt
+	last       atomic.Int64                        // unix ns of the last outcome
+	lat        *recorder
 
 	nodeMu sync.Mutex
 	byNode map[string]*int64 // accepted, by the answer's X-Drover-Node
