@@ -21,8 +21,6 @@ command -v dash >/dev/null || need+=(dash)
 command -v busybox >/dev/null || need+=(busybox)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v chromium >/dev/null || need+=(chromium)
-# internal/cluster runs its nodes against a throwaway nats-server.
-{ command -v nats-server || [ -x /usr/sbin/nats-server ]; } >/dev/null 2>&1 || need+=(nats-server)
 [ -e /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)
 # deploy/: promtool checks the alerting rules, podman builds the image,
 # systemd-analyze checks the unit.
@@ -30,7 +28,7 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v podman >/dev/null || need+=(podman)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 # internal/clustertest: nodes in network namespaces (ip, setpriv) behind
-# HAProxy, with a throwaway NATS; deploy/: haproxy -c checks its config.
+# HAProxy, with a throwaway NATS (internal/cluster too); deploy/: haproxy -c checks its config.
 [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v ip >/dev/null || [ -x /usr/sbin/ip ] || need+=(iproute2)

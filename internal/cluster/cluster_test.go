@@ -484,8 +484,14 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("dashboard on %s with the session made on A: %d", n.name, st)
 			}
 		}
-		// Logging out on B ends the session on A, which has it cached.
+		// The overview lists the nodes.
 		_, page := get(b, "/ui/")
+		for _, name := range []string{"a", "b"} { // c stopped with its subtest
+			if !strings.Contains(page, `data-node="`+name+`"`) {
+				t.Errorf("overview on B does not list node %s", name)
+			}
+		}
+		// Logging out on B ends the session on A, which has it cached.
 		m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(page)
 		if m == nil {
 			t.Fatal("no csrf field on the dashboard")

@@ -125,3 +125,14 @@ func (m *metrics) watchNode(n *cluster.Node) {
 			func() float64 { return float64(n.Status().States) }),
 	)
 }
+
+// clusterNodes lists the nodes for the dashboard; nil when not a cluster.
+func (s *Server) clusterNodes() func(context.Context) ([]fleet.ClusterNode, string, error) {
+	if s.node == nil {
+		return nil
+	}
+	return func(ctx context.Context) ([]fleet.ClusterNode, string, error) {
+		nodes, err := s.node.Nodes(ctx)
+		return nodes, s.cfg.ClusterNode(), err
+	}
+}

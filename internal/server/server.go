@@ -208,7 +208,7 @@ func (s *Server) buildHandler(context.Context) error {
 	ov := &overloadWatch{refused: a.refused.Load}
 	ui, err := web.New(web.Options{
 		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
-		Sessions: s.sessionStore(), SharedSessions: s.cfg.Cluster,
+		Sessions: s.sessionStore(), SharedSessions: s.cfg.Cluster, Cluster: s.clusterNodes(),
 	})
 	if err != nil {
 		return err

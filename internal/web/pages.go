@@ -43,6 +43,14 @@ type overviewData struct {
 	ActiveTotal        int
 	Profiles           int
 	PendingProfiles    []profileRow
+	Nodes              []nodeRow // cluster mode
+	NodesErr           string
+}
+
+// nodeRow is one cluster node on the overview.
+type nodeRow struct {
+	fleet.ClusterNode
+	Self, Alive bool
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s *session) {
@@ -62,6 +70,15 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	for _, p := range h.profileRows() {
 		if p.Pending > 0 || p.Errors > 0 {
 			d.PendingProfiles = append(d.PendingProfiles, p)
+		}
+	}
+	if h.opts.Cluster != nil {
+		nodes, self, err := h.opts.Cluster(r.Context())
+		if err != nil {
+			d.NodesErr = err.Error()
+		}
+		for _, n := range nodes {
+			d.Nodes = append(d.Nodes, nodeRow{ClusterNode: n, Self: n.Name == self, Alive: h.now().Sub(n.Heartbeat) < 5*time.Second})
 		}
 	}
 	h.render(w, r, http.StatusOK, "overview", s, page{Title: "Overview", Nav: "overview", Data: d})

@@ -49,6 +49,9 @@ type Options struct {
 	// end a session, so every request checks the store, not only the
 	// first one this server sees.
 	SharedSessions bool
+	// Cluster, in cluster mode, lists the cluster's nodes for the
+	// overview, and names this one; nil: not a cluster.
+	Cluster func(ctx context.Context) (nodes []fleet.ClusterNode, self string, err error)
 }
 
 // Prefix is where the dashboard is mounted.
