@@ -200,8 +200,8 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 		}
 		c := perf.Compute(r)
 		fmt.Fprintf(stdout, "%s: %s — %s\n", r.Title(), c.Verdict, strings.Join(paths, ", "))
-		if p.Kind == perf.Fleet {
-			fmt.Fprintln(stdout, strings.Join(perf.FleetChecksText(r), "\n"))
+		if lines := perf.ChecksText(r); len(lines) > 0 {
+			fmt.Fprintln(stdout, strings.Join(lines, "\n"))
 		}
 		if c.Verdict == perf.Failed {
 			failed = append(failed, p.Name)

@@ -172,6 +172,8 @@ func Compute(r *Result) Calc {
 	case Fleet:
 		computeStability(r, &c)
 		computeFleet(r, &c)
+	case Overload:
+		computeOverload(r, &c)
 	default:
 		computeRows(r, &c)
 	}
@@ -209,7 +211,7 @@ func Compute(r *Result) Calc {
 		if len(c.Reasons) > 0 {
 			c.Verdict = Failed
 		}
-	case Fleet:
+	case Fleet, Overload:
 		for _, ch := range c.Checks {
 			if !ch.OK {
 				fail("%s: %s (limit %s)", ch.Name, ch.Measured, ch.Limit)
@@ -369,6 +371,52 @@ func computeFleet(r *Result, c *Calc) {
 	}
 	add("server RSS at the end per device", measured, fx(FleetMaxBytesPerDev, 0)+" bytes",
 		part.After.RSSMiB > 0 && judged <= FleetMaxBytesPerDev)
+}
+
+// Overload test criteria (issue 11 point 4).
+const (
+	OverloadMinOfCapacity = 0.9 // accepted pushes per second, median second, against the capacity
+	OverloadMaxSameRetry  = 0.6 // the largest share of 503 answers with one Retry-After value
+)
+
+// computeOverload checks issue 11 point 4: offered OverloadFactor × the
+// capacity, the server still accepts at least 0.9 × the capacity, and its
+// 503 answers spread their Retry-After.
+func computeOverload(r *Result, c *Calc) {
+	if len(r.Parts) == 0 || r.Parts[0].Capacity == nil {
+		return
+	}
+	part := r.Parts[0]
+	capa := part.Capacity
+	rates := completeSeconds(part.Series, r.Preset.Duration.Seconds())
+	if len(rates) > 0 {
+		sorted := append([]float64(nil), rates...)
+		sort.Float64s(sorted)
+		c.MedianPerSec, c.MinPerSec = median(sorted), sorted[0]
+	}
+	c.P99Ms = part.Push.LatencyMs.P99
+	c.Checks = append(c.Checks, Check{"accepted pushes per second (median second) / capacity",
+		fmt.Sprintf("%s / %s = %s (offered %s/s; lowest second %s)", fx(c.MedianPerSec, 0), fx(capa.PerSec, 0),
+			fx(safeDiv(c.MedianPerSec, capa.PerSec), 3), fx(capa.Offered, 0), fx(c.MinPerSec, 0)),
+		"≥ " + fx(OverloadMinOfCapacity, 1), len(rates) > 0 && c.MedianPerSec >= OverloadMinOfCapacity*capa.PerSec})
+	var total, most int64
+	values := 0
+	for k, n := range part.Push.RetryAfter {
+		if k == "none" {
+			continue
+		}
+		total += n
+		most = max(most, n)
+		values++
+	}
+	none := part.Push.RetryAfter["none"]
+	measured := fmt.Sprintf("%s answers, %d values (%s); most common %s", group(total), values, mapText(part.Push.RetryAfter), fx(100*safeDiv(float64(most), float64(total)), 1)+" %")
+	ok := none == 0 && (total == 0 || (values >= 2 && float64(most) <= OverloadMaxSameRetry*float64(total)))
+	if total == 0 && none == 0 {
+		measured = "no 503 or 429 answer"
+	}
+	c.Checks = append(c.Checks, Check{"Retry-After of the 503/429 answers spread", measured,
+		fmt.Sprintf("every one has a Retry-After; ≥ 2 values, none on more than %s %%", fx(100*OverloadMaxSameRetry, 0)), ok})
 }
 
 // completeSeconds is the accepted pushes per second of the series buckets

@@ -263,3 +263,31 @@ func TestFleetRSSProjected(t *testing.T) {
 		t.Fatalf("%+v", c.Checks[4])
 	}
 }
+
+func TestOverloadChecks(t *testing.T) {
+	r := &Result{Preset: Preset{Name: "Overload-1.5x", Kind: Overload, Devices: 1000, Duration: 6 * time.Second, LoopTime: 200}}
+	part := Part{Capacity: &Capacity{PerSec: 1000, Offered: 1500}, Push: OpStats{Accepted: 5000,
+		RetryAfter: map[string]int64{"2": 30, "3": 35, "4": 35}}}
+	for i := 0; i < 8; i++ {
+		part.Series = append(part.Series, Point{T: float64(i), Dur: 1, Accepted: 950})
+	}
+	r.Parts = []Part{part}
+	if c := Compute(r); c.Verdict != Passed || len(c.Checks) != 2 || c.MedianPerSec != 950 {
+		t.Fatalf("%s %v %+v", c.Verdict, c.Reasons, c.Checks)
+	}
+	for name, change := range map[string]func(p *Part){
+		"collapse":     func(p *Part) { p.Capacity = &Capacity{PerSec: 1100, Offered: 1650} },
+		"one value":    func(p *Part) { p.Push.RetryAfter = map[string]int64{"2": 100} },
+		"mostly one":   func(p *Part) { p.Push.RetryAfter = map[string]int64{"2": 70, "3": 30} },
+		"without one":  func(p *Part) { p.Push.RetryAfter = map[string]int64{"2": 50, "3": 50, "none": 1} },
+		"no capacity?": func(p *Part) { p.Series = nil },
+	} {
+		bp := part
+		change(&bp)
+		bad := *r
+		bad.Parts = []Part{bp}
+		if c := Compute(&bad); c.Verdict != Failed {
+			t.Errorf("%s: %s %+v", name, c.Verdict, c.Checks)
+		}
+	}
+}

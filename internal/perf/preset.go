@@ -23,7 +23,14 @@ const (
 	// then every device pushes once per loop time, plain HTTP, a new
 	// connection per push, with pass/fail criteria of its own (FleetChecks).
 	Fleet Kind = "fleet"
+	// Overload is issue 11 point 4: the fleet registers, the test measures
+	// the server's capacity (closed loop), then offers OverloadFactor × it
+	// open loop and checks that the accepted throughput holds.
+	Overload Kind = "overload"
 )
+
+// OverloadFactor is the load an overload test offers, in capacities.
+const OverloadFactor = 1.5
 
 // PeakMode says what a Peak test storms the server with.
 type PeakMode string
@@ -95,6 +102,12 @@ func Presets() []Preset {
 	}
 	ps = append(ps, Preset{Name: FleetPreset, Kind: Fleet, Devices: 1_000_000, Threads: 15000, Duration: 10 * time.Minute,
 		LoopTime: defaultLoopTime, Note: "issue 11: 1,000,000 devices every 200 s, plain HTTP, a new connection per push"})
+	// 100,000 devices: at a capacity of a few thousand pushes/s, each
+	// device's interval stays far above the latency under overload, so
+	// that devices still busy do not thin out the offered load.
+	ps = append(ps, Preset{Name: "Overload-1.5x", Kind: Overload, Devices: 100_000, Threads: 64, Duration: time.Minute,
+		LoopTime: defaultLoopTime, // the server's push interval; the test's own follows from the capacity
+		Note:     "issue 11: capacity (closed loop, 64 workers, 20 s), then 1.5 × capacity offered open loop; plain HTTP, a new connection per push"})
 	return ps
 }
 
@@ -133,7 +146,7 @@ func (o Override) Apply(p Preset) (Preset, string, error) {
 		p.Devices = max(1, int(math.Ceil(float64(p.Devices)*o.Scale)))
 		// A fleet test keeps its duration and per-device interval: the
 		// scaled fleet offers the same load per device, scale × the pushes/s.
-		if p.Duration > 0 && p.Kind != Fleet {
+		if p.Duration > 0 && p.Kind != Fleet && p.Kind != Overload {
 			p.Duration = max(time.Second, time.Duration(float64(p.Duration)*o.Scale).Round(time.Second))
 		}
 		notes = append(notes, fmt.Sprintf("scale %g", o.Scale))

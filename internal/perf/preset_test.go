@@ -8,8 +8,8 @@ import (
 
 func TestPresetsAreTheMatrix(t *testing.T) {
 	ps := Presets()
-	if len(ps) != 7+8+9+1 {
-		t.Fatalf("%d presets, want 25", len(ps))
+	if len(ps) != 7+8+9+2 {
+		t.Fatalf("%d presets, want 26", len(ps))
 	}
 	want := map[string]struct {
 		devices, threads int
@@ -22,7 +22,8 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 		"Bench-6-SSL": {1200, 6, 0, true}, "Bench-6-noSSL": {1200, 6, 0, false}, "Bench-12-SSL": {2400, 12, 0, true},
 		"Bench-12-noSSL": {2400, 12, 0, false}, "Bench-24-SSL": {4800, 24, 0, true}, "Bench-24-noSSL": {4800, 24, 0, false},
 		"Bench-48-SSL": {9600, 48, 0, true}, "Bench-48-noSSL": {9600, 48, 0, false},
-		FleetPreset: {1_000_000, 15000, 10, false}, // issue 11's fleet test
+		FleetPreset:     {1_000_000, 15000, 10, false}, // issue 11's fleet test
+		"Overload-1.5x": {100_000, 64, 1, false},       // issue 11's overload test
 	}
 	for _, m := range []string{"R", "D", "F"} {
 		for _, n := range []string{"64", "256", "1024"} {

@@ -112,6 +112,8 @@ func protocol(r *Result, charts bool) *doc {
 	case Fleet:
 		fleetSection(d, r, &c)
 		stabilitySections(d, r, &c)
+	case Overload:
+		overloadSection(d, r, &c)
 	default:
 		rowSections(d, r, &c)
 	}
@@ -148,7 +150,7 @@ func protocol(r *Result, charts bool) *doc {
 		t.row("server RSS growth over the second half at most", fx(th.MaxLeakPct, 0)+" %")
 		t.row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
 		t.row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
-	case Fleet:
+	case Fleet, Overload:
 		for _, ch := range c.Checks {
 			t.row(ch.Name, ch.Limit)
 		}
@@ -183,6 +185,8 @@ func kindName(p Preset) string {
 		return "benchmark"
 	case Fleet:
 		return "fleet test"
+	case Overload:
+		return "overload test"
 	default:
 		return "peak test (" + p.Note + ")"
 	}
@@ -196,6 +200,8 @@ func specNote(p Preset) string {
 		return "closed loop: " + gi(p.Loops) + " immediate loops"
 	case Fleet:
 		return "registered first; then open loop: every device pushes once per loop time, a new connection per push"
+	case Overload:
+		return "registered first; capacity (closed loop, these threads), then 1.5 × capacity offered open loop"
 	default:
 		return p.Note
 	}
@@ -279,9 +285,41 @@ func stabilitySections(d *doc, r *Result, c *Calc) {
 	d.tab(t)
 }
 
+// overloadSection is an overload test's capacity phase and criteria
+// (issue 11 point 4).
+func overloadSection(d *doc, r *Result, c *Calc) {
+	checksTable(d, "Overload test criteria", c)
+	if len(r.Parts) == 0 || r.Parts[0].Capacity == nil {
+		return
+	}
+	part := r.Parts[0]
+	capa := part.Capacity
+	d.h("Capacity and overload")
+	t := newTable("phase", "value")
+	t.row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), fx(part.Register.ElapsedSec, 1)))
+	t.row("capacity: pushes back to back", fmt.Sprintf("%d workers, %s s: %s accepted, %s/s; rejected %s, dropped %s, retried %s",
+		capa.Workers, fx(capa.Seconds, 1), group(capa.Push.Accepted), fx(capa.PerSec, 0), mapText(capa.Push.Rejected), mapText(capa.Push.Dropped), group(capa.Push.Retried)))
+	t.row("overload: offered open loop", fmt.Sprintf("%s pushes/s (%s × capacity): %s devices, each every %s ms, for %s",
+		fx(capa.Offered, 0), fx(OverloadFactor, 1), gi(r.Preset.Devices), fx(capa.IntervalMs, 0), fmtDuration(r.Preset.Duration)))
+	t.row("overload: accepted", fmt.Sprintf("%s pushes; median second %s/s, lowest %s/s", group(part.Push.Accepted), fx(c.MedianPerSec, 0), fx(c.MinPerSec, 0)))
+	t.row("overload: latency from the intended send p50 / p99 / max (ms)", latencyText(part.Push.LatencyMs))
+	t.row("overload: server RSS before / after (MiB)", fx(part.Before.RSSMiB, 1)+" / "+fx(part.After.RSSMiB, 1))
+	d.tab(t)
+	opBreakdown(d, r)
+}
+
 // fleetSection is a fleet test's criteria (issue 11 point 1).
 func fleetSection(d *doc, r *Result, c *Calc) {
-	d.h("Fleet test criteria")
+	checksTable(d, "Fleet test criteria", c)
+	if len(r.Parts) > 0 {
+		reg := r.Parts[0].Register
+		d.p("Before the test the fleet registered (not measured, kept-alive connections): %s devices in %s s, %s rejected, %s dropped.",
+			group(reg.Accepted), fx(reg.ElapsedSec, 1), group(sumMap(reg.Rejected)), group(sumMap(reg.Dropped)))
+	}
+}
+
+func checksTable(d *doc, title string, c *Calc) {
+	d.h(title)
 	t := newTable("criterion", "measured", "limit", "result")
 	for _, ch := range c.Checks {
 		res := "pass"
@@ -291,16 +329,11 @@ func fleetSection(d *doc, r *Result, c *Calc) {
 		t.row(ch.Name, ch.Measured, ch.Limit, res)
 	}
 	d.tab(t)
-	if len(r.Parts) > 0 {
-		reg := r.Parts[0].Register
-		d.p("Before the test the fleet registered (not measured, kept-alive connections): %s devices in %s s, %s rejected, %s dropped.",
-			group(reg.Accepted), fx(reg.ElapsedSec, 1), group(sumMap(reg.Rejected)), group(sumMap(reg.Dropped)))
-	}
 }
 
-// FleetChecksText is a fleet test's criteria as plain lines, for the
-// terminal.
-func FleetChecksText(r *Result) []string {
+// ChecksText is a fleet or overload test's criteria as plain lines, for
+// the terminal (none for other tests).
+func ChecksText(r *Result) []string {
 	c := Compute(r)
 	var out []string
 	for _, ch := range c.Checks {
@@ -509,6 +542,17 @@ func chartSections(d *doc, r *Result) {
 		if anyRegs {
 			th.add("registrations/s", regs)
 		}
+		if capa := part.Capacity; capa != nil {
+			line := func(v float64) []float64 {
+				ys := make([]float64, len(xs))
+				for i := range ys {
+					ys[i] = v
+				}
+				return ys
+			}
+			th.add("capacity", line(capa.PerSec))
+			th.add(fx(OverloadMinOfCapacity, 1)+" × capacity", line(OverloadMinOfCapacity*capa.PerSec))
+		}
 		if r.Preset.Kind == Fleet {
 			if c := Compute(r); c.MedianPerSec > 0 {
 				floor := make([]float64, len(xs))
@@ -561,6 +605,10 @@ func notes(r *Result, c *Calc) []string {
 			fmt.Sprintf("At most %s pushes are in flight at once; beyond, sends wait (and are late). Rejected counts every error status, including 503/429 answers the emulator retried after their Retry-After; dropped counts pushes without an answer, not sent (device still busy or unregistered) or cut off at the end.", gi(p.Threads)),
 			"Per-second throughput: accepted pushes per chart bucket, over the buckets wholly inside the schedule (the first and the last are partial and left out). RSS per device: the server's RSS at the end divided by the devices.",
 			"Scaled runs (`--scale F`) keep the loop time and the duration: F × the devices and F × the pushes per second.")
+	case Overload:
+		n = append(n,
+			fmt.Sprintf("Issue 11's overload test: the devices register first (not measured); then %d workers push back to back for %s (a new connection per push, as the test's connections): the capacity is their accepted pushes per second. Then the fleet offers %s × that, open loop (each device once per interval at its own phase), for the duration; the emulator retries 503/429 answers after their Retry-After plus up to half again of random jitter (at most 5 retries), as the agent does.", p.Threads, fmtDuration(capacityTime), fx(OverloadFactor, 1)),
+			"Accepted per second: the median of the chart's buckets wholly inside the overload phase. Retry-After spread: every 503/429 answer of the overload phase counted by its Retry-After value.")
 	case Benchmark:
 		n = append(n, fmt.Sprintf("Elapsed time runs from the first push to the last answer of the %d loops; registration is before it and not counted. Pushes/s = accepted pushes / elapsed (devices × loops / elapsed when all are accepted).", p.Loops),
 			"Each handler-thread count is a fresh server (`--threads N`, Go's GOMAXPROCS) with a fresh database.")

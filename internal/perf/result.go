@@ -51,6 +51,7 @@ type Part struct {
 	Register       OpStats            `json:"register"`
 	ConfigChanges  int                `json:"config_changes,omitempty"` // profile updates made during the run
 	Empty          *Snapshot          `json:"empty,omitempty"`          // fleet test: the server before registration
+	Capacity       *Capacity          `json:"capacity,omitempty"`       // overload test: the capacity measured first
 	Before         Snapshot           `json:"before"`
 	After          Snapshot           `json:"after"`
 	Samples        []Sample           `json:"samples,omitempty"`
@@ -77,8 +78,19 @@ type OpStats struct {
 	Unregistered int64            `json:"unregistered,omitempty"` // not sent: registration failed
 	Late         int64            `json:"late,omitempty"`
 	ConfigsSeen  int64            `json:"configs_seen,omitempty"`
-	ElapsedSec   float64          `json:"elapsed_s"` // first attempt to last outcome
+	RetryAfter   map[string]int64 `json:"retry_after,omitempty"` // 503/429 answers by Retry-After seconds
+	ElapsedSec   float64          `json:"elapsed_s"`             // first attempt to last outcome
 	LatencyMs    Latency          `json:"latency_ms"`
+}
+
+// Capacity is an overload test's first phase: pushes back to back.
+type Capacity struct {
+	Workers    int     `json:"workers"`
+	Seconds    float64 `json:"seconds"`
+	Push       OpStats `json:"push"`
+	PerSec     float64 `json:"per_s"`     // accepted pushes per second
+	Offered    float64 `json:"offered_s"` // the overload phase's pushes per second
+	IntervalMs float64 `json:"interval_ms"`
 }
 
 // Latency percentiles in milliseconds.

@@ -134,6 +134,9 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 // destination have about 28,000 ephemeral ports).
 func sourceAddrsFor(p Preset) int {
 	n := 8
+	if p.Kind == Overload {
+		n = 32 // its rate is known only once the capacity is measured
+	}
 	if (p.Kind == Fleet || p.Kind == Stability) && p.LoopTime > 0 {
 		rate := float64(p.Devices) / float64(p.LoopTime)
 		n = max(n, int(math.Ceil(rate*120/20000)))
@@ -169,8 +172,9 @@ type target struct {
 	review             *LogReview
 	logFile            string
 	logOffset          int64
-	seed               string // the emulated fleet's identity seed
-	credentials        string // a fleet test: the registered fleet's credentials file
+	seed               string        // the emulated fleet's identity seed
+	interval           time.Duration // overload test: the push interval offering OverloadFactor × capacity
+	credentials        string        // a fleet test: the registered fleet's credentials file
 }
 
 func randomToken() string {
@@ -195,7 +199,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	}
 
 	t.seed = "perf-" + strings.ToLower(p.Name) + "-" + strconv.FormatInt(time.Now().Unix(), 36)
-	if p.Kind == Fleet {
+	if p.Kind == Fleet || p.Kind == Overload {
 		sleepCtx(ctx, time.Second)
 		if empty, err := t.snapshot(); err == nil {
 			part.Empty = &empty
@@ -206,6 +210,15 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 			part.Err = err.Error()
 			return part, err
 		}
+	}
+	if p.Kind == Overload {
+		capa, err := measureCapacity(ctx, p, t, o)
+		part.Capacity = capa
+		if err != nil {
+			part.Err = err.Error()
+			return part, err
+		}
+		t.interval = time.Duration(capa.IntervalMs * float64(time.Millisecond))
 	}
 
 	// Settle, then the pre-test snapshot.
@@ -249,7 +262,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	part.Series = series
 	if sum != nil {
 		part.Push = opStats(sum.Op(results.OpPush))
-		if p.Kind != Fleet { // a fleet test's registrations were before it
+		if p.Kind != Fleet && p.Kind != Overload { // their registrations were before the test
 			part.Register = opStats(sum.Op(results.OpRegister))
 		}
 		res := sum.Resources
@@ -289,7 +302,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 func opStats(o *results.OpSummary) OpStats {
 	s := OpStats{Accepted: o.Accepted, Rejected: o.Rejected, Dropped: o.Dropped, Aborted: o.Aborted, Retried: o.Retried,
 		Resent: o.Resent, Reregistered: o.Reregistered, Skipped: o.Skipped, Unregistered: o.Unregistered, Late: o.Late,
-		ConfigsSeen: o.ConfigsSeen, ElapsedSec: o.Elapsed().Seconds()}
+		ConfigsSeen: o.ConfigsSeen, RetryAfter: o.RetryAfter, ElapsedSec: o.Elapsed().Seconds()}
 	if o.Latency != nil && o.Latency.Count() > 0 {
 		s.LatencyMs = Latency{P50: ms(o.Latency.Quantile(.5)), P90: ms(o.Latency.Quantile(.9)), P99: ms(o.Latency.Quantile(.99)),
 			Max: ms(o.Latency.Max()), Mean: ms(o.Latency.Mean())}
@@ -338,16 +351,51 @@ func registerFleet(ctx context.Context, p Preset, t *target, o Options) (OpStats
 	return reg, nil
 }
 
+// capacityTime is how long an overload test pushes back to back to measure
+// the capacity.
+const capacityTime = 20 * time.Second
+
+// measureCapacity runs an overload test's first phase: p.Threads workers
+// push back to back (closed loop, the test's connection mode) for
+// capacityTime; the capacity is the accepted pushes per second.
+func measureCapacity(ctx context.Context, p Preset, t *target, o Options) (*Capacity, error) {
+	cfg, prog := emuConfig(p, t, o)
+	prog.name = p.Name + " capacity"
+	cfg.Mode, cfg.Loops, cfg.CredentialsFile = emulator.ModeBenchmark, 1<<30, t.credentials
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := time.AfterFunc(capacityTime, cancel)
+	defer stop.Stop()
+	sum, err := emulator.Run(cctx, cfg, nil)
+	if sum == nil {
+		return nil, fmt.Errorf("measuring the capacity: %w", err)
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	op := sum.Op(results.OpPush)
+	c := &Capacity{Workers: p.Threads, Seconds: op.Elapsed().Seconds(), Push: opStats(op), PerSec: op.AcceptedRate()}
+	if c.PerSec <= 0 {
+		return c, errors.New("measuring the capacity: no push was accepted")
+	}
+	c.Offered = OverloadFactor * c.PerSec
+	c.IntervalMs = float64(p.Devices) / c.Offered * 1000
+	return c, nil
+}
+
 // drive runs the emulator for one part.
 func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []Point, error) {
 	cfg, _ := emuConfig(p, t, o)
 	switch p.Kind {
-	case Stability, Fleet:
+	case Stability, Fleet, Overload:
 		cfg.Mode = emulator.ModeFleet
 		cfg.Interval = time.Duration(p.LoopTime) * time.Second
 		cfg.Duration = p.Duration
 		cfg.MaxInflight = p.Threads
 		cfg.CredentialsFile = t.credentials
+		if p.Kind == Overload { // p.Threads were the capacity phase's workers
+			cfg.Interval, cfg.MaxInflight = t.interval, 15000
+		}
 	case Benchmark:
 		cfg.Mode = emulator.ModeBenchmark
 		cfg.Loops = p.Loops

@@ -25,6 +25,11 @@ func Summary(w io.Writer, rs []*Result) error {
 		case Fleet:
 			fig = fmt.Sprintf("%s devices every %d s: p99 %s ms from the intended send time, median %s accepted/s (lowest %s), RSS %s bytes/device",
 				gi(r.Preset.Devices), r.Preset.LoopTime, fx(c.P99Ms, 1), fx(c.MedianPerSec, 0), fx(c.MinPerSec, 0), fx(c.BytesPerDev, 0))
+		case Overload:
+			if len(r.Parts) > 0 && r.Parts[0].Capacity != nil {
+				capa := r.Parts[0].Capacity
+				fig = fmt.Sprintf("capacity %s pushes/s, offered %s/s: accepted %s/s (median second), %s × capacity", fx(capa.PerSec, 0), fx(capa.Offered, 0), fx(c.MedianPerSec, 0), fx(safeDiv(c.MedianPerSec, capa.PerSec), 2))
+			}
 		case Benchmark:
 			var rates []string
 			for _, row := range c.Rows {
