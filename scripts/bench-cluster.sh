@@ -7,7 +7,7 @@
 # installs them). Prints a Markdown table for docs/cluster.md.
 #
 #   scripts/bench-cluster.sh                      # 6000 devices / 20 s, 40 s, 1 run
-#   NODES=1,2,3 DEVICES=20000 INTERVAL=20s DURATION=60s RUNS=3 scripts/bench-cluster.sh
+#   NODES=1,2,3 DEVICES=20000 INTERVAL=20s DURATION=60s RUNS=3 IDLE=10s scripts/bench-cluster.sh
 #
 # Run it on a quiet machine: it uses every core.
 set -euo pipefail
@@ -19,11 +19,12 @@ export DROVER_BENCH_DEVICES=${DEVICES:-6000}
 export DROVER_BENCH_INTERVAL=${INTERVAL:-20s}
 export DROVER_BENCH_DURATION=${DURATION:-40s}
 export DROVER_BENCH_RUNS=${RUNS:-1}
+export DROVER_BENCH_IDLE=${IDLE:-10s}
 log=$(mktemp /tmp/drover-bench-cluster.XXXXXX.log)
 echo "uptime: $(uptime); full log: $log" >&2
 if ! go test -count=1 -timeout 2h -run '^TestMeasure$' -v ./internal/clustertest/ >"$log" 2>&1; then
   tail -50 "$log" >&2
   exit 1
 fi
-grep -E '^\s+bench_test.go:[0-9]+: [0-9] nodes: ' "$log" >&2 || true
+grep -E '^\s+bench_test.go:[0-9]+: [0-9] nodes[:,] ' "$log" >&2 || true
 awk '/^[0-9]+ devices, one push/{p=1} p && /^(--- |PASS|ok|FAIL|=== )/{p=0} p' "$log"

@@ -23,6 +23,7 @@ import (
 //
 //	DROVER_BENCH_NODES=1,2,3  DROVER_BENCH_DEVICES=6000  DROVER_BENCH_INTERVAL=20s
 //	DROVER_BENCH_DURATION=40s DROVER_BENCH_RUNS=1 (3: medians of 3)
+//	DROVER_BENCH_IDLE=10s (the registered fleet silent: the cluster's own cost)
 func TestMeasure(t *testing.T) {
 	if os.Getenv("DROVER_CLUSTER_BENCH") != "1" {
 		t.Skip("a measurement: DROVER_CLUSTER_BENCH=1 (scripts/bench-cluster.sh)")
@@ -52,16 +53,16 @@ func TestMeasure(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%d devices, one push each per %v, for %v after registration; new TCP + TLS per push through HAProxy; medians of %d run(s).\n", devices, interval, duration, runs)
 	fmt.Fprintf(&b, "/proc/loadavg before: %s, after: %s\n\n", strings.TrimSpace(string(load)), strings.TrimSpace(string(load2)))
-	b.WriteString("| nodes | offered/s | accepted/s | p50 ms | p99 ms | late % | node CPU ms/push (each) | nodes CPU ms/push | PostgreSQL CPU ms/push | HAProxy CPU ms/push | NATS CPU ms/push | device bytes/push | DB wire bytes/push | NATS bytes/push | DB growth bytes/push | WAL bytes/push |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| nodes | offered/s | accepted/s | p50 ms | p99 ms | late % | node CPU ms/push (each) | nodes CPU ms/push | PostgreSQL CPU ms/push | HAProxy CPU ms/push | NATS CPU ms/push | device bytes/push | DB wire bytes/push | NATS bytes/push | DB growth bytes/push | WAL bytes/push | DB bytes/device | idle CPU ms/s per node | idle PostgreSQL CPU ms/s |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range rows {
 		each := make([]string, len(m.nodeCPU))
 		for i, c := range m.nodeCPU {
 			each[i] = fmt.Sprintf("%.3f", c)
 		}
-		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f |\n",
 			m.nodes, m.offered, m.rate, m.p50, m.p99, m.latePct, strings.Join(each, " / "), m.nodesCPU, m.pgCPU, m.lbCPU, m.natsCPU,
-			m.deviceBytes, m.dbBytes, m.natsBytes, m.dbGrowth, m.wal)
+			m.deviceBytes, m.dbBytes, m.natsBytes, m.dbGrowth, m.wal, m.dbPerDevice, m.idleNode, m.idlePG)
 	}
 	t.Log(b.String())
 	fmt.Println(b.String())
@@ -95,6 +96,8 @@ func envDuration(t *testing.T, name, def string) time.Duration {
 	return d
 }
 
+const msPerTick = 10 // clock ticks of /proc/PID/stat: USER_HZ = 100
+
 // measured is one configuration's figures, per accepted push unless named
 // otherwise.
 type measured struct {
@@ -103,6 +106,11 @@ type measured struct {
 	nodeCPU                                        []float64 // ms per push it accepted, each node
 	nodesCPU, pgCPU, lbCPU, natsCPU                float64   // ms per push
 	deviceBytes, dbBytes, natsBytes, dbGrowth, wal float64
+	dbPerDevice                                    float64 // database bytes per registered device, before any push
+	// CPU ms per second with the fleet registered but silent: what the
+	// cluster costs without pushes (polls, heartbeats, NATS), per node and
+	// in PostgreSQL; included in the per-push figures above.
+	idleNode, idlePG float64
 }
 
 // snapshot is what the lab's processes and hosts used so far.
@@ -112,12 +120,15 @@ type snapshot struct {
 	nodeBytes          []int64
 	dbBytes, natsBytes int64
 	dbSize, walLSN     int64
+	tables             map[string][4]int64 // per table: rows read by scans, fetched by index, inserted, updated
+	commits            int64               // the nodes' grouped commits (drover_store_commit_records_count)
 }
 
 func (l *lab) snapshot(t *testing.T) snapshot {
 	t.Helper()
 	var s snapshot
 	for _, nd := range l.nodes {
+		s.commits += l.metric(nd, "drover_store_commit_records_count")
 		s.nodeTicks = append(s.nodeTicks, cpuTicks(nd.cmd.Process.Pid, false))
 		s.nodeBytes = append(s.nodeBytes, nd.host.bytes())
 	}
@@ -130,6 +141,23 @@ func (l *lab) snapshot(t *testing.T) snapshot {
 	c := l.db(ctx)
 	defer c.Close(ctx)
 	// The schema's tables with their indexes and TOAST; the WAL position.
+	rows, err := c.Query(ctx, `SELECT relname, COALESCE(seq_tup_read, 0), COALESCE(idx_tup_fetch, 0), n_tup_ins, n_tup_upd
+		FROM pg_stat_user_tables WHERE schemaname = current_schema()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.tables = map[string][4]int64{}
+	for rows.Next() {
+		var name string
+		var v [4]int64
+		if err := rows.Scan(&name, &v[0], &v[1], &v[2], &v[3]); err != nil {
+			t.Fatal(err)
+		}
+		s.tables[name] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.QueryRow(ctx, `SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::bigint,
 		(pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -146,6 +174,16 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 	}
 	l.startNodes(n)
 	l.register(devices)
+	m := measured{nodes: n, offered: float64(devices) / interval.Seconds()}
+	quiet := l.snapshot(t)
+	m.dbPerDevice = float64(quiet.dbSize) / float64(devices)
+	idle := envDuration(t, "DROVER_BENCH_IDLE", "10s")
+	time.Sleep(idle)
+	quiet2 := l.snapshot(t)
+	for i := range l.nodes {
+		m.idleNode += float64((quiet2.nodeTicks[i]-quiet.nodeTicks[i])*msPerTick) / idle.Seconds() / float64(n)
+	}
+	m.idlePG = float64((quiet2.pg-quiet.pg)*msPerTick) / idle.Seconds()
 	// A first interval warms connection pools and caches; it is not counted.
 	l.emulate(devices, "--interval", interval.String(), "--duration", interval.String()).wait(t)
 	before := l.snapshot(t)
@@ -156,8 +194,7 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 	if p == 0 {
 		t.Fatalf("no push accepted: %+v", push.Counts)
 	}
-	const msPerTick = 10 // USER_HZ = 100
-	m := measured{nodes: n, offered: float64(devices) / interval.Seconds(), rate: push.AcceptedRate()}
+	m.rate = push.AcceptedRate()
 	if push.Latency != nil {
 		m.p50 = float64(push.Latency.Quantile(0.5).Microseconds()) / 1000
 		m.p99 = float64(push.Latency.Quantile(0.99).Microseconds()) / 1000
@@ -184,6 +221,23 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 	m.dbBytes, m.natsBytes = float64(db)/p, float64(nats)/p
 	m.dbGrowth = float64(after.dbSize-before.dbSize) / p
 	m.wal = float64(after.walLSN-before.walLSN) / p
+	// Where the database's work goes: rows per push by table (the
+	// statistics lag by up to a second: an indication, not a count).
+	time.Sleep(time.Second)
+	final := l.snapshot(t)
+	var where []string
+	for name, v := range final.tables {
+		b := before.tables[name]
+		var f [4]float64
+		for i := range v {
+			f[i] = float64(v[i]-b[i]) / p
+		}
+		if f != [4]float64{} {
+			where = append(where, fmt.Sprintf("%s: scanned %.2f, index-fetched %.2f, inserted %.2f, updated %.2f", name, f[0], f[1], f[2], f[3]))
+		}
+	}
+	slices.Sort(where)
+	t.Logf("%d nodes, %.2f pushes per grouped commit; rows per push: %s", n, p/max(1, float64(after.commits-before.commits)), strings.Join(where, "; "))
 	if out, err := exec.Command("uptime").Output(); err == nil {
 		t.Logf("%d nodes: %s", n, strings.TrimSpace(string(out)))
 	}
@@ -218,5 +272,8 @@ func median(ms []measured) measured {
 	out.natsBytes = med(func(m measured) float64 { return m.natsBytes })
 	out.dbGrowth = med(func(m measured) float64 { return m.dbGrowth })
 	out.wal = med(func(m measured) float64 { return m.wal })
+	out.dbPerDevice = med(func(m measured) float64 { return m.dbPerDevice })
+	out.idleNode = med(func(m measured) float64 { return m.idleNode })
+	out.idlePG = med(func(m measured) float64 { return m.idlePG })
 	return out
 }

@@ -572,16 +572,32 @@ func (l *lab) get(nd *node, path, token string) (int, string, []byte) {
 
 // accepted reads drover_pushes_total{outcome="accepted"} of nd.
 func (l *lab) accepted(nd *node) (int64, error) {
+	return l.sample(nd, `drover_pushes_total{outcome="accepted"}`)
+}
+
+// sample reads one sample of nd's /metrics (0 when absent).
+func (l *lab) sample(nd *node, name string) (int64, error) {
 	st, _, b := l.get(nd, "/metrics", adminToken)
 	if st != 200 {
 		return 0, fmt.Errorf("metrics of %s: %d %s", nd.name, st, b)
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, `drover_pushes_total{outcome="accepted"} `); ok {
-			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int64(f), err
 		}
 	}
-	return 0, nil // none accepted yet
+	return 0, nil
+}
+
+// metric is sample, failing the test when /metrics does not answer.
+func (l *lab) metric(nd *node, name string) int64 {
+	l.t.Helper()
+	v, err := l.sample(nd, name)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return v
 }
 
 // ---- the emulator ----
