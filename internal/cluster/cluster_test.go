@@ -367,6 +367,36 @@ func TestCluster(t *testing.T) {
 		t.Logf("profile change visible on B %v after A answered", took)
 	})
 
+	t.Run("labels and quota lifts reach every node", func(t *testing.T) {
+		r := a.mustRegister("m-label")
+		st, body := a.do("POST", "/api/v1/labels/assign", adminToken, `{"label":"north","filter":{"q":"m-label"}}`)
+		if st != 200 {
+			t.Fatalf("assign: %d %s", st, body)
+		}
+		labelled := func(n *node, label string) bool {
+			st, body := n.do("GET", "/api/v1/devices?label="+label, adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"m-label"`)
+		}
+		took := within(t, converge, "label on B", func() bool { return labelled(b, "north") })
+		t.Logf("label visible on B %v after A answered", took)
+		// A label made on B next gets its own ID, and A sees both.
+		if st, body := b.do("POST", "/api/v1/labels/assign", adminToken, `{"label":"south","filter":{"q":"m-label"}}`); st != 200 {
+			t.Fatalf("assign on B: %d %s", st, body)
+		}
+		within(t, converge, "both labels on A", func() bool { return labelled(a, "north") && labelled(a, "south") })
+		st, body = a.do("GET", "/api/v1/labels", adminToken, "")
+		if st != 200 || !strings.Contains(string(body), "north") || !strings.Contains(string(body), "south") {
+			t.Fatalf("labels on A: %d %s", st, body)
+		}
+		if st, body := a.do("PUT", "/api/v1/devices/"+r.DeviceID+"/quota", adminToken, `{"note":"field test"}`); st != 200 {
+			t.Fatalf("lift: %d %s", st, body)
+		}
+		within(t, converge, "lift on B", func() bool {
+			st, body := b.do("GET", "/api/v1/devices/"+r.DeviceID+"/quota", adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"lifted":true`)
+		})
+	})
+
 	t.Run("one machine ID registered on A and B at once gets one device ID", func(t *testing.T) {
 		for i := range 10 {
 			machine := fmt.Sprintf("m-race-%d", i)

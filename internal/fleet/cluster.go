@@ -33,6 +33,9 @@ type ClusterStore interface {
 	// and firmware.
 	ReadProfile(ctx context.Context, id uint64) (Profile, bool, error)
 	ProfileOf(ctx context.Context, deviceType, firmware string) (Profile, bool, error)
+	// NoteChange adds a change log entry for a change stored outside the
+	// grouped commit (labels, the profile policy, quota lifts).
+	NoteChange(ctx context.Context, kind ChangeKind, id uint64) error
 }
 
 // ChangeKind says what a change log entry names.
@@ -42,6 +45,8 @@ type ChangeKind uint8
 const (
 	ChangeDevice  ChangeKind = 1 // identity, token, trust or deletion
 	ChangeProfile ChangeKind = 2
+	ChangeLabels  ChangeKind = 3 // a label created, deleted or assigned: read every label back
+	ChangePolicy  ChangeKind = 4 // the profile policy or a quota lift: read them back
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -72,7 +77,62 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 		return s.refreshDevice(ctx, c.ID)
 	case ChangeProfile:
 		return s.refreshProfile(ctx, c.ID)
+	case ChangeLabels:
+		return s.reloadLabels(ctx)
+	case ChangePolicy:
+		return s.reloadPolicy(ctx)
 	}
+	return nil
+}
+
+// noteChange, in cluster mode, logs a change made outside the grouped
+// commit, right after it was stored. Should that fail, the change is
+// stored but other nodes learn it at their restart: it is logged.
+func (s *Service) noteChange(ctx context.Context, kind ChangeKind, id uint64) {
+	if s.opts.Cluster == nil {
+		return
+	}
+	if err := s.opts.Cluster.NoteChange(context.WithoutCancel(ctx), kind, id); err != nil {
+		s.log.Warn("cluster: change stored but not logged; other nodes see it at their restart", "kind", kind, "id", id, "err", err)
+	}
+}
+
+// reloadLabels replaces every label and assignment with the stored ones.
+func (s *Service) reloadLabels(ctx context.Context) error {
+	r := &s.labels
+	if r.store == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return s.loadLabelsLocked(ctx, r.store, true)
+}
+
+// reloadPolicy replaces the profile policy and the quota lifts with the
+// stored ones (firmware links are read at start only).
+func (s *Service) reloadPolicy(ctx context.Context) error {
+	st := s.policy.store
+	if st == nil {
+		return nil
+	}
+	data, err := st.LoadPolicy(ctx)
+	if err != nil {
+		return err
+	}
+	s.policy.mu.Lock()
+	defer s.policy.mu.Unlock()
+	if data.Policy != nil && data.Policy.Check() == nil {
+		p := *data.Policy
+		s.policy.policy.Store(&p)
+	}
+	q := s.quota
+	q.mu.Lock()
+	clear(q.lifted)
+	for _, l := range data.Lifts {
+		q.lifted[l.DeviceID] = l
+	}
+	q.anyLifted.Store(len(q.lifted) > 0)
+	q.mu.Unlock()
 	return nil
 }
 

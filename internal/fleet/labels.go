@@ -89,6 +89,14 @@ func (s *Service) AttachLabels(ctx context.Context, ls LabelStore) error {
 	r := &s.labels
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return s.loadLabelsLocked(ctx, ls, false)
+}
+
+// loadLabelsLocked reads every label and assignment from ls; replace
+// first forgets what memory holds (cluster mode: another node changed
+// them). r.mu held.
+func (s *Service) loadLabelsLocked(ctx context.Context, ls LabelStore, replace bool) error {
+	r := &s.labels
 	r.init()
 	perDevice := map[uint64][]uint16{}
 	labels, err := ls.LoadLabels(ctx, func(dev uint64, id uint16) error {
@@ -101,6 +109,15 @@ func (s *Service) AttachLabels(ctx context.Context, ls LabelStore) error {
 	high, err := ls.MaxLabelID(ctx)
 	if err != nil {
 		return fmt.Errorf("load labels: %w", err)
+	}
+	if replace {
+		clear(r.byName)
+		clear(r.names)
+		s.each(func(d *device) {
+			if _, ok := perDevice[d.id]; !ok {
+				d.labels = nil
+			}
+		})
 	}
 	for _, l := range labels {
 		r.byName[l.Name], r.names[l.ID] = l.ID, l.Name
@@ -248,11 +265,24 @@ func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, er
 	if r.next == 0 { // wrapped past 65535
 		return Label{}, ErrTooManyIDs
 	}
+	if s.opts.Cluster != nil && r.store != nil {
+		// Another node may have made labels since: take its IDs and names.
+		if err := s.loadLabelsLocked(ctx, r.store, true); err != nil {
+			return Label{}, err
+		}
+		if id, ok := r.byName[name]; ok {
+			return Label{ID: id, Name: name}, nil
+		}
+		if r.next == 0 {
+			return Label{}, ErrTooManyIDs
+		}
+	}
 	l := Label{ID: r.next, Name: name}
 	if r.store != nil {
 		if err := r.store.CreateLabel(ctx, l); err != nil {
 			return Label{}, err
 		}
+		s.noteChange(ctx, ChangeLabels, uint64(l.ID))
 	}
 	r.next++
 	r.byName[name], r.names[l.ID] = l.ID, name
@@ -273,6 +303,7 @@ func (s *Service) DeleteLabel(ctx context.Context, name string) error {
 		if err := r.store.DeleteLabel(ctx, id); err != nil {
 			return err
 		}
+		s.noteChange(ctx, ChangeLabels, uint64(id))
 	}
 	s.each(func(d *device) {
 		if i, ok := slices.BinarySearch(d.labels, id); ok {
@@ -320,6 +351,7 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 		if err := r.store.AssignLabel(ctx, id, ids, !remove); err != nil {
 			return 0, err
 		}
+		s.noteChange(ctx, ChangeLabels, uint64(id))
 	}
 	for _, dev := range ids {
 		d := s.get(dev)

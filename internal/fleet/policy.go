@@ -147,6 +147,7 @@ func (s *Service) SetProfilePolicy(ctx context.Context, p ProfilePolicy) (Profil
 		if err := st.SaveProfilePolicy(ctx, p); err != nil {
 			return ProfilePolicy{}, err
 		}
+		s.noteChange(ctx, ChangePolicy, 0)
 	}
 	s.policy.policy.Store(&p)
 	s.log.Info("profile policy set", "mode", p.Mode, "carry", p.Carry, "create_limit", p.CreateLimit, "create_window", p.CreateWindow)

@@ -418,6 +418,7 @@ func (s *Service) LiftQuota(ctx context.Context, id uint64, until time.Time, not
 	q.lifted[id] = l
 	q.anyLifted.Store(true)
 	q.mu.Unlock()
+	s.noteChange(ctx, ChangePolicy, id)
 	s.log.Info("quota lifted", "device_id", id, "until", until, "note", note)
 	return l, nil
 }
@@ -438,6 +439,7 @@ func (s *Service) RestoreQuota(ctx context.Context, id uint64) error {
 		if err := st.DeleteQuotaLift(ctx, id); err != nil {
 			return err
 		}
+		s.noteChange(ctx, ChangePolicy, id)
 	}
 	q.mu.Lock()
 	delete(q.lifted, id)

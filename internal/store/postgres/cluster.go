@@ -411,3 +411,13 @@ func (s *Store) ClusterID(ctx context.Context) (string, error) {
 		SELECT value FROM ins UNION ALL SELECT value FROM settings WHERE name = 'cluster_id'`).Scan(&id)
 	return id, err
 }
+
+// NoteChange implements fleet.ClusterStore.
+func (s *Store) NoteChange(ctx context.Context, kind fleet.ChangeKind, id uint64) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO cluster_changes (kind, id, node, at) VALUES ($1, $2, $3, $4)`,
+		int16(kind), int64(id), s.cluster.node, time.Now().UnixMilli())
+	if err == nil {
+		s.cluster.onChange()
+	}
+	return err
+}
