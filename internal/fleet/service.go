@@ -239,16 +239,21 @@ func (s *Service) deviceForToken(token string) (*device, [32]byte, bool) {
 // Push records a device's state and tells it what to change. In cluster
 // mode a token memory refuses is checked against the database first.
 func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest) (protocol.PushResponse, error) {
-	resp, err := s.push(ctx, token, p)
-	if errors.Is(err, ErrUnauthorized) && s.checkStored(ctx, token) {
-		return s.push(ctx, token, p)
+	return s.PushChecked(ctx, s.auth(token), p)
+}
+
+// PushChecked is Push with the token already looked up (CheckPush).
+func (s *Service) PushChecked(ctx context.Context, a PushAuth, p protocol.PushRequest) (protocol.PushResponse, error) {
+	resp, err := s.push(ctx, a, p)
+	if errors.Is(err, ErrUnauthorized) && s.checkStored(ctx, a.token) {
+		return s.push(ctx, s.auth(a.token), p)
 	}
 	return resp, err
 }
 
-func (s *Service) push(ctx context.Context, token string, p protocol.PushRequest) (protocol.PushResponse, error) {
-	d, hash, ok := s.deviceForToken(token)
-	if !ok {
+func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) (protocol.PushResponse, error) {
+	d, hash := a.d, a.hash
+	if d == nil {
 		return protocol.PushResponse{}, ErrUnauthorized
 	}
 	now := s.now()

@@ -249,7 +249,12 @@ func (a *api) push(r *http.Request) (any, error) {
 	if !ok {
 		return nil, errNoBearer
 	}
-	// A device over its quota was refused before (refuseOverQuota).
+	// A device over its quota was refused before (refuseOverQuota), which
+	// left the token looked up and hashed on the connection.
+	auth, ok := takePushAuth(r, token)
+	if !ok {
+		auth = a.fleet.LookUpToken(token)
+	}
 	buf, err := readBody(r)
 	if err != nil {
 		return nil, err
@@ -259,7 +264,7 @@ func (a *api) push(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.fleet.Push(r.Context(), token, req)
+	return a.fleet.PushChecked(r.Context(), auth, req)
 }
 
 func bearer(r *http.Request) (string, bool) {

@@ -35,6 +35,23 @@ const (
 type connState struct {
 	// refused: the last push on this connection was over quota.
 	refused atomic.Bool
+	// push is the token of the push being served looked up and hashed by
+	// refuseOverQuota, for push (takePushAuth). HTTP/1.1 only (the servers
+	// offer no HTTP/2): one request at a time per connection, on the
+	// connection's goroutine.
+	push fleet.PushAuth
+}
+
+// takePushAuth returns the PushAuth refuseOverQuota left for token on r's
+// connection, and clears it.
+func takePushAuth(r *http.Request, token string) (fleet.PushAuth, bool) {
+	cs, _ := r.Context().Value(connKey{}).(*connState)
+	if cs == nil {
+		return fleet.PushAuth{}, false
+	}
+	a := cs.push
+	cs.push = fleet.PushAuth{}
+	return a, a.Token() == token
 }
 
 type connKey struct{}
@@ -119,12 +136,13 @@ func (a *api) refuseOverQuota(w http.ResponseWriter, r *http.Request) bool {
 	if !ok {
 		return false
 	}
-	err := a.fleet.PushAllowed(token)
+	auth, err := a.fleet.CheckPush(token)
 	cs, _ := r.Context().Value(connKey{}).(*connState)
 	qe, over := err.(*fleet.QuotaError)
 	if !over {
 		if cs != nil {
 			cs.refused.Store(false)
+			cs.push = auth
 		}
 		return false
 	}

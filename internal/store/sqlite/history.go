@@ -303,9 +303,13 @@ func partStart(at int64) int64 {
 // partitions it needs, and returns what committed must know. A late sample
 // whose partition is archived already (write-back retrying after an outage)
 // goes to the indexed legacy table.
-func (s *Store) insertSamples(ctx context.Context, tx *sql.Tx, samples []fleet.Sample) (w written, err error) {
+// Rows are written with rowCtx, which cannot be cancelled (see Commit).
+func (s *Store) insertSamples(ctx, rowCtx context.Context, tx *sql.Tx, samples []fleet.Sample) (w written, err error) {
 	stmts := map[int64]*sql.Stmt{}
-	for _, m := range samples {
+	for i, m := range samples {
+		if err := chunkCheck(ctx, i); err != nil {
+			return w, err
+		}
 		at := m.At.UnixMilli()
 		from := partStart(at)
 		st := stmts[from]
@@ -324,7 +328,7 @@ func (s *Store) insertSamples(ctx context.Context, tx *sql.Tx, samples []fleet.S
 			}
 			stmts[from] = st
 		}
-		if _, err := st.ExecContext(ctx, m.DeviceID, at, int64(m.Seq), m.Uptime, m.CPU, m.MemUsed, m.MemTotal,
+		if _, err := st.ExecContext(rowCtx, m.DeviceID, at, int64(m.Seq), m.Uptime, m.CPU, m.MemUsed, m.MemTotal,
 			m.DiskUsed, m.DiskTotal, m.Temperature, clampU(m.RxBytes), clampU(m.TxBytes), m.RSSI, m.RSRP, m.RSRQ, m.SINR); err != nil {
 			return w, fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
 		}

@@ -36,6 +36,8 @@ type Store struct {
 	lock *instlock.FileLock
 	hist history // history.go
 	policyStore
+	// stState updates a device's state; prepared once on the writer.
+	stState *sql.Stmt
 }
 
 // Open opens (creating if needed) the database file at path and applies the
@@ -115,6 +117,10 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 	r.SetMaxOpenConns(4)
 	s := &Store{Aux: &sqlcommon.Aux{R: r, W: w, D: sqlcommon.SQLite}, w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
 	s.Aux.Writable = s.LockLost
+	if s.stState, err = w.PrepareContext(ctx, updateState); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("sqlite %s: %w", path, err)
+	}
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
 		s.closeDBs()
@@ -215,6 +221,11 @@ const (
 )
 
 // Commit implements fleet.Store: one transaction for the whole batch.
+//
+// The rows are written with a context that cannot be cancelled: with one
+// that can, the driver starts a goroutine per statement to interrupt it
+// (the largest per-row cost after SQLite itself). ctx still bounds the
+// wait for the write lock and is checked between chunks of rows.
 func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
@@ -225,6 +236,7 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 			tx.Rollback()
 		}
 	}()
+	rowCtx := context.WithoutCancel(ctx)
 	if len(b.Profiles) > 0 {
 		st, err := tx.PrepareContext(ctx, upsertProfile)
 		if err != nil {
@@ -250,18 +262,18 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 		}
 	}
 	if len(b.States) > 0 {
-		st, err := tx.PrepareContext(ctx, updateState)
-		if err != nil {
-			return err
-		}
-		for _, r := range b.States {
-			if _, err := st.ExecContext(ctx, r.Firmware, lastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion, r.ConfigError,
+		st := tx.StmtContext(rowCtx, s.stState)
+		for i, r := range b.States {
+			if err := chunkCheck(ctx, i); err != nil {
+				return err
+			}
+			if _, err := st.ExecContext(rowCtx, r.Firmware, lastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion, r.ConfigError,
 				[]byte(r.State), r.DeviceID); err != nil {
 				return fmt.Errorf("state of device %d: %w", r.DeviceID, err)
 			}
 		}
 	}
-	written, err := s.insertSamples(ctx, tx, b.Samples) // history.go
+	written, err := s.insertSamples(ctx, rowCtx, tx, b.Samples) // history.go
 	if err != nil {
 		return err
 	}
@@ -274,6 +286,15 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 	s.committed(written)
 	return nil
 }
+
+// chunkCheck returns ctx's error every 256th row.
+func chunkCheck(ctx context.Context, i int) error {
+	if i%256 != 0 {
+		return nil
+	}
+	return ctx.Err()
+}
+
 func lastSeen(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
