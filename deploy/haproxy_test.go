@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// TestHAProxyConfig: HAProxy accepts deploy/haproxy/drover.cfg, and it
-// keeps the shape internal/clustertest relies on (one bind :8443, servers
+// TestHAProxyConfig: HAProxy accepts deploy/haproxy/drover.cfg, docs/cluster.md
+// shows it as it is, and it keeps the shape internal/clustertest relies on (one bind :8443, servers
 // node1… in both backends, the /readyz check, the fallback backend).
 func TestHAProxyConfig(t *testing.T) {
 	b, err := os.ReadFile("haproxy/drover.cfg")
@@ -23,6 +23,14 @@ func TestHAProxyConfig(t *testing.T) {
 	}
 	if n := strings.Count(cfg, "server node1 "); n != 2 {
 		t.Errorf("%d `server node1` lines, want one per backend (2)", n)
+	}
+	// docs/cluster.md shows the file as it is.
+	doc, err := os.ReadFile("../docs/cluster.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), strings.ReplaceAll(strings.TrimSpace(cfg), "\n", "\n   ")) {
+		t.Error("docs/cluster.md does not show deploy/haproxy/drover.cfg as it is (indented by 3 spaces under Deploy)")
 	}
 	haproxy, err := exec.LookPath("haproxy")
 	if err != nil {
