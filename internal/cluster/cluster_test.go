@@ -599,6 +599,16 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("a server without --cluster is refused", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, droverBin, "serve", "--db", dsn, "--data-dir", t.TempDir(),
+			"--listen", "", "--http-listen", "127.0.0.1:0").CombinedOutput()
+		if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "in use") {
+			t.Fatalf("single server next to the cluster: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("without NATS", func(t *testing.T) {
 		nats.stop()
 		within(t, 10*time.Second, "readyz says degraded", func() bool {
