@@ -379,6 +379,45 @@ func TestBrowser(t *testing.T) {
 	do("labels page", chromedp.Navigate(base+"labels"), chromedp.WaitVisible(id("labels")))
 	shot("labels")
 
+	// 7. Commands: send one to the label, pause it, see a device not get
+	// it, resume, see it delivered, cancel the rest.
+	do("commands page", chromedp.Navigate(base+"commands"), chromedp.WaitVisible(id("sendform")),
+		chromedp.SetValue(id("cmdkind"), "ping"), chromedp.SendKeys(id("cmdargs"), "-f"), chromedp.SetValue(id("cmdlabel"), "north-field"),
+		chromedp.Click(id("sendcmd")), chromedp.WaitVisible(id("flash")))
+	if flash := text("#flash"); !strings.Contains(flash, "not sent") || !strings.Contains(flash, "not starting with '-'") {
+		t.Fatalf("unsafe ping argument: flash %q", flash)
+	}
+	do("send command", chromedp.SetValue(id("cmdkind"), "ping"), chromedp.SendKeys(id("cmdargs"), "192.0.2.1"),
+		chromedp.SetValue(id("cmdlabel"), "north-field"), chromedp.Click(id("sendcmd")), chromedp.WaitVisible(id("flash")))
+	if flash := text("#flash"); !strings.Contains(flash, "queued for 2,500 devices") {
+		t.Fatalf("command flash %q", flash)
+	}
+	srv.Srv.Fleet().WaitCommands()
+	do("pause command", chromedp.Navigate(base+"commands"), chromedp.Click(id("pause-1")), chromedp.WaitVisible(id("resume-1")))
+	labelled := -1
+	for i := range sd.devices {
+		if i%len(seedTypes) == 3 && sd.tokens[i] != "" { // ICR-2031: the labelled ones
+			labelled = i
+			break
+		}
+	}
+	if labelled < 0 {
+		t.Fatal("no labelled device with a token in the seed")
+	}
+	if a := devicePush(t, srv, sd.tokens[labelled], 100, 0, 40); len(a.Commands) != 0 {
+		t.Fatalf("paused command delivered: %+v", a.Commands)
+	}
+	do("resume command", chromedp.Click(id("resume-1")), chromedp.WaitVisible(id("pause-1")))
+	if a := devicePush(t, srv, sd.tokens[labelled], 101, 0, 40); len(a.Commands) != 1 || a.Commands[0].Kind != "ping" {
+		t.Fatalf("resumed command not delivered: %+v", a.Commands)
+	}
+	evalBool("(window.confirm = () => true, true)") // the cancel form asks first
+	do("cancel command", chromedp.Click(id("cancel-1")), chromedp.WaitVisible(id("flash")))
+	if st := text("#job-1 .state"); st != "cancelled" {
+		t.Fatalf("job state after cancel %q", st)
+	}
+	shot("commands")
+
 	consoleMu.Lock()
 	defer consoleMu.Unlock()
 	if len(problems) > 0 {
@@ -399,6 +438,9 @@ type pushAnswer struct {
 		Version int64           `json:"version"`
 		Data    json.RawMessage `json:"data"`
 	} `json:"config"`
+	Commands []struct {
+		Kind string `json:"kind"`
+	} `json:"commands"`
 }
 
 // devicePush pushes as a device does, over HTTPS.
