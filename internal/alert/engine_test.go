@@ -46,7 +46,7 @@ func newEnv(t *testing.T, store *alert.MemStore, opts alert.Options) *env {
 	ctx := context.Background()
 	clk := &clock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
 	hook := &alert.Hook{}
-	fl, err := fleet.New(ctx, nil, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, Now: clk.now, OnPush: hook.OnPush})
+	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, Now: clk.now, OnPush: hook.OnPush})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +327,7 @@ func TestStoreFailureKeepsEventsQueued(t *testing.T) {
 func BenchmarkOnPush(b *testing.B) {
 	ctx := context.Background()
 	hook := &alert.Hook{}
-	fl, _ := fleet.New(ctx, nil, nil, fleet.Options{EnrollmentSecret: "s", OnPush: hook.OnPush})
+	fl, _ := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", OnPush: hook.OnPush})
 	const n = 10000
 	for i := range n {
 		fl.Register(ctx, protocol.RegisterRequest{MachineID: fmt.Sprint(i), DeviceType: "ICR", Firmware: "1", EnrollmentSecret: "s"})

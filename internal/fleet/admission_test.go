@@ -13,7 +13,7 @@ func newPolicyService(t *testing.T, st *recStore, o Options) (*Service, *clock) 
 	t.Helper()
 	c := &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
 	o.EnrollmentSecret, o.Now = "sesame", c.now
-	s, err := New(context.Background(), st, NewWriteThrough(st, 0, nil), o)
+	s, err := New(context.Background(), Stores{Devices: st}, NewWriteThrough(st, 0, nil), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestTrustRestart(t *testing.T) {
 	ctx := context.Background()
 	st := &trustRecStore{recStore: newRecStore(), mem: newMemTrust()}
 	open := func() *Service {
-		s, err := New(ctx, st, NewWriteThrough(st, 0, nil), Options{EnrollmentSecret: "sesame", Admission: PolicyApprove})
+		s, err := New(ctx, Stores{Devices: st, Trust: st}, NewWriteThrough(st, 0, nil), Options{EnrollmentSecret: "sesame", Admission: PolicyApprove})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -242,10 +242,10 @@ func (s *Service) writeCommands() {
 	}
 }
 
-// AttachCommands loads jobs and pending commands from cs and keeps later
-// changes there. Call it once, before serving; unfinished bulk creations
-// continue in the background.
-func (s *Service) AttachCommands(ctx context.Context, cs CommandStore) error {
+// loadCommands loads jobs and pending commands from cs and keeps later
+// changes there (New); unfinished bulk creations continue in the
+// background.
+func (s *Service) loadCommands(ctx context.Context, cs CommandStore) error {
 	c := &s.cmds
 	c.mu.Lock()
 	defer c.mu.Unlock()

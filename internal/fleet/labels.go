@@ -83,9 +83,8 @@ func ValidLabelName(name string) error {
 	return nil
 }
 
-// AttachLabels loads labels from ls and keeps later changes there. Call it
-// once, before serving.
-func (s *Service) AttachLabels(ctx context.Context, ls LabelStore) error {
+// loadLabels loads labels from ls and keeps later changes there (New).
+func (s *Service) loadLabels(ctx context.Context, ls LabelStore) error {
 	r := &s.labels
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -84,14 +84,23 @@ func (m *memLabels) AssignLabel(ctx context.Context, id uint16, devs []uint64, o
 	return nil
 }
 
+// newLabelService is newService with labels kept in ls.
+func newLabelService(t *testing.T, st *recStore, ls *memLabels) *Service {
+	t.Helper()
+	wt := NewWriteThrough(st, 0, nil)
+	t.Cleanup(func() { wt.Close(context.Background()) })
+	s, err := New(context.Background(), Stores{Devices: st, Labels: ls}, wt, Options{EnrollmentSecret: "sesame", DefaultPushInterval: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func TestLabelsAssignFilterAndRestart(t *testing.T) {
 	ctx := context.Background()
 	st := newRecStore()
-	s, _, _ := newService(t, st)
 	ls := newMemLabels()
-	if err := s.AttachLabels(ctx, ls); err != nil {
-		t.Fatal(err)
-	}
+	s := newLabelService(t, st, ls)
 	for i := range 30 {
 		r, err := s.Register(ctx, reg(fmt.Sprintf("m-%02d", i)))
 		if err != nil {
@@ -148,10 +157,7 @@ func TestLabelsAssignFilterAndRestart(t *testing.T) {
 	}
 
 	// Restart: labels come back from the stores.
-	s2, _, _ := newService(t, st)
-	if err := s2.AttachLabels(ctx, ls); err != nil {
-		t.Fatal(err)
-	}
+	s2 := newLabelService(t, st, ls)
 	if got := s2.Labels(); len(got) != 2 || got[0].Devices != 9 || got[1].Devices != 10 {
 		t.Fatalf("after restart %+v", got)
 	}
@@ -280,7 +286,7 @@ func seen(d Device) int64 {
 
 func BenchmarkQueryMillion(b *testing.B) {
 	ctx := context.Background()
-	s, err := New(ctx, nil, nil, Options{EnrollmentSecret: "sesame"})
+	s, err := New(ctx, Stores{}, nil, Options{EnrollmentSecret: "sesame"})
 	if err != nil {
 		b.Fatal(err)
 	}

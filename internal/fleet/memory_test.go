@@ -16,7 +16,7 @@ import (
 // registry's own cost, without the store, connections or GC headroom.
 func BenchmarkRegistryMemory(b *testing.B) {
 	ctx := context.Background()
-	s, err := New(ctx, nil, nil, Options{EnrollmentSecret: "sesame"})
+	s, err := New(ctx, Stores{}, nil, Options{EnrollmentSecret: "sesame"})
 	if err != nil {
 		b.Fatal(err)
 	}

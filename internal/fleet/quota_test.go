@@ -94,11 +94,11 @@ func (s *polStore) DeleteProfiles(ctx context.Context, ids []uint64) error {
 	return nil
 }
 
-func newQuotaService(t *testing.T, st Store, q QuotaOptions, c *clock) *Service {
+func newQuotaService(t *testing.T, st *polStore, q QuotaOptions, c *clock) *Service {
 	t.Helper()
 	wt := NewWriteThrough(st, 0, nil)
 	t.Cleanup(func() { wt.Close(context.Background()) })
-	s, err := New(context.Background(), st, wt, Options{EnrollmentSecret: "sesame", DefaultPushInterval: 100, Now: c.now, Quotas: q})
+	s, err := New(context.Background(), Stores{Devices: st, Policy: st}, wt, Options{EnrollmentSecret: "sesame", DefaultPushInterval: 100, Now: c.now, Quotas: q})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestPushQuotaAllocations(t *testing.T) {
 	ctx := context.Background()
 	c := newClock()
 	allocs := func(q QuotaOptions) float64 {
-		s, _ := New(ctx, nil, nil, Options{EnrollmentSecret: "sesame", Now: c.now, Quotas: q})
+		s, _ := New(ctx, Stores{}, nil, Options{EnrollmentSecret: "sesame", Now: c.now, Quotas: q})
 		r, _ := s.Register(ctx, reg("m"))
 		p := push(1, 0)
 		p.State.Firmware = "6.3.5"
@@ -347,7 +347,7 @@ func BenchmarkPushQuota(b *testing.B) {
 	// Every push advances the clock a second: each of the 10,000 devices
 	// pushes every 10,000 s, within its quota.
 	now := func() time.Time { return base.Add(time.Duration(tick.Add(1)) * time.Second) }
-	s, err := New(ctx, nil, nil, Options{EnrollmentSecret: "sesame", Now: now, Quotas: DefaultQuotas()})
+	s, err := New(ctx, Stores{}, nil, Options{EnrollmentSecret: "sesame", Now: now, Quotas: DefaultQuotas()})
 	if err != nil {
 		b.Fatal(err)
 	}

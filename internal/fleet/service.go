@@ -69,6 +69,7 @@ type PushEvent struct {
 type Service struct {
 	opts    Options
 	store   Store
+	history HistoryDropper // nil: none
 	persist Persister
 	// states reads current states from the store; nil: they stay in memory.
 	states StateReader
@@ -94,8 +95,10 @@ type Service struct {
 	cmds   commands      // commands.go
 }
 
-// New loads the fleet from store (nil for none) and returns the Service.
-func New(ctx context.Context, store Store, p Persister, opts Options) (*Service, error) {
+// New loads the fleet from its stores (none: in memory) and returns the
+// Service. It is the one load path: devices and profiles, then the profile
+// policy, trust and labels, from whichever of st are set.
+func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, error) {
 	if opts.DefaultPushInterval <= 0 {
 		opts.DefaultPushInterval = 200
 	}
@@ -112,7 +115,7 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		p = Memory{}
 	}
 	s := &Service{
-		opts: opts, store: store, persist: p, log: opts.Logger, now: opts.Now,
+		opts: opts, store: st.Devices, history: st.History, persist: p, log: opts.Logger, now: opts.Now,
 		machineIDs: make(map[string]uint64), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
@@ -121,14 +124,13 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 	s.quota = newQuotas(opts.Quotas, s.now())
 	pol := DefaultProfilePolicy()
 	s.policy.policy.Store(&pol)
+	store := st.Devices
 	if store == nil {
 		s.profiles = newProfiles(nil, 0)
 		return s, nil
 	}
-	if sr, ok := store.(StateReader); ok {
-		if _, wt := p.(*WriteThrough); wt {
-			s.states = sr
-		}
+	if _, wt := p.(*WriteThrough); wt {
+		s.states = st.States
 	}
 	var loaded []*device
 	res, err := store.Load(ctx, func(r DeviceRecord) error {
@@ -155,13 +157,13 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
 	s.profiles = newProfiles(res.Profiles, res.MaxProfileID)
-	if pst, ok := store.(PolicyStore); ok {
-		if err := s.loadPolicy(ctx, pst); err != nil {
+	if st.Policy != nil {
+		if err := s.loadPolicy(ctx, st.Policy); err != nil {
 			return nil, err
 		}
 	}
-	if fst, ok := store.(FirmwareStore); ok {
-		if err := s.loadFirmware(ctx, fst); err != nil {
+	if st.Firmware != nil {
+		if err := s.loadFirmware(ctx, st.Firmware); err != nil {
 			return nil, err
 		}
 	}
@@ -176,8 +178,18 @@ func New(ctx context.Context, store Store, p Persister, opts Options) (*Service,
 		s.devices[d.id] = d
 		s.machineIDs[d.machineID()] = d.id
 	}
-	if ts, ok := store.(TrustStore); ok {
-		if err := s.loadTrust(ctx, ts); err != nil {
+	if st.Trust != nil {
+		if err := s.loadTrust(ctx, st.Trust); err != nil {
+			return nil, err
+		}
+	}
+	if st.Labels != nil {
+		if err := s.loadLabels(ctx, st.Labels); err != nil {
+			return nil, err
+		}
+	}
+	if st.Commands != nil {
+		if err := s.loadCommands(ctx, st.Commands); err != nil {
 			return nil, err
 		}
 	}
@@ -527,8 +539,8 @@ func (s *Service) PruneHistory(ctx context.Context, retention time.Duration) (in
 	}
 	before := s.now().Add(-retention)
 	var total int64
-	if d, ok := s.store.(HistoryDropper); ok {
-		n, err := d.DropHistory(ctx, before)
+	if s.history != nil {
+		n, err := s.history.DropHistory(ctx, before)
 		if total = n; err != nil {
 			return total, err
 		}

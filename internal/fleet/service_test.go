@@ -107,7 +107,7 @@ func newService(t *testing.T, st *recStore) (*Service, *clock, *WriteThrough) {
 	c := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	wt := NewWriteThrough(st, 0, nil)
 	t.Cleanup(func() { wt.Close(context.Background()) })
-	s, err := New(context.Background(), st, wt, Options{EnrollmentSecret: "sesame", DefaultPushInterval: 100, Now: c.now})
+	s, err := New(context.Background(), Stores{Devices: st}, wt, Options{EnrollmentSecret: "sesame", DefaultPushInterval: 100, Now: c.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestListFilterAndPaging(t *testing.T) {
 
 func BenchmarkPushMemory(b *testing.B) {
 	ctx := context.Background()
-	s, err := New(ctx, nil, nil, Options{EnrollmentSecret: "sesame"})
+	s, err := New(ctx, Stores{}, nil, Options{EnrollmentSecret: "sesame"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func BenchmarkPushMemory(b *testing.B) {
 
 func BenchmarkRegisterMemory(b *testing.B) {
 	ctx := context.Background()
-	s, _ := New(ctx, nil, nil, Options{EnrollmentSecret: "sesame"})
+	s, _ := New(ctx, Stores{}, nil, Options{EnrollmentSecret: "sesame"})
 	var i atomic.Int64
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {

@@ -22,12 +22,48 @@ type Store interface {
 	Close() error
 }
 
-// HistoryDropper is implemented by stores that keep history in time
-// partitions: DropHistory drops every whole partition older than before,
-// whatever its size (a cheap operation there), and returns how many samples
-// it dropped. PruneHistory then deletes the rest in chunks.
+// HistoryDropper drops history by time partitions: DropHistory drops every
+// whole partition older than before, whatever its size (a cheap operation
+// there), and returns how many samples it dropped; a store without
+// partitions drops nothing. PruneHistory then deletes the rest in chunks.
 type HistoryDropper interface {
 	DropHistory(ctx context.Context, before time.Time) (int64, error)
+}
+
+// Backend is every store interface of the fleet in one: what each adapter
+// (internal/store/<backend>) implements.
+type Backend interface {
+	Store
+	StateReader
+	HistoryDropper
+	TrustStore
+	PolicyStore
+	LabelStore
+	FirmwareStore
+	CommandStore
+}
+
+// Stores are the fleet's store dependencies, each named; New loads from
+// every one that is set. A nil Devices store keeps the whole fleet in memory
+// (and the other fields are ignored); another nil field keeps that part in
+// memory only (tests' stores that implement part of Backend).
+type Stores struct {
+	Devices  Store          // devices, states, history, profiles
+	States   StateReader    // current states read back: write-through keeps them out of memory
+	History  HistoryDropper // nil: PruneHistory deletes row by row only
+	Trust    TrustStore     // admission, device keys, enrollment tokens, deleted device IDs
+	Policy   PolicyStore    // profile policy, firmware links, lifted quotas
+	Labels   LabelStore     // labels and their assignments
+	Firmware FirmwareStore  // firmware artifacts, rollouts, profile revisions
+	Commands CommandStore   // remote command jobs and per-device commands
+}
+
+// StoresOf is every part of b; none for a nil b.
+func StoresOf(b Backend) Stores {
+	if b == nil {
+		return Stores{}
+	}
+	return Stores{Devices: b, States: b, History: b, Trust: b, Policy: b, Labels: b, Firmware: b, Commands: b}
 }
 
 // StateReader is implemented by stores that read back one device's current

@@ -105,7 +105,7 @@ func TestParseFilter(t *testing.T) {
 }
 
 func TestNewRefusesDefaultPushIntervalOutOfRange(t *testing.T) {
-	if _, err := New(context.Background(), nil, nil, Options{DefaultPushInterval: MaxPushInterval + 1}); !errors.Is(err, ErrInvalid) {
+	if _, err := New(context.Background(), Stores{}, nil, Options{DefaultPushInterval: MaxPushInterval + 1}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("got %v", err)
 	}
 }

@@ -12,17 +12,11 @@ import (
 	"github.com/drover/drover/internal/alert"
 )
 
-// setupAlerts loads labels and starts the alert engine's state; the engine
-// runs from Serve (startAlerts).
+// setupAlerts starts the alert engine's state; the engine runs from Serve
+// (startAlerts).
 func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 	var as alert.Store // nil: memory mode, kept in memory
 	if s.store != nil {
-		if err := s.fleet.AttachLabels(ctx, s.store); err != nil {
-			return err
-		}
-		if err := s.fleet.AttachCommands(ctx, s.store); err != nil {
-			return err
-		}
 		as = s.store
 	}
 	var smtpPassword string

@@ -28,7 +28,7 @@ type body struct{ bytes.Reader }
 func (*body) Close() error { return nil }
 
 func benchAPI(b *testing.B) (*api, http.Handler) {
-	f, err := fleet.New(context.Background(), nil, nil, fleet.Options{EnrollmentSecret: "s"})
+	f, err := fleet.New(context.Background(), fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		b.Fatal(err)
 	}

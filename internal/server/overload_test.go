@@ -14,7 +14,7 @@ import (
 )
 
 func TestOverloadAnswers503WithRetryAfter(t *testing.T) {
-	f, err := fleet.New(context.Background(), nil, nil, fleet.Options{EnrollmentSecret: "s"})
+	f, err := fleet.New(context.Background(), fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestStoreFailureAnswers503(t *testing.T) {
 		}
 	})
 	defer wt.Close(context.Background())
-	f, err := fleet.New(context.Background(), failingStore{}, wt, fleet.Options{EnrollmentSecret: "s"})
+	f, err := fleet.New(context.Background(), fleet.Stores{Devices: failingStore{}}, wt, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestStoreFailureAnswers503(t *testing.T) {
 // The dashboard's overload note counts the device requests refused for
 // overload, from the API's own counter.
 func TestOverloadWatchCountsRefusals(t *testing.T) {
-	f, err := fleet.New(context.Background(), nil, nil, fleet.Options{EnrollmentSecret: "s"})
+	f, err := fleet.New(context.Background(), fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestOverloadWatchCountsRefusals(t *testing.T) {
 // 503s spread their Retry-After over [n, 2n] (docs/protocol.md), so that
 // clients refused together do not come back together.
 func TestOverloadRetryAfterIsSpread(t *testing.T) {
-	f, err := fleet.New(context.Background(), nil, nil, fleet.Options{EnrollmentSecret: "s"})
+	f, err := fleet.New(context.Background(), fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}

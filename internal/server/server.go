@@ -170,7 +170,7 @@ func (s *Server) loadFleet(ctx context.Context) error {
 	if err := s.joinCluster(ctx, &opts); err != nil {
 		return err
 	}
-	s.fleet, err = fleet.New(ctx, s.store, s.persist, opts)
+	s.fleet, err = fleet.New(ctx, fleet.StoresOf(s.store), s.persist, opts)
 	if err != nil {
 		return err
 	}

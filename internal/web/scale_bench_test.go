@@ -67,11 +67,8 @@ func benchTable(b *testing.B, st contract.Store, n int) {
 	wt := fleet.NewWriteThrough(st, 0, nil)
 	defer wt.Close(ctx)
 	hook := &alert.Hook{}
-	fl, err := fleet.New(ctx, st, wt, fleet.Options{EnrollmentSecret: "s", OnPush: hook.OnPush})
+	fl, err := fleet.New(ctx, fleet.StoresOf(st), wt, fleet.Options{EnrollmentSecret: "s", OnPush: hook.OnPush})
 	if err != nil {
-		b.Fatal(err)
-	}
-	if err := fl.AttachLabels(ctx, st); err != nil {
 		b.Fatal(err)
 	}
 	b.Logf("fleet loaded in %v", time.Since(start).Round(time.Millisecond))

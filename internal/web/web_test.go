@@ -39,7 +39,7 @@ func newSite(t *testing.T, devices int) *site {
 	t.Helper()
 	ctx := context.Background()
 	hook := &alert.Hook{}
-	fl, err := fleet.New(ctx, nil, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, OnPush: hook.OnPush})
+	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, OnPush: hook.OnPush})
 	if err != nil {
 		t.Fatal(err)
 	}

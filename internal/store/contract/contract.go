@@ -16,15 +16,9 @@ import (
 
 // Store is what the server takes.
 type Store interface {
-	fleet.Store         // devices, states, history, profiles
-	fleet.StateReader   // one device's current state
-	fleet.LabelStore    // labels and their assignments
-	fleet.TrustStore    // admission, device keys, enrollment tokens, deleted device IDs
-	fleet.PolicyStore   // profile policy, firmware links, lifted quotas
-	fleet.FirmwareStore // firmware artifacts, rollouts, profile revisions
-	fleet.CommandStore  // remote command jobs and per-device commands
-	alert.Store         // alert rules, alert and sync events, settings
-	sessions.Store      // dashboard sessions
+	fleet.Backend  // devices, states, history, profiles, labels, trust, policy, firmware, commands
+	alert.Store    // alert rules, alert and sync events, settings
+	sessions.Store // dashboard sessions
 	// LockLost returns an error (wrapping instlock.ErrLost) once another
 	// server took this store's instance lock, else nil. From then on this
 	// server must not acknowledge writes: its commits fail.

@@ -39,7 +39,7 @@ const maxStatement = 1 << 20
 // alerts, labels, settings and sessions (migration 011).
 type Store struct {
 	*sqlcommon.Aux
-	*sqlcommon.Samples // History, DeviceState, PruneHistory
+	*sqlcommon.Samples // History, DeviceState, PruneHistory, DropHistory
 	db                 *sql.DB
 	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
 	policyStore

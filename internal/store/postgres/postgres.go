@@ -33,7 +33,7 @@ var migrations embed.FS
 // the same pool.
 type Store struct {
 	*sqlcommon.Aux
-	*sqlcommon.Samples // History, DeviceState, PruneHistory
+	*sqlcommon.Samples // History, DeviceState, PruneHistory, DropHistory
 	pool               *pgxpool.Pool
 	lock               *lock    // nil: no instance lock (drover migrate, cluster mode)
 	cluster            *cluster // cluster mode (cluster.go); nil: not

@@ -154,10 +154,7 @@ func testIDsNotReused(t *testing.T, h *handle) {
 // the server restarted gets a new, larger ID.
 func svcIDsNotReused(t *testing.T, e *env) {
 	ctx := e.ctx
-	attach := func() *alert.Engine {
-		if err := e.svc.AttachLabels(ctx, e.h.store); err != nil {
-			t.Fatal(err)
-		}
+	attach := func() *alert.Engine { // the fleet loaded its labels (fleet.New)
 		eng, err := alert.New(ctx, alert.Options{Fleet: e.svc, Store: e.h.store})
 		if err != nil {
 			t.Fatal(err)

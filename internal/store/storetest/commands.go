@@ -81,12 +81,6 @@ func testCommands(t *testing.T, h *handle) {
 // restart keeps queued, delivered and finished commands and the counts;
 // nothing is delivered twice.
 func svcCommands(t *testing.T, e *env) {
-	attach := func() {
-		if err := e.svc.AttachCommands(e.ctx, e.h.store); err != nil {
-			t.Fatal(err)
-		}
-	}
-	attach()
 	var devs []protocol.RegisterResponse
 	for i := range 3 {
 		devs = append(devs, e.register("m-c"+strconv.Itoa(i), "trb140", "1.0"))
@@ -110,8 +104,7 @@ func svcCommands(t *testing.T, e *env) {
 	e.push(devs[0].Token, p)
 	e.push(devs[1].Token, pushReq(t, 1, 0, ""))
 	e.sync()
-	e.restart()
-	attach()
+	e.restart() // fleet.New loads the commands again
 	check := func(id uint64, want map[string]int) {
 		t.Helper()
 		j, err := e.svc.Job(id)

@@ -77,7 +77,7 @@ func (e *env) start() {
 	default:
 		e.t.Fatalf("unknown mode %q", e.mode)
 	}
-	svc, err := fleet.New(e.ctx, e.h.store, e.p, fleet.Options{EnrollmentSecret: "s", Now: e.clock})
+	svc, err := fleet.New(e.ctx, fleet.StoresOf(e.h.store), e.p, fleet.Options{EnrollmentSecret: "s", Now: e.clock})
 	if err != nil {
 		e.t.Fatalf("fleet.New: %v", err)
 	}

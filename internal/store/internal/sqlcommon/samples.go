@@ -59,6 +59,10 @@ func (s *Samples) DeviceState(ctx context.Context, deviceID uint64) (json.RawMes
 	return st, err
 }
 
+// DropHistory implements fleet.HistoryDropper: one table, no partitions to
+// drop; PruneHistory deletes old samples.
+func (s *Samples) DropHistory(context.Context, time.Time) (int64, error) { return 0, nil }
+
 // PruneHistory implements fleet.Store. Samples are appended in time order,
 // so ids grow with time: the first id at or after before is found by binary
 // search on the primary key, with no index on time to maintain.
