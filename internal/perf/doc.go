@@ -3,7 +3,6 @@ package perf
 import (
 	"fmt"
 	"html"
-	"math"
 	"strings"
 
 	"github.com/drover/drover/internal/render"
@@ -182,102 +181,30 @@ func verdictClass(s string) string {
 	return strings.ReplaceAll(s, "<strong>"+Limited+"</strong>", `<span class="limit">`+Limited+`</span>`)
 }
 
-// chart is a line chart over time.
+// chart is a line chart over the time since the start, drawn by
+// render.Chart.
 type chart struct {
 	title  string
 	unit   string
 	xs     []float64 // seconds
-	series []line
+	series []render.Series
 }
-
-type line struct {
-	name  string
-	color string
-	ys    []float64
-}
-
-var palette = []string{"#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c"}
 
 func (c *chart) add(name string, ys []float64) {
-	c.series = append(c.series, line{name: name, color: palette[len(c.series)%len(palette)], ys: ys})
+	c.series = append(c.series, render.Series{Name: name, X: c.xs, Y: ys})
 }
 
 // svg draws the chart; coordinates are printed with fixed precision so that
 // the output is stable.
 func (c *chart) svg() string {
-	const W, H, left, right, top, bottom = 900.0, 240.0, 64.0, 16.0, 28.0, 40.0
-	pw, ph := W-left-right, H-top-bottom
-	var b strings.Builder
-	fmt.Fprintf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"%s\">\n",
-		W, H, W, H, html.EscapeString(c.title))
-	fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"16\" style=\"font-weight:bold\">%s</text>\n", left, html.EscapeString(c.title))
-	if len(c.xs) == 0 {
-		fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.0f\">no data</text>\n</svg>\n", left, top+ph/2)
-		return b.String()
+	xmax := 1.0
+	if len(c.xs) > 0 && c.xs[len(c.xs)-1] > 0 {
+		xmax = c.xs[len(c.xs)-1]
 	}
-	xmax := c.xs[len(c.xs)-1]
-	if xmax <= 0 {
-		xmax = 1
-	}
-	ymax := 0.0
-	for _, s := range c.series {
-		for _, y := range s.ys {
-			if !math.IsNaN(y) {
-				ymax = max(ymax, y)
-			}
-		}
-	}
-	yt := render.Ticks(0, ymax, 4)
-	ymax = yt[len(yt)-1]
-	fmt.Fprintf(&b, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#ccc\"/>\n", left, top, pw, ph)
-	for _, v := range yt {
-		y := top + ph - ph*v/ymax
-		fmt.Fprintf(&b, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#eee\"/>", left, y, left+pw, y)
-		fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", left-4, y+4, axisNum(v))
-	}
-	for i := 0; i <= 4; i++ {
-		x := left + pw*float64(i)/4
-		anchor := "middle"
-		if i == 4 {
-			anchor = "end"
-		}
-		fmt.Fprintf(&b, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"%s\">%s</text>\n", x, top+ph+16, anchor, axisTime(xmax*float64(i)/4))
-	}
-	fmt.Fprintf(&b, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%s</text>\n", left+pw, top+ph+34, html.EscapeString("time since start; "+c.unit))
-	lx := left + 8
-	for _, s := range c.series {
-		var pts strings.Builder
-		for i, y := range s.ys {
-			if i >= len(c.xs) || math.IsNaN(y) {
-				continue
-			}
-			x := left + pw*c.xs[i]/xmax
-			yy := top + ph
-			if ymax > 0 {
-				yy -= ph * y / ymax
-			}
-			fmt.Fprintf(&pts, "%.1f,%.1f ", x, yy)
-		}
-		fmt.Fprintf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n", s.color, strings.TrimSpace(pts.String()))
-		fmt.Fprintf(&b, "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
-			lx, top+6, s.color, lx+14, top+15, html.EscapeString(s.name))
-		lx += 36 + 8*float64(len([]rune(s.name)))
-	}
-	b.WriteString("</svg>\n")
-	return b.String()
-}
-
-func axisNum(v float64) string {
-	switch {
-	case v == 0:
-		return "0"
-	case math.Abs(v) >= 100:
-		return fmt.Sprintf("%.0f", v)
-	case math.Abs(v) >= 1:
-		return trimZeros(fmt.Sprintf("%.1f", v))
-	default:
-		return trimZeros(fmt.Sprintf("%.3f", v))
-	}
+	rc := render.Chart{Title: c.title, XLabel: "time since start; " + c.unit, Series: c.series,
+		XRange: &[2]float64{0, xmax}, XTicks: render.EvenTicks(4, render.Elapsed), YZero: true,
+		Standalone: true, Width: 900, Height: 240}
+	return rc.SVG() + "\n"
 }
 
 func trimZeros(s string) string {
@@ -285,15 +212,4 @@ func trimZeros(s string) string {
 		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
 	}
 	return s
-}
-
-func axisTime(sec float64) string {
-	switch {
-	case sec >= 7200:
-		return trimZeros(fmt.Sprintf("%.1f h", sec/3600))
-	case sec >= 120:
-		return trimZeros(fmt.Sprintf("%.1f min", sec/60))
-	default:
-		return trimZeros(fmt.Sprintf("%.1f s", sec))
-	}
 }

@@ -1,6 +1,7 @@
 // Package render is what Drover's reports (internal/report, internal/perf)
-// and dashboard (internal/web) share to present numbers: "nice" axis ticks
-// (0/20/40/60, not 0/13.7/27.4) and number formatting.
+// and dashboard (internal/web) share to present numbers: the one SVG line
+// chart (Chart), "nice" axis ticks (0/20/40/60, not 0/13.7/27.4) and number
+// formatting.
 package render
 
 import (
@@ -82,4 +83,17 @@ func SI(v float64, units []string) string {
 		i++
 	}
 	return strconv.FormatFloat(v, 'g', 3, 64) + " " + units[i]
+}
+
+// Elapsed writes seconds since a start briefly: "45 s", "2.5 min", "3 h".
+func Elapsed(sec float64) string {
+	trim := func(s string) string { return strings.TrimSuffix(strings.TrimRight(s, "0"), ".") }
+	switch {
+	case sec >= 7200:
+		return trim(strconv.FormatFloat(sec/3600, 'f', 1, 64)) + " h"
+	case sec >= 120:
+		return trim(strconv.FormatFloat(sec/60, 'f', 1, 64)) + " min"
+	default:
+		return trim(strconv.FormatFloat(sec, 'f', 1, 64)) + " s"
+	}
 }

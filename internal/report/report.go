@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/render"
 )
 
 // doc is a rendering-neutral report: text, Markdown and HTML render it.
@@ -20,7 +21,7 @@ type doc struct {
 	meta     [][2]string
 	warnings []string
 	sections []section
-	charts   []chart // HTML only
+	charts   []render.Chart // HTML only
 }
 
 type section struct {
