@@ -46,7 +46,7 @@ type abuseRun struct {
 	interval     time.Duration
 	duration     time.Duration // the fleet's, on its interval; with loops: how long the attacker ran
 	loops        int           // >0: each device pushes this many times back to back (counts, not timing)
-	attackConns  int // 0: no attacker
+	attackConns  int           // 0: no attacker
 	fleetOK      int64
 	fleetErrors  int64
 	p50, p99     time.Duration
