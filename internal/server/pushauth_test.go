@@ -13,7 +13,7 @@ import (
 // connection only for the same token, and only once.
 func TestTakePushAuth(t *testing.T) {
 	ctx := context.Background()
-	f, err := fleet.New(ctx, nil, nil, fleet.Options{EnrollmentSecret: "s"})
+	f, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}

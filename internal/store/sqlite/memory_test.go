@@ -33,7 +33,7 @@ func BenchmarkFleetMemory(b *testing.B) {
 	defer st.Close()
 	wt := fleet.NewWriteThrough(st, 0, nil)
 	defer wt.Close(ctx)
-	s, err := fleet.New(ctx, st, wt, fleet.Options{EnrollmentSecret: "sesame"})
+	s, err := fleet.New(ctx, fleet.StoresOf(st), wt, fleet.Options{EnrollmentSecret: "sesame"})
 	if err != nil {
 		b.Fatal(err)
 	}
