@@ -5,6 +5,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +63,13 @@ type Config struct {
 	RequestTimeout time.Duration
 	CPUWindow      time.Duration // CPU is measured over this before the first push
 
+	// Firmware updates (firmware.go): the hook that installs a firmware
+	// file, its time limit, and the ed25519 public key firmware must be
+	// signed with ("": signatures are not checked).
+	FirmwareHook        string
+	FirmwareHookTimeout time.Duration
+	FirmwareKey         string
+
 	Once   bool // register if needed, push once (twice when a configuration was applied) and return
 	Logger *slog.Logger
 }
@@ -68,19 +77,20 @@ type Config struct {
 // DefaultConfig holds the defaults of the flags.
 func DefaultConfig() Config {
 	return Config{
-		StateDir:         "/var/lib/drover-agent",
-		HookTimeout:      5 * time.Minute,
-		HookRetry:        30 * time.Minute,
-		CollectorTimeout: 20 * time.Second,
-		Root:             "/",
-		DiskPath:         "/",
-		MinBackoff:       2 * time.Second,
-		MaxBackoff:       5 * time.Minute,
-		EnrollRetry:      10 * time.Minute,
-		RequestTimeout:   30 * time.Second,
-		CPUWindow:        time.Second,
-		CommandKinds:     DefaultCommandKinds,
-		RebootCommand:    []string{"/sbin/reboot"},
+		StateDir:            "/var/lib/drover-agent",
+		HookTimeout:         5 * time.Minute,
+		FirmwareHookTimeout: 30 * time.Minute,
+		HookRetry:           30 * time.Minute,
+		CollectorTimeout:    20 * time.Second,
+		Root:                "/",
+		DiskPath:            "/",
+		MinBackoff:          2 * time.Second,
+		MaxBackoff:          5 * time.Minute,
+		EnrollRetry:         10 * time.Minute,
+		RequestTimeout:      30 * time.Second,
+		CPUWindow:           time.Second,
+		CommandKinds:        DefaultCommandKinds,
+		RebootCommand:       []string{"/sbin/reboot"},
 	}
 }
 
@@ -126,6 +136,14 @@ type Agent struct {
 	bo        backoff
 	lock      *os.File
 	sleep     func(context.Context, time.Duration) bool // replaced in tests
+
+	// Firmware update (firmware.go): fwMu guards st.Firmware against the
+	// download goroutine, which fwStop cancels and which wakes the loop.
+	fwMu       sync.Mutex
+	fwStop     context.CancelFunc
+	fwProgress atomic.Int64
+	fwKey      ed25519.PublicKey
+	wake       chan struct{}
 }
 
 // New checks cfg, takes the state directory and loads the agent's state.
@@ -149,6 +167,17 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.HookRetry < 0 {
 		return nil, errors.New("--hook-retry must not be negative")
 	}
+	if cfg.FirmwareHookTimeout <= 0 {
+		return nil, errors.New("--firmware-hook-timeout must be positive")
+	}
+	var fwKey ed25519.PublicKey
+	if cfg.FirmwareKey != "" {
+		k, err := LoadFirmwareKey(cfg.FirmwareKey)
+		if err != nil {
+			return nil, fmt.Errorf("--firmware-key: %w", err)
+		}
+		fwKey = k
+	}
 	c, err := newClient(cfg.Server, cfg.TLS, cfg.RequestTimeout)
 	if err != nil {
 		return nil, err
@@ -157,7 +186,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg: cfg, log: cfg.Logger, client: c,
 		sys: &system{root: cfg.Root, diskPath: cfg.DiskPath, interfaces: cfg.Interfaces, cpuWindow: cfg.CPUWindow, log: cfg.Logger},
 		bo:  backoff{min: cfg.MinBackoff, max: cfg.MaxBackoff}, sleep: sleepCtx,
-		interval: defaultInterval,
+		interval: defaultInterval, fwKey: fwKey, wake: make(chan struct{}, 1),
 	}
 	a.identity = a.sys.identity()
 	for _, o := range []struct {
@@ -250,7 +279,10 @@ func (a *Agent) enrollToken() string {
 
 func (a *Agent) save() {
 	a.st.Server = a.cfg.Server
-	if err := saveState(a.cfg.StateDir, &a.st); err != nil {
+	a.fwMu.Lock()
+	err := saveState(a.cfg.StateDir, &a.st)
+	a.fwMu.Unlock()
+	if err != nil {
 		a.log.Error("saving state failed", "dir", a.cfg.StateDir, "err", err)
 	}
 }
@@ -282,6 +314,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer cancel()
 		go a.holdConnection(cctx)
 	}
+	a.fwStart()
+	defer a.fwCancel()
 	for {
 		a.connToken.Store(a.st.Token)
 		if a.st.Token == "" {
@@ -429,6 +463,7 @@ func (a *Agent) pushOnce(ctx context.Context) (report bool, err error) {
 	body := &pushBody{Seq: a.seq, ConfigVersion: a.st.ConfigVersion, ConfigError: a.st.ConfigError, State: st}
 	body.Results = a.st.Results[:min(len(a.st.Results), protocol.MaxResultsPerPush)]
 	reboot := a.rebootAfterPush && len(body.Results) == len(a.st.Results)
+	body.FirmwareUpdate = a.fwReport()
 	resp, err := a.client.push(ctx, a.st.Token, body)
 	if err != nil {
 		return false, err
@@ -448,7 +483,26 @@ func (a *Agent) pushOnce(ctx context.Context) (report bool, err error) {
 	if len(resp.Commands) > 0 && a.runCommands(ctx, resp.Commands) {
 		report = true
 	}
+	if a.fwStep(ctx, resp.FirmwareUpdate) {
+		report = true
+	}
 	return report || len(a.st.Results) > 0, nil
+}
+
+// pause waits d, or less when a firmware download ends; false when ctx
+// ended.
+func (a *Agent) pause(ctx context.Context, d time.Duration) bool {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-a.wake:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	a.sleep(wctx, d)
+	return ctx.Err() == nil
 }
 
 // collect reads the system, runs the collector and makes sure the result

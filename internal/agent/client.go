@@ -29,6 +29,7 @@ const maxAnswer = 1 << 20
 type client struct {
 	base      string // server URL without trailing slash
 	http      *http.Client
+	files     *http.Client // firmware downloads: no overall time limit
 	userAgent string
 }
 
@@ -73,6 +74,7 @@ func newClient(server string, o TLSOptions, timeout time.Duration) (*client, err
 	return &client{
 		base:      strings.TrimRight(server, "/"),
 		http:      &http.Client{Transport: tr, Timeout: timeout},
+		files:     &http.Client{Transport: tr},
 		userAgent: "drover-agent/" + Version(),
 	}, nil
 }
@@ -282,4 +284,6 @@ type pushBody struct {
 	ConfigError   string                   `json:"config_error,omitempty"`
 	State         protocol.State           `json:"state"`
 	Results       []protocol.CommandResult `json:"results,omitempty"`
+	// FirmwareUpdate reports the firmware update under way (firmware.go).
+	FirmwareUpdate *protocol.FirmwareReport `json:"firmware_update,omitempty"`
 }

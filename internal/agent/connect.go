@@ -72,7 +72,7 @@ func (a *Agent) holdConnection(ctx context.Context) {
 // wait sleeps d, or less when the server asks for a push.
 func (a *Agent) wait(ctx context.Context, d time.Duration) bool {
 	if a.nudges == nil {
-		return a.sleep(ctx, d)
+		return a.pause(ctx, d)
 	}
 	t := time.NewTimer(max(d, 0))
 	defer t.Stop()
@@ -82,6 +82,7 @@ func (a *Agent) wait(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 	case <-a.nudges:
 		a.log.Debug("server asked for a push")
+	case <-a.wake: // a firmware download ended
 	}
 	return true
 }

@@ -44,6 +44,7 @@ type persisted struct {
 	// server, and the IDs run lately (never run one twice).
 	Results      []protocol.CommandResult `json:"results,omitempty"`
 	DoneCommands []uint64                 `json:"done_commands,omitempty"`
+	Firmware     *fwJob                   `json:"firmware,omitempty"` // the firmware update under way
 }
 
 // loadMachineID returns the machine ID kept in dir, creating one when there

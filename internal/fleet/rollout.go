@@ -475,7 +475,9 @@ func (s *Service) firmwareOnPush(id uint64, firmware string, rep *protocol.Firmw
 			fs.setState(t, DeviceFailed, rep.Reason, r)
 			return nil
 		case protocol.FirmwareInstalling:
-			fs.setState(t, DeviceInstalling, "", r)
+			if t.State != DeviceInstalling { // the stall clock runs from here
+				fs.setState(t, DeviceInstalling, "", r)
+			}
 		default:
 			if rep.Progress != t.Progress || t.State != DeviceDownloading {
 				t.Progress = rep.Progress

@@ -197,14 +197,26 @@ func (a *api) deleteFirmware(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, shared, err := a.fleet.DeleteFirmware(r.Context(), id)
+	f, err := a.deleteArtifact(r.Context(), id)
 	if err != nil {
 		return nil, err
 	}
-	if f.Stored() && !shared {
+	return map[string]any{"deleted": f}, nil
+}
+
+// deleteArtifact forgets an artifact and removes its file unless shared.
+func (a *api) deleteArtifact(ctx context.Context, id uint64) (fleet.Firmware, error) {
+	f, shared, err := a.fleet.DeleteFirmware(ctx, id)
+	if err == nil && f.Stored() && !shared {
 		a.removeFile(f.SHA256)
 	}
-	return map[string]any{"deleted": f}, nil
+	return f, err
+}
+
+// removeFirmware is deleteArtifact for the dashboard.
+func (a *api) removeFirmware(ctx context.Context, id uint64) error {
+	_, err := a.deleteArtifact(ctx, id)
+	return err
 }
 
 // firmwareFile serves a stored firmware file to a device of its type (its

@@ -459,3 +459,6 @@ func (l *rateLimiter) allow() bool {
 	last := l.last.Load()
 	return now-last >= int64(time.Second) && l.last.CompareAndSwap(last, now)
 }
+
+// StatusCode is the HTTP status of the answer (the dashboard shows it too).
+func (e *apiError) StatusCode() int { return e.status }

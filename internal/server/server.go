@@ -209,6 +209,7 @@ func (s *Server) buildHandler(context.Context) error {
 	ui, err := web.New(web.Options{
 		Fleet: s.fleet, Alerts: s.alerts, AdminToken: s.Secrets.AdminToken, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
 		Sessions: s.sessionStore(), SharedSessions: s.cfg.Cluster, Cluster: s.clusterNodes(),
+		UploadFirmware: a.storeFirmware, DeleteFirmware: a.removeFirmware, TransferTimeout: s.cfg.FirmwareDownloadMax,
 	})
 	if err != nil {
 		return err

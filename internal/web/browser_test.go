@@ -418,6 +418,60 @@ func TestBrowser(t *testing.T) {
 	}
 	shot("commands")
 
+	// 8. Profile history: the change of step 4 by the dashboard, a second
+	// one with its diff, and a rollback to the first.
+	do("profile history", chromedp.Navigate(base+"profiles/3"), chromedp.WaitVisible(id("history")))
+	if h := text("#history"); !strings.Contains(h, "dashboard") || !strings.Contains(h, "updated") {
+		t.Fatalf("history %q", h)
+	}
+	do("second change", chromedp.SetValue(id("config"), `{"apn": "iot.other", "wifi": {"ssid": "field"}}`),
+		chromedp.Click(id("save")), chromedp.WaitVisible(id("flash")))
+	if d := text(`tr.rev[data-rev="2"] td.diff`); !strings.Contains(d, `changed /apn: "iot.example" → "iot.other"`) {
+		t.Fatalf("diff of revision 2: %q", d)
+	}
+	do("rollback", chromedp.Evaluate[chromedp.Void](`document.querySelector('tr.rev[data-rev="1"] form').submit()`), chromedp.WaitVisible(css(`tr.rev[data-rev="3"]`)))
+	if h := text(`tr.rev[data-rev="3"]`); !strings.Contains(h, "rollback to revision 1") {
+		t.Fatalf("revision 3: %q", h)
+	}
+	if p, _ := srv.Srv.Fleet().Profile(3); !strings.Contains(string(p.Config), "iot.example") {
+		t.Fatalf("profile after rollback: %s", p.Config)
+	}
+	shot("profile-history")
+
+	// 9. Firmware: upload through the form (streamed), a rollout to the
+	// target device, its state after the device's push, pause.
+	img := filepath.Join(t.TempDir(), "icr-4461-7.0.0.bin")
+	if err := os.WriteFile(img, []byte(strings.Repeat("firmware ", 100000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	do("firmware page", chromedp.Navigate(base+"firmware"), chromedp.WaitVisible(id("uploadform")),
+		chromedp.SendKeys(id("fw_type"), "ICR-4461"), chromedp.SendKeys(id("fw_version"), "7.0.0"),
+		chromedp.SetUploadFiles(id("fw_file"), []string{img}), chromedp.Click(id("upload")), chromedp.WaitVisible(id("flash")))
+	if f := text("#flash"); !strings.Contains(f, "900,000 bytes") {
+		t.Fatalf("upload flash %q", f)
+	}
+	if fws := srv.Srv.Fleet().Firmware(); len(fws) != 1 || fws[0].Size != 900000 || fws[0].By != "dashboard" {
+		t.Fatalf("firmware after upload: %+v", fws)
+	}
+	do("start rollout", chromedp.SendKeys(id("ro_filter"), "q="+target), chromedp.SetValue(id("ro_waves"), "1"),
+		chromedp.Click(id("startrollout")), chromedp.WaitVisible(id("rostate")))
+	if st := text("#rostate"); st != "running" {
+		t.Fatalf("rollout state %q", st)
+	}
+	if err := srv.Srv.Fleet().RolloutStep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	devicePush(t, srv, tok, 1003, 1, 45) // offered the firmware: downloading
+	do("rollout page", chromedp.Reload(), chromedp.WaitVisible(id("rodevices")))
+	if c := text(`span.count[data-state="downloading"]`); c != "1" {
+		t.Fatalf("downloading count %q; devices %q", c, text("#rodevices"))
+	}
+	shot("rollout")
+	do("pause", chromedp.Click(id("pause")), chromedp.WaitVisible(id("resume")))
+	if st := text("#rostate"); st != "paused" {
+		t.Fatalf("after pause: %q", st)
+	}
+
 	consoleMu.Lock()
 	defer consoleMu.Unlock()
 	if len(problems) > 0 {

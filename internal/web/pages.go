@@ -451,6 +451,9 @@ type profilePage struct {
 	Interval string
 	Error    string
 	Pending  []fleet.Device
+	// Revisions is the profile's history, newest first, each with its
+	// changes from the one before.
+	Revisions []revisionView
 }
 
 func (h *Handler) findProfile(id string) (profileRow, bool) {
@@ -479,6 +482,7 @@ func (h *Handler) showProfile(w http.ResponseWriter, r *http.Request, s *session
 	pending := fleet.SyncPending
 	res, _ := h.fleet.Query(fleet.Query{Filter: fleet.Filter{ProfileID: d.P.ID, SyncState: &pending}, Limit: 20})
 	d.Pending = res.Devices
+	d.Revisions = h.profileRevisions(r.Context(), d.P.ID)
 	h.render(w, r, status, "profile", s, page{Title: "Profile " + d.P.DeviceType + " " + d.P.Firmware, Nav: "profiles", Data: d})
 }
 
@@ -506,6 +510,7 @@ func (h *Handler) saveProfile(w http.ResponseWriter, r *http.Request, s *session
 	if iv != p.PushInterval {
 		u.PushInterval = &iv
 	}
+	u.By = by
 	if u.Config == nil && u.PushInterval == nil {
 		h.flash(s, "No changes to save.")
 		http.Redirect(w, r, Prefix+"profiles/"+r.PathValue("id"), http.StatusSeeOther)

@@ -28,6 +28,7 @@ type page struct {
 
 func (h *Handler) funcs() template.FuncMap {
 	return template.FuncMap{
+		"rawjson": rawJSON,
 		"ts": func(t any) string {
 			switch v := t.(type) {
 			case time.Time:

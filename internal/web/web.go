@@ -52,6 +52,12 @@ type Options struct {
 	// Cluster, in cluster mode, lists the cluster's nodes for the
 	// overview, and names this one; nil: not a cluster.
 	Cluster func(ctx context.Context) (nodes []fleet.ClusterNode, self string, err error)
+	// UploadFirmware and DeleteFirmware handle firmware files (the
+	// server's); nil: the firmware page takes no uploads. TransferTimeout
+	// bounds an upload (default: the server's request deadline).
+	UploadFirmware  FirmwareUpload
+	DeleteFirmware  func(ctx context.Context, id uint64) error
+	TransferTimeout time.Duration
 }
 
 // Prefix is where the dashboard is mounted.
@@ -135,6 +141,13 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST "+Prefix+"profiles/policy", h.auth(h.saveProfilePolicy))
 	m.HandleFunc("POST "+Prefix+"profiles/approve", h.auth(h.approveFirmware))
 	m.HandleFunc("POST "+Prefix+"profiles/cleanup", h.auth(h.cleanupProfiles))
+	m.HandleFunc("POST "+Prefix+"profiles/{id}/rollback", h.auth(h.rollbackProfile))
+	m.HandleFunc("GET "+Prefix+"firmware", h.auth(h.firmware))
+	m.HandleFunc("POST "+Prefix+"firmware", h.uploadFirmware) // its own session and CSRF checks: the body streams
+	m.HandleFunc("POST "+Prefix+"firmware/{id}/delete", h.auth(h.deleteFirmware))
+	m.HandleFunc("POST "+Prefix+"rollouts", h.auth(h.createRollout))
+	m.HandleFunc("GET "+Prefix+"rollouts/{id}", h.auth(h.rollout))
+	m.HandleFunc("POST "+Prefix+"rollouts/{id}/{action}", h.auth(h.controlRollout))
 	m.HandleFunc("GET "+Prefix+"labels", h.auth(h.labels))
 	m.HandleFunc("POST "+Prefix+"labels", h.auth(h.createLabel))
 	m.HandleFunc("POST "+Prefix+"labels/delete", h.auth(h.deleteLabel))
