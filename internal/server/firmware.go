@@ -28,7 +28,13 @@ type firmwareFiles struct {
 	dir         string
 	max         int64
 	downloadMax time.Duration
+	// clustered: rollouts live in one server's memory, so cluster mode
+	// starts none (docs/firmware.md).
+	clustered bool
 }
+
+var errRolloutCluster = &apiError{status: http.StatusConflict, code: "not_in_cluster",
+	msg: "rollouts run on a single server; cluster mode does not start them (docs/firmware.md)"}
 
 var errFirmwareTooLarge = &apiError{status: http.StatusRequestEntityTooLarge, code: "body_too_large", msg: "the firmware file exceeds -firmware-max-size", outcome: outInvalid}
 
@@ -271,6 +277,9 @@ func (a *api) createRollout(r *http.Request) (any, error) {
 	by, err := operator(r)
 	if err != nil {
 		return nil, err
+	}
+	if a.fw.clustered {
+		return nil, errRolloutCluster
 	}
 	spec := fleet.DefaultRolloutSpec()
 	if err := decodeStrict(r, "rollout: ", &spec); err != nil {
