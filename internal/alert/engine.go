@@ -731,6 +731,9 @@ func (e *Engine) retire(r *compiled, reason string) {
 // Active returns up to limit active alerts, newest first, optionally of one
 // device (dev 0: all), and how many are active in all.
 func (e *Engine) Active(dev uint64, limit int) ([]Event, int) {
+	if e.opts.Leading != nil && !e.opts.Leading() {
+		return e.storedActive(dev, limit)
+	}
 	var out []Event
 	shards := e.shards[:]
 	if dev != 0 {
@@ -754,8 +757,30 @@ func (e *Engine) Active(dev uint64, limit int) ([]Event, int) {
 	return out, total
 }
 
-// ActiveCount is the number of active alerts.
+// storedActive is Active read from the store, on a cluster node that does
+// not lead (the leader holds the alert state): at most 1000 counted.
+func (e *Engine) storedActive(dev uint64, limit int) ([]Event, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := e.store.Events(ctx, EventQuery{Active: true, DeviceID: dev, Limit: 1000})
+	if err != nil {
+		e.log.Warn("active alerts not read", "err", err)
+		return nil, 0
+	}
+	total := len(out)
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, total
+}
+
+// ActiveCount is the number of active alerts (on a cluster node that does
+// not lead: in the store, at most 1000 counted).
 func (e *Engine) ActiveCount() int {
+	if e.opts.Leading != nil && !e.opts.Leading() {
+		_, n := e.storedActive(0, 1)
+		return n
+	}
 	n := int64(0)
 	for _, c := range *e.rules.Load() {
 		n += c.stats.active.Load()

@@ -590,6 +590,14 @@ func TestCluster(t *testing.T) {
 		}
 		time.Sleep(6 * time.Second) // more than a check of every node
 		for _, n := range []*node{a, b} {
+			// Every node counts the active alerts, leader or not.
+			st, body := n.do("GET", "/api/v1/alerts?state=active", adminToken, "")
+			var v struct {
+				Active int `json:"active"`
+			}
+			if st != 200 || json.Unmarshal(body, &v) != nil || v.Active < 2 {
+				t.Errorf("active alerts counted on %s: %d %s", n.name, st, body)
+			}
 			if got := events(n, hot.DeviceID)["hot"]; got != 1 {
 				t.Errorf("cpu alerts seen on %s: %d, want 1", n.name, got)
 			}
