@@ -172,11 +172,11 @@ echo
 echo "(new connection and resumed rows: drover emulate --mode benchmark --workers $conns --conn new|resume, ${dur}s, TLS key exchange classic on both sides)"
 echo
 awk -v a="$med_drover_push__https_" -v b="$med_nginx_return_200__https_" -v c="$med_go_net_http_bare__https_" -v d="$med_drover_push__http_" -v e="$med_nginx_return_200__http_" \
-  -v m="$med_drover_push__https__memory" \
+  -v m="$med_drover_push__https__memory_" \
   'BEGIN {printf "keep-alive: drover push write-through / nginx (https): %.2f (issue 11: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
           printf "drover push / bare Go (https): %.2f; drover push / nginx (http): %.2f\n", a/c, d/e}'
 if [ "$newconn" = 1 ]; then
-  awk -v n="$med_drover_push__https__new_connection" -v g="$med_nginx_return_200__https__new_connection" -v r="$med_drover_push__https__resumed_session" \
+  awk -v n="$med_drover_push__https__new_connection_" -v g="$med_nginx_return_200__https__new_connection_" -v r="$med_drover_push__https__resumed_session_" \
     'BEGIN {printf "new connection: drover full handshake / nginx full handshake: %.2f (issue 11: >= 0.9); drover resumed / drover full: %.2f (>= 1.5)\n", n/g, r/n}'
 fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
