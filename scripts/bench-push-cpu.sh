@@ -22,6 +22,8 @@ work=${WORK:-/tmp/bench-push-cpu} emu=${EMU:-$(dirname "$0")/../drover}
 port=$((39000 + RANDOM % 500)) dport=$((39600 + RANDOM % 200))
 d=$work/run-$label
 rm -rf "$d"; mkdir -p "$d"
+bin=$(realpath "$bin") emu=$(realpath "$emu")
+cd "$d" # the emulator writes its results file into the working directory
 cpu() { awk '{print $14+$15}' /proc/$1/stat; }
 fleet() {
   "$emu" emulate --target http://127.0.0.1:$port --server-dir "$1" --devices $n --interval $interval --duration $dur \
