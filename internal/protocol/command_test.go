@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -62,3 +63,37 @@ func TestDecodePushResults(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCommandValidate: Validate never panics, and what it accepts keeps
+// the promises agents rely on: a known kind, bounded text arguments, and
+// no argument of ping or read-log an option or a path.
+func FuzzCommandValidate(f *testing.F) {
+	f.Add("ping", "192.0.2.1", "", 60)
+	f.Add("read-log", "../etc/shadow", "", 1)
+	f.Add("set-config", "wan.mtu", "1400; reboot", 10)
+	f.Add("hook", "-rf", "$(id)", 3600)
+	f.Fuzz(func(t *testing.T, kind, a0, a1 string, timeout int) {
+		var args []string
+		for _, a := range []string{a0, a1} {
+			if a != "" {
+				args = append(args, a)
+			}
+		}
+		c := Command{ID: 1, Kind: kind, Args: args, Timeout: timeout}
+		if c.Validate() != nil {
+			return
+		}
+		if !slices.Contains(CommandKinds, kind) || timeout < 1 || timeout > MaxCommandTimeout {
+			t.Fatalf("accepted %+v", c)
+		}
+		for _, a := range args {
+			if textProblem(a, MaxCommandArgLen, false) != "" {
+				t.Fatalf("accepted argument %q", a)
+			}
+		}
+		if (kind == KindPing || kind == KindReadLog) && (strings.HasPrefix(args[0], "-") || strings.Contains(args[0], "/")) {
+			t.Fatalf("accepted %s %q", kind, args[0])
+		}
+	})
+}
+
