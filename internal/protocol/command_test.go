@@ -96,4 +96,3 @@ func FuzzCommandValidate(f *testing.F) {
 		}
 	})
 }
-
