@@ -387,7 +387,8 @@ func TestBrowser(t *testing.T) {
 	if flash := text("#flash"); !strings.Contains(flash, "not sent") || !strings.Contains(flash, "not starting with '-'") {
 		t.Fatalf("unsafe ping argument: flash %q", flash)
 	}
-	do("send command", chromedp.SetValue(id("cmdkind"), "ping"), chromedp.SendKeys(id("cmdargs"), "192.0.2.1"),
+	// Each click below starts on a page without a flash: a flash seen is the answer's.
+	do("send command", chromedp.Navigate(base+"commands"), chromedp.WaitVisible(id("sendform")), chromedp.SetValue(id("cmdkind"), "ping"), chromedp.SendKeys(id("cmdargs"), "192.0.2.1"),
 		chromedp.SetValue(id("cmdlabel"), "north-field"), chromedp.Click(id("sendcmd")), chromedp.WaitVisible(id("flash")))
 	if flash := text("#flash"); !strings.Contains(flash, "queued for 2,500 devices") {
 		t.Fatalf("command flash %q", flash)
@@ -411,6 +412,7 @@ func TestBrowser(t *testing.T) {
 	if a := devicePush(t, srv, sd.tokens[labelled], 101, 0, 40); len(a.Commands) != 1 || a.Commands[0].Kind != "ping" {
 		t.Fatalf("resumed command not delivered: %+v", a.Commands)
 	}
+	do("commands again", chromedp.Navigate(base+"commands"), chromedp.WaitVisible(id("cancel-1")))
 	evalBool("(window.confirm = () => true, true)") // the cancel form asks first
 	do("cancel command", chromedp.Click(id("cancel-1")), chromedp.WaitVisible(id("flash")))
 	if st := text("#job-1 .state"); st != "cancelled" {
