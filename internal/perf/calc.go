@@ -6,41 +6,41 @@ import (
 	"sort"
 )
 
-// Grade is a band of a utilisation scale: values below Below get Label;
+// grade is a band of a utilisation scale: values below Below get Label;
 // Below 0 takes every value (the last band).
-type Grade struct {
+type grade struct {
 	Below float64 `json:"below"`
 	Label string  `json:"label"`
 }
 
-// Thresholds are the published limits a verdict is made against.
-type Thresholds struct {
+// thresholds are the published limits a verdict is made against.
+type thresholds struct {
 	MaxPushErrorPct float64 `json:"max_push_error_pct"` // stability and benchmark pass at or below
 	MaxLogErrors    int     `json:"max_log_errors"`     // ERROR entries in the server log
 	MaxRAMPct       float64 `json:"max_ram_pct"`        // OS RAM utilisation after the test
 	MaxLeakPct      float64 `json:"max_leak_pct"`       // RSS growth over the second half of a stability test
-	RAMGrades       []Grade `json:"ram_grades"`         // OS RAM utilisation %
-	CPUGrades       []Grade `json:"cpu_grades"`         // server CPU, % of all cores, average
+	RAMGrades       []grade `json:"ram_grades"`         // OS RAM utilisation %
+	CPUGrades       []grade `json:"cpu_grades"`         // server CPU, % of all cores, average
 	MinAcceptedPct  float64 `json:"min_accepted_pct"`   // peak: accepted share below which the server broke
 }
 
 // defaultThresholds are Drover's published thresholds (docs/perf.md). The
 // RAM bands reproduce the reports' grades (48 % reasonable, 33 % ok, 11 %
 // perfect (low)).
-func defaultThresholds() Thresholds {
-	return Thresholds{
+func defaultThresholds() thresholds {
+	return thresholds{
 		MaxPushErrorPct: 0.1,
 		MaxLogErrors:    0,
 		MaxRAMPct:       90,
 		MaxLeakPct:      20,
-		RAMGrades:       []Grade{{25, "perfect (low)"}, {40, "ok"}, {60, "reasonable"}, {90, "high"}, {0, "critical"}},
-		CPUGrades:       []Grade{{25, "perfect (low)"}, {50, "ok"}, {75, "reasonable"}, {90, "high"}, {0, "critical"}},
+		RAMGrades:       []grade{{25, "perfect (low)"}, {40, "ok"}, {60, "reasonable"}, {90, "high"}, {0, "critical"}},
+		CPUGrades:       []grade{{25, "perfect (low)"}, {50, "ok"}, {75, "reasonable"}, {90, "high"}, {0, "critical"}},
 		MinAcceptedPct:  99,
 	}
 }
 
 // gradeOf returns the label of v on a scale.
-func gradeOf(gs []Grade, v float64) string {
+func gradeOf(gs []grade, v float64) string {
 	for _, g := range gs {
 		if v < g.Below || g.Below == 0 {
 			return g.Label
@@ -54,9 +54,9 @@ func gradeOf(gs []Grade, v float64) string {
 
 // Verdicts.
 const (
-	Passed  = "PASSED"
+	passed  = "PASSED"
 	Failed  = "FAILED"
-	Limited = "LIMIT REACHED" // peak: the server dropped or deferred requests at this load
+	limited = "LIMIT REACHED" // peak: the server dropped or deferred requests at this load
 )
 
 // Calc is every derived figure of a result.
@@ -95,13 +95,13 @@ type Calc struct {
 	CPUGrade       string
 
 	// benchmark and peak, one row per part
-	Rows []Row
+	Rows []row
 	// the 0.8.0 rule, from the lowest SSL throughput (benchmark, SSL only)
 	Ideal080, Safe080 int
 	Lowest            float64
 
 	// fleet test (issue 11 point 1)
-	Checks       []Check
+	Checks       []check
 	MedianPerSec float64 // accepted pushes per second, median of the complete seconds
 	MinPerSec    float64
 	BytesPerDev  float64 // server RSS at the end / devices
@@ -114,8 +114,8 @@ type Calc struct {
 	Reasons []string // why, one line each
 }
 
-// Check is one pass/fail criterion of a fleet test.
-type Check struct {
+// check is one pass/fail criterion of a fleet test.
+type check struct {
 	Name     string
 	Measured string
 	Limit    string
@@ -124,13 +124,13 @@ type Check struct {
 
 // Fleet test criteria (issue 11 point 1).
 const (
-	FleetMaxP99Ms        = 1000.0 // latency from the intended send time
-	FleetMinRateOfMedian = 0.8    // every second's accepted pushes against the median second
-	FleetMaxBytesPerDev  = 1024.0 // server RSS at the end per device
+	fleetMaxP99Ms        = 1000.0 // latency from the intended send time
+	fleetMinRateOfMedian = 0.8    // every second's accepted pushes against the median second
+	fleetMaxBytesPerDev  = 1024.0 // server RSS at the end per device
 )
 
-// Row is one part of a benchmark or peak test.
-type Row struct {
+// row is one part of a benchmark or peak test.
+type row struct {
 	Handlers     int
 	ElapsedSec   float64
 	Pushes       int64 // accepted pushes (registrations for PeakR)
@@ -151,7 +151,7 @@ func Compute(r *Result) Calc {
 	p := r.Preset
 	for _, part := range r.Parts {
 		op := part.Push
-		if p.Kind == Peak && p.Mode == PeakRegister {
+		if p.Kind == peak && p.Mode == peakRegister {
 			op = part.Register
 		}
 		c.Performed += op.Performed()
@@ -167,12 +167,12 @@ func Compute(r *Result) Calc {
 	c.PushErrPct = pushErrorPct(c.ErrOrRetried, c.Performed)
 
 	switch p.Kind {
-	case Stability:
+	case stability:
 		computeStability(r, &c)
-	case Fleet:
+	case fleet:
 		computeStability(r, &c)
 		computeFleet(r, &c)
-	case Overload:
+	case overload:
 		computeOverload(r, &c)
 	default:
 		computeRows(r, &c)
@@ -195,11 +195,11 @@ func Compute(r *Result) Calc {
 		fail("no request was performed")
 	}
 	switch p.Kind {
-	case Stability, Benchmark:
+	case stability, benchmark:
 		if c.PushErrPct > th.MaxPushErrorPct {
 			fail("push errors %.3f %% exceed %.3g %%", c.PushErrPct, th.MaxPushErrorPct)
 		}
-		if p.Kind == Stability {
+		if p.Kind == stability {
 			if c.RAMUtilPct > th.MaxRAMPct {
 				fail("RAM utilisation %.2f %% exceeds %.3g %%", c.RAMUtilPct, th.MaxRAMPct)
 			}
@@ -207,33 +207,33 @@ func Compute(r *Result) Calc {
 				fail("server RSS grew %.1f %% over the second half of the test (more than %.3g %%: a leak?)", c.LeakPct, th.MaxLeakPct)
 			}
 		}
-		c.Verdict = Passed
+		c.Verdict = passed
 		if len(c.Reasons) > 0 {
 			c.Verdict = Failed
 		}
-	case Fleet, Overload:
+	case fleet, overload:
 		for _, ch := range c.Checks {
 			if !ch.OK {
 				fail("%s: %s (limit %s)", ch.Name, ch.Measured, ch.Limit)
 			}
 		}
-		c.Verdict = Passed
+		c.Verdict = passed
 		if len(c.Reasons) > 0 {
 			c.Verdict = Failed
 		}
-	case Peak:
+	case peak:
 		if len(c.Reasons) > 0 {
 			c.Verdict = Failed
 			break
 		}
-		c.Verdict = Passed
+		c.Verdict = passed
 		acc := 100.0
 		if c.Performed > 0 {
 			acc = float64(c.Accepted) / float64(c.Performed) * 100
 		}
 		for _, row := range c.Rows {
 			if row.Broke || acc < th.MinAcceptedPct {
-				c.Verdict = Limited
+				c.Verdict = limited
 				c.Reasons = append(c.Reasons, fmt.Sprintf("at %d threads the server dropped, deferred or refused requests: %.2f %% accepted, %.3f %% error-or-retried", p.Threads, acc, c.PushErrPct))
 				break
 			}
@@ -282,7 +282,7 @@ func computeStability(r *Result, c *Calc) {
 // secondHalfGrowth is the RSS growth in % from the middle of a test (or
 // one and a half loops, when that is later: the fleet has registered and
 // pushed by then) to its end; 0 when the test is too short to tell.
-func secondHalfGrowth(samples []Sample, loopTime, total float64) float64 {
+func secondHalfGrowth(samples []sample, loopTime, total float64) float64 {
 	from := max(total/2, 1.5*loopTime)
 	if len(samples) < 4 || from >= total*0.9 {
 		return 0
@@ -303,16 +303,16 @@ func computeRows(r *Result, c *Calc) {
 	c.Lowest = math.Inf(1)
 	for _, part := range r.Parts {
 		op := part.Push
-		if p.Kind == Peak && p.Mode == PeakRegister {
+		if p.Kind == peak && p.Mode == peakRegister {
 			op = part.Register
 		}
-		row := Row{Handlers: part.HandlerThreads, ElapsedSec: op.ElapsedSec, Pushes: op.Accepted,
+		row := row{Handlers: part.HandlerThreads, ElapsedSec: op.ElapsedSec, Pushes: op.Accepted,
 			ErrPct: pushErrorPct(op.ErrOrRetried(), op.Performed()), P50: op.LatencyMs.P50, P99: op.LatencyMs.P99,
 			EmuCPU: part.Emulator.CPUAvg}
-		row.PushesPerSec = PushesPerSec(op.Accepted, op.ElapsedSec)
+		row.PushesPerSec = pushesPerSec(op.Accepted, op.ElapsedSec)
 		row.Ideal = idealMaxDevices(row.PushesPerSec, float64(p.LoopTime))
-		row.Rec020 = recommendedMax(row.Ideal, Rule060.Pct)
-		row.Safe080 = recommendedMax(row.Ideal, Rule080.Pct)
+		row.Rec020 = recommendedMax(row.Ideal, rule060.Pct)
+		row.Safe080 = recommendedMax(row.Ideal, rule080.Pct)
 		row.Broke = sumMap(op.Dropped) > 0 || op.Resent > 0 || op.Retried > 0 || op.Rejected["503"] > 0 || op.Rejected["429"] > 0
 		c.Rows = append(c.Rows, row)
 		if row.PushesPerSec > 0 && row.PushesPerSec < c.Lowest {
@@ -322,9 +322,9 @@ func computeRows(r *Result, c *Calc) {
 	if math.IsInf(c.Lowest, 1) {
 		c.Lowest = 0
 	}
-	if p.Kind == Benchmark && p.SSL && c.Lowest > 0 {
+	if p.Kind == benchmark && p.SSL && c.Lowest > 0 {
 		c.Ideal080 = idealMaxDevices(c.Lowest, float64(p.LoopTime))
-		c.Safe080 = recommendedMax(c.Ideal080, Rule080.Pct)
+		c.Safe080 = recommendedMax(c.Ideal080, rule080.Pct)
 	}
 }
 
@@ -340,14 +340,14 @@ func computeFleet(r *Result, c *Calc) {
 	push := part.Push
 	c.P99Ms = push.LatencyMs.P99
 	add := func(name, measured, limit string, ok bool) {
-		c.Checks = append(c.Checks, Check{name, measured, limit, ok})
+		c.Checks = append(c.Checks, check{name, measured, limit, ok})
 	}
 	rejected := sumMap(push.Rejected) + push.Retried
 	add("rejected pushes (an error status, or 503/429 retried later)", group(rejected), "0", rejected == 0)
 	dropped := sumMap(push.Dropped) + push.Skipped + push.Unregistered + push.Aborted
 	add("dropped pushes (no answer, not sent, or cut off)", group(dropped), "0", dropped == 0)
-	add("p99 latency from the intended send time", fx(push.LatencyMs.P99, 1)+" ms", fx(FleetMaxP99Ms, 0)+" ms",
-		push.Accepted > 0 && push.LatencyMs.P99 <= FleetMaxP99Ms)
+	add("p99 latency from the intended send time", fx(push.LatencyMs.P99, 1)+" ms", fx(fleetMaxP99Ms, 0)+" ms",
+		push.Accepted > 0 && push.LatencyMs.P99 <= fleetMaxP99Ms)
 	rates := completeSeconds(part.Series, p.Duration.Seconds())
 	if len(rates) > 0 {
 		sorted := append([]float64(nil), rates...)
@@ -356,7 +356,7 @@ func computeFleet(r *Result, c *Calc) {
 		c.MinPerSec = sorted[0]
 	}
 	add("lowest accepted pushes per second / median second", fmt.Sprintf("%s / %s = %s", fx(c.MinPerSec, 0), fx(c.MedianPerSec, 0), fx(safeDiv(c.MinPerSec, c.MedianPerSec), 3)),
-		"≥ "+fx(FleetMinRateOfMedian, 1), len(rates) > 0 && c.MinPerSec >= FleetMinRateOfMedian*c.MedianPerSec)
+		"≥ "+fx(fleetMinRateOfMedian, 1), len(rates) > 0 && c.MinPerSec >= fleetMinRateOfMedian*c.MedianPerSec)
 	c.BytesPerDev = part.After.RSSMiB * (1 << 20) / float64(max(p.Devices, 1))
 	measured := fx(c.BytesPerDev, 0) + " bytes (" + fx(part.After.RSSMiB, 1) + " MiB)"
 	judged := c.BytesPerDev
@@ -369,14 +369,14 @@ func computeFleet(r *Result, c *Calc) {
 		measured += fmt.Sprintf("; projected to %s devices (empty server %s MiB + growth × devices): %s bytes",
 			gi(full.Devices), fx(part.Empty.RSSMiB, 1), fx(judged, 0))
 	}
-	add("server RSS at the end per device", measured, fx(FleetMaxBytesPerDev, 0)+" bytes",
-		part.After.RSSMiB > 0 && judged <= FleetMaxBytesPerDev)
+	add("server RSS at the end per device", measured, fx(fleetMaxBytesPerDev, 0)+" bytes",
+		part.After.RSSMiB > 0 && judged <= fleetMaxBytesPerDev)
 }
 
 // Overload test criteria (issue 11 point 4).
 const (
-	OverloadMinOfCapacity = 0.9 // accepted pushes per second, median second, against the capacity
-	OverloadMaxSameRetry  = 0.6 // the largest share of 503 answers with one Retry-After value
+	overloadMinOfCapacity = 0.9 // accepted pushes per second, median second, against the capacity
+	overloadMaxSameRetry  = 0.6 // the largest share of 503 answers with one Retry-After value
 )
 
 // computeOverload checks issue 11 point 4: offered OverloadFactor × the
@@ -395,10 +395,10 @@ func computeOverload(r *Result, c *Calc) {
 		c.MedianPerSec, c.MinPerSec = median(sorted), sorted[0]
 	}
 	c.P99Ms = part.Push.LatencyMs.P99
-	c.Checks = append(c.Checks, Check{"accepted pushes per second (median second) / capacity",
+	c.Checks = append(c.Checks, check{"accepted pushes per second (median second) / capacity",
 		fmt.Sprintf("%s / %s = %s (offered %s/s; lowest second %s)", fx(c.MedianPerSec, 0), fx(capa.PerSec, 0),
 			fx(safeDiv(c.MedianPerSec, capa.PerSec), 3), fx(capa.Offered, 0), fx(c.MinPerSec, 0)),
-		"≥ " + fx(OverloadMinOfCapacity, 1), len(rates) > 0 && c.MedianPerSec >= OverloadMinOfCapacity*capa.PerSec})
+		"≥ " + fx(overloadMinOfCapacity, 1), len(rates) > 0 && c.MedianPerSec >= overloadMinOfCapacity*capa.PerSec})
 	var total, most int64
 	values := 0
 	for k, n := range part.Push.RetryAfter {
@@ -411,19 +411,19 @@ func computeOverload(r *Result, c *Calc) {
 	}
 	none := part.Push.RetryAfter["none"]
 	measured := fmt.Sprintf("%s answers, %d values (%s); most common %s", group(total), values, mapText(part.Push.RetryAfter), fx(100*safeDiv(float64(most), float64(total)), 1)+" %")
-	ok := none == 0 && (total == 0 || (values >= 2 && float64(most) <= OverloadMaxSameRetry*float64(total)))
+	ok := none == 0 && (total == 0 || (values >= 2 && float64(most) <= overloadMaxSameRetry*float64(total)))
 	if total == 0 && none == 0 {
 		measured = "no 503 or 429 answer"
 	}
-	c.Checks = append(c.Checks, Check{"Retry-After of the 503/429 answers spread", measured,
-		fmt.Sprintf("every one has a Retry-After; ≥ 2 values, none on more than %s %%", fx(100*OverloadMaxSameRetry, 0)), ok})
+	c.Checks = append(c.Checks, check{"Retry-After of the 503/429 answers spread", measured,
+		fmt.Sprintf("every one has a Retry-After; ≥ 2 values, none on more than %s %%", fx(100*overloadMaxSameRetry, 0)), ok})
 }
 
 // completeSeconds is the accepted pushes per second of the series buckets
 // that lie wholly inside the schedule: the first and the last bucket are
 // partial and left out, as are those after the schedule (answers to the
 // last pushes).
-func completeSeconds(series []Point, duration float64) []float64 {
+func completeSeconds(series []point, duration float64) []float64 {
 	var out []float64
 	for i, pt := range series {
 		if i == 0 || i == len(series)-1 || pt.T+pt.Dur > duration || pt.Dur <= 0 {

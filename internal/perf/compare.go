@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 )
 
-// Figures are the three numbers the version comparison looks at.
-type Figures struct {
+// figures are the three numbers the version comparison looks at.
+type figures struct {
 	RSSMiB       float64 // server RSS after the stability test
 	KiBPerDevice float64
 	PushesPerSec float64 // benchmark: lowest SSL throughput, else lowest measured
@@ -19,21 +19,21 @@ type Figures struct {
 // figuresOf collects the comparison figures from results: RSS and KiB per
 // device from the stability tests (the largest fleet), pushes/s from the
 // benchmarks (SSL preferred, the lowest). NaN marks a figure not measured.
-func figuresOf(rs []*Result) Figures {
-	f := Figures{RSSMiB: math.NaN(), KiBPerDevice: math.NaN(), PushesPerSec: math.NaN()}
+func figuresOf(rs []*Result) figures {
+	f := figures{RSSMiB: math.NaN(), KiBPerDevice: math.NaN(), PushesPerSec: math.NaN()}
 	stabDevices := -1
 	var benchSSL, benchAny = math.Inf(1), math.Inf(1)
 	var benchFrom, anyFrom string
 	for _, r := range rs {
 		c := Compute(r)
 		switch r.Preset.Kind {
-		case Stability:
+		case stability:
 			if r.Preset.Devices > stabDevices {
 				stabDevices = r.Preset.Devices
 				f.RSSMiB, f.KiBPerDevice = c.RSSAfter, c.KiBPerDevice
 				f.From = append(f.From, r.Title())
 			}
-		case Benchmark:
+		case benchmark:
 			if c.Lowest <= 0 {
 				continue
 			}

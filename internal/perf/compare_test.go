@@ -48,7 +48,7 @@ func TestLoadResultsDirectory(t *testing.T) {
 		t.Fatalf("%d results, %v", len(rs), err)
 	}
 	// The file round trip keeps every figure.
-	if Markdown(rs[0]) != Markdown(seedBench()) || Markdown(rs[1]) != Markdown(seedStab()) {
+	if markdownOf(rs[0]) != markdownOf(seedBench()) || markdownOf(rs[1]) != markdownOf(seedStab()) {
 		t.Error("a saved result renders differently")
 	}
 	if _, err := LoadResults(t.TempDir()); err == nil {

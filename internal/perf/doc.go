@@ -176,9 +176,9 @@ func numeric(s string) bool {
 }
 
 func verdictClass(s string) string {
-	s = strings.ReplaceAll(s, "<strong>"+Passed+"</strong>", `<span class="pass">`+Passed+`</span>`)
+	s = strings.ReplaceAll(s, "<strong>"+passed+"</strong>", `<span class="pass">`+passed+`</span>`)
 	s = strings.ReplaceAll(s, "<strong>"+Failed+"</strong>", `<span class="fail">`+Failed+`</span>`)
-	return strings.ReplaceAll(s, "<strong>"+Limited+"</strong>", `<span class="limit">`+Limited+`</span>`)
+	return strings.ReplaceAll(s, "<strong>"+limited+"</strong>", `<span class="limit">`+limited+`</span>`)
 }
 
 // chart is a line chart over the time since the start, drawn by

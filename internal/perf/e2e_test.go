@@ -40,12 +40,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func testOptions(t *testing.T, o Override) Options {
+func testOptions(t *testing.T, o override) Options {
 	return Options{ServerCmd: []string{droverBin, "serve"}, WorkDir: t.TempDir(),
 		Override: o, Version: "test", Command: "go test", ProgressEvery: time.Hour}
 }
 
-func runE2E(t *testing.T, name string, o Override) (*Result, Calc) {
+func runE2E(t *testing.T, name string, o override) (*Result, Calc) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts servers")
@@ -58,7 +58,7 @@ func runE2E(t *testing.T, name string, o Override) (*Result, Calc) {
 		t.Fatal(err)
 	}
 	c := Compute(r)
-	if c.Verdict != Passed {
+	if c.Verdict != passed {
 		t.Errorf("verdict %s: %v; push %+v; log %+v", c.Verdict, c.Reasons, r.Parts[0].Push, r.Parts[0].Log)
 	}
 	for _, part := range r.Parts {
@@ -72,17 +72,17 @@ func runE2E(t *testing.T, name string, o Override) (*Result, Calc) {
 		t.Fatal(err)
 	}
 	back, err := LoadResult(dir + "/" + r.FileBase() + ".json")
-	if err != nil || Markdown(back) != Markdown(r) {
+	if err != nil || markdownOf(back) != markdownOf(r) {
 		t.Errorf("round trip: %v", err)
 	}
-	if !strings.Contains(Markdown(r), "(scaled down: ") {
+	if !strings.Contains(markdownOf(r), "(scaled down: ") {
 		t.Error("a scaled run's title must say so")
 	}
 	return r, c
 }
 
 func TestE2EBenchmark(t *testing.T) {
-	r, c := runE2E(t, "Bench-6-SSL", Override{Devices: 60, Handlers: []int{1, 2}})
+	r, c := runE2E(t, "Bench-6-SSL", override{Devices: 60, Handlers: []int{1, 2}})
 	if len(r.Parts) != 2 || r.Parts[0].HandlerThreads != 1 || r.Parts[1].HandlerThreads != 2 {
 		t.Fatalf("parts %+v", r.Parts)
 	}
@@ -100,7 +100,7 @@ func TestE2EBenchmark(t *testing.T) {
 }
 
 func TestE2EStability(t *testing.T) {
-	r, c := runE2E(t, "Stab-2-2", Override{Devices: 100, Duration: 8 * time.Second, LoopTime: 2})
+	r, c := runE2E(t, "Stab-2-2", override{Devices: 100, Duration: 8 * time.Second, LoopTime: 2})
 	// 100 devices every 2 s for 8 s: 4 loops, 400 pushes (a few may be cut
 	// off by the end of the run).
 	if c.Performed < 300 || c.Performed > 400 || c.EstPushes != 400 {
@@ -115,7 +115,7 @@ func TestE2EStability(t *testing.T) {
 }
 
 func TestE2EPeakFullCycle(t *testing.T) {
-	r, _ := runE2E(t, "PeakF-64-max", Override{Devices: 100, Threads: 8, Duration: 7 * time.Second})
+	r, _ := runE2E(t, "PeakF-64-max", override{Devices: 100, Threads: 8, Duration: 7 * time.Second})
 	part := r.Parts[0]
 	if part.ConfigChanges < 1 || part.Push.ConfigsSeen < 100 || part.Register.Accepted != 100 {
 		t.Errorf("config changes %d, configs seen %d, registered %d", part.ConfigChanges, part.Push.ConfigsSeen, part.Register.Accepted)
@@ -136,7 +136,7 @@ func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
 	srv := startRunning(t, "")
 
 	p, _ := Lookup("PeakD-64-max")
-	o := testOptions(t, Override{Devices: 100, Threads: 4, Duration: 4 * time.Second})
+	o := testOptions(t, override{Devices: 100, Threads: 4, Duration: 4 * time.Second})
 	o.ServerCmd, o.URL, o.EnrollmentSecret, o.MetricsToken = nil, "http://"+srv.HTTPAddr(), "perf-secret", "perf-metrics-token"
 	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer rcancel()
@@ -151,7 +151,7 @@ func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
 	if part.LogReviewed || r.Setup.Local || r.Setup.TLS {
 		t.Errorf("remote setup %+v, log reviewed %v", r.Setup, part.LogReviewed)
 	}
-	if c := Compute(r); c.Verdict != Passed {
+	if c := Compute(r); c.Verdict != passed {
 		t.Errorf("verdict %s %v", c.Verdict, c.Reasons)
 	}
 }

@@ -13,7 +13,7 @@ import (
 func List(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tTYPE\tSSL\tDEVICES\tTHREADS\tHANDLERS\tLOOPS\tDURATION\tLOOP TIME\tNOTE")
-	for _, p := range Presets() {
+	for _, p := range presets() {
 		loops, hs := "—", "—"
 		if p.Loops > 0 {
 			loops = strconv.Itoa(p.Loops)
@@ -36,7 +36,7 @@ func WriteReports(r *Result, dir string) ([]string, error) {
 	if err := r.Save(base + ".json"); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(base+".md", []byte(Markdown(r)), 0o644); err != nil {
+	if err := os.WriteFile(base+".md", []byte(markdownOf(r)), 0o644); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(base+".html", []byte(htmlProtocol(r)), 0o644); err != nil {

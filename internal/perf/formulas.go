@@ -104,9 +104,9 @@ func loadPerCore(load15 float64, cores int) float64 {
 	return load15 / float64(cores)
 }
 
-// PushesPerSec is pushes / elapsed seconds (a benchmark: devices × loops /
+// pushesPerSec is pushes / elapsed seconds (a benchmark: devices × loops /
 // elapsed).
-func PushesPerSec(pushes int64, elapsedSec float64) float64 {
+func pushesPerSec(pushes int64, elapsedSec float64) float64 {
 	if elapsedSec <= 0 {
 		return 0
 	}
@@ -133,8 +133,8 @@ func pctOfPrevious(value, previous float64) float64 {
 	return value / previous * 100
 }
 
-// SizingRule is how a benchmark turns throughput into a device count.
-type SizingRule struct {
+// sizingRule is how a benchmark turns throughput into a device count.
+type sizingRule struct {
 	Name string  `json:"name"`
 	Pct  float64 `json:"pct"` // share of the ideal that is safe
 	Text string  `json:"text"`
@@ -142,6 +142,6 @@ type SizingRule struct {
 
 // The two rules of the reports.
 var (
-	Rule060 = SizingRule{Name: "0.6.0", Pct: 20, Text: "recommended max = 20 % of ideal (MAMAS 0.6.0)"}
-	Rule080 = SizingRule{Name: "0.8.0", Pct: 80, Text: "safe max = 80 % of ideal, ideal from the lowest SSL throughput measured on this environment (Dwarfguard 0.8.0)"}
+	rule060 = sizingRule{Name: "0.6.0", Pct: 20, Text: "recommended max = 20 % of ideal (MAMAS 0.6.0)"}
+	rule080 = sizingRule{Name: "0.8.0", Pct: 80, Text: "safe max = 80 % of ideal, ideal from the lowest SSL throughput measured on this environment (Dwarfguard 0.8.0)"}
 )

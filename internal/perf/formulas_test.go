@@ -49,17 +49,17 @@ func TestStabilityFormulasSeedOtherColumns(t *testing.T) {
 
 func TestBenchmarkFormulasSeed(t *testing.T) {
 	// MAMAS 0.6.0, container 1, bench-4-SSL: 3000 devices × 10 loops in 210.66 s.
-	pps := PushesPerSec(3000*10, 210.66)
+	pps := pushesPerSec(3000*10, 210.66)
 	near(t, "pushes/s", pps, 142.41, 0.005)
 	ideal := idealMaxDevices(pps, 260)
 	if ideal != 37026 {
 		t.Errorf("ideal = %d, want 37,026", ideal)
 	}
-	if got := recommendedMax(ideal, Rule060.Pct); got != 7405 {
+	if got := recommendedMax(ideal, rule060.Pct); got != 7405 {
 		t.Errorf("20 %% rule = %d, want 7,405", got)
 	}
 	// Container 2: 165.34 s → 181.44 pushes/s → 47,175 ideal, 9,435 recommended.
-	pps = PushesPerSec(30000, 165.34)
+	pps = pushesPerSec(30000, 165.34)
 	near(t, "C2 pushes/s", pps, 181.44, 0.005)
 	if got := idealMaxDevices(pps, 260); got != 47175 {
 		t.Errorf("C2 ideal = %d, want 47,175", got)
@@ -73,7 +73,7 @@ func TestBenchmarkFormulasSeed(t *testing.T) {
 		ideal, safe int
 	}{{125.53, 25106, 20085}, {237.45, 47490, 37992}, {284.02, 56804, 45443}, {323.93, 64786, 51829}, {96.64, 19328, 15462}} {
 		ideal := idealMaxDevices(c.pps, 200)
-		safe := recommendedMax(ideal, Rule080.Pct)
+		safe := recommendedMax(ideal, rule080.Pct)
 		if ideal != c.ideal || safe != c.safe {
 			t.Errorf("%.2f pushes/s: ideal %d safe %d, want %d and %d", c.pps, ideal, safe, c.ideal, c.safe)
 		}
@@ -99,19 +99,19 @@ func seedStab() *Result {
 	p, _ := Lookup("Stab-2-2")
 	return &Result{
 		Format: resultFormat, Preset: p, Command: "drover perf run Stab-2-2", Started: start, Ended: start.Add(7310 * time.Second),
-		Env:        Environment{Host: "c1", CPUModel: "Intel Xeon E5 2.2GHz", Cores: 1, Threads: 1, RAMMiB: 512, Kernel: "linux 6.1", GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "another machine"},
-		Setup:      Setup{Target: "local https://127.0.0.1:8443", Local: true, Backend: "SQLite (embedded)", Persistence: "write-through", TLS: true, Conn: "new"},
+		Env:        environment{Host: "c1", CPUModel: "Intel Xeon E5 2.2GHz", Cores: 1, Threads: 1, RAMMiB: 512, Kernel: "linux 6.1", GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "another machine"},
+		Setup:      setup{Target: "local https://127.0.0.1:8443", Local: true, Backend: "SQLite (embedded)", Persistence: "write-through", TLS: true, Conn: "new"},
 		Thresholds: defaultThresholds(),
-		Parts: []Part{{
+		Parts: []resultPart{{
 			Started: start, Ended: start.Add(7302 * time.Second),
-			Push:     OpStats{Accepted: 34000, ElapsedSec: 7300, LatencyMs: Latency{P50: 4, P90: 7, P99: 12, Max: 80, Mean: 5}},
-			Register: OpStats{Accepted: 1000, ElapsedSec: 200},
-			Before:   Snapshot{At: start, RSSMiB: 44, CPUSecs: 1, UsedMiB: 215, AvailMiB: 296, Load15: 0.02, Machine: true},
-			After:    Snapshot{At: start.Add(7302 * time.Second), RSSMiB: 57, CPUSecs: 74.02, UsedMiB: 246, AvailMiB: 265, Load15: 0.07, Machine: true},
-			Log: LogSummary{Lines: 40, Groups: []LogGroup{{Level: "WARN", Msg: "overloaded", Count: 2,
+			Push:     opFigures{Accepted: 34000, ElapsedSec: 7300, LatencyMs: latency{P50: 4, P90: 7, P99: 12, Max: 80, Mean: 5}},
+			Register: opFigures{Accepted: 1000, ElapsedSec: 200},
+			Before:   snapshot{At: start, RSSMiB: 44, CPUSecs: 1, UsedMiB: 215, AvailMiB: 296, Load15: 0.02, Machine: true},
+			After:    snapshot{At: start.Add(7302 * time.Second), RSSMiB: 57, CPUSecs: 74.02, UsedMiB: 246, AvailMiB: 265, Load15: 0.07, Machine: true},
+			Log: logSummary{Lines: 40, Groups: []logGroup{{Level: "WARN", Msg: "overloaded", Count: 2,
 				First: start.Add(10 * time.Second), Last: start.Add(11 * time.Second), Example: `{"level":"WARN","msg":"overloaded"}`}}},
 			LogReviewed: true,
-			Emulator:    EmuStats{CPUAvg: 0.02, CPUMax: 0.1, RSSMiB: 30, Cores: 1},
+			Emulator:    emuStats{CPUAvg: 0.02, CPUMax: 0.1, RSSMiB: 30, Cores: 1},
 		}},
 	}
 }
@@ -133,7 +133,7 @@ func TestComputeStabilitySeedC1(t *testing.T) {
 	if c.RAMGrade != "reasonable" || c.CPUGrade != "perfect (low)" {
 		t.Errorf("grades %q / %q, want reasonable / perfect (low) as in the report", c.RAMGrade, c.CPUGrade)
 	}
-	if c.Verdict != Passed || c.LogWarnings != 2 {
+	if c.Verdict != passed || c.LogWarnings != 2 {
 		t.Errorf("verdict %s (%v), warnings %d", c.Verdict, c.Reasons, c.LogWarnings)
 	}
 }
@@ -142,7 +142,7 @@ func TestComputeStabilityFailures(t *testing.T) {
 	r := seedStab()
 	r.Parts[0].Push.Rejected = map[string]int64{"503": 30}
 	r.Parts[0].Push.Retried = 10
-	r.Parts[0].Log.Groups = append(r.Parts[0].Log.Groups, LogGroup{Level: "ERROR", Msg: "store commit failed", Count: 1})
+	r.Parts[0].Log.Groups = append(r.Parts[0].Log.Groups, logGroup{Level: "ERROR", Msg: "store commit failed", Count: 1})
 	r.Parts[0].After.UsedMiB = 500
 	c := Compute(r)
 	if c.Verdict != Failed || len(c.Reasons) != 3 {
@@ -159,7 +159,7 @@ func TestComputeStabilityFailures(t *testing.T) {
 	// A leak: RSS climbs through the second half.
 	r = seedStab()
 	for i := 0; i <= 100; i++ {
-		r.Parts[0].Samples = append(r.Parts[0].Samples, Sample{T: float64(i) * 73.02, RSSMiB: 44 + float64(i)})
+		r.Parts[0].Samples = append(r.Parts[0].Samples, sample{T: float64(i) * 73.02, RSSMiB: 44 + float64(i)})
 	}
 	if c := Compute(r); c.Verdict != Failed || c.LeakPct < 20 {
 		t.Errorf("leak: verdict %s, growth %.1f %%", c.Verdict, c.LeakPct)
@@ -172,18 +172,18 @@ func seedBench() *Result {
 	start := time.Date(2023, 10, 4, 9, 0, 0, 0, time.UTC)
 	p, _ := Lookup("Bench-6-SSL")
 	r := &Result{Format: resultFormat, Preset: p, Command: "drover perf run Bench-6-SSL", Started: start, Ended: start.Add(10 * time.Minute),
-		Env:        Environment{Host: "c1", CPUModel: "Intel Xeon E5 2.2GHz", Cores: 1, Threads: 1, RAMMiB: 512, GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "another machine"},
-		Setup:      Setup{Target: "local https://127.0.0.1:8443", Local: true, Backend: "SQLite (embedded)", Persistence: "write-through", TLS: true, Conn: "new"},
+		Env:        environment{Host: "c1", CPUModel: "Intel Xeon E5 2.2GHz", Cores: 1, Threads: 1, RAMMiB: 512, GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "another machine"},
+		Setup:      setup{Target: "local https://127.0.0.1:8443", Local: true, Backend: "SQLite (embedded)", Persistence: "write-through", TLS: true, Conn: "new"},
 		Thresholds: defaultThresholds()}
 	for i, pps := range []float64{125.53, 143.52, 155.61, 163.62} {
 		at := start.Add(time.Duration(i) * 2 * time.Minute)
 		el := 12000 / pps
-		r.Parts = append(r.Parts, Part{HandlerThreads: 1 << i, Started: at, Ended: at.Add(time.Duration(el * float64(time.Second))),
-			Push:     OpStats{Accepted: 12000, ElapsedSec: el, LatencyMs: Latency{P50: 40, P90: 50, P99: 60, Max: 90, Mean: 42}},
-			Register: OpStats{Accepted: 1200, ElapsedSec: 9},
-			Before:   Snapshot{At: at, RSSMiB: 40, Machine: true, UsedMiB: 200, AvailMiB: 300},
-			After:    Snapshot{At: at.Add(100 * time.Second), RSSMiB: 50, CPUSecs: 80, Machine: true, UsedMiB: 220, AvailMiB: 280, Load15: 0.5},
-			Log:      LogSummary{Lines: 8}, LogReviewed: true, Emulator: EmuStats{CPUAvg: 0.3}})
+		r.Parts = append(r.Parts, resultPart{HandlerThreads: 1 << i, Started: at, Ended: at.Add(time.Duration(el * float64(time.Second))),
+			Push:     opFigures{Accepted: 12000, ElapsedSec: el, LatencyMs: latency{P50: 40, P90: 50, P99: 60, Max: 90, Mean: 42}},
+			Register: opFigures{Accepted: 1200, ElapsedSec: 9},
+			Before:   snapshot{At: at, RSSMiB: 40, Machine: true, UsedMiB: 200, AvailMiB: 300},
+			After:    snapshot{At: at.Add(100 * time.Second), RSSMiB: 50, CPUSecs: 80, Machine: true, UsedMiB: 220, AvailMiB: 280, Load15: 0.5},
+			Log:      logSummary{Lines: 8}, LogReviewed: true, Emulator: emuStats{CPUAvg: 0.3}})
 	}
 	return r
 }
@@ -197,52 +197,52 @@ func TestComputeBenchmarkSeed(t *testing.T) {
 	if c.Ideal080 != 25106 || c.Safe080 != 20085 {
 		t.Errorf("0.8.0 rule: ideal %d safe %d, want 25,106 and 20,085", c.Ideal080, c.Safe080)
 	}
-	if c.Verdict != Passed {
+	if c.Verdict != passed {
 		t.Errorf("verdict %s %v", c.Verdict, c.Reasons)
 	}
 }
 
 func TestComputePeakLimit(t *testing.T) {
 	p, _ := Lookup("PeakD-1024-max")
-	r := &Result{Format: resultFormat, Preset: p, Thresholds: defaultThresholds(), Parts: []Part{{
-		Push: OpStats{Accepted: 900000, Retried: 120, Dropped: map[string]int64{"timeout": 5}, ElapsedSec: 600}}}}
+	r := &Result{Format: resultFormat, Preset: p, Thresholds: defaultThresholds(), Parts: []resultPart{{
+		Push: opFigures{Accepted: 900000, Retried: 120, Dropped: map[string]int64{"timeout": 5}, ElapsedSec: 600}}}}
 	c := Compute(r)
-	if c.Verdict != Limited || !c.Rows[0].Broke {
-		t.Errorf("verdict %s, want %s", c.Verdict, Limited)
+	if c.Verdict != limited || !c.Rows[0].Broke {
+		t.Errorf("verdict %s, want %s", c.Verdict, limited)
 	}
 	r.Parts[0].Push.Retried, r.Parts[0].Push.Dropped = 0, nil
-	if c := Compute(r); c.Verdict != Passed {
+	if c := Compute(r); c.Verdict != passed {
 		t.Errorf("verdict %s, want PASSED", c.Verdict)
 	}
 }
 
 func TestFleetChecks(t *testing.T) {
-	r := &Result{Preset: Preset{Name: FleetPreset, Kind: Fleet, Devices: 100_000, Duration: 10 * time.Second, LoopTime: 200}}
-	part := Part{Push: OpStats{Accepted: 5000, LatencyMs: Latency{P99: 900}}, After: Snapshot{RSSMiB: 90}}
+	r := &Result{Preset: Preset{Name: FleetPreset, Kind: fleet, Devices: 100_000, Duration: 10 * time.Second, LoopTime: 200}}
+	part := resultPart{Push: opFigures{Accepted: 5000, LatencyMs: latency{P99: 900}}, After: snapshot{RSSMiB: 90}}
 	for i := 0; i < 12; i++ { // buckets 0 and 11 are partial; 10 is past the schedule
-		part.Series = append(part.Series, Point{T: float64(i), Dur: 1, Accepted: 500})
+		part.Series = append(part.Series, point{T: float64(i), Dur: 1, Accepted: 500})
 	}
 	part.Series[0].Accepted, part.Series[10].Accepted, part.Series[11].Accepted = 3, 1, 1
 	part.Series[4].Accepted = 401
-	r.Parts = []Part{part}
+	r.Parts = []resultPart{part}
 	c := Compute(r)
-	if c.Verdict != Passed || c.MedianPerSec != 500 || c.MinPerSec != 401 || len(c.Checks) != 5 {
+	if c.Verdict != passed || c.MedianPerSec != 500 || c.MinPerSec != 401 || len(c.Checks) != 5 {
 		t.Fatalf("%s %v median %g min %g", c.Verdict, c.Reasons, c.MedianPerSec, c.MinPerSec)
 	}
 	// Each criterion fails on its own.
-	for name, change := range map[string]func(p *Part){
-		"rejected": func(p *Part) { p.Push.Rejected = map[string]int64{"500": 1} },
-		"retried":  func(p *Part) { p.Push.Retried = 1 },
-		"dropped":  func(p *Part) { p.Push.Dropped = map[string]int64{"timeout": 1} },
-		"skipped":  func(p *Part) { p.Push.Skipped = 1 },
-		"p99":      func(p *Part) { p.Push.LatencyMs.P99 = 1001 },
-		"rate":     func(p *Part) { p.Series = append([]Point(nil), p.Series...); p.Series[4].Accepted = 399 },
-		"rss":      func(p *Part) { p.After.RSSMiB = 98 },
+	for name, change := range map[string]func(p *resultPart){
+		"rejected": func(p *resultPart) { p.Push.Rejected = map[string]int64{"500": 1} },
+		"retried":  func(p *resultPart) { p.Push.Retried = 1 },
+		"dropped":  func(p *resultPart) { p.Push.Dropped = map[string]int64{"timeout": 1} },
+		"skipped":  func(p *resultPart) { p.Push.Skipped = 1 },
+		"p99":      func(p *resultPart) { p.Push.LatencyMs.P99 = 1001 },
+		"rate":     func(p *resultPart) { p.Series = append([]point(nil), p.Series...); p.Series[4].Accepted = 399 },
+		"rss":      func(p *resultPart) { p.After.RSSMiB = 98 },
 	} {
 		bad := *r
 		bp := part
 		change(&bp)
-		bad.Parts = []Part{bp}
+		bad.Parts = []resultPart{bp}
 		if c := Compute(&bad); c.Verdict != Failed || len(c.Reasons) != 1 {
 			t.Errorf("%s: %s %v", name, c.Verdict, c.Reasons)
 		}
@@ -251,8 +251,8 @@ func TestFleetChecks(t *testing.T) {
 
 // A scaled fleet test judges the RSS projected to the full fleet.
 func TestFleetRSSProjected(t *testing.T) {
-	r := &Result{Preset: Preset{Name: FleetPreset, Kind: Fleet, Devices: 100_000, Duration: 10 * time.Second, LoopTime: 200}}
-	r.Parts = []Part{{Empty: &Snapshot{RSSMiB: 20}, After: Snapshot{RSSMiB: 110}}}
+	r := &Result{Preset: Preset{Name: FleetPreset, Kind: fleet, Devices: 100_000, Duration: 10 * time.Second, LoopTime: 200}}
+	r.Parts = []resultPart{{Empty: &snapshot{RSSMiB: 20}, After: snapshot{RSSMiB: 110}}}
 	c := Compute(r)
 	// growth 90 MiB / 100,000 = 943.7 B; projected (20 MiB + 943.7 B × 1e6) / 1e6 = 964.7 B
 	if c.ProjectedDevices != 1_000_000 || c.ProjectedBytesPerDev < 964 || c.ProjectedBytesPerDev > 965.5 || !c.Checks[4].OK {
@@ -265,27 +265,27 @@ func TestFleetRSSProjected(t *testing.T) {
 }
 
 func TestOverloadChecks(t *testing.T) {
-	r := &Result{Preset: Preset{Name: "Overload-1.5x", Kind: Overload, Devices: 1000, Duration: 6 * time.Second, LoopTime: 200}}
-	part := Part{Capacity: &Capacity{PerSec: 1000, Offered: 1500}, Push: OpStats{Accepted: 5000,
+	r := &Result{Preset: Preset{Name: "Overload-1.5x", Kind: overload, Devices: 1000, Duration: 6 * time.Second, LoopTime: 200}}
+	part := resultPart{Capacity: &capacity{PerSec: 1000, Offered: 1500}, Push: opFigures{Accepted: 5000,
 		RetryAfter: map[string]int64{"2": 30, "3": 35, "4": 35}}}
 	for i := 0; i < 8; i++ {
-		part.Series = append(part.Series, Point{T: float64(i), Dur: 1, Accepted: 950})
+		part.Series = append(part.Series, point{T: float64(i), Dur: 1, Accepted: 950})
 	}
-	r.Parts = []Part{part}
-	if c := Compute(r); c.Verdict != Passed || len(c.Checks) != 2 || c.MedianPerSec != 950 {
+	r.Parts = []resultPart{part}
+	if c := Compute(r); c.Verdict != passed || len(c.Checks) != 2 || c.MedianPerSec != 950 {
 		t.Fatalf("%s %v %+v", c.Verdict, c.Reasons, c.Checks)
 	}
-	for name, change := range map[string]func(p *Part){
-		"collapse":     func(p *Part) { p.Capacity = &Capacity{PerSec: 1100, Offered: 1650} },
-		"one value":    func(p *Part) { p.Push.RetryAfter = map[string]int64{"2": 100} },
-		"mostly one":   func(p *Part) { p.Push.RetryAfter = map[string]int64{"2": 70, "3": 30} },
-		"without one":  func(p *Part) { p.Push.RetryAfter = map[string]int64{"2": 50, "3": 50, "none": 1} },
-		"no capacity?": func(p *Part) { p.Series = nil },
+	for name, change := range map[string]func(p *resultPart){
+		"collapse":     func(p *resultPart) { p.Capacity = &capacity{PerSec: 1100, Offered: 1650} },
+		"one value":    func(p *resultPart) { p.Push.RetryAfter = map[string]int64{"2": 100} },
+		"mostly one":   func(p *resultPart) { p.Push.RetryAfter = map[string]int64{"2": 70, "3": 30} },
+		"without one":  func(p *resultPart) { p.Push.RetryAfter = map[string]int64{"2": 50, "3": 50, "none": 1} },
+		"no capacity?": func(p *resultPart) { p.Series = nil },
 	} {
 		bp := part
 		change(&bp)
 		bad := *r
-		bad.Parts = []Part{bp}
+		bad.Parts = []resultPart{bp}
 		if c := Compute(&bad); c.Verdict != Failed {
 			t.Errorf("%s: %s %+v", name, c.Verdict, c.Checks)
 		}

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// LogGroup is the warnings or errors of one kind: same level, same message.
-type LogGroup struct {
+// logGroup is the warnings or errors of one kind: same level, same message.
+type logGroup struct {
 	Level   string    `json:"level"`
 	Msg     string    `json:"msg"`
 	Count   int       `json:"count"`
@@ -20,15 +20,15 @@ type LogGroup struct {
 	Example string    `json:"example"` // the first such line, shortened
 }
 
-// LogSummary is the review of a server log.
-type LogSummary struct {
+// logSummary is the review of a server log.
+type logSummary struct {
 	Lines  int        `json:"lines"`
-	Groups []LogGroup `json:"groups,omitempty"` // warnings and errors, most frequent first
+	Groups []logGroup `json:"groups,omitempty"` // warnings and errors, most frequent first
 }
 
 // Count returns the entries of a level ("WARN", "ERROR"; panics and other
 // unparsed fatal output count as ERROR).
-func (s LogSummary) Count(level string) int {
+func (s logSummary) Count(level string) int {
 	n := 0
 	for _, g := range s.Groups {
 		if g.Level == level {
@@ -38,20 +38,20 @@ func (s LogSummary) Count(level string) int {
 	return n
 }
 
-// LogReview groups a server's log lines, written to it as they come (it is
+// logReview groups a server's log lines, written to it as they come (it is
 // an io.Writer). It understands log/slog's text and JSON formats; a line
 // that is neither and looks like a Go runtime failure (panic, fatal error)
 // counts as an ERROR with its first line as message.
-type LogReview struct {
+type logReview struct {
 	mu      sync.Mutex
 	partial []byte
 	lines   int
-	groups  map[string]*LogGroup
-	onLine  func(line []byte, rec LogRecord)
+	groups  map[string]*logGroup
+	onLine  func(line []byte, rec logRecord)
 }
 
-// LogRecord is one parsed line.
-type LogRecord struct {
+// logRecord is one parsed line.
+type logRecord struct {
 	Time  time.Time
 	Level string
 	Msg   string
@@ -59,12 +59,12 @@ type LogRecord struct {
 }
 
 // newLogReview returns an empty review; onLine, if not nil, sees every line.
-func newLogReview(onLine func(line []byte, rec LogRecord)) *LogReview {
-	return &LogReview{groups: map[string]*LogGroup{}, onLine: onLine}
+func newLogReview(onLine func(line []byte, rec logRecord)) *logReview {
+	return &logReview{groups: map[string]*logGroup{}, onLine: onLine}
 }
 
 // Write takes log output in chunks of any size.
-func (r *LogReview) Write(p []byte) (int, error) {
+func (r *logReview) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.partial = append(r.partial, p...)
@@ -85,14 +85,14 @@ func (r *LogReview) Write(p []byte) (int, error) {
 
 // Summary returns the review so far (a pending line without newline is
 // included).
-func (r *LogReview) Summary() LogSummary {
+func (r *logReview) Summary() logSummary {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.partial) > 0 {
 		r.line(r.partial)
 		r.partial = nil
 	}
-	s := LogSummary{Lines: r.lines}
+	s := logSummary{Lines: r.lines}
 	for _, g := range r.groups {
 		s.Groups = append(s.Groups, *g)
 	}
@@ -109,7 +109,7 @@ func (r *LogReview) Summary() LogSummary {
 	return s
 }
 
-func (r *LogReview) line(b []byte) {
+func (r *logReview) line(b []byte) {
 	b = bytes.TrimRight(b, "\r")
 	if len(bytes.TrimSpace(b)) == 0 {
 		return
@@ -129,7 +129,7 @@ func (r *LogReview) line(b []byte) {
 		if len(ex) > 300 {
 			ex = ex[:300] + "…"
 		}
-		g = &LogGroup{Level: rec.Level, Msg: rec.Msg, First: rec.Time, Example: ex}
+		g = &logGroup{Level: rec.Level, Msg: rec.Msg, First: rec.Time, Example: ex}
 		r.groups[key] = g
 	}
 	g.Count++
@@ -140,8 +140,8 @@ func (r *LogReview) line(b []byte) {
 
 // parseLogLine parses one slog line (JSON or text). Levels are normalised
 // to DEBUG, INFO, WARN, ERROR; slog's offsets ("WARN+2") keep their base.
-func parseLogLine(b []byte) LogRecord {
-	var rec LogRecord
+func parseLogLine(b []byte) logRecord {
+	var rec logRecord
 	if len(b) > 0 && b[0] == '{' {
 		var m map[string]any
 		if json.Unmarshal(b, &m) == nil {

@@ -18,7 +18,7 @@ func TestLogReviewGroupsByLevelAndMessage(t *testing.T) {
 		``,
 	}
 	var seen []string
-	rv := newLogReview(func(_ []byte, rec LogRecord) {
+	rv := newLogReview(func(_ []byte, rec logRecord) {
 		if rec.Msg == "listening" {
 			seen = append(seen, rec.Attrs["proto"]+"://"+rec.Attrs["addr"])
 		}

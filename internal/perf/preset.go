@@ -11,41 +11,41 @@ import (
 	"time"
 )
 
-// Kind is a test type.
-type Kind string
+// kind is a test type.
+type kind string
 
 // Test types.
 const (
-	Stability Kind = "stability"
-	Benchmark Kind = "benchmark"
-	Peak      Kind = "peak"
-	// Fleet is issue 11's fleet test: the fleet registers (not measured),
+	stability kind = "stability"
+	benchmark kind = "benchmark"
+	peak      kind = "peak"
+	// fleet is issue 11's fleet test: the fleet registers (not measured),
 	// then every device pushes once per loop time, plain HTTP, a new
 	// connection per push, with pass/fail criteria of its own (FleetChecks).
-	Fleet Kind = "fleet"
-	// Overload is issue 11 point 4: the fleet registers, the test measures
+	fleet kind = "fleet"
+	// overload is issue 11 point 4: the fleet registers, the test measures
 	// the server's capacity (closed loop), then offers OverloadFactor × it
 	// open loop and checks that the accepted throughput holds.
-	Overload Kind = "overload"
+	overload kind = "overload"
 )
 
-// OverloadFactor is the load an overload test offers, in capacities.
-const OverloadFactor = 1.5
+// overloadFactor is the load an overload test offers, in capacities.
+const overloadFactor = 1.5
 
-// PeakMode says what a Peak test storms the server with.
-type PeakMode string
+// peakMode says what a Peak test storms the server with.
+type peakMode string
 
 // Peak modes (the seed reports' R, D and F).
 const (
-	PeakRegister PeakMode = "R" // every device registers at once
-	PeakData     PeakMode = "D" // registered devices push as fast as the threads allow
-	PeakFull     PeakMode = "F" // register, push, receive and acknowledge configuration
+	peakRegister peakMode = "R" // every device registers at once
+	peakData     peakMode = "D" // registered devices push as fast as the threads allow
+	peakFull     peakMode = "F" // register, push, receive and acknowledge configuration
 )
 
 // Preset is one test of the seed matrix.
 type Preset struct {
 	Name     string        `json:"name"`
-	Kind     Kind          `json:"kind"`
+	Kind     kind          `json:"kind"`
 	SSL      bool          `json:"ssl"`
 	Devices  int           `json:"devices"`
 	Threads  int           `json:"threads"`            // emulator threads
@@ -53,7 +53,7 @@ type Preset struct {
 	Loops    int           `json:"loops,omitempty"`    // Benchmark: immediate loops
 	Duration time.Duration `json:"duration,omitempty"` // Stability, Peak
 	LoopTime int           `json:"loop_time_s"`        // device push interval in seconds
-	Mode     PeakMode      `json:"peak_mode,omitempty"`
+	Mode     peakMode      `json:"peak_mode,omitempty"`
 	Note     string        `json:"note,omitempty"`
 }
 
@@ -63,15 +63,15 @@ func (p Preset) Minutes() float64 { return p.Duration.Minutes() }
 // LoopTime of the 0.8.0 matrix, seconds.
 const defaultLoopTime = 200
 
-// PeakDevices is the Peak tests' fleet.
-const PeakDevices = 61440
+// peakDevices is the Peak tests' fleet.
+const peakDevices = 61440
 
-// Presets returns the seed matrix (0.8.0 names), as
+// presets returns the seed matrix (0.8.0 names), as
 // /work/shared/docs/perf-methodology.md lists it.
-func Presets() []Preset {
+func presets() []Preset {
 	var ps []Preset
 	stab := func(name string, devices, threads int, minutes int, note string) {
-		ps = append(ps, Preset{Name: name, Kind: Stability, SSL: true, Devices: devices, Threads: threads,
+		ps = append(ps, Preset{Name: name, Kind: stability, SSL: true, Devices: devices, Threads: threads,
 			Duration: time.Duration(minutes) * time.Minute, LoopTime: defaultLoopTime, Note: note})
 	}
 	stab("Stab-2-2", 1000, 2, 120, "")
@@ -87,25 +87,25 @@ func Presets() []Preset {
 			if ssl {
 				suffix = "SSL"
 			}
-			ps = append(ps, Preset{Name: fmt.Sprintf("Bench-%d-%s", b.threads, suffix), Kind: Benchmark, SSL: ssl,
+			ps = append(ps, Preset{Name: fmt.Sprintf("Bench-%d-%s", b.threads, suffix), Kind: benchmark, SSL: ssl,
 				Devices: b.devices, Threads: b.threads, Handlers: []int{1, 2, 4, 8}, Loops: 10, LoopTime: defaultLoopTime})
 		}
 	}
 	for _, m := range []struct {
-		mode PeakMode
+		mode peakMode
 		note string
-	}{{PeakRegister, "registration storm"}, {PeakData, "data-push storm"}, {PeakFull, "full cycle with configuration sync"}} {
+	}{{peakRegister, "registration storm"}, {peakData, "data-push storm"}, {peakFull, "full cycle with configuration sync"}} {
 		for _, t := range []int{64, 256, 1024} {
-			ps = append(ps, Preset{Name: fmt.Sprintf("Peak%s-%d-max", m.mode, t), Kind: Peak, Devices: PeakDevices, Threads: t,
+			ps = append(ps, Preset{Name: fmt.Sprintf("Peak%s-%d-max", m.mode, t), Kind: peak, Devices: peakDevices, Threads: t,
 				Duration: 10 * time.Minute, LoopTime: defaultLoopTime, Mode: m.mode, Note: m.note})
 		}
 	}
-	ps = append(ps, Preset{Name: FleetPreset, Kind: Fleet, Devices: 1_000_000, Threads: 15000, Duration: 10 * time.Minute,
+	ps = append(ps, Preset{Name: FleetPreset, Kind: fleet, Devices: 1_000_000, Threads: 15000, Duration: 10 * time.Minute,
 		LoopTime: defaultLoopTime, Note: "issue 11: 1,000,000 devices every 200 s, plain HTTP, a new connection per push"})
 	// 100,000 devices: at a capacity of a few thousand pushes/s, each
 	// device's interval stays far above the latency under overload, so
 	// that devices still busy do not thin out the offered load.
-	ps = append(ps, Preset{Name: "Overload-1.5x", Kind: Overload, Devices: 100_000, Threads: 64, Duration: time.Minute,
+	ps = append(ps, Preset{Name: "Overload-1.5x", Kind: overload, Devices: 100_000, Threads: 64, Duration: time.Minute,
 		LoopTime: defaultLoopTime, // the server's push interval; the test's own follows from the capacity
 		Note:     "issue 11: capacity (closed loop, 64 workers, 20 s), then 1.5 × capacity offered open loop; plain HTTP, a new connection per push"})
 	return ps
@@ -116,7 +116,7 @@ const FleetPreset = "Fleet-1M"
 
 // Lookup finds a preset by name, case-insensitively.
 func Lookup(name string) (Preset, bool) {
-	for _, p := range Presets() {
+	for _, p := range presets() {
 		if strings.EqualFold(p.Name, name) {
 			return p, true
 		}
@@ -124,8 +124,8 @@ func Lookup(name string) (Preset, bool) {
 	return Preset{}, false
 }
 
-// Override changes a preset for a quick look; zero fields keep the preset's.
-type Override struct {
+// override changes a preset for a quick look; zero fields keep the preset's.
+type override struct {
 	Scale    float64       // multiplies devices and duration (0 < scale ≤ 1); a fleet test's devices only
 	Devices  int           // replaces devices (after scale)
 	Duration time.Duration // replaces duration (after scale)
@@ -136,7 +136,7 @@ type Override struct {
 
 // Apply returns p changed by o, and a description of the changes ("" when
 // p is unchanged).
-func (o Override) Apply(p Preset) (Preset, string, error) {
+func (o override) Apply(p Preset) (Preset, string, error) {
 	orig := p
 	var notes []string
 	if o.Scale < 0 || o.Scale > 1 {
@@ -146,7 +146,7 @@ func (o Override) Apply(p Preset) (Preset, string, error) {
 		p.Devices = max(1, int(math.Ceil(float64(p.Devices)*o.Scale)))
 		// A fleet test keeps its duration and per-device interval: the
 		// scaled fleet offers the same load per device, scale × the pushes/s.
-		if p.Duration > 0 && p.Kind != Fleet && p.Kind != Overload {
+		if p.Duration > 0 && p.Kind != fleet && p.Kind != overload {
 			p.Duration = max(time.Second, time.Duration(float64(p.Duration)*o.Scale).Round(time.Second))
 		}
 		notes = append(notes, fmt.Sprintf("scale %g", o.Scale))
@@ -158,7 +158,7 @@ func (o Override) Apply(p Preset) (Preset, string, error) {
 		p.Devices = o.Devices
 	}
 	if o.Duration > 0 {
-		if p.Kind == Benchmark {
+		if p.Kind == benchmark {
 			return p, "", fmt.Errorf("%s: a benchmark runs %d loops, it has no duration", p.Name, p.Loops)
 		}
 		p.Duration = o.Duration
@@ -225,7 +225,7 @@ func fmtDuration(d time.Duration) string {
 // sortPresets orders presets as the matrix does.
 func sortPresets(ps []Preset) {
 	order := map[string]int{}
-	for i, p := range Presets() {
+	for i, p := range presets() {
 		order[p.Name] = i
 	}
 	sort.SliceStable(ps, func(i, j int) bool { return order[ps[i].Name] < order[ps[j].Name] })

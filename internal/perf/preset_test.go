@@ -7,7 +7,7 @@ import (
 )
 
 func TestPresetsAreTheMatrix(t *testing.T) {
-	ps := Presets()
+	ps := presets()
 	if len(ps) != 7+8+9+2 {
 		t.Fatalf("%d presets, want 26", len(ps))
 	}
@@ -44,7 +44,7 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 		if p.Devices != w.devices || p.Threads != w.threads || p.Minutes() != w.minutes || p.SSL != w.ssl || p.LoopTime != 200 {
 			t.Errorf("%s = %+v, want %+v", p.Name, p, w)
 		}
-		if p.Kind == Benchmark && (p.Loops != 10 || joinInts(p.Handlers) != "1,2,4,8") {
+		if p.Kind == benchmark && (p.Loops != 10 || joinInts(p.Handlers) != "1,2,4,8") {
 			t.Errorf("%s: loops %d handlers %v", p.Name, p.Loops, p.Handlers)
 		}
 		delete(want, p.Name)
@@ -52,21 +52,21 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 	if len(want) > 0 {
 		t.Errorf("missing presets %v", want)
 	}
-	if p, ok := Lookup("peakf-256-MAX"); !ok || p.Mode != PeakFull {
+	if p, ok := Lookup("peakf-256-MAX"); !ok || p.Mode != peakFull {
 		t.Errorf("lookup: %+v %v", p, ok)
 	}
 }
 
 func TestOverride(t *testing.T) {
 	stab, _ := Lookup("Stab-2-2")
-	p, ch, err := Override{Scale: 0.1}.Apply(stab)
+	p, ch, err := override{Scale: 0.1}.Apply(stab)
 	if err != nil || p.Devices != 100 || p.Duration != 12*time.Minute || !strings.Contains(ch, "100 devices instead of 1000") || !strings.Contains(ch, "12 min instead of 2 h") {
 		t.Errorf("scale: %+v %q %v", p, ch, err)
 	}
-	if _, ch, _ := (Override{Scale: 1}).Apply(stab); ch != "" {
+	if _, ch, _ := (override{Scale: 1}).Apply(stab); ch != "" {
 		t.Errorf("scale 1 changed %q", ch)
 	}
-	p, ch, err = Override{Devices: 50, Duration: 20 * time.Second, LoopTime: 5}.Apply(stab)
+	p, ch, err = override{Devices: 50, Duration: 20 * time.Second, LoopTime: 5}.Apply(stab)
 	if err != nil || p.Devices != 50 || p.Duration != 20*time.Second || p.LoopTime != 5 || !strings.Contains(ch, "loop time 5 s instead of 200 s") {
 		t.Errorf("overrides: %+v %q %v", p, ch, err)
 	}
@@ -76,17 +76,17 @@ func TestOverride(t *testing.T) {
 	}
 	// A fleet test scales its devices only: the same load per device.
 	fleet, _ := Lookup(FleetPreset)
-	if p, _, err := (Override{Scale: 0.2}).Apply(fleet); err != nil || p.Devices != 200_000 || p.Duration != 10*time.Minute || p.LoopTime != 200 {
+	if p, _, err := (override{Scale: 0.2}).Apply(fleet); err != nil || p.Devices != 200_000 || p.Duration != 10*time.Minute || p.LoopTime != 200 {
 		t.Errorf("fleet scale: %+v %v", p, err)
 	}
 	bench, _ := Lookup("Bench-6-SSL")
-	if _, _, err := (Override{Duration: time.Minute}).Apply(bench); err == nil {
+	if _, _, err := (override{Duration: time.Minute}).Apply(bench); err == nil {
 		t.Error("a benchmark has no duration: want an error")
 	}
-	if _, _, err := (Override{Scale: 2}).Apply(bench); err == nil {
+	if _, _, err := (override{Scale: 2}).Apply(bench); err == nil {
 		t.Error("scale 2: want an error")
 	}
-	p, _, _ = Override{Handlers: []int{1, 2}}.Apply(bench)
+	p, _, _ = override{Handlers: []int{1, 2}}.Apply(bench)
 	if joinInts(p.Handlers) != "1,2" || joinInts(bench.Handlers) != "1,2,4,8" {
 		t.Errorf("handlers %v, preset %v", p.Handlers, bench.Handlers)
 	}

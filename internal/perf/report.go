@@ -11,8 +11,8 @@ import (
 	"github.com/drover/drover/internal/render"
 )
 
-// Markdown renders r's protocol as Markdown.
-func Markdown(r *Result) string { return protocol(r, false).markdown() }
+// markdownOf renders r's protocol as markdownOf.
+func markdownOf(r *Result) string { return protocol(r, false).markdown() }
 
 // htmlProtocol renders r's protocol as a self-contained HTML page with charts.
 func htmlProtocol(r *Result) string { return protocol(r, true).html() }
@@ -107,12 +107,12 @@ func protocol(r *Result, charts bool) *doc {
 	d.tab(t)
 
 	switch p.Kind {
-	case Stability:
+	case stability:
 		stabilitySections(d, r, &c)
-	case Fleet:
+	case fleet:
 		fleetSection(d, r, &c)
 		stabilitySections(d, r, &c)
-	case Overload:
+	case overload:
 		overloadSection(d, r, &c)
 	default:
 		rowSections(d, r, &c)
@@ -123,7 +123,7 @@ func protocol(r *Result, charts bool) *doc {
 
 	d.h("Summary")
 	t = newTable("item", "value")
-	if p.Kind == Stability || p.Kind == Fleet {
+	if p.Kind == stability || p.Kind == fleet {
 		t.row("RAM utilisation note", orNA(c.RAMGrade != "", c.RAMGrade))
 		t.row("CPU utilisation note", c.CPUGrade)
 	}
@@ -142,7 +142,7 @@ func protocol(r *Result, charts bool) *doc {
 	th := r.Thresholds
 	t = newTable("threshold", "value")
 	switch p.Kind {
-	case Stability:
+	case stability:
 		t.row("push errors (error-or-retried / performed) at most", fx(th.MaxPushErrorPct, 3)+" %")
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
 		t.row("crashes and restarts", "0")
@@ -150,17 +150,17 @@ func protocol(r *Result, charts bool) *doc {
 		t.row("server RSS growth over the second half at most", fx(th.MaxLeakPct, 0)+" %")
 		t.row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
 		t.row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
-	case Fleet, Overload:
+	case fleet, overload:
 		for _, ch := range c.Checks {
 			t.row(ch.Name, ch.Limit)
 		}
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
 		t.row("crashes and restarts", "0")
-	case Benchmark:
+	case benchmark:
 		t.row("push errors at most", fx(th.MaxPushErrorPct, 3)+" %")
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
 		t.row("crashes and restarts", "0")
-	case Peak:
+	case peak:
 		t.row("FAILED", "a crash, a restart or ERROR entries in the server log")
 		t.row("LIMIT REACHED", fmt.Sprintf("dropped, resent or deferred (503/429) requests, or less than %s %% accepted", fx(th.MinAcceptedPct, 0)))
 		t.row("PASSED", "none of these at this thread count")
@@ -179,13 +179,13 @@ func protocol(r *Result, charts bool) *doc {
 
 func kindName(p Preset) string {
 	switch p.Kind {
-	case Stability:
+	case stability:
 		return "stability test"
-	case Benchmark:
+	case benchmark:
 		return "benchmark"
-	case Fleet:
+	case fleet:
 		return "fleet test"
-	case Overload:
+	case overload:
 		return "overload test"
 	default:
 		return "peak test (" + p.Note + ")"
@@ -194,13 +194,13 @@ func kindName(p Preset) string {
 
 func specNote(p Preset) string {
 	switch p.Kind {
-	case Stability:
+	case stability:
 		return "open loop: every device pushes once per loop time"
-	case Benchmark:
+	case benchmark:
 		return "closed loop: " + gi(p.Loops) + " immediate loops"
-	case Fleet:
+	case fleet:
 		return "registered first; then open loop: every device pushes once per loop time, a new connection per push"
-	case Overload:
+	case overload:
 		return "registered first; capacity (closed loop, these threads), then 1.5 × capacity offered open loop"
 	default:
 		return p.Note
@@ -219,7 +219,7 @@ func connName(c string) string {
 	return c
 }
 
-func gradeText(gs []Grade) string {
+func gradeText(gs []grade) string {
 	var parts []string
 	lo := 0.0
 	for _, g := range gs {
@@ -234,7 +234,7 @@ func gradeText(gs []Grade) string {
 }
 
 func stabilitySections(d *doc, r *Result, c *Calc) {
-	var part Part
+	var part resultPart
 	if len(r.Parts) > 0 {
 		part = r.Parts[0]
 	}
@@ -300,7 +300,7 @@ func overloadSection(d *doc, r *Result, c *Calc) {
 	t.row("capacity: pushes back to back", fmt.Sprintf("%d workers, %s s: %s accepted, %s/s; rejected %s, dropped %s, retried %s",
 		capa.Workers, fx(capa.Seconds, 1), group(capa.Push.Accepted), fx(capa.PerSec, 0), mapText(capa.Push.Rejected), mapText(capa.Push.Dropped), group(capa.Push.Retried)))
 	t.row("overload: offered open loop", fmt.Sprintf("%s pushes/s (%s × capacity): %s devices, each every %s ms, for %s",
-		fx(capa.Offered, 0), fx(OverloadFactor, 1), gi(r.Preset.Devices), fx(capa.IntervalMs, 0), fmtDuration(r.Preset.Duration)))
+		fx(capa.Offered, 0), fx(overloadFactor, 1), gi(r.Preset.Devices), fx(capa.IntervalMs, 0), fmtDuration(r.Preset.Duration)))
 	t.row("overload: accepted", fmt.Sprintf("%s pushes; median second %s/s, lowest %s/s", group(part.Push.Accepted), fx(c.MedianPerSec, 0), fx(c.MinPerSec, 0)))
 	t.row("overload: latency from the intended send p50 / p99 / max (ms)", latencyText(part.Push.LatencyMs))
 	t.row("overload: server RSS before / after (MiB)", fx(part.Before.RSSMiB, 1)+" / "+fx(part.After.RSSMiB, 1))
@@ -346,7 +346,7 @@ func ChecksText(r *Result) []string {
 	return out
 }
 
-func latencyText(l Latency) string {
+func latencyText(l latency) string {
 	return fx(l.P50, 1) + " / " + fx(l.P99, 1) + " / " + fx(l.Max, 1)
 }
 
@@ -356,7 +356,7 @@ func opBreakdown(d *doc, r *Result) {
 		name := partName(r, part)
 		for _, o := range []struct {
 			n  string
-			op OpStats
+			op opFigures
 		}{{"register", part.Register}, {"push", part.Push}} {
 			if o.op.Performed() == 0 && o.op.Aborted == 0 {
 				continue
@@ -370,7 +370,7 @@ func opBreakdown(d *doc, r *Result) {
 	}
 }
 
-func partName(r *Result, part Part) string {
+func partName(r *Result, part resultPart) string {
 	if part.HandlerThreads > 0 && len(r.Parts) == 1 {
 		return fmt.Sprintf("%s, %d handler thread(s)", r.Preset.Name, part.HandlerThreads)
 	}
@@ -412,7 +412,7 @@ func rowSections(d *doc, r *Result, c *Calc) {
 
 	d.h("Results")
 	what := "pushes"
-	if p.Kind == Peak && p.Mode == PeakRegister {
+	if p.Kind == peak && p.Mode == peakRegister {
 		what = "registrations"
 	}
 	t = newTable("handler threads", "elapsed time / s", "accepted "+what, what+" / s", "p50 / p99 latency (ms)", "errors (%)", "drops or retries")
@@ -423,7 +423,7 @@ func rowSections(d *doc, r *Result, c *Calc) {
 	}
 	d.tab(t)
 	opBreakdown(d, r)
-	if p.Kind == Peak && p.Mode == PeakFull {
+	if p.Kind == peak && p.Mode == peakFull {
 		var changes int
 		var seen int64
 		for _, part := range r.Parts {
@@ -439,7 +439,7 @@ func rowSections(d *doc, r *Result, c *Calc) {
 	}
 
 	d.h("Calculations")
-	if p.Kind == Benchmark {
+	if p.Kind == benchmark {
 		t = newTable("handler threads", "pushes / s", fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), "rec. max # devs (20 %, 0.6.0)", "safe max # devs (80 %)")
 		for _, row := range c.Rows {
 			h := handlersText(r, row.Handlers)
@@ -448,15 +448,15 @@ func rowSections(d *doc, r *Result, c *Calc) {
 		d.tab(t)
 		if p.SSL {
 			d.p("Sizing rule applied: %s. Lowest SSL throughput of this test: %s pushes/s → ideal max %s devices, **safe max %s devices** at a %d s push interval.",
-				Rule080.Text, fx(c.Lowest, 2), gi(c.Ideal080), gi(c.Safe080), p.LoopTime)
+				rule080.Text, fx(c.Lowest, 2), gi(c.Ideal080), gi(c.Safe080), p.LoopTime)
 		} else {
-			d.p("Without TLS the 0.8.0 rule does not apply (it takes the lowest SSL throughput); the table gives both rules per row: %s; and 80 %% of the row's ideal.", Rule060.Text)
+			d.p("Without TLS the 0.8.0 rule does not apply (it takes the lowest SSL throughput); the table gives both rules per row: %s; and 80 %% of the row's ideal.", rule060.Text)
 		}
 	} else {
 		t = newTable("item", "value", "formula")
 		for _, row := range c.Rows {
 			t.row(what+" / s", fx(row.PushesPerSec, 2), "accepted / elapsed")
-			if p.Mode != PeakRegister {
+			if p.Mode != peakRegister {
 				t.row(fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), gi(row.Ideal), "pushes/s × loop time")
 			}
 			t.row("drops, resends or deferrals at "+gi(p.Threads)+" threads", yesNo(row.Broke), "dropped + resent + retried + 503/429 > 0")
@@ -551,13 +551,13 @@ func chartSections(d *doc, r *Result) {
 				return ys
 			}
 			th.add("capacity", line(capa.PerSec))
-			th.add(fx(OverloadMinOfCapacity, 1)+" × capacity", line(OverloadMinOfCapacity*capa.PerSec))
+			th.add(fx(overloadMinOfCapacity, 1)+" × capacity", line(overloadMinOfCapacity*capa.PerSec))
 		}
-		if r.Preset.Kind == Fleet {
+		if r.Preset.Kind == fleet {
 			if c := Compute(r); c.MedianPerSec > 0 {
 				floor := make([]float64, len(xs))
 				for i := range floor {
-					floor[i] = FleetMinRateOfMedian * c.MedianPerSec
+					floor[i] = fleetMinRateOfMedian * c.MedianPerSec
 				}
 				th.add("0.8 × median accepted/s", floor)
 			}
@@ -593,32 +593,32 @@ func notes(r *Result, c *Calc) []string {
 	}
 	n = append(n, "Command: `"+r.Command+"`")
 	switch p.Kind {
-	case Stability:
+	case stability:
 		n = append(n,
 			"Total time runs from the emulator's start to its end; it includes each device's registration before its first push, so the real loop time is a little longer than the set loop time (as in the seed reports).",
 			"Estimated data-pushes = devices × minutes × 60 / loop time; rough avg req/s = performed pushes / total time; real loop time = total time / (performed pushes / devices).",
 			"Max safe # of devices = devices / RAM utilisation: the fleet at which the OS memory would be fully used if it grew with the fleet. OS used memory = MemTotal − MemAvailable and includes everything else on the machine.",
 			fmt.Sprintf("Each device pushes once per %d s at its own phase (open loop); at most %d requests are in flight at once (the emulator threads).", p.LoopTime, p.Threads))
-	case Fleet:
+	case fleet:
 		n = append(n,
 			"Issue 11's fleet test: the devices register first (a storm on kept-alive connections, not measured; the RSS before the test is that of the registered fleet), then each pushes once per loop time at its own phase (open loop), over plain HTTP with a new TCP connection per push. Latency counts from each push's intended send time, so a late send counts against the server.",
 			fmt.Sprintf("At most %s pushes are in flight at once; beyond, sends wait (and are late). Rejected counts every error status, including 503/429 answers the emulator retried after their Retry-After; dropped counts pushes without an answer, not sent (device still busy or unregistered) or cut off at the end.", gi(p.Threads)),
 			"Per-second throughput: accepted pushes per chart bucket, over the buckets wholly inside the schedule (the first and the last are partial and left out). RSS per device: the server's RSS at the end divided by the devices.",
 			"Scaled runs (`--scale F`) keep the loop time and the duration: F × the devices and F × the pushes per second.")
-	case Overload:
+	case overload:
 		n = append(n,
-			fmt.Sprintf("Issue 11's overload test: the devices register first (not measured); then %d workers push back to back for %s (a new connection per push, as the test's connections): the capacity is their accepted pushes per second. Then the fleet offers %s × that, open loop (each device once per interval at its own phase), for the duration; the emulator retries 503/429 answers after their Retry-After plus up to half again of random jitter (at most 5 retries), as the agent does.", p.Threads, fmtDuration(capacityTime), fx(OverloadFactor, 1)),
+			fmt.Sprintf("Issue 11's overload test: the devices register first (not measured); then %d workers push back to back for %s (a new connection per push, as the test's connections): the capacity is their accepted pushes per second. Then the fleet offers %s × that, open loop (each device once per interval at its own phase), for the duration; the emulator retries 503/429 answers after their Retry-After plus up to half again of random jitter (at most 5 retries), as the agent does.", p.Threads, fmtDuration(capacityTime), fx(overloadFactor, 1)),
 			"Accepted per second: the median of the chart's buckets wholly inside the overload phase. Retry-After spread: every 503/429 answer of the overload phase counted by its Retry-After value.")
-	case Benchmark:
+	case benchmark:
 		n = append(n, fmt.Sprintf("Elapsed time runs from the first push to the last answer of the %d loops; registration is before it and not counted. Pushes/s = accepted pushes / elapsed (devices × loops / elapsed when all are accepted).", p.Loops),
 			"Each handler-thread count is a fresh server (`--threads N`, Go's GOMAXPROCS) with a fresh database.")
-	case Peak:
+	case peak:
 		switch p.Mode {
-		case PeakRegister:
+		case peakRegister:
 			n = append(n, "R = registration storm: every device registers at once, as after a server reinstall; the test ends when all have registered or the duration is over.")
-		case PeakData:
+		case peakData:
 			n = append(n, "D = data-push storm: the fleet registered first (not measured), then pushes as fast as the threads allow for the duration.")
-		case PeakFull:
+		case peakFull:
 			n = append(n, "F = full cycle: devices register, push and receive the configuration, which the test changes every third of its duration; a device acknowledges a configuration by reporting its version in the next push, and the server then counts it as synchronized.")
 		}
 		n = append(n, "A peak test looks for the thread count at which requests start to be dropped and resent; run the 64, 256 and 1024 variants to find it.")

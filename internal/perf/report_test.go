@@ -18,9 +18,9 @@ func withSeries(r *Result) *Result {
 		part := &r.Parts[pi]
 		for i := 0; i < 60; i++ {
 			f := float64(i)
-			part.Series = append(part.Series, Point{T: f * 10, Dur: 10, Done: 5 + float64(i%7), Accepted: 5 + float64(i%7) - float64(i%13)/10,
+			part.Series = append(part.Series, point{T: f * 10, Dur: 10, Done: 5 + float64(i%7), Accepted: 5 + float64(i%7) - float64(i%13)/10,
 				Errors: float64(i%13) / 10, P50: 4 + float64(i%5), P90: 8 + float64(i%6), P99: 12 + float64(i%9)})
-			part.Samples = append(part.Samples, Sample{T: f * 10, RSSMiB: part.Before.RSSMiB + f/5, CPUPct: 3 + float64(i%4)})
+			part.Samples = append(part.Samples, sample{T: f * 10, RSSMiB: part.Before.RSSMiB + f/5, CPUPct: 3 + float64(i%4)})
 		}
 	}
 	return r
@@ -30,18 +30,18 @@ func seedPeakF() *Result {
 	start := time.Date(2023, 10, 5, 9, 0, 0, 0, time.UTC)
 	p, _ := Lookup("PeakF-256-max")
 	return &Result{Format: resultFormat, Preset: p, Changes: "", Command: "drover perf run PeakF-256-max", Started: start, Ended: start.Add(11 * time.Minute),
-		Env:        Environment{Host: "h1", CPUModel: "Core i5 1.7GHz", Cores: 4, Threads: 8, RAMMiB: 16384, GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "this machine"},
-		Setup:      Setup{Target: "http://10.0.0.2:8080", Backend: "as configured on the server", Persistence: "as configured on the server", Conn: "new"},
+		Env:        environment{Host: "h1", CPUModel: "Core i5 1.7GHz", Cores: 4, Threads: 8, RAMMiB: 16384, GoVersion: "go1.26", DroverVersion: "v0.1.0", Emulator: "this machine"},
+		Setup:      setup{Target: "http://10.0.0.2:8080", Backend: "as configured on the server", Persistence: "as configured on the server", Conn: "new"},
 		Thresholds: defaultThresholds(),
-		Parts: []Part{{Started: start, Ended: start.Add(10 * time.Minute),
-			Push:          OpStats{Accepted: 1200000, Retried: 40, Rejected: map[string]int64{"503": 12}, ConfigsSeen: 614400, ElapsedSec: 590, LatencyMs: Latency{P50: 30, P90: 80, P99: 250, Max: 2100, Mean: 41}},
-			Register:      OpStats{Accepted: 61440, ElapsedSec: 25},
+		Parts: []resultPart{{Started: start, Ended: start.Add(10 * time.Minute),
+			Push:          opFigures{Accepted: 1200000, Retried: 40, Rejected: map[string]int64{"503": 12}, ConfigsSeen: 614400, ElapsedSec: 590, LatencyMs: latency{P50: 30, P90: 80, P99: 250, Max: 2100, Mean: 41}},
+			Register:      opFigures{Accepted: 61440, ElapsedSec: 25},
 			ConfigChanges: 10,
-			Before:        Snapshot{At: start, RSSMiB: 30},
-			After:         Snapshot{At: start.Add(10 * time.Minute), RSSMiB: 180, CPUSecs: 900},
+			Before:        snapshot{At: start, RSSMiB: 30},
+			After:         snapshot{At: start.Add(10 * time.Minute), RSSMiB: 180, CPUSecs: 900},
 			SyncStates:    map[string]float64{"in_sync": 61000, "pending": 440},
 			Restarts:      0,
-			Emulator:      EmuStats{CPUAvg: 1.6, CPUMax: 2, RSSMiB: 300, Cores: 8, Warnings: []string{"the emulator used most of this machine's CPU"}},
+			Emulator:      emuStats{CPUAvg: 1.6, CPUMax: 2, RSSMiB: 300, Cores: 8, Warnings: []string{"the emulator used most of this machine's CPU"}},
 		}}}
 }
 
@@ -52,7 +52,7 @@ func TestGoldenReports(t *testing.T) {
 		"peakf": withSeries(seedPeakF()),
 	}
 	for name, r := range cases {
-		for ext, render := range map[string]func(*Result) string{"md": Markdown, "html": htmlProtocol} {
+		for ext, render := range map[string]func(*Result) string{"md": markdownOf, "html": htmlProtocol} {
 			got := render(r)
 			path := filepath.Join("testdata", name+".golden."+ext)
 			if *update {
@@ -74,7 +74,7 @@ func TestGoldenReports(t *testing.T) {
 }
 
 func TestReportContents(t *testing.T) {
-	md := Markdown(withSeries(seedStab()))
+	md := markdownOf(withSeries(seedStab()))
 	for _, want := range []string{
 		"# Drover performance protocol: Stab-2-2\n",
 		"## Test specs", "## Environment", "## Resources", "## Results", "## Calculations", "## Summary", "## Verdict", "## Notes",
@@ -87,7 +87,7 @@ func TestReportContents(t *testing.T) {
 			t.Errorf("Markdown lacks %q", want)
 		}
 	}
-	bench := Markdown(seedBench())
+	bench := markdownOf(seedBench())
 	for _, want := range []string{"| 1 | 125.53 | 25,106 | 5,021 | 20,085 |", "**safe max 20,085 devices**", "Sizing rule applied: safe max = 80 %"} {
 		if !strings.Contains(bench, want) {
 			t.Errorf("benchmark Markdown lacks %q", want)
@@ -95,10 +95,10 @@ func TestReportContents(t *testing.T) {
 	}
 	r := seedStab()
 	r.Changes = "100 devices instead of 1000"
-	if md := Markdown(r); !strings.HasPrefix(md, "# Drover performance protocol: Stab-2-2 (scaled down: 100 devices instead of 1000)\n") {
+	if md := markdownOf(r); !strings.HasPrefix(md, "# Drover performance protocol: Stab-2-2 (scaled down: 100 devices instead of 1000)\n") {
 		t.Errorf("a scaled run's title: %q", md[:80])
 	}
-	peak := Markdown(seedPeakF())
+	peak := markdownOf(seedPeakF())
 	for _, want := range []string{"Verdict: **LIMIT REACHED**", "changed 10 time(s)", "in_sync 61,000, pending 440", "not reviewed"} {
 		if !strings.Contains(peak, want) {
 			t.Errorf("peak Markdown lacks %q", want)

@@ -14,24 +14,24 @@ import (
 // protocol. Derived figures are computed from it (Compute), never stored,
 // so that a result file and its report cannot disagree.
 type Result struct {
-	Format     int         `json:"format"`
-	Preset     Preset      `json:"preset"`
-	Changes    string      `json:"changes,omitempty"` // how the preset was shortened ("" = full test)
-	Command    string      `json:"command"`
-	Started    time.Time   `json:"started"`
-	Ended      time.Time   `json:"ended"`
-	Env        Environment `json:"environment"`
-	Setup      Setup       `json:"setup"`
-	Parts      []Part      `json:"parts"`
-	Thresholds Thresholds  `json:"thresholds"`
-	Notes      []string    `json:"notes,omitempty"`
+	Format     int          `json:"format"`
+	Preset     Preset       `json:"preset"`
+	Changes    string       `json:"changes,omitempty"` // how the preset was shortened ("" = full test)
+	Command    string       `json:"command"`
+	Started    time.Time    `json:"started"`
+	Ended      time.Time    `json:"ended"`
+	Env        environment  `json:"environment"`
+	Setup      setup        `json:"setup"`
+	Parts      []resultPart `json:"parts"`
+	Thresholds thresholds   `json:"thresholds"`
+	Notes      []string     `json:"notes,omitempty"`
 }
 
 // resultFormat is the version of the JSON layout.
 const resultFormat = 1
 
-// Setup is how the server under test ran.
-type Setup struct {
+// setup is how the server under test ran.
+type setup struct {
 	Target      string   `json:"target"`
 	Local       bool     `json:"local"` // started by drover perf on this machine
 	Backend     string   `json:"backend"`
@@ -41,32 +41,32 @@ type Setup struct {
 	ServerArgs  []string `json:"server_args,omitempty"`
 }
 
-// Part is one run of the emulator against one server setting: a test has
+// resultPart is one run of the emulator against one server setting: a test has
 // one part, a benchmark one per handler-thread count.
-type Part struct {
+type resultPart struct {
 	HandlerThreads int                `json:"handler_threads"` // 0: as the server was configured
 	Started        time.Time          `json:"started"`
 	Ended          time.Time          `json:"ended"`
-	Push           OpStats            `json:"push"`
-	Register       OpStats            `json:"register"`
+	Push           opFigures          `json:"push"`
+	Register       opFigures          `json:"register"`
 	ConfigChanges  int                `json:"config_changes,omitempty"` // profile updates made during the run
-	Empty          *Snapshot          `json:"empty,omitempty"`          // fleet test: the server before registration
-	Capacity       *Capacity          `json:"capacity,omitempty"`       // overload test: the capacity measured first
-	Before         Snapshot           `json:"before"`
-	After          Snapshot           `json:"after"`
-	Samples        []Sample           `json:"samples,omitempty"`
-	Series         []Point            `json:"series,omitempty"`
-	Log            LogSummary         `json:"log"`
+	Empty          *snapshot          `json:"empty,omitempty"`          // fleet test: the server before registration
+	Capacity       *capacity          `json:"capacity,omitempty"`       // overload test: the capacity measured first
+	Before         snapshot           `json:"before"`
+	After          snapshot           `json:"after"`
+	Samples        []sample           `json:"samples,omitempty"`
+	Series         []point            `json:"series,omitempty"`
+	Log            logSummary         `json:"log"`
 	LogReviewed    bool               `json:"log_reviewed"`
 	ServerExit     string             `json:"server_exit,omitempty"` // the server ended during the run
 	Restarts       int                `json:"restarts,omitempty"`    // remote: process start time changed
-	Emulator       EmuStats           `json:"emulator"`
+	Emulator       emuStats           `json:"emulator"`
 	SyncStates     map[string]float64 `json:"sync_states,omitempty"` // devices by sync state at the end
 	Err            string             `json:"error,omitempty"`
 }
 
-// OpStats is the emulator's count of one kind of operation.
-type OpStats struct {
+// opFigures is the emulator's count of one kind of operation.
+type opFigures struct {
 	Accepted     int64            `json:"accepted"`
 	Rejected     map[string]int64 `json:"rejected,omitempty"` // by HTTP status
 	Dropped      map[string]int64 `json:"dropped,omitempty"`  // by reason
@@ -80,21 +80,21 @@ type OpStats struct {
 	ConfigsSeen  int64            `json:"configs_seen,omitempty"`
 	RetryAfter   map[string]int64 `json:"retry_after,omitempty"` // 503/429 answers by Retry-After seconds
 	ElapsedSec   float64          `json:"elapsed_s"`             // first attempt to last outcome
-	LatencyMs    Latency          `json:"latency_ms"`
+	LatencyMs    latency          `json:"latency_ms"`
 }
 
-// Capacity is an overload test's first phase: pushes back to back.
-type Capacity struct {
-	Workers    int     `json:"workers"`
-	Seconds    float64 `json:"seconds"`
-	Push       OpStats `json:"push"`
-	PerSec     float64 `json:"per_s"`     // accepted pushes per second
-	Offered    float64 `json:"offered_s"` // the overload phase's pushes per second
-	IntervalMs float64 `json:"interval_ms"`
+// capacity is an overload test's first phase: pushes back to back.
+type capacity struct {
+	Workers    int       `json:"workers"`
+	Seconds    float64   `json:"seconds"`
+	Push       opFigures `json:"push"`
+	PerSec     float64   `json:"per_s"`     // accepted pushes per second
+	Offered    float64   `json:"offered_s"` // the overload phase's pushes per second
+	IntervalMs float64   `json:"interval_ms"`
 }
 
-// Latency percentiles in milliseconds.
-type Latency struct {
+// latency percentiles in milliseconds.
+type latency struct {
 	P50  float64 `json:"p50"`
 	P90  float64 `json:"p90"`
 	P99  float64 `json:"p99"`
@@ -112,17 +112,17 @@ func sumMap(m map[string]int64) int64 {
 
 // Performed is the operations that got an outcome: accepted, rejected or
 // dropped (aborted ones were cut off by the end of the run).
-func (o OpStats) Performed() int64 { return o.Accepted + sumMap(o.Rejected) + sumMap(o.Dropped) }
+func (o opFigures) Performed() int64 { return o.Accepted + sumMap(o.Rejected) + sumMap(o.Dropped) }
 
 // ErrOrRetried is the methodology's "error-or-retried pushes": rejected,
 // dropped, retried after 503/429, and pushes never sent because the device
 // was busy or unregistered.
-func (o OpStats) ErrOrRetried() int64 {
+func (o opFigures) ErrOrRetried() int64 {
 	return sumMap(o.Rejected) + sumMap(o.Dropped) + o.Retried + o.Skipped + o.Unregistered
 }
 
-// Snapshot is the server's and machine's state at one moment.
-type Snapshot struct {
+// snapshot is the server's and machine's state at one moment.
+type snapshot struct {
 	At       time.Time `json:"at"`
 	RSSMiB   float64   `json:"rss_mib"`
 	CPUSecs  float64   `json:"cpu_s"`
@@ -132,8 +132,8 @@ type Snapshot struct {
 	Machine  bool      `json:"machine"` // OS memory and load were measured
 }
 
-// Sample is one server sample during the run.
-type Sample struct {
+// sample is one server sample during the run.
+type sample struct {
 	T        float64 `json:"t"` // seconds since the part started
 	RSSMiB   float64 `json:"rss_mib"`
 	CPUPct   float64 `json:"cpu_pct"` // of one core, since the previous sample
@@ -142,8 +142,8 @@ type Sample struct {
 	Load15   float64 `json:"load15,omitempty"`
 }
 
-// Point is the emulator's view of one time bucket.
-type Point struct {
+// point is the emulator's view of one time bucket.
+type point struct {
 	T        float64 `json:"t"`   // bucket start, seconds since the part started
 	Dur      float64 `json:"dur"` // bucket length, s
 	Done     float64 `json:"done_per_s"`
@@ -155,8 +155,8 @@ type Point struct {
 	P99      float64 `json:"p99_ms"`
 }
 
-// EmuStats is the emulator's own cost: it must not be the bottleneck.
-type EmuStats struct {
+// emuStats is the emulator's own cost: it must not be the bottleneck.
+type emuStats struct {
 	CPUAvg   float64  `json:"cpu_avg_cores"`
 	CPUMax   float64  `json:"cpu_max_cores"`
 	RSSMiB   float64  `json:"rss_max_mib"`

@@ -49,7 +49,7 @@ type Options struct {
 	ServerArgs  []string // passed through
 	WorkDir     string   // parent of temporary data dirs (default: os.TempDir())
 
-	Override    Override
+	Override    override
 	Conn        emulator.ConnMode // default: new connection per request
 	SourceAddrs []net.IP          // default for a local server: 127.0.0.1-127.0.0.8
 
@@ -58,7 +58,7 @@ type Options struct {
 	Progress io.Writer // one line every ProgressEvery (nil: none)
 	// ProgressEvery defaults to 10 s.
 	ProgressEvery time.Duration
-	Thresholds    *Thresholds
+	Thresholds    *thresholds
 }
 
 // Run runs one preset and returns its result. The result is returned with
@@ -74,7 +74,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	if o.URL == "" && len(o.ServerCmd) == 0 {
 		return nil, errors.New("no server: give a URL or a server command")
 	}
-	if p.Kind == Peak && p.Mode == PeakFull && o.URL != "" && o.AdminToken == "" {
+	if p.Kind == peak && p.Mode == peakFull && o.URL != "" && o.AdminToken == "" {
 		return nil, errors.New(p.Name + " changes the configuration profile during the test: give --admin-token")
 	}
 	if o.Persistence == "" {
@@ -96,7 +96,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
 		r.Env.OpenFiles = lim.Cur
 	}
-	r.Setup = Setup{Target: o.URL, Local: o.URL == "", Persistence: o.Persistence, TLS: p.SSL, Conn: string(o.Conn), ServerArgs: o.ServerArgs}
+	r.Setup = setup{Target: o.URL, Local: o.URL == "", Persistence: o.Persistence, TLS: p.SSL, Conn: string(o.Conn), ServerArgs: o.ServerArgs}
 	r.Setup.Backend = backendName(o.DB, o.Persistence)
 	if o.URL != "" {
 		r.Setup.TLS = strings.HasPrefix(o.URL, "https://")
@@ -111,7 +111,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 		}
 	}
 	handlers := []int{0}
-	if p.Kind == Benchmark && o.URL == "" && len(p.Handlers) > 0 {
+	if p.Kind == benchmark && o.URL == "" && len(p.Handlers) > 0 {
 		handlers = p.Handlers
 	}
 	defer func() { r.Ended = time.Now().UTC() }()
@@ -134,10 +134,10 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 // destination have about 28,000 ephemeral ports).
 func sourceAddrsFor(p Preset) int {
 	n := 8
-	if p.Kind == Overload {
+	if p.Kind == overload {
 		n = 32 // its rate is known only once the capacity is measured
 	}
-	if (p.Kind == Fleet || p.Kind == Stability) && p.LoopTime > 0 {
+	if (p.Kind == fleet || p.Kind == stability) && p.LoopTime > 0 {
 		rate := float64(p.Devices) / float64(p.LoopTime)
 		n = max(n, int(math.Ceil(rate*120/20000)))
 	}
@@ -169,7 +169,7 @@ type target struct {
 	caPEM              []byte
 	client             *http.Client
 	local              *localServer
-	review             *LogReview
+	review             *logReview
 	logFile            string
 	logOffset          int64
 	seed               string        // the emulated fleet's identity seed
@@ -183,8 +183,8 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) (Part, error) {
-	part := Part{HandlerThreads: handlers}
+func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) (resultPart, error) {
+	part := resultPart{HandlerThreads: handlers}
 	t, err := openTarget(ctx, p, handlers, o)
 	if err != nil {
 		part.Err = err.Error()
@@ -199,7 +199,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	}
 
 	t.seed = "perf-" + strings.ToLower(p.Name) + "-" + strconv.FormatInt(time.Now().Unix(), 36)
-	if p.Kind == Fleet || p.Kind == Overload {
+	if p.Kind == fleet || p.Kind == overload {
 		sleepCtx(ctx, time.Second)
 		if empty, err := t.snapshot(); err == nil {
 			part.Empty = &empty
@@ -211,7 +211,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 			return part, err
 		}
 	}
-	if p.Kind == Overload {
+	if p.Kind == overload {
 		capa, err := measureCapacity(ctx, p, t, o)
 		part.Capacity = capa
 		if err != nil {
@@ -241,7 +241,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	go func() { smp.loop(runCtx); close(smpDone) }()
 
 	var wg sync.WaitGroup
-	if p.Kind == Peak && p.Mode == PeakFull {
+	if p.Kind == peak && p.Mode == peakFull {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -262,11 +262,11 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	part.Series = series
 	if sum != nil {
 		part.Push = opStats(sum.Op(results.OpPush))
-		if p.Kind != Fleet && p.Kind != Overload { // their registrations were before the test
+		if p.Kind != fleet && p.Kind != overload { // their registrations were before the test
 			part.Register = opStats(sum.Op(results.OpRegister))
 		}
 		res := sum.Resources
-		part.Emulator = EmuStats{CPUAvg: res.CPUAvg, CPUMax: res.CPUMax, RSSMiB: mib(res.RSSMax), Cores: res.Cores, Warnings: sum.Warnings}
+		part.Emulator = emuStats{CPUAvg: res.CPUAvg, CPUMax: res.CPUMax, RSSMiB: mib(res.RSSMax), Cores: res.Cores, Warnings: sum.Warnings}
 		if sum.Err != "" && err == nil && ctx.Err() == nil && part.ServerExit == "" {
 			part.Err = sum.Err
 		}
@@ -299,12 +299,12 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	return part, nil
 }
 
-func opStats(o *results.OpSummary) OpStats {
-	s := OpStats{Accepted: o.Accepted, Rejected: o.Rejected, Dropped: o.Dropped, Aborted: o.Aborted, Retried: o.Retried,
+func opStats(o *results.OpSummary) opFigures {
+	s := opFigures{Accepted: o.Accepted, Rejected: o.Rejected, Dropped: o.Dropped, Aborted: o.Aborted, Retried: o.Retried,
 		Resent: o.Resent, Reregistered: o.Reregistered, Skipped: o.Skipped, Unregistered: o.Unregistered, Late: o.Late,
 		ConfigsSeen: o.ConfigsSeen, RetryAfter: o.RetryAfter, ElapsedSec: o.Elapsed().Seconds()}
 	if o.Latency != nil && o.Latency.Count() > 0 {
-		s.LatencyMs = Latency{P50: ms(o.Latency.Quantile(.5)), P90: ms(o.Latency.Quantile(.9)), P99: ms(o.Latency.Quantile(.99)),
+		s.LatencyMs = latency{P50: ms(o.Latency.Quantile(.5)), P90: ms(o.Latency.Quantile(.9)), P99: ms(o.Latency.Quantile(.99)),
 			Max: ms(o.Latency.Max()), Mean: ms(o.Latency.Mean())}
 	}
 	return s
@@ -327,10 +327,10 @@ func emuConfig(p Preset, t *target, o Options) (emulator.Config, *progress) {
 // registerFleet registers a fleet test's devices before it (a registration
 // storm on kept-alive connections, not measured) and saves their
 // credentials for the test.
-func registerFleet(ctx context.Context, p Preset, t *target, o Options) (OpStats, error) {
+func registerFleet(ctx context.Context, p Preset, t *target, o Options) (opFigures, error) {
 	dir, err := os.MkdirTemp(o.WorkDir, "drover-perf-cred")
 	if err != nil {
-		return OpStats{}, err
+		return opFigures{}, err
 	}
 	t.credentials = filepath.Join(dir, "credentials.jsonl")
 	cfg, prog := emuConfig(p, t, o)
@@ -339,7 +339,7 @@ func registerFleet(ctx context.Context, p Preset, t *target, o Options) (OpStats
 	cfg.CredentialsFile = t.credentials
 	sum, err := emulator.Run(ctx, cfg, nil)
 	if sum == nil {
-		return OpStats{}, fmt.Errorf("registering the fleet: %w", err)
+		return opFigures{}, fmt.Errorf("registering the fleet: %w", err)
 	}
 	reg := opStats(sum.Op(results.OpRegister))
 	if err != nil {
@@ -358,7 +358,7 @@ const capacityTime = 20 * time.Second
 // measureCapacity runs an overload test's first phase: p.Threads workers
 // push back to back (closed loop, the test's connection mode) for
 // capacityTime; the capacity is the accepted pushes per second.
-func measureCapacity(ctx context.Context, p Preset, t *target, o Options) (*Capacity, error) {
+func measureCapacity(ctx context.Context, p Preset, t *target, o Options) (*capacity, error) {
 	cfg, prog := emuConfig(p, t, o)
 	prog.name = p.Name + " capacity"
 	cfg.Mode, cfg.Loops, cfg.CredentialsFile = emulator.ModeBenchmark, 1<<30, t.credentials
@@ -374,38 +374,38 @@ func measureCapacity(ctx context.Context, p Preset, t *target, o Options) (*Capa
 		return nil, ctx.Err()
 	}
 	op := sum.Op(results.OpPush)
-	c := &Capacity{Workers: p.Threads, Seconds: op.Elapsed().Seconds(), Push: opStats(op), PerSec: op.AcceptedRate()}
+	c := &capacity{Workers: p.Threads, Seconds: op.Elapsed().Seconds(), Push: opStats(op), PerSec: op.AcceptedRate()}
 	if c.PerSec <= 0 {
 		return c, errors.New("measuring the capacity: no push was accepted")
 	}
-	c.Offered = OverloadFactor * c.PerSec
+	c.Offered = overloadFactor * c.PerSec
 	c.IntervalMs = float64(p.Devices) / c.Offered * 1000
 	return c, nil
 }
 
 // drive runs the emulator for one part.
-func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []Point, error) {
+func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []point, error) {
 	cfg, _ := emuConfig(p, t, o)
 	switch p.Kind {
-	case Stability, Fleet, Overload:
+	case stability, fleet, overload:
 		cfg.Mode = emulator.ModeFleet
 		cfg.Interval = time.Duration(p.LoopTime) * time.Second
 		cfg.Duration = p.Duration
 		cfg.MaxInflight = p.Threads
 		cfg.CredentialsFile = t.credentials
-		if p.Kind == Overload { // p.Threads were the capacity phase's workers
+		if p.Kind == overload { // p.Threads were the capacity phase's workers
 			cfg.Interval, cfg.MaxInflight = t.interval, 15000
 		}
-	case Benchmark:
+	case benchmark:
 		cfg.Mode = emulator.ModeBenchmark
 		cfg.Loops = p.Loops
-	case Peak:
+	case peak:
 		cfg.Mode = emulator.ModeBenchmark
 		cfg.Duration = p.Duration
 		switch p.Mode {
-		case PeakRegister:
+		case peakRegister:
 			cfg.Loops = 0
-		case PeakData:
+		case peakData:
 			// Register first, unmeasured; the storm then starts from saved credentials.
 			dir, err := os.MkdirTemp(o.WorkDir, "drover-perf-cred")
 			if err != nil {
@@ -424,7 +424,7 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 				return nil, nil, fmt.Errorf("registering the fleet before the storm: %d of %d devices registered", n, p.Devices)
 			}
 			cfg.Loops = 1 << 30
-		case PeakFull:
+		case peakFull:
 			cfg.Loops = 1 << 30
 		}
 	}
@@ -580,29 +580,29 @@ func (t *target) close() {
 	}
 }
 
-func (t *target) metrics() (Metrics, error) {
+func (t *target) metrics() (metrics, error) {
 	req, err := http.NewRequest("GET", t.metricsURL+"/metrics", nil)
 	if err != nil {
-		return Metrics{}, err
+		return metrics{}, err
 	}
 	if t.metricsToken != "" {
 		req.Header.Set("Authorization", "Bearer "+t.metricsToken)
 	}
 	resp, err := t.client.Do(req)
 	if err != nil {
-		return Metrics{}, err
+		return metrics{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
-		return Metrics{}, fmt.Errorf("HTTP %d", resp.StatusCode)
+		return metrics{}, fmt.Errorf("HTTP %d", resp.StatusCode)
 	}
 	return parseMetrics(resp.Body)
 }
 
 // snapshot samples the server (from /proc when local, /metrics when
 // remote) and, when local, the machine.
-func (t *target) snapshot() (Snapshot, error) {
-	s := Snapshot{At: time.Now().UTC()}
+func (t *target) snapshot() (snapshot, error) {
+	s := snapshot{At: time.Now().UTC()}
 	if t.local != nil {
 		ps, err := readProc(t.local.cmd.Process.Pid)
 		if err != nil {
@@ -624,24 +624,24 @@ func (t *target) snapshot() (Snapshot, error) {
 	return s, nil
 }
 
-func (t *target) logSummary() (LogSummary, bool) {
+func (t *target) logSummary() (logSummary, bool) {
 	if t.review != nil {
 		return t.review.Summary(), true
 	}
 	if t.logFile == "" {
-		return LogSummary{}, false
+		return logSummary{}, false
 	}
 	f, err := os.Open(t.logFile)
 	if err != nil {
-		return LogSummary{}, false
+		return logSummary{}, false
 	}
 	defer f.Close()
 	if _, err := f.Seek(t.logOffset, io.SeekStart); err != nil {
-		return LogSummary{}, false
+		return logSummary{}, false
 	}
 	rv := newLogReview(nil)
 	if _, err := io.Copy(rv, f); err != nil {
-		return LogSummary{}, false
+		return logSummary{}, false
 	}
 	return rv.Summary(), true
 }
@@ -702,9 +702,9 @@ type sampler struct {
 	t        *target
 	every    time.Duration
 	cancel   context.CancelFunc
-	before   Snapshot
-	samples  []Sample
-	last     Snapshot
+	before   snapshot
+	samples  []sample
+	last     snapshot
 	exit     string
 	restarts int
 }
@@ -748,7 +748,7 @@ func (s *sampler) loop(ctx context.Context) {
 				startTime = m.StartTime
 			}
 		}
-		sm := Sample{T: time.Since(start).Seconds(), RSSMiB: snap.RSSMiB}
+		sm := sample{T: time.Since(start).Seconds(), RSSMiB: snap.RSSMiB}
 		if dt := snap.At.Sub(prev.At).Seconds(); dt > 0 && snap.CPUSecs >= prev.CPUSecs {
 			sm.CPUPct = (snap.CPUSecs - prev.CPUSecs) / dt * 100
 		}
@@ -766,7 +766,7 @@ type localServer struct {
 	dir                string
 	url, secret, admin string
 	caPEM              []byte
-	review             *LogReview
+	review             *logReview
 	done               chan struct{}
 	waitErr            error
 	stopping           bool
@@ -802,7 +802,7 @@ func startLocal(ctx context.Context, p Preset, handlers int, o Options) (*localS
 	ls.cmd.Env = append(os.Environ(), o.ServerEnv...)
 	ls.cmd.Stdout = io.Discard
 	addr := make(chan string, 1)
-	ls.review = newLogReview(func(_ []byte, rec LogRecord) {
+	ls.review = newLogReview(func(_ []byte, rec logRecord) {
 		if rec.Msg == "listening" && rec.Attrs["addr"] != "" {
 			select {
 			case addr <- rec.Attrs["proto"] + "://" + rec.Attrs["addr"]:

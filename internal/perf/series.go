@@ -96,16 +96,16 @@ func (s *seriesSink) halve() {
 	s.width *= 2
 }
 
-func (s *seriesSink) points() []Point {
+func (s *seriesSink) points() []point {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var pts []Point
+	var pts []point
 	for i, b := range s.buckets {
 		d := b.dur
 		if d <= 0 {
 			d = float64(s.width)
 		}
-		pt := Point{T: float64(int64(i) * s.width), Dur: d}
+		pt := point{T: float64(int64(i) * s.width), Dur: d}
 		pt.Done = float64(b.push.Done()) / d
 		pt.Accepted = float64(b.push.Accepted) / d
 		pt.Errors = float64(b.push.Errors()+b.push.Retried+b.reg.Errors()+b.reg.Retried) / d

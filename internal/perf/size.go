@@ -51,7 +51,7 @@ func Size(rs []*Result, devices int, interval float64, ssl bool) (Sizing, error)
 		hosts[r.Env.Host+" / "+r.Env.CPUModel] = true
 		c := Compute(r)
 		switch r.Preset.Kind {
-		case Benchmark:
+		case benchmark:
 			if c.Lowest <= 0 {
 				continue
 			}
@@ -61,8 +61,8 @@ func Size(rs []*Result, devices int, interval float64, ssl bool) (Sizing, error)
 			if !r.Preset.SSL && c.Lowest < lowestNo {
 				lowestNo = c.Lowest
 			}
-		case Stability:
-			if c.Verdict == Passed && (stab == nil || r.Preset.Devices > stab.Preset.Devices) {
+		case stability:
+			if c.Verdict == passed && (stab == nil || r.Preset.Devices > stab.Preset.Devices) {
 				stab = r
 			}
 		}
@@ -78,7 +78,7 @@ func Size(rs []*Result, devices int, interval float64, ssl bool) (Sizing, error)
 		s.NoSSLRate = lowestNo
 	}
 	s.Measured = lowest
-	s.SafeCapacity = lowest * Rule080.Pct / 100
+	s.SafeCapacity = lowest * rule080.Pct / 100
 	s.CPUHeadroom = s.SafeCapacity / s.NeedReqPerSec
 	s.ThroughputOK = s.CPUHeadroom >= 1
 	if stab != nil && len(stab.Parts) > 0 {

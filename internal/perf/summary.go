@@ -19,18 +19,18 @@ func Summary(w io.Writer, rs []*Result) error {
 		c := Compute(r)
 		var fig string
 		switch r.Preset.Kind {
-		case Stability:
+		case stability:
 			fig = fmt.Sprintf("%s devices, RSS %s → %s MiB (%s KiB/device), RAM utilisation %s %%, rough %s req/s, push errors %s %%",
 				gi(r.Preset.Devices), fx(c.RSSBefore, 1), fx(c.RSSAfter, 1), fx(c.KiBPerDevice, 2), fx(c.RAMUtilPct, 2), fx(c.RoughReqPerSec, 2), fx(c.PushErrPct, 3))
-		case Fleet:
+		case fleet:
 			fig = fmt.Sprintf("%s devices every %d s: p99 %s ms from the intended send time, median %s accepted/s (lowest %s), RSS %s bytes/device",
 				gi(r.Preset.Devices), r.Preset.LoopTime, fx(c.P99Ms, 1), fx(c.MedianPerSec, 0), fx(c.MinPerSec, 0), fx(c.BytesPerDev, 0))
-		case Overload:
+		case overload:
 			if len(r.Parts) > 0 && r.Parts[0].Capacity != nil {
 				capa := r.Parts[0].Capacity
 				fig = fmt.Sprintf("capacity %s pushes/s, offered %s/s: accepted %s/s (median second), %s × capacity", fx(capa.PerSec, 0), fx(capa.Offered, 0), fx(c.MedianPerSec, 0), fx(safeDiv(c.MedianPerSec, capa.PerSec), 2))
 			}
-		case Benchmark:
+		case benchmark:
 			var rates []string
 			for _, row := range c.Rows {
 				rates = append(rates, fmt.Sprintf("%s: %s", handlersText(r, row.Handlers), fx(row.PushesPerSec, 2)))
@@ -39,9 +39,9 @@ func Summary(w io.Writer, rs []*Result) error {
 			if c.Safe080 > 0 {
 				fig += fmt.Sprintf("; safe max %s devices at %d s", gi(c.Safe080), r.Preset.LoopTime)
 			}
-		case Peak:
+		case peak:
 			unit := "pushes/s"
-			if r.Preset.Mode == PeakRegister {
+			if r.Preset.Mode == peakRegister {
 				unit = "registrations/s"
 			}
 			for _, row := range c.Rows {
@@ -67,7 +67,7 @@ func Summary(w io.Writer, rs []*Result) error {
 // sortResults orders results as the matrix does.
 func sortResults(rs []*Result) {
 	order := map[string]int{}
-	for i, p := range Presets() {
+	for i, p := range presets() {
 		order[p.Name] = i
 	}
 	for i := 1; i < len(rs); i++ {

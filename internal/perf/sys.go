@@ -21,16 +21,16 @@ var procRoot = "/proc"
 // Linux architecture Go supports.
 const clockTicks = 100
 
-// ProcStat is a process's resident memory and CPU time.
-type ProcStat struct {
+// procStat is a process's resident memory and CPU time.
+type procStat struct {
 	RSS     int64   // bytes
 	CPUSecs float64 // user + system
 }
 
 // readProc reads /proc/<pid>/status (VmRSS) and /proc/<pid>/stat (utime,
 // stime).
-func readProc(pid int) (ProcStat, error) {
-	var ps ProcStat
+func readProc(pid int) (procStat, error) {
+	var ps procStat
 	dir := filepath.Join(procRoot, strconv.Itoa(pid))
 	status, err := os.ReadFile(filepath.Join(dir, "status"))
 	if err != nil {
@@ -81,23 +81,23 @@ func parseStatCPU(b []byte) (float64, error) {
 	return float64(ut+st) / clockTicks, nil
 }
 
-// MemInfo is the machine's memory, bytes. Used is total − available, what
+// memInfo is the machine's memory, bytes. Used is total − available, what
 // free(1) reports as used.
-type MemInfo struct {
+type memInfo struct {
 	Total, Available, Used int64
 }
 
 // readMemInfo reads /proc/meminfo.
-func readMemInfo() (MemInfo, error) {
+func readMemInfo() (memInfo, error) {
 	b, err := os.ReadFile(filepath.Join(procRoot, "meminfo"))
 	if err != nil {
-		return MemInfo{}, err
+		return memInfo{}, err
 	}
 	return parseMemInfo(b)
 }
 
-func parseMemInfo(b []byte) (MemInfo, error) {
-	var m MemInfo
+func parseMemInfo(b []byte) (memInfo, error) {
+	var m memInfo
 	var have int
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, ok := strings.Cut(line, ":")
@@ -139,15 +139,15 @@ func readLoad15() (float64, error) {
 	return strconv.ParseFloat(f[2], 64)
 }
 
-// CPUInfo is the processor as /proc/cpuinfo describes it.
-type CPUInfo struct {
+// cpuInfo is the processor as /proc/cpuinfo describes it.
+type cpuInfo struct {
 	Model   string
 	Cores   int // physical cores
 	Threads int // logical CPUs
 }
 
-func parseCPUInfo(b []byte) CPUInfo {
-	var c CPUInfo
+func parseCPUInfo(b []byte) cpuInfo {
+	var c cpuInfo
 	cores := map[string]bool{}
 	phys, core := "", ""
 	flush := func() {
@@ -186,8 +186,8 @@ func parseCPUInfo(b []byte) CPUInfo {
 	return c
 }
 
-// Environment is where a test ran.
-type Environment struct {
+// environment is where a test ran.
+type environment struct {
 	Host          string  `json:"host"`
 	CPUModel      string  `json:"cpu_model"`
 	Cores         int     `json:"cores"`
@@ -202,8 +202,8 @@ type Environment struct {
 }
 
 // readEnvironment describes this machine.
-func readEnvironment(droverVersion string) Environment {
-	e := Environment{GoVersion: runtime.Version(), DroverVersion: droverVersion}
+func readEnvironment(droverVersion string) environment {
+	e := environment{GoVersion: runtime.Version(), DroverVersion: droverVersion}
 	e.Host, _ = os.Hostname()
 	if b, err := os.ReadFile(filepath.Join(procRoot, "cpuinfo")); err == nil {
 		c := parseCPUInfo(b)
@@ -239,8 +239,8 @@ func osRelease() string {
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
-// Metrics are the values `drover perf` reads from a server's /metrics.
-type Metrics struct {
+// metrics are the values `drover perf` reads from a server's /metrics.
+type metrics struct {
 	RSS       int64   // process_resident_memory_bytes
 	CPUSecs   float64 // process_cpu_seconds_total
 	StartTime float64 // process_start_time_seconds: a change means a restart
@@ -250,8 +250,8 @@ type Metrics struct {
 
 // parseMetrics reads the Prometheus text format for the few series perf
 // uses; anything else is skipped.
-func parseMetrics(r io.Reader) (Metrics, error) {
-	m := Metrics{SyncStates: map[string]float64{}}
+func parseMetrics(r io.Reader) (metrics, error) {
+	m := metrics{SyncStates: map[string]float64{}}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var have int
