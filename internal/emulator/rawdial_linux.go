@@ -63,7 +63,7 @@ func (d *rawDialer) dial(deadline time.Time) (net.Conn, error) {
 			// and destination instead of ~28k in total.
 			syscall.SetsockoptInt(fd, syscall.IPPROTO_IP, ipBindAddressNoPort, 1)
 		}
-		if err := syscall.Bind(fd, d.laddr); err != nil {
+		if err := syscall.Bind(fd, ownSockaddr(d.laddr)); err != nil {
 			syscall.Close(fd)
 			return nil, os.NewSyscallError("bind", err)
 		}
@@ -71,7 +71,7 @@ func (d *rawDialer) dial(deadline time.Time) (net.Conn, error) {
 	if d.noDelay {
 		syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
 	}
-	if err := syscall.Connect(fd, d.raddr); err != nil && err != syscall.EINPROGRESS && err != syscall.EINTR {
+	if err := syscall.Connect(fd, ownSockaddr(d.raddr)); err != nil && err != syscall.EINPROGRESS && err != syscall.EINTR {
 		syscall.Close(fd)
 		return nil, os.NewSyscallError("connect", err)
 	}
@@ -81,6 +81,21 @@ func (d *rawDialer) dial(deadline time.Time) (net.Conn, error) {
 		return nil, err
 	}
 	return &fileConn{File: f, remote: d.remote}, nil
+}
+
+// ownSockaddr copies a shared address for one system call: Bind and
+// Connect write the address's raw form into it, so concurrent dials must
+// not share one.
+func ownSockaddr(sa syscall.Sockaddr) syscall.Sockaddr {
+	switch a := sa.(type) {
+	case *syscall.SockaddrInet4:
+		c := *a
+		return &c
+	case *syscall.SockaddrInet6:
+		c := *a
+		return &c
+	}
+	return sa
 }
 
 // fileConn is a connected socket as a net.Conn (os.File does the polling
