@@ -151,8 +151,8 @@ func (l *lab) push(base string, d *probeDevice, token string) (st int, node stri
 // pauseNATS stops NATS (SIGSTOP) for 6 s under load. Meanwhile, on the
 // first node, a device registers again (new token), one is blocked, one
 // deleted, one new registered; on every other node the old token must not
-// get 200, the new ones must not get 401, the blocked and deleted devices
-// must not get 200. 503 (with Retry-After) is always an acceptable answer.
+// get 200 later than 1 s after the change, the new ones must never get 401,
+// the blocked and deleted devices must not get 200 later than 1 s after. 503 (with Retry-After) is always an acceptable answer.
 // Once NATS is back, every node gives the exact answer.
 func (l *lab) pauseNATS(t *testing.T) {
 	first, others := l.nodes[0], l.nodes[1:]
@@ -199,6 +199,12 @@ func (l *lab) pauseNATS(t *testing.T) {
 		t.Fatalf("delete: %d %s", st, b)
 	}
 	fresh := l.registerProbe(t, first.url, "nats-probe-new", "", "")
+	// Without NATS, other nodes learn a change from the change log, which
+	// they read every 250 ms: a revoked credential may still be accepted
+	// for up to 1 s after the change (issue 12's bound), never later. A
+	// valid credential is never refused (a node checks the database first).
+	changed := time.Now()
+	const bound = time.Second
 
 	type probe struct {
 		name  string
@@ -216,6 +222,7 @@ func (l *lab) pauseNATS(t *testing.T) {
 		{"untouched device", valid, valid.token, map[int]bool{401: true, 403: true}, 200},
 	}
 	seen := map[string]map[int]int{}
+	staleSeen := map[string]int{} // revoked credentials accepted within the bound
 	var acked []pushKey
 	round := func(exactOnly bool) (allExact bool) {
 		allExact = true
@@ -226,7 +233,10 @@ func (l *lab) pauseNATS(t *testing.T) {
 					seen[p.name] = map[int]int{}
 				}
 				seen[p.name][st]++
-				if p.wrong[st] || st == 0 || (st == 503 && ra == "") {
+				stale := st == 200 && p.exact != 200 && time.Since(changed) < bound
+				if stale {
+					staleSeen[p.name]++
+				} else if p.wrong[st] || st == 0 || (st == 503 && ra == "") {
 					t.Errorf("%s on %s: %d (Retry-After %q)", p.name, nd.name, st, ra)
 				}
 				if st == 200 {
@@ -261,7 +271,7 @@ func (l *lab) pauseNATS(t *testing.T) {
 		t.Errorf("15 s after NATS came back the nodes still do not all answer exactly: %v", seen)
 	}
 	sum, acks := em.wait(t)
-	t.Logf("answers while NATS was paused and after: %v; exact on every node %v after NATS came back", seen, converged.Round(time.Millisecond))
+	t.Logf("answers while NATS was paused and after: %v (of the 200s, accepted within %v of the change: %v); exact on every node %v after NATS came back", seen, bound, staleSeen, converged.Round(time.Millisecond))
 	logRun(t, sum)
 	checkNoWrongAnswer(t, sum, true)
 	stored := l.checkAcks(t, acks)
