@@ -21,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,21 +57,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "clustertest: "+missing+": tests will skip")
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "drover-clustertest")
+	bin, dir, err := dbtest.BuildDrover("drover-clustertest")
 	if err != nil {
-		panic(err)
-	}
-	droverBin = filepath.Join(dir, "drover")
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	build := exec.Command(gobin, "build", "-o", droverBin, "github.com/drover/drover/cmd/drover")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building drover:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	droverBin = bin
 	cleanStale()
 	code := m.Run()
 	os.RemoveAll(dir)

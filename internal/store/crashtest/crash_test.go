@@ -19,7 +19,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,21 +39,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "drover-crashtest")
+	bin, dir, err := dbtest.BuildDrover("drover-crashtest")
 	if err != nil {
-		panic(err)
-	}
-	droverBin = filepath.Join(dir, "drover")
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	build := exec.Command(gobin, "build", "-o", droverBin, "github.com/drover/drover/cmd/drover")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building drover:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	droverBin = bin
 	code := dbtest.Main(m, map[dbtest.Kind]**dbtest.Server{dbtest.Postgres: &pg, dbtest.MariaDB: &my})
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -1,4 +1,5 @@
-// Package dbtest starts throwaway PostgreSQL and MariaDB servers for tests,
+// Package dbtest starts throwaway PostgreSQL and MariaDB servers for tests
+// (and builds the drover binary for tests that run real servers, BuildDrover),
 // from the server binaries installed on the machine: data and unix sockets
 // in a temp dir, TCP on a free loopback port. One server per test binary
 // (see Main); each test gets its own database (Server.NewDB).
