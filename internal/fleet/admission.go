@@ -289,13 +289,7 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 	})
 	d.mu.Unlock()
 	if err == nil {
-		s.devMu.Lock()
-		for uint64(len(s.devices)) <= id {
-			s.devices = append(s.devices, nil)
-		}
-		s.devices[id] = d
-		s.devMu.Unlock()
-		s.machineIDs[d.machineID()] = id
+		s.place(d)
 	}
 	s.regMu.Unlock()
 	if err != nil {
@@ -364,14 +358,7 @@ func (s *Service) enrollShared(ctx context.Context, r protocol.RegisterRequest, 
 		return protocol.RegisterResponse{}, err == nil, err
 	}
 	s.regMu.Lock()
-	s.devMu.Lock()
-	for uint64(len(s.devices)) <= id {
-		s.devices = append(s.devices, nil)
-	}
-	old := s.devices[id]
-	s.devices[id] = d
-	s.devMu.Unlock()
-	s.machineIDs[d.machineID()] = id
+	old := s.place(d)
 	s.regMu.Unlock()
 	if old != nil { // read back from the change log meanwhile
 		old.mu.Lock()

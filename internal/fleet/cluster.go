@@ -167,13 +167,7 @@ func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
 	if d == nil {
 		d = &device{id: id, registeredAt: rec.RegisteredAt.Unix()}
 		d.setIDs(rec.MachineID, rec.Serial)
-		s.devMu.Lock()
-		for uint64(len(s.devices)) <= id {
-			s.devices = append(s.devices, nil)
-		}
-		s.devices[id] = d
-		s.devMu.Unlock()
-		s.machineIDs[d.machineID()] = id
+		s.place(d)
 	}
 	s.regMu.Unlock()
 	d.mu.Lock()

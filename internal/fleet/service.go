@@ -208,6 +208,19 @@ func (s *Service) intern(v string) string {
 	return v
 }
 
+// place puts d in the registry under its ID and machine ID and returns the
+// device it replaced (nil if none). The caller holds regMu.
+func (s *Service) place(d *device) (old *device) {
+	s.devMu.Lock()
+	for uint64(len(s.devices)) <= d.id {
+		s.devices = append(s.devices, nil)
+	}
+	old, s.devices[d.id] = s.devices[d.id], d
+	s.devMu.Unlock()
+	s.machineIDs[d.machineID()] = d.id
+	return old
+}
+
 func (s *Service) get(id uint64) *device {
 	s.devMu.RLock()
 	defer s.devMu.RUnlock()
