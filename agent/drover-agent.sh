@@ -33,6 +33,13 @@ ENROLL_RETRY=600
 TIMEOUT=30
 ONCE=0
 LOG_LEVEL=info
+COMMANDS=ping,read-log,set-config,hook
+COMMAND_HOOK=
+LOGS=
+REBOOT_COMMAND=/sbin/reboot
+FW_HOOK=
+FW_HOOK_TIMEOUT=1800
+FW_KEY=
 
 usage() {
 	cat <<'EOF'
@@ -68,6 +75,16 @@ flags:
   --max-backoff T           longest retry delay (default 300)
   --enroll-retry T          wait after a rejected enrollment secret (default 600)
   --timeout T               timeout of one request (default 30)
+  --commands LIST           remote command kinds this device runs, comma-separated: reboot, ping,
+                            read-log, set-config, hook; empty: none (default ping,read-log,set-config,hook)
+  --command-hook PATH       executable run (no shell) for set-config and hook commands: argv
+                            set-config KEY VALUE, or hook ARGS...
+  --logs LIST               logs read-log may read: comma-separated NAME=PATH
+  --reboot-command CMD      program and arguments (split at spaces, no shell) of the reboot command (default /sbin/reboot)
+  --firmware-hook CMD       shell command installing $DROVER_FIRMWARE_FILE; empty: firmware offers fail
+  --firmware-hook-timeout T kill the firmware hook after T (default 1800)
+  --firmware-key F          ed25519 public key (PEM or 32 bytes in base64) firmware must be signed with;
+                            needs openssl 3; empty: signatures are not checked
   --once                    register if needed, push once (and report an applied configuration), exit
   --log-level L             debug, info, warn or error (default info)
   --help                    this text
@@ -146,6 +163,13 @@ while [ $# -gt 0 ]; do
 	--timeout) TIMEOUT=$val ;;
 	--once) ONCE=1 ;;
 	--log-level) LOG_LEVEL=$val ;;
+	--commands) COMMANDS=$val ;;
+	--command-hook) COMMAND_HOOK=$val ;;
+	--logs) LOGS=$val ;;
+	--reboot-command) REBOOT_COMMAND=$val ;;
+	--firmware-hook) FW_HOOK=$val ;;
+	--firmware-hook-timeout) FW_HOOK_TIMEOUT=$val ;;
+	--firmware-key) FW_KEY=$val ;;
 	--help | -h)
 		usage
 		exit 0
@@ -159,7 +183,7 @@ while [ $# -gt 0 ]; do
 done
 
 _s=
-for _v in HOOK_TIMEOUT HOOK_RETRY COLLECTOR_TIMEOUT MIN_BACKOFF MAX_BACKOFF ENROLL_RETRY TIMEOUT; do
+for _v in HOOK_TIMEOUT HOOK_RETRY COLLECTOR_TIMEOUT FW_HOOK_TIMEOUT MIN_BACKOFF MAX_BACKOFF ENROLL_RETRY TIMEOUT; do
 	eval "_s=\$$_v"
 	_n=$(seconds "$_s") || die "$_v: '$_s' is not a duration"
 	eval "$_v=$_n"
@@ -180,36 +204,59 @@ if [ -n "$SECRET_FILE" ]; then
 fi
 [ -z "$CA_CERT" ] || [ -r "$CA_CERT" ] || die "--ca-cert $CA_CERT is not readable"
 command -v curl >/dev/null 2>&1 || die "curl is required"
+COMMANDS=$(printf '%s' "$COMMANDS" | tr -d ' ')
+for _k in $(printf '%s' "$COMMANDS" | tr ',' ' '); do
+	case $_k in reboot | ping | read-log | set-config | hook) ;; *) die "--commands: unknown kind '$_k' (known: reboot, ping, read-log, set-config, hook)" ;; esac
+done
+[ -z "$COMMAND_HOOK" ] || [ -x "$COMMAND_HOOK" ] || log warn "--command-hook $COMMAND_HOOK is not executable"
 
 umask 077
 mkdir -p "$STATE_DIR" || die "cannot create $STATE_DIR"
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/drover-agent.XXXXXX") || die "cannot create a directory in ${TMPDIR:-/tmp}"
 CHILD=
+FW_PID= # the background firmware download
+MAIN_PID=$$
+WOKE=0
 
 cleanup() {
 	[ -z "$CHILD" ] || kill "$CHILD" 2>/dev/null
+	[ -z "$FW_PID" ] || kill "$FW_PID" 2>/dev/null
 	rm -rf "$RUN"
 }
 trap 'cleanup; exit 0' TERM INT HUP
 trap 'cleanup' EXIT
+trap 'WOKE=1' USR1 # a firmware download ended: push now
 
 # bg_wait runs a command in the background and waits, so that TERM is
 # handled at once. Background commands read /dev/null unless told: stdin
-# comes from the file BG_IN.
+# comes from the file BG_IN. A USR1 does not end the wait.
 BG_IN=/dev/null
 bg_wait() {
 	"$@" <"$BG_IN" &
 	CHILD=$!
-	wait "$CHILD"
-	_rc=$?
+	while :; do
+		wait "$CHILD"
+		_rc=$?
+		[ $_rc -gt 128 ] && kill -0 "$CHILD" 2>/dev/null || break
+	done
 	CHILD=
 	return $_rc
 }
 
+# sleep_s sleeps, or less when a firmware download ends (USR1).
 sleep_s() {
 	[ "$1" -gt 0 ] 2>/dev/null || return 0
+	[ "$WOKE" = 0 ] || {
+		WOKE=0
+		return 0
+	}
 	log debug "sleeping $1 s"
-	bg_wait sleep "$1"
+	sleep "$1" &
+	CHILD=$!
+	wait "$CHILD"
+	kill "$CHILD" 2>/dev/null
+	CHILD=
+	WOKE=0
 }
 
 # rand N prints a random integer in 0..N.
@@ -269,12 +316,101 @@ clean() {
 
 # AWK_MEMBERS reads a JSON answer and prints "key<TAB>value" for scalar
 # members of the top-level object and of its objects ("config.version"),
-# in any order and layout; the raw config.data goes to the file datafile.
+# in any order and layout, strings decoded; the raw config.data goes to the
+# file datafile, the commands to files in cmddir (see commands below).
 AWK_MEMBERS='
 function trim(s) { sub(/^[ \t\r\n]+/, "", s); sub(/[ \t\r\n]+$/, "", s); return s }
-function unq(v) {
-	if (v ~ /^".*"$/) { v = substr(v, 2, length(v) - 2); gsub(/\\"/, "\"", v) }
+function hexv(h,    i, v, c) {
+	v = 0; h = tolower(h)
+	for (i = 1; i <= 4; i++) { c = index("0123456789abcdef", substr(h, i, 1)); if (!c) return -1; v = v * 16 + c - 1 }
 	return v
+}
+function utf8(cp) {
+	if (cp < 128) return sprintf("%c", cp)
+	if (cp < 2048) return sprintf("%c%c", 192 + int(cp / 64), 128 + cp % 64)
+	if (cp < 65536) return sprintf("%c%c%c", 224 + int(cp / 4096), 128 + int(cp / 64) % 64, 128 + cp % 64)
+	return sprintf("%c%c%c%c", 240 + int(cp / 262144), 128 + int(cp / 4096) % 64, 128 + int(cp / 64) % 64, 128 + cp % 64)
+}
+# jdec decodes a JSON string (other values are returned as they are);
+# control characters become spaces and set JBAD.
+function jdec(v,    o, i, c, n, cp, lo) {
+	if (v !~ /^".*"$/) return v
+	v = substr(v, 2, length(v) - 2); o = ""; n = length(v)
+	for (i = 1; i <= n; i++) {
+		c = substr(v, i, 1)
+		if (c != "\\") { o = o c; continue }
+		c = substr(v, ++i, 1)
+		if (c == "u") {
+			cp = hexv(substr(v, i + 1, 4)); i += 4
+			if (cp >= 55296 && cp < 56320 && substr(v, i + 1, 2) == "\\u") {
+				lo = hexv(substr(v, i + 3, 4))
+				if (lo >= 56320 && lo < 57344) { cp = 65536 + (cp - 55296) * 1024 + lo - 56320; i += 6 }
+			}
+			if (cp < 32 || cp == 127 || (cp >= 128 && cp < 160)) { JBAD = 1; o = o " " }
+			else if (cp >= 55296 && cp < 57344) { JBAD = 1; o = o "?" }
+			else o = o utf8(cp)
+		} else if (c ~ /[bfnrt]/) { JBAD = 1; o = o " " }
+		else o = o c
+	}
+	return o
+}
+function unq(v) { return jdec(v) }
+# elems splits a JSON array into its elements.
+function elems(s, E,    n, i, c, len, depth, instr, esc, st, v) {
+	n = 0; depth = 0; instr = 0; esc = 0; len = length(s)
+	for (i = 1; i <= len; i++) {
+		c = substr(s, i, 1)
+		if (instr) { if (esc) esc = 0; else if (c == "\\") esc = 1; else if (c == "\"") instr = 0; continue }
+		if (c == "\"") instr = 1
+		else if (c == "{" || c == "[") { depth++; if (depth == 1) st = i + 1 }
+		else if (c == "}" || c == "]") { if (depth == 1) { v = trim(substr(s, st, i - st)); if (v != "" || n > 0) E[++n] = v } depth-- }
+		else if (c == "," && depth == 1) { E[++n] = trim(substr(s, st, i - st)); st = i + 1 }
+	}
+	return n
+}
+# commands writes each command of the answer (at most 8) to cmddir/NN.meta
+# (id, kind, timeout, why it is invalid or nothing: one per line) and
+# cmddir/NN.args (its arguments, decoded, one per line), checked as
+# protocol.Command.Validate does. Commands without a valid id are dropped:
+# no result could name them.
+function commands(v,    E, n, k, K2, V2, m, j, id, kind, to, args, A, D, na, bad, a, f, want) {
+	n = elems(v, E)
+	for (k = 1; k <= n && k <= 8; k++) {
+		if (E[k] !~ /^\{/) continue
+		split("", K2); split("", V2); split("", A); split("", D)
+		id = ""; kind = ""; to = ""; args = ""; bad = ""; na = 0
+		m = members(E[k], K2, V2)
+		for (j = 1; j <= m; j++) {
+			if (K2[j] == "id") id = V2[j]
+			else if (K2[j] == "kind") { JBAD = 0; kind = jdec(V2[j]); if (JBAD || kind !~ /^[a-z-]+$/) kind = "?" }
+			else if (K2[j] == "timeout") to = V2[j]
+			else if (K2[j] == "args") args = V2[j]
+		}
+		if (id !~ /^[1-9][0-9]*$/ || length(id) > 19) continue
+		if (args ~ /^\[/) na = elems(args, A)
+		else if (args != "" && args != "null") bad = "args must be an array of strings"
+		for (a = 1; a <= na; a++) {
+			JBAD = 0
+			if (A[a] !~ /^".*"$/) { bad = "args[" (a - 1) "] must be a string"; continue }
+			D[a] = jdec(A[a])
+			if (JBAD) bad = "args[" (a - 1) "] contains control characters"
+			else if (length(D[a]) > 256) bad = "args[" (a - 1) "] is longer than 256 bytes"
+		}
+		if (to !~ /^[1-9][0-9]*$/ || length(to) > 4 || to + 0 > 3600) bad = "timeout must be within 1..3600 seconds"
+		else if (na > 8) bad = "a command takes at most 8 arguments"
+		want = (kind == "reboot") ? 0 : (kind == "ping" || kind == "read-log") ? 1 : (kind == "set-config") ? 2 : -1
+		if (bad != "") ;
+		else if (want >= 0 && na != want) bad = kind " takes " want " argument(s), not " na
+		else if (kind == "ping" && D[1] !~ /^[A-Za-z0-9.:][A-Za-z0-9.:-]*$/) bad = "ping: the host must be a name or an address (letters, digits, \047.\047, \047:\047, \047-\047; not starting with \047-\047)"
+		else if (kind == "read-log" && D[1] !~ /^[A-Za-z0-9_][A-Za-z0-9._-]*$/) bad = "read-log: the log name must be letters, digits, \047.\047, \047_\047, \047-\047, not starting with \047.\047 or \047-\047"
+		else if (kind == "set-config" && D[1] !~ /^[A-Za-z0-9._][A-Za-z0-9._-]*$/) bad = "set-config: the key must be letters, digits, \047.\047, \047_\047, \047-\047, not starting with \047-\047"
+		else if (kind != "reboot" && kind != "ping" && kind != "read-log" && kind != "set-config" && kind != "hook") bad = "kind must be one of [reboot ping read-log set-config hook]"
+		f = cmddir "/" sprintf("%02d", k)
+		printf "%s\n%s\n%s\n%s\n", id, kind, to, bad > (f ".meta")
+		printf "" > (f ".args")
+		for (a = 1; a <= na; a++) print D[a] > (f ".args")
+		close(f ".meta"); close(f ".args")
+	}
 }
 function members(s, K, V,    n, i, c, len, depth, instr, esc, expect, ks, vs) {
 	n = 0; depth = 0; instr = 0; esc = 0; expect = 0 # 0: key, 1: colon, 2: value
@@ -311,7 +447,8 @@ END {
 				if (K[i] == "config" && K2[j] == "data") { if (datafile != "") print V2[j] > datafile }
 				else if (V2[j] !~ /^[[{]/) print K[i] "." K2[j] "\t" unq(V2[j])
 			}
-		} else if (V[i] !~ /^\[/) print K[i] "\t" unq(V[i])
+		} else if (K[i] == "commands" && V[i] ~ /^\[/) { if (cmddir != "") commands(V[i]) }
+		else if (V[i] !~ /^\[/) print K[i] "\t" unq(V[i])
 	}
 }'
 
@@ -327,13 +464,33 @@ CONFIG_VERSION=0
 CONFIG_ERROR=
 FAILED_VERSION=0
 FAILED_AT=0
+DONE_COMMANDS= # IDs of the last 64 commands received, never run twice
+# fw_clear forgets the firmware update under way (docs/firmware.md): the
+# offer, and the state downloading, ready (file checked), installing or
+# failed.
+fw_clear() {
+	FW_ROLLOUT=
+	FW_VERSION=
+	FW_URL=
+	FW_SHA256=
+	FW_SIZE=
+	FW_SIG=
+	FW_STATE=
+	FW_REASON=
+	FW_HOOKED=0
+}
+fw_clear
 
 # The state file holds KEY=value lines; values never contain newlines. It
 # is read, not sourced.
 save_state() {
 	_t=$STATE_DIR/.state.tmp
-	printf 'DEVICE_ID=%s\nTOKEN=%s\nTOKEN_SERVER=%s\nSEQ=%s\nCONFIG_VERSION=%s\nCONFIG_ERROR=%s\nFAILED_VERSION=%s\nFAILED_AT=%s\nDEVICE_KEY=%s\n' \
-		"$DEVICE_ID" "$TOKEN" "$SERVER" "$SEQ_RESERVED" "$CONFIG_VERSION" "$CONFIG_ERROR" "$FAILED_VERSION" "$FAILED_AT" "$DEVICE_KEY" >"$_t" &&
+	{
+		printf 'DEVICE_ID=%s\nTOKEN=%s\nTOKEN_SERVER=%s\nSEQ=%s\nCONFIG_VERSION=%s\nCONFIG_ERROR=%s\nFAILED_VERSION=%s\nFAILED_AT=%s\nDEVICE_KEY=%s\n' \
+			"$DEVICE_ID" "$TOKEN" "$SERVER" "$SEQ_RESERVED" "$CONFIG_VERSION" "$CONFIG_ERROR" "$FAILED_VERSION" "$FAILED_AT" "$DEVICE_KEY"
+		printf 'DONE_COMMANDS=%s\nFW_ROLLOUT=%s\nFW_VERSION=%s\nFW_URL=%s\nFW_SHA256=%s\nFW_SIZE=%s\nFW_SIG=%s\nFW_STATE=%s\nFW_REASON=%s\nFW_HOOKED=%s\n' \
+			"$DONE_COMMANDS" "$FW_ROLLOUT" "$FW_VERSION" "$FW_URL" "$FW_SHA256" "$FW_SIZE" "$FW_SIG" "$FW_STATE" "$FW_REASON" "$FW_HOOKED"
+	} >"$_t" &&
 		mv -f "$_t" "$STATE_DIR/state" && sync
 	[ $? -eq 0 ] || log error "saving $STATE_DIR/state failed"
 }
@@ -351,12 +508,30 @@ if [ -f "$STATE_DIR/state" ]; then
 		FAILED_VERSION=*) FAILED_VERSION=$_v ;;
 		FAILED_AT=*) FAILED_AT=$_v ;;
 		DEVICE_KEY=*) DEVICE_KEY=$_v ;;
+		DONE_COMMANDS=*) DONE_COMMANDS=$_v ;;
+		FW_ROLLOUT=*) FW_ROLLOUT=$_v ;;
+		FW_VERSION=*) FW_VERSION=$_v ;;
+		FW_URL=*) FW_URL=$_v ;;
+		FW_SHA256=*) FW_SHA256=$_v ;;
+		FW_SIZE=*) FW_SIZE=$_v ;;
+		FW_SIG=*) FW_SIG=$_v ;;
+		FW_STATE=*) FW_STATE=$_v ;;
+		FW_REASON=*) FW_REASON=$_v ;;
+		FW_HOOKED=*) FW_HOOKED=$_v ;;
 		esac
 	done <"$STATE_DIR/state"
 fi
 case $SEQ:$CONFIG_VERSION:$FAILED_VERSION:$FAILED_AT in
 *[!0-9:]* | *::* | :* | *:) die "$STATE_DIR/state is corrupt; remove it to register again" ;;
 esac
+if [ -n "$FW_ROLLOUT" ]; then
+	case $FW_ROLLOUT:$FW_SIZE:$FW_SHA256:$FW_HOOKED in
+	*[!0-9a-f:]* | *::* | *:)
+		log warn "the firmware update in $STATE_DIR/state is corrupt; dropped"
+		FW_ROLLOUT=
+		;;
+	esac
+fi
 SEQ_RESERVED=$SEQ
 
 MACHINE_ID=
@@ -402,19 +577,25 @@ firstline() {
 	FIRSTLINE=$(LC_ALL=C awk 'NR == 1 { gsub(/\000/, ""); sub(/^[ \t]+/, ""); sub(/[ \t\r]+$/, ""); print; exit }' "$1" 2>/dev/null)
 }
 
-if [ -r "$ROOT/etc/openwrt_release" ]; then
-	_dt=openwrt
-	_fw=$(relvar "$ROOT/etc/openwrt_release" DISTRIB_DESCRIPTION)
-	[ -n "$_fw" ] || _fw=$(relvar "$ROOT/etc/openwrt_release" DISTRIB_RELEASE)
-else
-	_dt=$(relvar "$ROOT/etc/os-release" ID)
-	_fw=$(relvar "$ROOT/etc/os-release" PRETTY_NAME)
-	[ -n "$_dt" ] || _dt=linux
-fi
+# system_firmware sets _fw to the system's firmware and _dt to its device
+# type (read again after a firmware install).
+system_firmware() {
+	if [ -r "$ROOT/etc/openwrt_release" ]; then
+		_dt=openwrt
+		_fw=$(relvar "$ROOT/etc/openwrt_release" DISTRIB_DESCRIPTION)
+		[ -n "$_fw" ] || _fw=$(relvar "$ROOT/etc/openwrt_release" DISTRIB_RELEASE)
+	else
+		_dt=$(relvar "$ROOT/etc/os-release" ID)
+		_fw=$(relvar "$ROOT/etc/os-release" PRETTY_NAME)
+		[ -n "$_dt" ] || _dt=linux
+	fi
+	[ -n "$_fw" ] || _fw=$KERNEL
+	[ -n "$_fw" ] || _fw=unknown
+}
 firstline "$ROOT/proc/sys/kernel/osrelease"
 KERNEL=$FIRSTLINE
-[ -n "$_fw" ] || _fw=$KERNEL
-[ -n "$_fw" ] || _fw=unknown
+system_firmware
+FIRMWARE_ARG=$FIRMWARE
 [ -n "$DEVICE_TYPE" ] || DEVICE_TYPE=$_dt
 [ -n "$FIRMWARE" ] || FIRMWARE=$_fw
 for _f in tmp/sysinfo/model proc/device-tree/model sys/class/dmi/id/product_name; do
@@ -638,10 +819,23 @@ parse_answer() {
 	ANS_KEY=
 	ANS_CODE=
 	ANS_MSG=
-	rm -f "$RUN/data"
-	LC_ALL=C awk -v datafile="$RUN/data" "$AWK_MEMBERS" "$RUN/resp" >"$RUN/fields" 2>/dev/null || return 0
+	ANS_FW_ROLLOUT=
+	ANS_FW_VERSION=
+	ANS_FW_URL=
+	ANS_FW_SHA256=
+	ANS_FW_SIZE=
+	ANS_FW_SIG=
+	rm -f "$RUN/data" "$RUN"/cmds/*
+	mkdir -p "$RUN/cmds"
+	LC_ALL=C awk -v datafile="$RUN/data" -v cmddir="$RUN/cmds" "$AWK_MEMBERS" "$RUN/resp" >"$RUN/fields" 2>/dev/null || return 0
 	while IFS="$TAB" read -r _k _v; do
 		case $_k in
+		firmware_update.rollout) ANS_FW_ROLLOUT=$_v ;;
+		firmware_update.version) ANS_FW_VERSION=$_v ;;
+		firmware_update.url) ANS_FW_URL=$_v ;;
+		firmware_update.sha256) ANS_FW_SHA256=$(printf '%s' "$_v" | tr 'A-F' 'a-f') ;;
+		firmware_update.size) ANS_FW_SIZE=$_v ;;
+		firmware_update.signature) ANS_FW_SIG=$_v ;;
 		push_interval) ANS_INTERVAL=$_v ;;
 		config.version) ANS_VERSION=$_v ;;
 		device_id) ANS_DEVICE_ID=$_v ;;
@@ -865,12 +1059,509 @@ apply_config() {
 	return 0
 }
 
+# --- remote commands (docs/protocol.md#commands) ---------------------------
+
+# AWK_OUTPUT turns a command's output (its last 8 KiB) into the result's
+# lines as JSON strings: printable ASCII, tabs as spaces, at most 256 lines.
+AWK_OUTPUT="$AWK_JSTR"'
+{ L[++n] = $0 }
+END {
+	while (n > 0 && L[n] ~ /^\r?$/) n--
+	s = n > 256 ? n - 255 : 1
+	for (i = s; i <= n; i++) printf "%s%s", (i > s ? "," : ""), jstr(L[i], 8192)
+}'
+
+RESULTS=$STATE_DIR/results # one JSON object per command ID, until pushed
+REBOOT_AFTER_PUSH=0
+
+# cmd_result ID STARTED CODE ERROR: queues the result of a command with the
+# output in $RUN/cmd.out.
+cmd_result() {
+	_out=$(tail -c 8192 "$RUN/cmd.out" 2>/dev/null | LC_ALL=C awk "$AWK_OUTPUT")
+	_r="{\"id\":$1,\"exit_code\":$3"
+	if [ -n "$4" ]; then
+		js "$4" 1024
+		_r="$_r,\"error\":$JS"
+	fi
+	[ -z "$_out" ] || _r="$_r,\"output\":[$_out]"
+	mkdir -p "$RESULTS" &&
+		printf '%s,"started_at":%s,"finished_at":%s}\n' "$_r" "$2" "$(date +%s)" >"$RESULTS/.$1.tmp" &&
+		mv -f "$RESULTS/.$1.tmp" "$RESULTS/$1" || log error "cannot queue the result of command $1 in $RESULTS"
+	log info "command ran: id=$1 exit_code=$3${4:+ error=$4}"
+}
+
+# cmd_exec TIMEOUT ARGV...: runs ARGV (no shell) into $RUN/cmd.out; sets
+# CMD_CODE and CMD_ERR.
+cmd_exec() {
+	_to=$1
+	shift
+	_t0=$(date +%s)
+	run_limited "$_to" "$@" >"$RUN/cmd.out" 2>&1
+	CMD_CODE=$?
+	CMD_ERR=
+	case $CMD_CODE in
+	124 | 137 | 143)
+		if [ $(($(date +%s) - _t0)) -ge "$_to" ]; then
+			CMD_CODE=-1
+			CMD_ERR="timed out after ${_to}s"
+		fi
+		;;
+	126 | 127)
+		CMD_CODE=-1
+		CMD_ERR="cannot run $1"
+		;;
+	esac
+}
+
+# run_command NN: runs the command in $RUN/cmds/NN.{meta,args} once.
+run_command() {
+	_argf=$RUN/cmds/$1.args
+	{
+		read -r _cid
+		read -r _kind
+		read -r _cto
+		read -r _bad
+	} <"$RUN/cmds/$1.meta"
+	case " $DONE_COMMANDS " in *" $_cid "*) return 1 ;; esac
+	set -f
+	# shellcheck disable=SC2086
+	set -- $DONE_COMMANDS
+	set +f
+	[ $# -lt 64 ] || shift $(($# - 63))
+	DONE_COMMANDS="$* $_cid"
+	DONE_COMMANDS=${DONE_COMMANDS# }
+	save_state # before running: a crash must not run it again
+	_started=$(date +%s)
+	: >"$RUN/cmd.out"
+	if [ -n "$_bad" ]; then
+		cmd_result "$_cid" "$_started" -1 "invalid command: $_bad"
+		return 0
+	fi
+	case ,$COMMANDS, in
+	*",$_kind,"*) ;;
+	*)
+		cmd_result "$_cid" "$_started" -1 "$_kind is not allowed on this device (drover-agent.sh --commands)"
+		return 0
+		;;
+	esac
+	set --
+	while IFS= read -r _a; do set -- "$@" "$_a"; done <"$_argf"
+	case $_kind in
+	reboot)
+		if [ -z "$REBOOT_COMMAND" ]; then
+			cmd_result "$_cid" "$_started" -1 "no reboot command configured"
+			return 0
+		fi
+		REBOOT_AFTER_PUSH=1 # after the result reached the server
+		echo "rebooting after this result is sent" >"$RUN/cmd.out"
+		cmd_result "$_cid" "$_started" 0 ""
+		return 0
+		;;
+	ping) cmd_exec "$_cto" ping -c 3 "$1" ;;
+	read-log)
+		_path=
+		_IFS=$IFS
+		IFS=,
+		for _l in $LOGS; do
+			case $_l in "$1="*) _path=${_l#*=} ;; esac
+		done
+		IFS=$_IFS
+		if [ -z "$_path" ]; then
+			cmd_result "$_cid" "$_started" -1 "no log named $1 is configured on this device (drover-agent.sh --logs NAME=PATH)"
+			return 0
+		fi
+		if ! tail -c 8192 "$_path" >"$RUN/cmd.out" 2>"$RUN/cmd.err"; then
+			cmd_result "$_cid" "$_started" -1 "$(head -n 1 "$RUN/cmd.err")"
+			return 0
+		fi
+		CMD_CODE=0
+		CMD_ERR=
+		;;
+	set-config | hook)
+		if [ -z "$COMMAND_HOOK" ]; then
+			cmd_result "$_cid" "$_started" -1 "no command hook configured on this device (drover-agent.sh --command-hook)"
+			return 0
+		fi
+		cmd_exec "$_cto" "$COMMAND_HOOK" "$_kind" "$@"
+		;;
+	esac
+	cmd_result "$_cid" "$_started" "$CMD_CODE" "$CMD_ERR"
+	return 0
+}
+
+# run_commands runs the commands of the last answer; CMDS_RAN=1 when any ran.
+CMDS_RAN=0
+run_commands() {
+	CMDS_RAN=0
+	for _f in "$RUN"/cmds/*.meta; do
+		[ -f "$_f" ] || continue
+		_n=${_f##*/}
+		run_command "${_n%.meta}" && CMDS_RAN=1
+	done
+}
+
+# pending_results sets RESULTS_JSON to the first 4 queued results and
+# RESULTS_SENT to their IDs.
+pending_results() {
+	RESULTS_JSON=
+	RESULTS_SENT=
+	[ -d "$RESULTS" ] || return 0
+	_k=0
+	for _id in $(ls "$RESULTS" | sort -n); do
+		case $_id in *[!0-9]*) continue ;; esac
+		[ $_k -lt 4 ] || break
+		_r=$(cat "$RESULTS/$_id") || continue
+		_k=$((_k + 1))
+		RESULTS_JSON="$RESULTS_JSON${RESULTS_JSON:+,}$_r"
+		RESULTS_SENT="$RESULTS_SENT $_id"
+	done
+}
+
+results_left() {
+	for _f in "$RESULTS"/*; do
+		case ${_f##*/} in '' | *[!0-9]*) ;; *) return 0 ;; esac
+	done
+	return 1
+}
+
+reboot_now() {
+	REBOOT_AFTER_PUSH=0
+	log warn "rebooting as an operator asked: $REBOOT_COMMAND"
+	set -f
+	# shellcheck disable=SC2086
+	set -- $REBOOT_COMMAND
+	set +f
+	run_limited 60 "$@" >"$RUN/cmd.out" 2>&1 || log error "reboot command failed: $(tail -n 1 "$RUN/cmd.out")"
+}
+
+# --- firmware updates (docs/firmware.md) ----------------------------------
+
+FW_DIR=$STATE_DIR/firmware
+
+fw_part() { printf '%s/%s.part' "$FW_DIR" "$FW_SHA256"; }
+
+# fsize FILE prints its size in bytes (0 when absent).
+fsize() {
+	_sz=$(wc -c <"$1" 2>/dev/null | tr -d ' ')
+	echo "${_sz:-0}"
+}
+
+sha256_of() {
+	if command -v sha256sum >/dev/null 2>&1; then
+		sha256sum "$1" | cut -d ' ' -f 1
+	else
+		openssl dgst -sha256 -r "$1" | cut -d ' ' -f 1
+	fi
+}
+
+# FW_KEY_PEM: --firmware-key as PEM (openssl reads it), checked at start.
+FW_KEY_PEM=
+if [ -n "$FW_KEY" ]; then
+	command -v openssl >/dev/null 2>&1 || die "--firmware-key needs openssl (version 3, for ed25519 with -rawin)"
+	[ -r "$FW_KEY" ] || die "--firmware-key $FW_KEY is not readable"
+	FW_KEY_PEM=$RUN/firmware-key.pem
+	if grep -q 'BEGIN PUBLIC KEY' "$FW_KEY"; then
+		cp "$FW_KEY" "$FW_KEY_PEM"
+	else
+		# 32 raw bytes in base64: prefix the DER header of an ed25519 key.
+		{
+			printf '\060\052\060\005\006\003\053\145\160\003\041\000'
+			tr -d ' \r\n\t' <"$FW_KEY" | openssl base64 -d -A
+		} >"$RUN/firmware-key.der"
+		[ "$(fsize "$RUN/firmware-key.der")" = 44 ] || die "--firmware-key $FW_KEY: neither a PEM public key nor 32 bytes in base64"
+		openssl pkey -pubin -inform DER -in "$RUN/firmware-key.der" -out "$FW_KEY_PEM" 2>/dev/null || die "--firmware-key $FW_KEY: not an ed25519 key"
+	fi
+	openssl pkey -pubin -in "$FW_KEY_PEM" -noout -text 2>/dev/null | grep -q ED25519 || die "--firmware-key $FW_KEY: not an ed25519 public key"
+fi
+
+fw_fail() {
+	FW_STATE=failed
+	clean "$1" 1000
+	FW_REASON=$CLEAN
+	log error "firmware update failed: $FW_REASON"
+}
+
+# fw_check FILE: size, SHA-256 and, with a key, the signature. Prints the
+# reason of a failure.
+fw_check() {
+	_n=$(fsize "$1")
+	if [ "$_n" != "$FW_SIZE" ]; then
+		echo "size $_n, offered $FW_SIZE"
+		return 1
+	fi
+	_sum=$(sha256_of "$1")
+	if [ "$_sum" != "$FW_SHA256" ]; then
+		echo "sha256 mismatch: got $_sum"
+		return 1
+	fi
+	[ -n "$FW_KEY_PEM" ] || return 0
+	printf '%s' "$FW_SIG" | openssl base64 -d -A >"$1.sig" 2>/dev/null
+	openssl dgst -sha256 -binary "$1" >"$1.sha256"
+	if ! openssl pkeyutl -verify -pubin -inkey "$FW_KEY_PEM" -rawin -in "$1.sha256" -sigfile "$1.sig" >/dev/null 2>&1; then
+		rm -f "$1.sig" "$1.sha256"
+		echo "the ed25519 signature does not verify with --firmware-key"
+		return 1
+	fi
+	rm -f "$1.sig" "$1.sha256"
+}
+
+# fw_fetch runs in the background: downloads the offered file into its
+# .part file (curl -C -: Range from what is there), retrying until it is
+# complete, then checks it and writes the outcome ("ready", or "failed"
+# and the reason) to FW_DIR/result; wakes the agent with USR1.
+fw_fetch() {
+	_fc=
+	trap '[ -z "$_fc" ] || kill "$_fc" 2>/dev/null; exit 1' TERM
+	trap - INT HUP EXIT USR1
+	_part=$(fw_part)
+	_bo=$MIN_BACKOFF
+	_cap=$MAX_BACKOFF
+	[ "$_cap" -le 60 ] || _cap=60
+	while [ "$(fsize "$_part")" -lt "$FW_SIZE" ]; do
+		_have=$(fsize "$_part")
+		set -- -sS --fail -o "$_part" -C - -A "drover-agent.sh/$AGENT_VERSION" --connect-timeout "$TIMEOUT" \
+			--speed-limit 1 --speed-time "$TIMEOUT"
+		[ -z "$CA_CERT" ] || set -- "$@" --cacert "$CA_CERT"
+		case $FW_URL in
+		/*)
+			_url=$SERVER$FW_URL
+			[ -z "$PIN" ] || set -- "$@" --pinnedpubkey "$PIN"
+			[ -z "$PIN" ] || [ -n "$CA_CERT" ] || set -- "$@" -k
+			_tok=$(sed -n 's/^TOKEN=//p' "$STATE_DIR/state")
+			printf 'Authorization: Bearer %s\n' "$_tok" >"$RUN/fw-auth"
+			set -- "$@" -H "@$RUN/fw-auth"
+			[ "$_have" = 0 ] || set -- "$@" -H "If-Range: \"$FW_SHA256\""
+			;;
+		*) _url=$FW_URL ;;
+		esac
+		curl "$@" "$_url" </dev/null 2>"$RUN/fw-curl.err" &
+		_fc=$!
+		wait "$_fc"
+		_rc=$?
+		_fc=
+		[ "$(fsize "$_part")" -le "$FW_SIZE" ] || break # the check says so
+		[ $_rc -ne 0 ] || continue
+		# 33: the server sent the whole file (If-Range no longer matches).
+		[ $_rc -ne 33 ] || : >"$_part"
+		log warn "firmware download interrupted (curl exit $_rc: $(tr '\n' ' ' <"$RUN/fw-curl.err")); resuming in $_bo s, have $(fsize "$_part") of $FW_SIZE bytes"
+		sleep "$_bo"
+		_bo=$((_bo * 2))
+		[ "$_bo" -le "$_cap" ] || _bo=$_cap
+	done
+	if _why=$(fw_check "$_part"); then
+		printf 'ready\n' >"$FW_DIR/.result"
+	else
+		rm -f "$_part"
+		printf 'failed\n%s\n' "$_why" >"$FW_DIR/.result"
+	fi
+	mv -f "$FW_DIR/.result" "$FW_DIR/result"
+	kill -USR1 "$MAIN_PID" 2>/dev/null
+	exit 0
+}
+
+fw_running() { [ -n "$FW_PID" ] && kill -0 "$FW_PID" 2>/dev/null; }
+
+fw_download() {
+	fw_running && return 0
+	mkdir -p "$FW_DIR" || {
+		fw_fail "cannot create $FW_DIR"
+		save_state
+		return 0
+	}
+	rm -f "$FW_DIR/result"
+	fw_fetch &
+	FW_PID=$!
+	log debug "firmware download started (pid $FW_PID)"
+}
+
+fw_cancel() {
+	if fw_running; then
+		kill "$FW_PID" 2>/dev/null
+		wait "$FW_PID" 2>/dev/null
+	fi
+	FW_PID=
+	rm -f "$FW_DIR/result"
+}
+
+# fw_collect takes the outcome of a finished download.
+fw_collect() {
+	[ "$FW_STATE" = downloading ] && [ -f "$FW_DIR/result" ] || return 0
+	{
+		read -r _st
+		read -r _why
+	} <"$FW_DIR/result"
+	rm -f "$FW_DIR/result"
+	FW_PID=
+	if [ "$_st" = ready ]; then
+		FW_STATE=ready
+		log info "firmware downloaded and checked: rollout $FW_ROLLOUT version $FW_VERSION"
+	else
+		fw_fail "${_why:-download failed}"
+	fi
+	save_state
+}
+
+# fw_report sets FW_JSON to the push's firmware_update member.
+fw_report() {
+	FW_JSON=
+	[ -n "$FW_ROLLOUT" ] || return 0
+	_st=$FW_STATE
+	_pr=0
+	case $FW_STATE in
+	ready)
+		_st=downloading
+		_pr=$FW_SIZE
+		;;
+	downloading) _pr=$(fsize "$(fw_part)") ;;
+	esac
+	FW_JSON=",\"firmware_update\":{\"rollout\":$FW_ROLLOUT,\"state\":\"$_st\",\"progress\":$_pr"
+	if [ -n "$FW_REASON" ]; then
+		js "$FW_REASON" 1024
+		FW_JSON="$FW_JSON,\"reason\":$JS"
+	fi
+	FW_JSON="$FW_JSON}"
+}
+
+# fw_install hands the checked file to --firmware-hook. Returns 0 when the
+# outcome should be pushed at once (failed, or installed without a reboot).
+fw_install() {
+	FW_HOOKED=1
+	save_state
+	_file=$(fw_part)
+	log info "installing firmware $FW_VERSION with $FW_HOOK"
+	export DROVER_FIRMWARE_FILE="$_file" DROVER_FIRMWARE_VERSION="$FW_VERSION" DROVER_FIRMWARE_SHA256="$FW_SHA256" DROVER_FIRMWARE_ROLLOUT="$FW_ROLLOUT"
+	_t0=$(date +%s)
+	run_limited "$FW_HOOK_TIMEOUT" sh -c "$FW_HOOK" >"$RUN/fwhook.out" 2>"$RUN/fwhook.err"
+	_rc=$?
+	unset DROVER_FIRMWARE_FILE DROVER_FIRMWARE_VERSION DROVER_FIRMWARE_SHA256 DROVER_FIRMWARE_ROLLOUT
+	if [ $_rc -ne 0 ]; then
+		_err=$(sed -n '/[^[:space:]]/h; ${x;p;}' "$RUN/fwhook.err")
+		[ -n "$_err" ] || _err=$(sed -n '/[^[:space:]]/h; ${x;p;}' "$RUN/fwhook.out")
+		case $_rc in 124 | 137 | 143)
+			[ $(($(date +%s) - _t0)) -lt "$FW_HOOK_TIMEOUT" ] || _err="firmware hook timed out after $FW_HOOK_TIMEOUT s"
+			;;
+		esac
+		[ -n "$_err" ] || _err="firmware hook exited with status $_rc"
+		fw_fail "$_err"
+		rm -f "$_file"
+		save_state
+		return 0
+	fi
+	if [ -z "$FIRMWARE_ARG" ]; then
+		system_firmware
+		set_firmware "$_fw"
+	fi
+	if [ "$FIRMWARE" = "$FW_VERSION" ]; then
+		log info "firmware $FW_VERSION installed"
+		rm -f "$_file"
+		fw_clear
+		save_state
+		return 0
+	fi
+	log info "firmware hook done; waiting for the reboot into $FW_VERSION (running $FIRMWARE)"
+	return 1
+}
+
+# fw_step acts on the answer's offer (ANS_FW_*). Returns 0 when the server
+# should hear the outcome at once.
+fw_step() {
+	if [ -z "$ANS_FW_ROLLOUT" ]; then
+		[ -n "$FW_ROLLOUT" ] || return 1
+		if [ "$FW_STATE" = installing ]; then # the server stops offering once told
+			[ "$FW_HOOKED" = 1 ] && return 1  # waiting for the reboot
+			fw_install
+			return
+		fi
+		log info "firmware offer withdrawn: rollout $FW_ROLLOUT, state $FW_STATE"
+		fw_cancel
+		rm -f "$(fw_part)"
+		fw_clear
+		save_state
+		return 1
+	fi
+	if [ "$ANS_FW_ROLLOUT" != "$FW_ROLLOUT" ] || [ "$ANS_FW_SHA256" != "$FW_SHA256" ]; then
+		fw_cancel
+		[ -z "$FW_SHA256" ] || rm -f "$(fw_part)"
+		fw_clear
+		FW_ROLLOUT=$ANS_FW_ROLLOUT
+		clean "$ANS_FW_VERSION" 64
+		FW_VERSION=$CLEAN
+		clean "$ANS_FW_URL" 2048
+		FW_URL=$CLEAN
+		FW_SHA256=$ANS_FW_SHA256
+		FW_SIZE=$ANS_FW_SIZE
+		clean "$ANS_FW_SIG" 256
+		FW_SIG=$CLEAN
+		FW_STATE=downloading
+		case $FW_ROLLOUT in '' | *[!0-9]*) FW_ROLLOUT=0 ;; esac
+		if [ -z "$FW_HOOK" ]; then
+			fw_fail "no firmware hook installed on this device (drover-agent.sh --firmware-hook)"
+		elif ! { [ ${#FW_SHA256} -eq 64 ] && [ -n "$FW_SIZE" ] && [ "$FW_SIZE" -gt 0 ] 2>/dev/null; } ||
+			[ -n "$(printf '%s' "$FW_SHA256" | tr -d '0-9a-f')" ]; then
+			FW_SIZE=0
+			FW_SHA256=0000000000000000000000000000000000000000000000000000000000000000
+			fw_fail "offer without size or sha256"
+		elif [ -n "$FW_KEY_PEM" ] && [ -z "$FW_SIG" ]; then
+			fw_fail "firmware is not signed and this device requires a signature"
+		else
+			case $FW_URL in
+			/* | https://*) ;;
+			http://*) [ "$ALLOW_HTTP" = 1 ] || fw_fail "firmware url $FW_URL is not https" ;;
+			*) fw_fail "firmware url $FW_URL is not https" ;;
+			esac
+		fi
+		log info "firmware offered: rollout $FW_ROLLOUT version $FW_VERSION size $FW_SIZE state $FW_STATE"
+		save_state
+		[ "$FW_STATE" = failed ] && return 0
+		fw_download
+		return 1
+	fi
+	fw_collect
+	case $FW_STATE in
+	downloading) fw_download ;; # resumes after a restart
+	ready)
+		FW_STATE=installing
+		save_state
+		return 0 # report installing before the hook runs
+		;;
+	installing)
+		[ "$FW_HOOKED" = 1 ] || {
+			fw_install
+			return
+		}
+		;;
+	esac
+	return 1
+}
+
+# set_firmware sets the firmware the pushes report.
+set_firmware() {
+	FIRMWARE=$1
+	js "$FIRMWARE" 64
+	FIRMWARE_JSON=$JS
+}
+
+# fw_start settles an install left by the previous run: on the new
+# firmware it is done, on the old one it failed.
+fw_start() {
+	[ "$FW_STATE" = installing ] && [ "$FW_HOOKED" = 1 ] || return 0
+	if [ "$FIRMWARE" = "$FW_VERSION" ]; then
+		log info "firmware update installed: $FW_VERSION"
+		fw_clear
+	else
+		fw_fail "still runs $FIRMWARE after installing $FW_VERSION"
+	fi
+	save_state
+}
+
 # push: returns 0 on success (HOOK_RAN=1 when a configuration was handed
 # to the hook), 1 on failure, 3 when the token was refused.
 HOOK_RAN=0
+MORE=0 # command results or a firmware outcome to push at once
 REPORTING=0
 push() {
 	HOOK_RAN=0
+	MORE=0
 	export DROVER_DEVICE_ID="$DEVICE_ID" DROVER_MACHINE_ID="$MACHINE_ID" DROVER_STATE_DIR="$STATE_DIR" DROVER_SERVER="$SERVER"
 	collect
 	SEQ=$((SEQ + 1))
@@ -883,7 +1574,13 @@ push() {
 		js "$CONFIG_ERROR" 1024
 		_ce=",\"config_error\":$JS"
 	fi
-	printf '{"seq":%s,"config_version":%s%s,"state":%s}' "$SEQ" "$CONFIG_VERSION" "$_ce" "$STATE" >"$RUN/body"
+	fw_collect
+	fw_report
+	pending_results
+	_res=
+	[ -z "$RESULTS_JSON" ] || _res=",\"results\":[$RESULTS_JSON]"
+	_reboot=$REBOOT_AFTER_PUSH
+	printf '{"seq":%s,"config_version":%s%s,"state":%s%s%s}' "$SEQ" "$CONFIG_VERSION" "$_ce" "$STATE" "$FW_JSON" "$_res" >"$RUN/body"
 	post /api/v1/push "$RUN/body" auth
 	case $STATUS in
 	200) ;;
@@ -893,20 +1590,33 @@ push() {
 		return 1
 		;;
 	esac
+	for _id in $RESULTS_SENT; do rm -f "$RESULTS/$_id"; done
+	if [ "$_reboot" = 1 ] && ! results_left; then
+		reboot_now
+	fi
 	set_interval "$ANS_INTERVAL"
 	log debug "pushed seq=$SEQ config_version=$CONFIG_VERSION"
-	case $ANS_VERSION in '' | *[!0-9]*) return 0 ;; esac
-	if [ ! -s "$RUN/data" ]; then
-		log error "the server's answer carries configuration version $ANS_VERSION without data"
-		return 0
-	fi
-	apply_config "$ANS_VERSION" && HOOK_RAN=1
+	case $ANS_VERSION in
+	'' | *[!0-9]*) ;;
+	*)
+		if [ ! -s "$RUN/data" ]; then
+			log error "the server's answer carries configuration version $ANS_VERSION without data"
+		else
+			apply_config "$ANS_VERSION" && HOOK_RAN=1
+		fi
+		;;
+	esac
+	run_commands
+	[ "$CMDS_RAN" = 0 ] || MORE=1
+	fw_step && MORE=1
+	results_left && MORE=1
 	return 0
 }
 
 # --- main loop -------------------------------------------------------------
 
 log info "agent starting: server=$SERVER machine_id=$MACHINE_ID device_id=$DEVICE_ID device_type=$DEVICE_TYPE firmware=$FIRMWARE"
+fw_start
 proc_state # the first CPU sample; the first push measures from here
 JUST_REGISTERED=0
 REPORTED=0
@@ -941,6 +1651,7 @@ while :; do
 			continue # report the hook's result now
 		fi
 		REPORTED=0
+		[ "$MORE" = 0 ] || continue # command results, firmware state
 		if [ "$ONCE" = 1 ]; then
 			[ -z "$CONFIG_ERROR" ] || die "configuration version $FAILED_VERSION is not applied: $CONFIG_ERROR"
 			exit 0

@@ -28,44 +28,7 @@ func TestEndToEndCommands(t *testing.T) {
 	id := startAgent(t, srv, dir, func(cfg *Config) {
 		cfg.CommandHook, cfg.Logs = hook, map[string]string{"messages": logFile}
 	})
-	send := func(body map[string]any) string {
-		t.Helper()
-		body["device_id"] = id
-		var j struct {
-			ID string `json:"id"`
-		}
-		if st := srv.call("POST", "/api/v1/commands", srv.s.AdminToken, body, nil); st != 201 {
-			t.Fatalf("send %v: %d", body, st)
-		}
-		var list struct {
-			Jobs []struct {
-				ID string `json:"id"`
-			} `json:"jobs"`
-		}
-		srv.call("GET", "/api/v1/commands", srv.s.AdminToken, nil, &list)
-		j.ID = list.Jobs[0].ID
-		return j.ID
-	}
-	type result struct {
-		JobID    string   `json:"job_id"`
-		State    string   `json:"state"`
-		ExitCode int      `json:"exit_code"`
-		Error    string   `json:"error"`
-		Output   []string `json:"output"`
-	}
-	wait := func(job string) result {
-		t.Helper()
-		var r result
-		waitFor(t, 30*time.Second, "result of command "+job, func() bool {
-			var out struct{ Commands []result }
-			srv.call("GET", "/api/v1/commands/"+job+"/devices", srv.s.AdminToken, nil, &out)
-			if len(out.Commands) == 1 {
-				r = out.Commands[0]
-			}
-			return r.State == "succeeded" || r.State == "failed"
-		})
-		return r
-	}
+	send, wait := commandAPI(t, srv, id)
 	r := wait(send(map[string]any{"kind": "set-config", "args": []string{"wan.mtu", "1400; touch /tmp/pwned $(id)"}}))
 	if r.State != "succeeded" || strings.Join(r.Output, "|") != "[set-config]|[wan.mtu]|[1400; touch /tmp/pwned $(id)]" {
 		t.Fatalf("set-config: %+v", r)
@@ -176,4 +139,46 @@ func startAgent(t *testing.T, srv *realServer, dir string, set func(*Config)) st
 		return id != ""
 	})
 	return id
+}
+
+// cmdResult is a command's result as the operator API shows it.
+type cmdResult struct {
+	JobID    string   `json:"job_id"`
+	State    string   `json:"state"`
+	ExitCode int      `json:"exit_code"`
+	Error    string   `json:"error"`
+	Output   []string `json:"output"`
+}
+
+// commandAPI sends commands to device id (send returns the job ID) and
+// waits for a job's result.
+func commandAPI(t *testing.T, srv *realServer, id string) (send func(map[string]any) string, wait func(string) cmdResult) {
+	send = func(body map[string]any) string {
+		t.Helper()
+		body["device_id"] = id
+		if st := srv.call("POST", "/api/v1/commands", srv.s.AdminToken, body, nil); st != 201 {
+			t.Fatalf("send %v: %d", body, st)
+		}
+		var list struct {
+			Jobs []struct {
+				ID string `json:"id"`
+			} `json:"jobs"`
+		}
+		srv.call("GET", "/api/v1/commands", srv.s.AdminToken, nil, &list)
+		return list.Jobs[0].ID
+	}
+	wait = func(job string) cmdResult {
+		t.Helper()
+		var r cmdResult
+		waitFor(t, 30*time.Second, "result of command "+job, func() bool {
+			var out struct{ Commands []cmdResult }
+			srv.call("GET", "/api/v1/commands/"+job+"/devices", srv.s.AdminToken, nil, &out)
+			if len(out.Commands) == 1 {
+				r = out.Commands[0]
+			}
+			return r.State == "succeeded" || r.State == "failed"
+		})
+		return r
+	}
+	return send, wait
 }

@@ -84,21 +84,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 		}
 		a.Close()
 	}()
-	api := func(method, path string, body []byte, out any) int {
-		t.Helper()
-		req, _ := http.NewRequest(method, s.URL+path, bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+s.AdminToken)
-		resp, err := s.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if out != nil {
-			json.Unmarshal(raw, out)
-		}
-		return resp.StatusCode
-	}
+	api := adminAPI(t, s)
 	waitFor(t, 20*time.Second, "the device's first push", func() bool {
 		var out struct{ Devices []deviceView }
 		api("GET", "/api/v1/devices?liveness=online", nil, &out)
@@ -221,5 +207,25 @@ func TestLoadFirmwareKey(t *testing.T) {
 	os.WriteFile(bad, []byte("not a key"), 0o600)
 	if _, err := LoadFirmwareKey(bad); err == nil {
 		t.Fatal("bad key accepted")
+	}
+}
+
+// adminAPI calls s's operator API with the admin token; out gets the JSON
+// answer.
+func adminAPI(t *testing.T, s *servertest.Server) func(method, path string, body []byte, out any) int {
+	return func(method, path string, body []byte, out any) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, s.URL+path, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+s.AdminToken)
+		resp, err := s.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if out != nil {
+			json.Unmarshal(raw, out)
+		}
+		return resp.StatusCode
 	}
 }

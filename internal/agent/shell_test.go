@@ -183,7 +183,7 @@ func TestShellAgent(t *testing.T) {
 	t.Parallel()
 	scenarios := map[string]func(*testing.T, shellEnv){
 		"EndToEnd": testShellAgentEndToEnd, "ProtocolDetails": testShellAgentProtocolDetails, "OnceAndErrors": testShellAgentOnceAndErrors,
-		"QuotaRetryAfter": testShellAgentQuota,
+		"QuotaRetryAfter": testShellAgentQuota, "Commands": testShellAgentCommands, "Firmware": testShellAgentFirmware,
 	}
 	var wg sync.WaitGroup
 	for shell, mk := range shells(t) {
