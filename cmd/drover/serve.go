@@ -27,6 +27,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "bearer token of the operator API (empty: generated once, kept in data-dir/secrets.json)")
 	fs.IntVar(&c.PushInterval, "push-interval", c.PushInterval, "push interval in seconds of profiles created by default")
 	fs.DurationVar(&c.HistoryRetention, "history-retention", c.HistoryRetention, "how long history samples are kept (0: forever)")
+	fs.DurationVar(&c.AuditRetention, "audit-retention", c.AuditRetention, "how long audit log rows (every change, docs/security.md) are kept (0: forever)")
 	fs.Float64Var(&c.QuotaPushRate, "quota-push-rate", c.QuotaPushRate, "pushes a device may make per push interval of its profile on average; more get 429 (0: no push quota)")
 	fs.IntVar(&c.QuotaPushBurst, "quota-push-burst", c.QuotaPushBurst, "pushes a device that has been quiet may make back to back (reboots, configuration changes)")
 	fs.IntVar(&c.QuotaHistorySamples, "quota-history-samples", c.QuotaHistorySamples, "history samples kept per device per push interval (0: one per accepted push)")

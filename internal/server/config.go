@@ -26,6 +26,8 @@ type Config struct {
 	AdminToken       string
 	PushInterval     int
 	HistoryRetention time.Duration
+	// AuditRetention is how long audit log rows are kept (0: forever).
+	AuditRetention time.Duration
 	// Per-device quotas (docs/operations.md, "Quotas").
 	QuotaPushRate       float64
 	QuotaPushBurst      int
@@ -93,6 +95,7 @@ func DefaultConfig() Config {
 		FlushInterval:       5 * time.Second,
 		PushInterval:        200,
 		HistoryRetention:    7 * 24 * time.Hour,
+		AuditRetention:      400 * 24 * time.Hour,
 		QuotaPushRate:       fleet.DefaultQuotas().PushRate,
 		QuotaPushBurst:      fleet.DefaultQuotas().PushBurst,
 		QuotaHistorySamples: fleet.DefaultQuotas().HistorySamples,

@@ -14,3 +14,18 @@ func RoutePaths() []string {
 	}
 	return paths
 }
+
+// RouteNeed is one route of the table and the least role it needs
+// ("public", "viewer", "operator", "admin", "metrics").
+type RouteNeed struct{ Method, Path, Need string }
+
+// RouteNeeds lists the routes table with each route's need.
+func RouteNeeds() []RouteNeed {
+	a := &api{m: newMetrics()}
+	names := map[need]string{public: "public", viewer: "viewer", operator: "operator", admin: "admin", metricsReader: "metrics"}
+	var out []RouteNeed
+	for _, rt := range a.table() {
+		out = append(out, RouteNeed{rt.method, rt.path, names[rt.need]})
+	}
+	return out
+}

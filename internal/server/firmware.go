@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/fleet"
 )
 
@@ -88,9 +89,13 @@ func (ff *firmwareFiles) extend(w http.ResponseWriter) {
 	rc.SetWriteDeadline(deadline)
 }
 
-// operator names who makes a change: "api", or "api:<name>" with the
-// X-Drover-Operator header (a label the admin token's holder chooses).
-func operator(r *http.Request) (string, error) {
+// changedBy names who makes a change: a user's name, or for the admin
+// token "api", or "api:<name>" with the X-Drover-Operator header (a label
+// the admin token's holder chooses).
+func changedBy(r *http.Request) (string, error) {
+	if who, ok := actorOf(r); ok && who.Name != access.AdminActor {
+		return who.Name, nil
+	}
 	n := r.Header.Get("X-Drover-Operator")
 	if n == "" {
 		return "api", nil
@@ -121,7 +126,7 @@ func (a *api) getFirmware(r *http.Request) (any, error) {
 // in the query, or (Content-Type application/json) a reference to a file
 // kept elsewhere.
 func (a *api) uploadFirmware(r *http.Request) (any, error) {
-	by, err := operator(r)
+	by, err := changedBy(r)
 	if err != nil {
 		return nil, err
 	}
@@ -235,12 +240,13 @@ func (a *api) firmwareFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var f fleet.Firmware
-	if a.isAdmin(r) {
+	token, _ := bearer(r)
+	if who, aerr := a.acc.Authenticate(r.Context(), token); aerr == nil && who.Role >= access.Viewer {
 		var ok bool
 		if f, ok = a.fleet.FirmwareByID(id); !ok {
 			err = fleet.ErrNotFound
 		}
-	} else if token, ok := bearer(r); !ok {
+	} else if token == "" {
 		err = errNoBearer
 	} else {
 		f, err = a.fleet.FirmwareAccess(token, id)
@@ -274,7 +280,7 @@ func (a *api) listRollouts(*http.Request) (any, error) {
 }
 
 func (a *api) createRollout(r *http.Request) (any, error) {
-	by, err := operator(r)
+	by, err := changedBy(r)
 	if err != nil {
 		return nil, err
 	}
@@ -338,7 +344,7 @@ func (a *api) controlRollout(action string) apiFunc {
 		if err != nil {
 			return nil, err
 		}
-		by, err := operator(r)
+		by, err := changedBy(r)
 		if err != nil {
 			return nil, err
 		}
@@ -381,7 +387,7 @@ func (a *api) rollbackProfile(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	by, err := operator(r)
+	by, err := changedBy(r)
 	if err != nil {
 		return nil, err
 	}

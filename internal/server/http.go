@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
@@ -27,21 +28,23 @@ import (
 // api serves the device protocol, the operator API and the probes; its
 // routes are in routes.go.
 type api struct {
-	fleet      *fleet.Service
-	alerts     *alert.Engine
-	ui         http.Handler // the dashboard; nil: none
-	m          *metrics
-	log        *slog.Logger
-	adminToken []byte
-	slots      chan struct{} // bounds device requests in flight
-	ready      func() error
-	degraded   func() string // what works less well while ready ("": nothing)
-	cnode      *cluster.Node // cluster mode; nil: not
-	writable   func() error  // non-nil: device writes are refused (instance lock lost)
-	warnLimit  rateLimiter
-	regLimit   *regLimiter // registrations; nil: unlimited
-	fw         firmwareFiles
-	hub        *hub // persistent connections; nil: none (connect.go)
+	fleet     *fleet.Service
+	alerts    *alert.Engine
+	ui        http.Handler // the dashboard; nil: none
+	m         *metrics
+	log       *slog.Logger
+	acc       *access.Service // users, tokens, audit log (authz.go)
+	snaps     *snapshots      // GET routes answered in process, for the audit log
+	gets      map[string]bool // paths of GET routes
+	slots     chan struct{}   // bounds device requests in flight
+	ready     func() error
+	degraded  func() string // what works less well while ready ("": nothing)
+	cnode     *cluster.Node // cluster mode; nil: not
+	writable  func() error  // non-nil: device writes are refused (instance lock lost)
+	warnLimit rateLimiter
+	regLimit  *regLimiter // registrations; nil: unlimited
+	fw        firmwareFiles
+	hub       *hub // persistent connections; nil: none (connect.go)
 
 	// metricsToken may read /metrics only; nil: none.
 	metricsToken []byte
@@ -118,7 +121,7 @@ func overloaded(why string) *apiError {
 var (
 	errInflight      = overloaded("too many requests in flight")
 	errWritesPending = overloaded("too many writes pending")
-	errAdminToken    = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "admin token missing or wrong", outcome: outUnauth}
+	errAdminToken    = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "credential missing or wrong: the admin token or a user's API token is needed", outcome: outUnauth}
 	errMetricsToken  = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "metrics need the metrics token or the admin token", outcome: outUnauth}
 	errNoBearer      = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "missing bearer token", outcome: outUnauth}
 	errDeviceToken   = &apiError{status: http.StatusUnauthorized, code: "unauthorized", msg: "unknown or revoked token: register again", outcome: outUnauth}
@@ -163,9 +166,11 @@ func answerError(err error) *apiError {
 		return &apiError{status: http.StatusConflict, code: "too_many_lifts", msg: err.Error()}
 	case errors.Is(err, fleet.ErrCursor):
 		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: "cursor must be a next_cursor value", outcome: outInvalid}
-	case errors.Is(err, fleet.ErrInvalid), errors.Is(err, alert.ErrInvalid):
+	case errors.Is(err, access.ErrExists):
+		return &apiError{status: http.StatusConflict, code: "conflict", msg: err.Error()}
+	case errors.Is(err, fleet.ErrInvalid), errors.Is(err, alert.ErrInvalid), errors.Is(err, access.ErrInvalid):
 		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: err.Error(), outcome: outInvalid}
-	case errors.Is(err, fleet.ErrNotFound), errors.Is(err, alert.ErrNotFound):
+	case errors.Is(err, fleet.ErrNotFound), errors.Is(err, alert.ErrNotFound), errors.Is(err, access.ErrNotFound):
 		return &apiError{status: http.StatusNotFound, code: "not_found", msg: err.Error()}
 	case errors.Is(err, alert.ErrDuplicateName):
 		return &apiError{status: http.StatusConflict, code: "duplicate_name", msg: err.Error()}
@@ -274,12 +279,6 @@ func bearer(r *http.Request) (string, bool) {
 	}
 	t := strings.TrimSpace(h[7:])
 	return t, t != ""
-}
-
-// isAdmin checks the admin token in constant time.
-func (a *api) isAdmin(r *http.Request) bool {
-	t, ok := bearer(r)
-	return ok && subtle.ConstantTimeCompare([]byte(t), a.adminToken) == 1
 }
 
 // isMetricsReader checks the metrics token in constant time.
@@ -412,7 +411,7 @@ func (a *api) updateProfile(r *http.Request) (any, error) {
 	if err := decodeStrict(r, "profile update: ", &u); err != nil {
 		return nil, err
 	}
-	if u.By, err = operator(r); err != nil {
+	if u.By, err = changedBy(r); err != nil {
 		return nil, err
 	}
 	p, err := a.fleet.UpdateProfile(r.Context(), id, u)

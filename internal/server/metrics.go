@@ -42,6 +42,7 @@ type metrics struct {
 	// firmwareDownloads counts firmware file requests (a resumed
 	// download is one more).
 	firmwareDownloads prometheus.Counter
+	auditFailures     prometheus.Counter // audit log writes that failed
 
 	pushAccepted, regNew, regRenewed, regPending prometheus.Counter
 	pushDuration, regDuration                    prometheus.Observer
@@ -89,6 +90,9 @@ func newMetrics() *metrics {
 	m.firmwareDownloads = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "drover_firmware_file_requests_total", Help: "Firmware file requests served (ranges and resumptions count each).",
 	})
+	m.auditFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "drover_audit_write_errors_total", Help: "Changes made whose audit log row could not be written.",
+	})
 	bi := buildinfo.Read()
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "drover_build_info", Help: "Always 1; the labels name the running build.",
@@ -96,7 +100,7 @@ func newMetrics() *metrics {
 	})
 	buildInfo.Set(1)
 	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight, m.connections,
-		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers, m.firmwareDownloads,
+		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers, m.firmwareDownloads, m.auditFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {
 		m.pushes.WithLabelValues(o)

@@ -7,11 +7,13 @@ package server
 // (written as JSON with 200, or created(v) for 201) or an error: an
 // *apiError made with badField, notFound... or a domain error, which
 // answerError maps to HTTP status, JSON error code, outcome metrics and log
-// line, once for every endpoint. Access is checked from the table (admin:
-// the operator's bearer token); a path in the table asked with another method
-// gets 405 with Allow, any other path 404, both with the JSON error body.
-// Plain handlers (probes, /metrics, the dashboard) are listed with h instead;
-// their access is checked from the table too.
+// line, once for every endpoint. Access is checked from the table (need:
+// the least role of the caller's bearer token, authz.go; docs/security.md),
+// and every change is written to the audit log there too; a path in the
+// table asked with another method gets 405 with Allow, any other path 404,
+// both with the JSON error body. Plain handlers (probes, /metrics, the
+// dashboard) are listed with h instead; their access is checked from the
+// table too.
 // Unknown query parameters are still ignored; refusing them (issue 17) means
 // listing each route's parameters here and checking them in wrap
 // (fleet.FilterParams lists the devices filter's).
@@ -31,23 +33,17 @@ import (
 // apiFunc answers one request with a value for the JSON body, or an error.
 type apiFunc func(r *http.Request) (any, error)
 
-// access says who may call a route.
-type access uint8
-
-const (
-	public        access = iota // anyone (devices authenticate inside their handlers)
-	admin                       // the operator's admin token
-	metricsReader               // the admin token or the metrics token
-)
-
 // route is one line of the table.
 type route struct {
 	method, path string // path as http.ServeMux takes it; method "" for any
-	access       access
+	need         need   // who may call it (authz.go)
 	endpoint     string // the endpoint label of the request metrics (default: "admin", or the path)
-	fn           apiFunc
-	h            http.Handler // instead of fn: served as is
-	limited      bool         // takes a device request slot (503 when none free)
+	// object is the path (GET route) of the object a change acts on,
+	// for the audit log's before and after; routes() sets it.
+	object  string
+	fn      apiFunc
+	h       http.Handler // instead of fn: served as is
+	limited bool         // takes a device request slot (503 when none free)
 	// refuse answers the request before a slot is taken when it returns
 	// true (pushes over quota).
 	refuse func(w http.ResponseWriter, r *http.Request) bool
@@ -80,73 +76,85 @@ func (a *api) table() []route {
 		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.refuseOverQuota, outcomes: m.pushes, ok: pushOK},
 
 		// Operator API (docs/operations.md).
-		{method: "GET", path: "/api/v1/devices", access: admin, fn: a.listDevices},
-		{method: "GET", path: "/api/v1/devices/{id}", access: admin, fn: a.getDevice},
-		{method: "GET", path: "/api/v1/devices/{id}/history", access: admin, fn: a.getHistory},
-		{method: "POST", path: "/api/v1/devices/{id}/approve", access: admin, fn: a.admitDevice(fleet.Approve)},
-		{method: "POST", path: "/api/v1/devices/{id}/reject", access: admin, fn: a.admitDevice(fleet.Reject)},
-		{method: "POST", path: "/api/v1/devices/{id}/block", access: admin, fn: a.admitDevice(fleet.Block)},
-		{method: "POST", path: "/api/v1/devices/{id}/decommission", access: admin, fn: a.admitDevice(fleet.Decommission)},
-		{method: "DELETE", path: "/api/v1/devices/{id}", access: admin, fn: a.admitDevice(fleet.Delete)},
-		{method: "GET", path: "/api/v1/enrollment-tokens", access: admin, fn: a.listEnrollmentTokens},
-		{method: "POST", path: "/api/v1/enrollment-tokens", access: admin, fn: a.createEnrollmentToken},
-		{method: "DELETE", path: "/api/v1/enrollment-tokens/{id}", access: admin, fn: a.revokeEnrollmentToken},
-		{method: "GET", path: "/api/v1/preauthorized", access: admin, fn: a.listPreauthorized},
-		{method: "POST", path: "/api/v1/preauthorized", access: admin, fn: a.addPreauthorized},
-		{method: "DELETE", path: "/api/v1/preauthorized/{machine_id}", access: admin, fn: a.removePreauthorized},
-		{method: "GET", path: "/api/v1/profiles", access: admin, fn: a.listProfiles},
-		{method: "GET", path: "/api/v1/profiles/{id}", access: admin, fn: a.getProfile},
-		{method: "PUT", path: "/api/v1/profiles/{id}", access: admin, fn: a.updateProfile},
-		{method: "PATCH", path: "/api/v1/profiles/{id}", access: admin, fn: a.updateProfile},
-		{method: "DELETE", path: "/api/v1/profiles/{id}", access: admin, fn: a.deleteProfile},
-		{method: "GET", path: "/api/v1/profiles/policy", access: admin, fn: a.getProfilePolicy},
-		{method: "PUT", path: "/api/v1/profiles/policy", access: admin, fn: a.putProfilePolicy},
-		{method: "GET", path: "/api/v1/profiles/pending", access: admin, fn: a.pendingFirmware},
-		{method: "POST", path: "/api/v1/profiles/approve", access: admin, fn: a.approveFirmware},
-		{method: "POST", path: "/api/v1/profiles/cleanup", access: admin, fn: a.cleanupProfiles},
-		{method: "GET", path: "/api/v1/profiles/{id}/history", access: admin, fn: a.profileHistory},
-		{method: "GET", path: "/api/v1/profiles/{id}/diff", access: admin, fn: a.profileDiff},
-		{method: "POST", path: "/api/v1/profiles/{id}/rollback", access: admin, fn: a.rollbackProfile},
-		{method: "GET", path: "/api/v1/firmware", access: admin, fn: a.listFirmware},
-		{method: "POST", path: "/api/v1/firmware", access: admin, fn: a.uploadFirmware, stream: true},
-		{method: "GET", path: "/api/v1/firmware/{id}", access: admin, fn: a.getFirmware},
-		{method: "DELETE", path: "/api/v1/firmware/{id}", access: admin, fn: a.deleteFirmware},
+		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices},
+		{method: "GET", path: "/api/v1/devices/{id}", need: viewer, fn: a.getDevice},
+		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory},
+		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve)},
+		{method: "POST", path: "/api/v1/devices/{id}/reject", need: operator, fn: a.admitDevice(fleet.Reject)},
+		{method: "POST", path: "/api/v1/devices/{id}/block", need: operator, fn: a.admitDevice(fleet.Block)},
+		{method: "POST", path: "/api/v1/devices/{id}/decommission", need: operator, fn: a.admitDevice(fleet.Decommission)},
+		{method: "DELETE", path: "/api/v1/devices/{id}", need: operator, fn: a.admitDevice(fleet.Delete)},
+		{method: "GET", path: "/api/v1/enrollment-tokens", need: admin, fn: a.listEnrollmentTokens},
+		{method: "POST", path: "/api/v1/enrollment-tokens", need: admin, fn: a.createEnrollmentToken},
+		{method: "DELETE", path: "/api/v1/enrollment-tokens/{id}", need: admin, fn: a.revokeEnrollmentToken},
+		{method: "GET", path: "/api/v1/preauthorized", need: viewer, fn: a.listPreauthorized},
+		{method: "POST", path: "/api/v1/preauthorized", need: operator, fn: a.addPreauthorized},
+		{method: "DELETE", path: "/api/v1/preauthorized/{machine_id}", need: operator, fn: a.removePreauthorized},
+		{method: "GET", path: "/api/v1/profiles", need: viewer, fn: a.listProfiles},
+		{method: "GET", path: "/api/v1/profiles/{id}", need: viewer, fn: a.getProfile},
+		{method: "PUT", path: "/api/v1/profiles/{id}", need: operator, fn: a.updateProfile},
+		{method: "PATCH", path: "/api/v1/profiles/{id}", need: operator, fn: a.updateProfile},
+		{method: "DELETE", path: "/api/v1/profiles/{id}", need: operator, fn: a.deleteProfile},
+		{method: "GET", path: "/api/v1/profiles/policy", need: viewer, fn: a.getProfilePolicy},
+		{method: "PUT", path: "/api/v1/profiles/policy", need: operator, fn: a.putProfilePolicy},
+		{method: "GET", path: "/api/v1/profiles/pending", need: viewer, fn: a.pendingFirmware},
+		{method: "POST", path: "/api/v1/profiles/approve", need: operator, fn: a.approveFirmware},
+		{method: "POST", path: "/api/v1/profiles/cleanup", need: operator, fn: a.cleanupProfiles},
+		{method: "GET", path: "/api/v1/profiles/{id}/history", need: viewer, fn: a.profileHistory},
+		{method: "GET", path: "/api/v1/profiles/{id}/diff", need: viewer, fn: a.profileDiff},
+		{method: "POST", path: "/api/v1/profiles/{id}/rollback", need: operator, fn: a.rollbackProfile},
+		{method: "GET", path: "/api/v1/firmware", need: viewer, fn: a.listFirmware},
+		{method: "POST", path: "/api/v1/firmware", need: operator, fn: a.uploadFirmware, stream: true},
+		{method: "GET", path: "/api/v1/firmware/{id}", need: viewer, fn: a.getFirmware},
+		{method: "DELETE", path: "/api/v1/firmware/{id}", need: operator, fn: a.deleteFirmware},
 		// Firmware files: devices with their token (own device type), or
 		// the admin token; checked in the handler.
 		{method: "GET", path: protocol.PathFirmware + "{id}/file", h: http.HandlerFunc(a.firmwareFile)},
-		{method: "GET", path: "/api/v1/rollouts", access: admin, fn: a.listRollouts},
-		{method: "POST", path: "/api/v1/rollouts", access: admin, fn: a.createRollout},
-		{method: "GET", path: "/api/v1/rollouts/{id}", access: admin, fn: a.getRollout},
-		{method: "GET", path: "/api/v1/rollouts/{id}/devices", access: admin, fn: a.rolloutDevices},
-		{method: "POST", path: "/api/v1/rollouts/{id}/pause", access: admin, fn: a.controlRollout(fleet.ActionPause)},
-		{method: "POST", path: "/api/v1/rollouts/{id}/resume", access: admin, fn: a.controlRollout(fleet.ActionResume)},
-		{method: "POST", path: "/api/v1/rollouts/{id}/abort", access: admin, fn: a.controlRollout(fleet.ActionAbort)},
-		{method: "GET", path: "/api/v1/quotas", access: admin, fn: a.listQuotas},
-		{method: "GET", path: "/api/v1/devices/{id}/quota", access: admin, fn: a.getDeviceQuota},
-		{method: "PUT", path: "/api/v1/devices/{id}/quota", access: admin, fn: a.liftQuota},
-		{method: "DELETE", path: "/api/v1/devices/{id}/quota", access: admin, fn: a.restoreQuota},
-		{method: "GET", path: "/api/v1/stats", access: admin, fn: a.stats},
-		{method: "GET", path: "/api/v1/cluster", access: admin, fn: a.getCluster},
-		{method: "GET", path: "/api/v1/labels", access: admin, fn: a.listLabels},
-		{method: "POST", path: "/api/v1/labels/assign", access: admin, fn: a.assignLabel},
-		{method: "DELETE", path: "/api/v1/labels/{name}", access: admin, fn: a.deleteLabel},
-		{method: "GET", path: "/api/v1/commands", access: admin, fn: a.listCommands},
-		{method: "POST", path: "/api/v1/commands", access: admin, fn: a.sendCommand},
-		{method: "GET", path: "/api/v1/commands/{id}", access: admin, fn: a.getCommand},
-		{method: "GET", path: "/api/v1/commands/{id}/devices", access: admin, fn: a.commandDevices},
-		{method: "POST", path: "/api/v1/commands/{id}/pause", access: admin, fn: a.changeCommand("pause")},
-		{method: "POST", path: "/api/v1/commands/{id}/resume", access: admin, fn: a.changeCommand("resume")},
-		{method: "POST", path: "/api/v1/commands/{id}/cancel", access: admin, fn: a.changeCommand("cancel")},
-		{method: "GET", path: "/api/v1/devices/{id}/commands", access: admin, fn: a.deviceCommands},
-		{method: "GET", path: "/api/v1/alerts", access: admin, fn: a.listAlerts},
-		{method: "GET", path: "/api/v1/alerts/rules", access: admin, fn: a.listRules},
-		{method: "POST", path: "/api/v1/alerts/rules", access: admin, fn: a.createRule},
-		{method: "GET", path: "/api/v1/alerts/rules/{id}", access: admin, fn: a.getRule},
-		{method: "PUT", path: "/api/v1/alerts/rules/{id}", access: admin, fn: a.updateRule},
-		{method: "DELETE", path: "/api/v1/alerts/rules/{id}", access: admin, fn: a.deleteRule},
-		{method: "GET", path: "/api/v1/alerts/deliveries", access: admin, fn: a.deliveries},
-		{method: "GET", path: "/api/v1/alerts/smtp", access: admin, fn: a.getSMTP},
-		{method: "PUT", path: "/api/v1/alerts/smtp", access: admin, fn: a.putSMTP},
+		{method: "GET", path: "/api/v1/rollouts", need: viewer, fn: a.listRollouts},
+		{method: "POST", path: "/api/v1/rollouts", need: operator, fn: a.createRollout},
+		{method: "GET", path: "/api/v1/rollouts/{id}", need: viewer, fn: a.getRollout},
+		{method: "GET", path: "/api/v1/rollouts/{id}/devices", need: viewer, fn: a.rolloutDevices},
+		{method: "POST", path: "/api/v1/rollouts/{id}/pause", need: operator, fn: a.controlRollout(fleet.ActionPause)},
+		{method: "POST", path: "/api/v1/rollouts/{id}/resume", need: operator, fn: a.controlRollout(fleet.ActionResume)},
+		{method: "POST", path: "/api/v1/rollouts/{id}/abort", need: operator, fn: a.controlRollout(fleet.ActionAbort)},
+		{method: "GET", path: "/api/v1/quotas", need: viewer, fn: a.listQuotas},
+		{method: "GET", path: "/api/v1/devices/{id}/quota", need: viewer, fn: a.getDeviceQuota},
+		{method: "PUT", path: "/api/v1/devices/{id}/quota", need: operator, fn: a.liftQuota},
+		{method: "DELETE", path: "/api/v1/devices/{id}/quota", need: operator, fn: a.restoreQuota},
+		{method: "GET", path: "/api/v1/stats", need: viewer, fn: a.stats},
+		{method: "GET", path: "/api/v1/cluster", need: viewer, fn: a.getCluster},
+		{method: "GET", path: "/api/v1/labels", need: viewer, fn: a.listLabels},
+		{method: "POST", path: "/api/v1/labels/assign", need: operator, fn: a.assignLabel},
+		{method: "DELETE", path: "/api/v1/labels/{name}", need: operator, fn: a.deleteLabel},
+		{method: "GET", path: "/api/v1/commands", need: viewer, fn: a.listCommands},
+		{method: "POST", path: "/api/v1/commands", need: operator, fn: a.sendCommand},
+		{method: "GET", path: "/api/v1/commands/{id}", need: viewer, fn: a.getCommand},
+		{method: "GET", path: "/api/v1/commands/{id}/devices", need: viewer, fn: a.commandDevices},
+		{method: "POST", path: "/api/v1/commands/{id}/pause", need: operator, fn: a.changeCommand("pause")},
+		{method: "POST", path: "/api/v1/commands/{id}/resume", need: operator, fn: a.changeCommand("resume")},
+		{method: "POST", path: "/api/v1/commands/{id}/cancel", need: operator, fn: a.changeCommand("cancel")},
+		{method: "GET", path: "/api/v1/devices/{id}/commands", need: viewer, fn: a.deviceCommands},
+		{method: "GET", path: "/api/v1/alerts", need: viewer, fn: a.listAlerts},
+		{method: "GET", path: "/api/v1/alerts/rules", need: viewer, fn: a.listRules},
+		{method: "POST", path: "/api/v1/alerts/rules", need: operator, fn: a.createRule},
+		{method: "GET", path: "/api/v1/alerts/rules/{id}", need: viewer, fn: a.getRule},
+		{method: "PUT", path: "/api/v1/alerts/rules/{id}", need: operator, fn: a.updateRule},
+		{method: "DELETE", path: "/api/v1/alerts/rules/{id}", need: operator, fn: a.deleteRule},
+		{method: "GET", path: "/api/v1/alerts/deliveries", need: viewer, fn: a.deliveries},
+		{method: "GET", path: "/api/v1/alerts/smtp", need: admin, fn: a.getSMTP},
+		{method: "PUT", path: "/api/v1/alerts/smtp", need: admin, fn: a.putSMTP},
+
+		{method: "GET", path: "/api/v1/whoami", need: viewer, fn: a.whoami},
+		{method: "GET", path: "/api/v1/users", need: admin, fn: a.listUsers},
+		{method: "POST", path: "/api/v1/users", need: admin, fn: a.createUser},
+		{method: "GET", path: "/api/v1/users/{name}", need: admin, fn: a.getUser},
+		{method: "PATCH", path: "/api/v1/users/{name}", need: admin, fn: a.updateUser},
+		{method: "DELETE", path: "/api/v1/users/{name}", need: admin, fn: a.deleteUser},
+		{method: "GET", path: "/api/v1/tokens", need: admin, fn: a.listTokens},
+		{method: "POST", path: "/api/v1/tokens", need: admin, fn: a.createToken},
+		{method: "GET", path: "/api/v1/tokens/{id}", need: admin, fn: a.getToken},
+		{method: "DELETE", path: "/api/v1/tokens/{id}", need: admin, fn: a.revokeToken},
+		{method: "GET", path: "/api/v1/audit", need: admin, fn: a.listAudit},
 
 		// Dashboard (docs/dashboard.md): its own sessions, methods and errors.
 		{path: web.Prefix, h: a.ui},
@@ -155,7 +163,7 @@ func (a *api) table() []route {
 		// Metrics: devices share this port, so a credential is needed
 		// (docs/operations.md#metrics-access); --metrics-listen serves
 		// them without one on another address.
-		{method: "GET", path: "/metrics", access: metricsReader, endpoint: "metrics", h: m.handler()},
+		{method: "GET", path: "/metrics", need: metricsReader, endpoint: "metrics", h: m.handler()},
 
 		// Probes, unauthenticated.
 		{method: "GET", path: "/healthz", h: http.HandlerFunc(a.healthz)},
@@ -172,14 +180,26 @@ func (a *api) routes() http.Handler {
 	t.atOnce, t.held, t.closed = a.m.quotaAnswers.WithLabelValues("at_once"), a.m.quotaAnswers.WithLabelValues("held"), a.m.quotaAnswers.WithLabelValues("closed")
 	a.quota429.pushes = a.m.pushes.WithLabelValues(outQuota)
 	a.quota429.errors = a.m.badRequests.WithLabelValues("push", strconv.Itoa(http.StatusTooManyRequests), "quota_exceeded")
-	for _, rt := range a.table() {
+	table := a.table()
+	a.buildSnapshots(table)
+	gets := map[string]bool{}
+	for _, rt := range table {
+		if rt.method == http.MethodGet && rt.fn != nil {
+			gets[rt.path] = true
+		}
+	}
+	a.gets = gets
+	for _, rt := range table {
 		if rt.fn == nil && rt.h == nil {
 			continue // a part this server runs without (no dashboard in some tests)
+		}
+		if mutating(rt.method) {
+			rt.object = objectOf(rt, gets)
 		}
 		h := rt.h
 		if rt.fn != nil {
 			h = a.wrap(rt)
-		} else if rt.access != public {
+		} else if rt.need != public {
 			h = a.guard(rt, h)
 		}
 		pattern := rt.path
@@ -208,15 +228,17 @@ func (a *api) routes() http.Handler {
 // wrap turns an apiFunc into a handler: access, request slots, the answer
 // or its error, and the metrics.
 func (a *api) wrap(rt route) http.HandlerFunc {
-	if rt.endpoint == "" && rt.access == admin {
+	if rt.endpoint == "" && rt.need != public {
 		rt.endpoint = "admin"
 	} else if rt.endpoint == "" {
 		rt.endpoint = rt.path
 	}
 	duration := a.m.duration.WithLabelValues(rt.endpoint)
+	audit := mutating(rt.method) && rt.need != public
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !a.allows(rt.access, r) {
-			a.fail(w, &rt, errAdminToken)
+		r, err := a.authorize(rt.need, r)
+		if err != nil {
+			a.fail(w, &rt, err)
 			return
 		}
 		// Not timed: a refused push may be held on purpose.
@@ -247,7 +269,12 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 		} else {
 			r.Body = http.MaxBytesReader(w, r.Body, protocol.MaxBodyBytes)
 		}
-		v, err := rt.fn(r)
+		var v any
+		if audit {
+			v, err = a.audited(&rt, r)
+		} else {
+			v, err = rt.fn(r)
+		}
 		if err != nil {
 			a.fail(w, &rt, err)
 			return
@@ -270,29 +297,13 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 // guard checks a plain handler's access.
 func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !a.allows(rt.access, r) {
-			err := errAdminToken
-			if rt.access == metricsReader {
-				err = errMetricsToken
-			}
+		r, err := a.authorize(rt.need, r)
+		if err != nil {
 			a.fail(w, &rt, err)
 			return
 		}
 		h.ServeHTTP(w, r)
 	}
-}
-
-// allows says whether r carries the credential an access level needs.
-func (a *api) allows(ac access, r *http.Request) bool {
-	switch ac {
-	case public:
-		return true
-	case admin:
-		return a.isAdmin(r)
-	case metricsReader:
-		return a.isAdmin(r) || a.isMetricsReader(r)
-	}
-	return false
 }
 
 func (a *api) release() {

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/cluster"
@@ -52,10 +53,11 @@ type Server struct {
 	draining  atomic.Bool
 	stopHolds chan struct{} // closed on draining: held over-quota answers go out
 	pruneDone chan struct{}
-	hub       *hub          // devices' persistent connections (connect.go)
-	alerts    *alert.Engine // alerts_api.go
-	node      *cluster.Node // cluster mode (cluster_api.go); nil: not
-	cstore    store.Cluster // the store, in cluster mode
+	hub       *hub            // devices' persistent connections (connect.go)
+	alerts    *alert.Engine   // alerts_api.go
+	acc       *access.Service // users, tokens, audit log (authz.go)
+	node      *cluster.Node   // cluster mode (cluster_api.go); nil: not
+	cstore    store.Cluster   // the store, in cluster mode
 
 	metricsLn  net.Listener
 	metricsSrv *http.Server // /metrics without credentials, on metricsLn; closed when Serve returns
@@ -186,8 +188,10 @@ func (s *Server) loadFleet(ctx context.Context) error {
 
 // buildHandler builds the API and the dashboard behind one routes table.
 func (s *Server) buildHandler(context.Context) error {
+	s.acc = access.New(access.Options{Store: s.accessStore(), AdminToken: s.Secrets.AdminToken, Logger: s.log})
 	a := &api{
-		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log, adminToken: []byte(s.Secrets.AdminToken),
+		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log,
+		acc:   s.acc,
 		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable, degraded: s.degraded, cnode: s.node,
 		metricsToken: []byte(s.cfg.MetricsToken),
 		regLimit:     newRegLimiter(s.cfg.registerLimits()),
@@ -360,6 +364,15 @@ func (s *Server) ready() error {
 	return nil
 }
 
+// accessStore keeps users, tokens and the audit log: the store, or memory
+// in memory mode.
+func (s *Server) accessStore() access.Store {
+	if s.store == nil {
+		return access.NewMem()
+	}
+	return s.store
+}
+
 // sessionStore is where the dashboard keeps logins: the store, or memory
 // in memory mode.
 func (s *Server) sessionStore() sessions.Store {
@@ -477,19 +490,32 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) pruneLoop(ctx context.Context) {
 	defer close(s.pruneDone)
-	if s.store == nil || s.cfg.HistoryRetention <= 0 {
+	history, audit := s.cfg.HistoryRetention, s.cfg.AuditRetention
+	if s.store == nil || history <= 0 && audit <= 0 {
 		return
 	}
-	every := min(s.cfg.HistoryRetention/24, time.Hour)
-	every = max(every, time.Minute)
+	every := time.Hour
+	if history > 0 {
+		every = max(min(history/24, time.Hour), time.Minute)
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		n, err := s.fleet.PruneHistory(ctx, s.cfg.HistoryRetention)
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("history prune failed", "err", err)
-		} else if n > 0 {
-			s.log.Info("history pruned", "samples", n)
+		if history > 0 {
+			n, err := s.fleet.PruneHistory(ctx, history)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("history prune failed", "err", err)
+			} else if n > 0 {
+				s.log.Info("history pruned", "samples", n)
+			}
+		}
+		if audit > 0 {
+			n, err := s.acc.PruneAudit(ctx, audit)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("audit log prune failed", "err", err)
+			} else if n > 0 {
+				s.log.Info("audit log pruned", "rows", n)
+			}
 		}
 		select {
 		case <-ctx.Done():

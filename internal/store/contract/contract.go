@@ -9,6 +9,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/web/sessions"
@@ -19,6 +20,7 @@ type Store interface {
 	fleet.Backend  // devices, states, history, profiles, labels, trust, policy, firmware, commands
 	alert.Store    // alert rules, alert and sync events, settings
 	sessions.Store // dashboard sessions
+	access.Store   // users, API tokens, audit log
 	// LockLost returns an error (wrapping instlock.ErrLost) once another
 	// server took this store's instance lock, else nil. From then on this
 	// server must not acknowledge writes: its commits fail.

@@ -76,7 +76,7 @@ func testLabels(t *testing.T, h *handle) {
 func testSessions(t *testing.T, h *handle) {
 	ctx := testCtx(t)
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	live := sessions.Session{Hash: sessions.Hash("cookie-1"), CSRF: "csrf-1", Expires: now.Add(time.Hour)}
+	live := sessions.Session{Hash: sessions.Hash("cookie-1"), CSRF: "csrf-1", Expires: now.Add(time.Hour), User: "Zoë", Credential: "password"}
 	old := sessions.Session{Hash: sessions.Hash("cookie-2"), CSRF: "csrf-2", Expires: now.Add(-time.Minute)}
 	for _, s := range []sessions.Session{live, old} {
 		if err := h.store.SaveSession(ctx, s); err != nil {
@@ -88,7 +88,8 @@ func testSessions(t *testing.T, h *handle) {
 	}
 	s := h.reopen()
 	got, err := s.LoadSession(ctx, live.Hash)
-	if err != nil || !bytes.Equal(got.Hash, live.Hash) || got.CSRF != live.CSRF || !got.Expires.Equal(live.Expires) {
+	if err != nil || !bytes.Equal(got.Hash, live.Hash) || got.CSRF != live.CSRF || !got.Expires.Equal(live.Expires) ||
+		got.User != live.User || got.Credential != live.Credential {
 		t.Fatalf("session after restart: %+v %v; want %+v", got, err, live)
 	}
 	if n, err := s.PruneSessions(ctx, now); err != nil || n != 1 {

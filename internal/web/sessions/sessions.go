@@ -16,6 +16,10 @@ type Session struct {
 	Hash    []byte // SHA-256 of the session ID (the cookie)
 	CSRF    string // the session's CSRF token for form posts
 	Expires time.Time
+	// User is the user logged in (internal/access); "" the admin token.
+	User string
+	// Credential is how: "password", "oidc"; "" for the admin token.
+	Credential string
 }
 
 // ErrNotFound is returned for an unknown (or deleted) session.

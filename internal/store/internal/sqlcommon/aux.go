@@ -365,21 +365,22 @@ func (a *Aux) AssignLabel(ctx context.Context, id uint16, deviceIDs []uint64, on
 
 // SaveSession implements sessions.Store.
 func (a *Aux) SaveSession(ctx context.Context, s sessions.Session) error {
-	_, err := a.exec(ctx, a.D.q(`INSERT INTO sessions (id_hash, csrf, expires) VALUES (?, ?, ?)`+a.D.upsert("id_hash", "csrf", "expires")),
-		s.Hash, s.CSRF, s.Expires.UnixMilli())
+	_, err := a.exec(ctx, a.D.q(`INSERT INTO sessions (id_hash, csrf, expires, user_name, credential) VALUES (?, ?, ?, ?, ?)`+
+		a.D.upsert("id_hash", "csrf", "expires", "user_name", "credential")),
+		s.Hash, s.CSRF, s.Expires.UnixMilli(), s.User, s.Credential)
 	return err
 }
 
 // LoadSession implements sessions.Store.
 func (a *Aux) LoadSession(ctx context.Context, hash []byte) (sessions.Session, error) {
 	s := sessions.Session{Hash: hash}
-	var csrf []byte
+	var csrf, user, cred []byte
 	var expires int64
-	err := a.R.QueryRowContext(ctx, a.D.q(`SELECT csrf, expires FROM sessions WHERE id_hash = ?`), hash).Scan(&csrf, &expires)
+	err := a.R.QueryRowContext(ctx, a.D.q(`SELECT csrf, expires, user_name, credential FROM sessions WHERE id_hash = ?`), hash).Scan(&csrf, &expires, &user, &cred)
 	if errors.Is(err, sql.ErrNoRows) {
 		return sessions.Session{}, sessions.ErrNotFound
 	}
-	s.CSRF, s.Expires = string(csrf), time.UnixMilli(expires).UTC()
+	s.CSRF, s.Expires, s.User, s.Credential = string(csrf), time.UnixMilli(expires).UTC(), string(user), string(cred)
 	return s, err
 }
 

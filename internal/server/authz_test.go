@@ -1,0 +1,246 @@
+package server_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/server/servertest"
+)
+
+// userToken makes a user of a role through the API and returns an API
+// token of it.
+func userToken(c *client, name, role string) string {
+	c.t.Helper()
+	if st, _, out := c.do("POST", "/api/v1/users", c.s.AdminToken, map[string]any{"name": name, "role": role, "password": "correct horse " + name}); st != 201 {
+		c.t.Fatalf("create user %s: %d %v", name, st, out)
+	}
+	st, _, out := c.do("POST", "/api/v1/tokens", c.s.AdminToken, map[string]any{"user": name, "name": "test"})
+	tok, _ := out["token"].(string)
+	if st != 201 || !strings.HasPrefix(tok, "drv_") {
+		c.t.Fatalf("create token for %s: %d %v", name, st, out)
+	}
+	return tok
+}
+
+// Every route of the table is checked in one place: without a credential
+// 401, a viewer gets 403 on every change, an operator 403 on every admin
+// route (users, tokens, credentials, settings, audit); each with the JSON
+// error body. Reads need at least a viewer.
+func TestEveryRouteChecksItsRole(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	c.register("m-1")
+	view, op := userToken(c, "vera", "viewer"), userToken(c, "otto", "operator")
+	fill := strings.NewReplacer("{id}", "1", "{name}", "x", "{machine_id}", "m", "{$}", "")
+	checked := 0
+	for _, rt := range server.RouteNeeds() {
+		if rt.Need == "public" || rt.Need == "metrics" {
+			continue
+		}
+		if rt.Method == "" {
+			t.Errorf("%s: a route that needs a role must name its method", rt.Path)
+			continue
+		}
+		path := fill.Replace(rt.Path)
+		expect := func(who, token string, want int) {
+			t.Helper()
+			st, _, out := c.do(rt.Method, path, token, "{}")
+			e, _ := out["error"].(map[string]any)
+			if st != want || e == nil {
+				t.Errorf("%s %s as %s: %d %v, want %d with the JSON error body", rt.Method, rt.Path, who, st, out, want)
+			}
+		}
+		expect("nobody", "", 401)
+		expect("a wrong token", "drv_0123456789", 401)
+		if rt.Method != "GET" {
+			expect("viewer", view, 403)
+			if rt.Need == "viewer" {
+				t.Errorf("%s %s changes something but a viewer may call it", rt.Method, rt.Path)
+			}
+		}
+		if rt.Need == "admin" {
+			expect("operator", op, 403)
+		}
+		checked++
+	}
+	if checked < 70 {
+		t.Fatalf("only %d routes checked", checked)
+	}
+	// And the roles that may, may: a viewer reads, an operator changes a
+	// profile, only an admin manages users.
+	if st, _, out := c.do("GET", "/api/v1/profiles/1", view, nil); st != 200 {
+		t.Fatalf("viewer reads a profile: %d %v", st, out)
+	}
+	if st, _, out := c.do("PATCH", "/api/v1/profiles/1", op, `{"push_interval":300}`); st != 200 {
+		t.Fatalf("operator changes a profile: %d %v", st, out)
+	}
+	if st, _, out := c.do("POST", "/api/v1/users", op, map[string]any{"name": "mallory", "role": "admin"}); st != 403 {
+		t.Fatalf("operator makes an admin: %d %v", st, out)
+	}
+	if st, _, out := c.do("GET", "/api/v1/whoami", op, nil); st != 200 || out["Name"] != "otto" && out["name"] != "otto" {
+		t.Fatalf("whoami: %d %v", st, out)
+	}
+}
+
+// A token is refused once revoked, once expired and once its user is
+// deleted; a role change applies to the user's tokens at once.
+func TestTokenLifecycle(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	c.register("m-1")
+	tok := userToken(c, "ann", "operator")
+	st, _, list := c.do("GET", "/api/v1/tokens?user=ann", s.AdminToken, nil)
+	ts, _ := list["tokens"].([]any)
+	if st != 200 || len(ts) != 1 {
+		t.Fatalf("tokens: %d %v", st, list)
+	}
+	id := ts[0].(map[string]any)["id"].(string)
+	if b, _ := json.Marshal(list); strings.Contains(string(b), tok) || strings.Contains(string(b), "hash") {
+		t.Fatalf("the token list shows the secret or its hash: %s", b)
+	}
+	if st, _, _ := c.do("PATCH", "/api/v1/profiles/1", tok, `{"push_interval":300}`); st != 200 {
+		t.Fatalf("operator token: %d", st)
+	}
+	if st, _, out := c.do("PATCH", "/api/v1/users/ann", s.AdminToken, `{"role":"viewer"}`); st != 200 || out["role"] != "viewer" {
+		t.Fatalf("demote: %d %v", st, out)
+	}
+	if st, _, _ := c.do("PATCH", "/api/v1/profiles/1", tok, `{"push_interval":300}`); st != 403 {
+		t.Fatalf("demoted token still changes profiles: %d", st)
+	}
+	if st, _, out := c.do("DELETE", "/api/v1/tokens/"+id, s.AdminToken, nil); st != 200 || out["revoked_at"] == nil {
+		t.Fatalf("revoke: %d %v", st, out)
+	}
+	if st, _, _ := c.do("GET", "/api/v1/profiles/1", tok, nil); st != 401 {
+		t.Fatalf("revoked token: %d", st)
+	}
+	exp := userToken(c, "bea", "viewer")
+	if st, _, _ := c.do("GET", "/api/v1/profiles/1", exp, nil); st != 200 {
+		t.Fatalf("new token: %d", st)
+	}
+	if st, _, _ := c.do("DELETE", "/api/v1/users/bea", s.AdminToken, nil); st != 200 {
+		t.Fatalf("delete user: %d", st)
+	}
+	if st, _, _ := c.do("GET", "/api/v1/profiles/1", exp, nil); st != 401 {
+		t.Fatalf("a deleted user's token: %d", st)
+	}
+	if st, _, out := c.do("POST", "/api/v1/users", s.AdminToken, map[string]any{"name": "cy", "role": "viewer"}); st != 201 {
+		t.Fatalf("user: %d %v", st, out)
+	}
+	st, _, out := c.do("POST", "/api/v1/tokens", s.AdminToken, map[string]any{"user": "cy", "name": "short", "expires_at": time.Now().Add(1500 * time.Millisecond)})
+	short, _ := out["token"].(string)
+	if st != 201 {
+		t.Fatalf("token with expiry: %d %v", st, out)
+	}
+	if st, _, _ := c.do("GET", "/api/v1/profiles/1", short, nil); st != 200 {
+		t.Fatalf("token before expiry: %d", st)
+	}
+	time.Sleep(1600 * time.Millisecond)
+	if st, _, _ := c.do("GET", "/api/v1/profiles/1", short, nil); st != 401 {
+		t.Fatalf("expired token: %d", st)
+	}
+	for _, bad := range []any{
+		map[string]any{"name": "x", "role": "root"},
+		map[string]any{"name": "", "role": "viewer"},
+		map[string]any{"name": "x", "role": "viewer", "password": "short"},
+		`{"name":"x","role":"viewer","extra":1}`,
+	} {
+		if st, _, out := c.do("POST", "/api/v1/users", s.AdminToken, bad); st != 400 {
+			t.Errorf("%v: %d %v, want 400", bad, st, out)
+		}
+	}
+	if st, _, _ := c.do("POST", "/api/v1/users", s.AdminToken, map[string]any{"name": "cy", "role": "viewer"}); st != 409 {
+		t.Errorf("duplicate user: %d, want 409", st)
+	}
+}
+
+// A profile change and a command each leave an audit row with who, from
+// where, what, and before and after; a token's secret never reaches the
+// log; the log filters and pages.
+func TestAuditOfChanges(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	id, _ := c.register("m-1")
+	op := userToken(c, "otto", "operator")
+	if st, _, out := c.do("PATCH", "/api/v1/profiles/1", op, `{"push_interval":321}`); st != 200 {
+		t.Fatalf("profile: %d %v", st, out)
+	}
+	st, _, cmd := c.do("POST", "/api/v1/commands", s.AdminToken, map[string]any{"kind": "reboot", "device_id": id})
+	if st != 201 {
+		t.Fatalf("command: %d %v", st, cmd)
+	}
+	cmdID := fmt.Sprint(cmd["id"])
+	if st, _, out := c.do("POST", "/api/v1/commands/"+cmdID+"/cancel", op, nil); st != 200 {
+		t.Fatalf("cancel: %d %v", st, out)
+	}
+	type entry struct {
+		ID                                        uint64
+		Actor, Credential, Remote, Action, Object string
+		Before, After                             map[string]any
+	}
+	get := func(q string) ([]entry, string) {
+		t.Helper()
+		st, _, out := c.do("GET", "/api/v1/audit"+q, s.AdminToken, nil)
+		if st != 200 {
+			t.Fatalf("audit%s: %d %v", q, st, out)
+		}
+		b, _ := json.Marshal(out["entries"])
+		var es []entry
+		if err := json.Unmarshal(b, &es); err != nil {
+			t.Fatal(err)
+		}
+		next, _ := out["next_cursor"].(string)
+		return es, next
+	}
+	prof, _ := get("?object=/api/v1/profiles/1")
+	if len(prof) != 1 {
+		t.Fatalf("profile rows: %+v", prof)
+	}
+	p := prof[0]
+	if p.Actor != "otto" || p.Credential != "token:test" || p.Remote != "127.0.0.1" || p.Action != "PATCH /api/v1/profiles/{id}" ||
+		p.Before["push_interval"] != 200.0 || p.After["push_interval"] != 321.0 {
+		t.Fatalf("profile row: %+v", p)
+	}
+	cmds, _ := get("?object=/api/v1/commands/")
+	if len(cmds) != 2 {
+		t.Fatalf("command rows: %+v", cmds)
+	}
+	sent, cancel := cmds[1], cmds[0]
+	if sent.Actor != "admin-token" || sent.Action != "POST /api/v1/commands" || sent.Object != "/api/v1/commands/"+cmdID ||
+		sent.Before != nil || sent.After["kind"] != "reboot" || sent.After["state"] != "active" {
+		t.Fatalf("send row: %+v", sent)
+	}
+	if cancel.Actor != "otto" || cancel.Action != "POST /api/v1/commands/{id}/cancel" || cancel.Object != "/api/v1/commands/"+cmdID ||
+		cancel.Before["state"] != "active" || cancel.After["state"] != "cancelled" {
+		t.Fatalf("cancel row: %+v", cancel)
+	}
+	all, _ := get("")
+	for _, e := range all {
+		if e.Action == "POST /api/v1/tokens" {
+			if _, ok := e.After["token"]; ok || e.After["user"] == nil {
+				t.Fatalf("token row keeps the secret or lacks the token: %+v", e)
+			}
+		}
+		if strings.HasPrefix(e.Action, "GET") {
+			t.Fatalf("a read in the audit log: %+v", e)
+		}
+	}
+	page1, next := get("?limit=2")
+	page2, _ := get("?limit=2&cursor=" + next)
+	if len(page1) != 2 || len(page2) != 2 || page2[0].ID >= page1[1].ID || page1[0].ID != all[0].ID {
+		t.Fatalf("pages %+v / %+v", page1, page2)
+	}
+	if rows, _ := get("?actor=otto&action=" + "PATCH%20/api/v1/profiles/%7Bid%7D"); len(rows) != 1 {
+		t.Fatalf("actor and action filter: %+v", rows)
+	}
+	if st, _, _ := c.do("GET", "/api/v1/audit?since=yesterday", s.AdminToken, nil); st != http.StatusBadRequest {
+		t.Fatalf("bad since: %d", st)
+	}
+	if st, _, _ := c.do("GET", "/api/v1/audit", op, nil); st != 403 {
+		t.Fatalf("operator reads the audit log: %d", st)
+	}
+}
