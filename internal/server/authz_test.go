@@ -3,7 +3,11 @@ package server_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +246,73 @@ func TestAuditOfChanges(t *testing.T) {
 	}
 	if st, _, _ := c.do("GET", "/api/v1/audit", op, nil); st != 403 {
 		t.Fatalf("operator reads the audit log: %d", st)
+	}
+}
+
+// A change on the dashboard is recorded like one through the API: the
+// user, its address, the page's action, the object's API path and its
+// state before and after; a command sent there names the new command.
+func TestAuditOfDashboardChanges(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	id, _ := c.register("m-1")
+	userToken(c, "otto", "operator")
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Transport: s.Client().Transport, Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	csrfRE := regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+	page := func(path string) string {
+		t.Helper()
+		resp, err := hc.Get(s.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := csrfRE.FindStringSubmatch(string(b))
+		if m == nil {
+			t.Fatalf("%s: %d, no CSRF field", path, resp.StatusCode)
+		}
+		return m[1]
+	}
+	post := func(path string, form url.Values) {
+		t.Helper()
+		resp, err := hc.PostForm(s.URL+path, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("POST %s: %d", path, resp.StatusCode)
+		}
+	}
+	post("/ui/login", url.Values{"csrf": {page("/ui/login")}, "username": {"otto"}, "password": {"correct horse otto"}})
+	csrf := page("/ui/")
+	post("/ui/profiles/1", url.Values{"csrf": {csrf}, "config": {`{"apn":"iot"}`}, "push_interval": {"250"}})
+	post("/ui/profiles/1", url.Values{"csrf": {csrf}, "config": {`{"apn":"iot"}`}, "push_interval": {"250"}}) // no change: no row
+	post("/ui/commands", url.Values{"csrf": {csrf}, "kind": {"reboot"}, "device_id": {id}})
+	st, _, out := c.do("GET", "/api/v1/audit", s.AdminToken, nil)
+	es, _ := out["entries"].([]any)
+	if st != 200 || len(es) < 2 {
+		t.Fatalf("audit: %d %v", st, out)
+	}
+	cmd, prof := es[0].(map[string]any), es[1].(map[string]any)
+	before, _ := prof["before"].(map[string]any)
+	after, _ := prof["after"].(map[string]any)
+	if prof["actor"] != "otto" || prof["credential"] != "password" || prof["remote"] != "127.0.0.1" || prof["action"] != "POST /ui/profiles/{id}" ||
+		prof["object"] != "/api/v1/profiles/1" || before["push_interval"] != 200.0 || after["push_interval"] != 250.0 ||
+		fmt.Sprint(after["config"]) != "map[apn:iot]" || after["by"] != nil && after["by"] != "dashboard:otto" {
+		t.Fatalf("profile row: %v", prof)
+	}
+	cafter, _ := cmd["after"].(map[string]any)
+	if cmd["actor"] != "otto" || cmd["action"] != "POST /ui/commands" || !strings.HasPrefix(cmd["object"].(string), "/api/v1/commands/") ||
+		cmd["before"] != nil || cafter["kind"] != "reboot" {
+		t.Fatalf("command row: %v", cmd)
+	}
+	if len(es) != 4 {
+		var acts []string
+		for _, e := range es {
+			acts = append(acts, e.(map[string]any)["action"].(string))
+		}
+		t.Fatalf("rows: %v, want the command, one profile change, the user and the token", acts)
 	}
 }

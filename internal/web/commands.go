@@ -69,6 +69,7 @@ func (h *Handler) sendCommand(w http.ResponseWriter, r *http.Request, s *session
 		return
 	default:
 		h.log.Info("command sent from the dashboard", "job", j.ID, "kind", j.Kind, "target", j.Target, "devices", j.Total)
+		changed(r, fmt.Sprintf("/api/v1/commands/%d", j.ID), j)
 		h.flash(s, fmt.Sprintf("Command %d (%s) queued for %s devices.", j.ID, j.Kind, thousands(j.Total)))
 	}
 	http.Redirect(w, r, Prefix+"commands", http.StatusSeeOther)

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/fleet"
 )
 
@@ -26,7 +27,14 @@ import (
 type FirmwareUpload func(ctx context.Context, meta fleet.Firmware, sha256 string, body io.Reader, length int64) (fleet.Firmware, error)
 
 // by is who acts from the dashboard, in profile history and rollouts.
-const by = "dashboard"
+// byOf names who makes a change in the records of profiles, firmware and
+// rollouts: "dashboard", or "dashboard:<user>" for a user's session.
+func byOf(r *http.Request) string {
+	if who := actorOf(r); who.Name != "" && who.Name != access.AdminActor {
+		return "dashboard:" + who.Name
+	}
+	return "dashboard"
+}
 
 func (h *Handler) badInput(w http.ResponseWriter, r *http.Request, s *session, err error) {
 	status := http.StatusBadRequest
@@ -63,6 +71,16 @@ func (h *Handler) uploadFirmware(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not logged in", http.StatusUnauthorized)
 		return
 	}
+	who, err := h.acc.Session(r.Context(), s.user, s.cred)
+	if err != nil {
+		http.Error(w, "not logged in", http.StatusUnauthorized)
+		return
+	}
+	if who.Role < access.Operator {
+		http.Error(w, "your role ("+who.Role.String()+") may not upload firmware", http.StatusForbidden)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), actorKey{}, who))
 	if t := h.opts.TransferTimeout; t > 0 {
 		http.NewResponseController(w).SetReadDeadline(time.Now().Add(t))
 		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(t))
@@ -97,13 +115,16 @@ func (h *Handler) uploadFirmware(w http.ResponseWriter, r *http.Request) {
 			h.badInput(w, r, s, errors.New("this server takes no firmware uploads"))
 			return
 		}
-		meta := fleet.Firmware{DeviceType: fields["device_type"], Version: fields["version"], Signature: fields["signature"], By: by}
+		meta := fleet.Firmware{DeviceType: fields["device_type"], Version: fields["version"], Signature: fields["signature"], By: byOf(r)}
 		f, err := h.opts.UploadFirmware(r.Context(), meta, fields["sha256"], part, -1)
 		if err != nil {
 			h.badInput(w, r, s, err)
 			return
 		}
 		h.log.Info("firmware uploaded from the dashboard", "firmware_id", f.ID, "version", f.Version, "size", f.Size)
+		if h.opts.Audit != nil {
+			h.opts.Audit(r, who, r.Pattern, "")(fmt.Sprintf("/api/v1/firmware/%d", f.ID), f)
+		}
 		h.flash(s, fmt.Sprintf("Firmware %s %s uploaded: %s bytes, SHA-256 %s.", f.DeviceType, f.Version, thousands(f.Size), f.SHA256))
 		http.Redirect(w, r, Prefix+"firmware", http.StatusSeeOther)
 		return
@@ -163,11 +184,12 @@ func (h *Handler) createRollout(w http.ResponseWriter, r *http.Request, s *sessi
 		h.badInput(w, r, s, errors.Join(errs...))
 		return
 	}
-	ro, err := h.fleet.CreateRollout(r.Context(), spec, by)
+	ro, err := h.fleet.CreateRollout(r.Context(), spec, byOf(r))
 	if err != nil {
 		h.badInput(w, r, s, err)
 		return
 	}
+	changed(r, fmt.Sprintf("/api/v1/rollouts/%d", ro.ID), ro)
 	h.flash(s, fmt.Sprintf("Rollout %d started for %s devices.", ro.ID, thousands(ro.Total)))
 	http.Redirect(w, r, Prefix+"rollouts/"+strconv.FormatUint(ro.ID, 10), http.StatusSeeOther)
 }
@@ -201,7 +223,7 @@ func (h *Handler) rollout(w http.ResponseWriter, r *http.Request, s *session) {
 func (h *Handler) controlRollout(w http.ResponseWriter, r *http.Request, s *session) {
 	id, _ := strconv.ParseUint(r.PathValue("id"), 10, 64)
 	action := r.PathValue("action")
-	ro, err := h.fleet.ControlRollout(r.Context(), id, action, by)
+	ro, err := h.fleet.ControlRollout(r.Context(), id, action, byOf(r))
 	if err != nil {
 		h.badInput(w, r, s, err)
 		return
@@ -244,7 +266,7 @@ func (h *Handler) rollbackProfile(w http.ResponseWriter, r *http.Request, s *ses
 		h.badInput(w, r, s, &fleet.FieldError{Field: "rev", Message: "rev must be a revision number"})
 		return
 	}
-	p, err := h.fleet.RollbackProfile(r.Context(), id, rev, by)
+	p, err := h.fleet.RollbackProfile(r.Context(), id, rev, byOf(r))
 	if err != nil {
 		h.badInput(w, r, s, err)
 		return

@@ -510,7 +510,7 @@ func (h *Handler) saveProfile(w http.ResponseWriter, r *http.Request, s *session
 	if iv != p.PushInterval {
 		u.PushInterval = &iv
 	}
-	u.By = by
+	u.By = byOf(r)
 	if u.Config == nil && u.PushInterval == nil {
 		h.flash(s, "No changes to save.")
 		http.Redirect(w, r, Prefix+"profiles/"+r.PathValue("id"), http.StatusSeeOther)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/render"
 )
 
@@ -24,6 +25,10 @@ type page struct {
 	Status Status
 	Prefix string
 	Now    time.Time
+	// Who is logged in; CanEdit: an operator or admin (the pages show
+	// their forms), IsAdmin: also users, tokens, settings, audit log.
+	Who              access.Actor
+	CanEdit, IsAdmin bool
 }
 
 func (h *Handler) funcs() template.FuncMap {
@@ -106,6 +111,8 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 		h.mu.Unlock()
 		p.Flash = h.takeFlash(s)
 		p.Status = h.status()
+		p.Who = actorOf(r)
+		p.CanEdit, p.IsAdmin = p.Who.Role >= access.Operator, p.Who.Role >= access.Admin
 	}
 	var buf bytes.Buffer
 	if err := h.pages[name].ExecuteTemplate(&buf, "layout.html", p); err != nil {

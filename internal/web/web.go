@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/web/sessions"
@@ -31,9 +32,17 @@ var staticFS embed.FS
 
 // Options configure the dashboard.
 type Options struct {
-	Fleet      *fleet.Service
-	Alerts     *alert.Engine
+	Fleet  *fleet.Service
+	Alerts *alert.Engine
+	// Access checks logins and roles (users, the admin token); nil: one
+	// in memory with AdminToken as the only credential (tests).
+	Access     *access.Service
 	AdminToken string
+	// Audit records a change made on the dashboard: called before it with
+	// the object's API path ("" for none), its result after it with the
+	// path of an object the change created and what the handler reports.
+	// nil: no audit log.
+	Audit func(r *http.Request, who access.Actor, action, object string) func(created string, after any)
 	// Ready returns why the service cannot work right now (store failing,
 	// shutting down), or nil.
 	Ready func() error
@@ -66,6 +75,7 @@ const Prefix = "/ui/"
 // Handler serves the dashboard.
 type Handler struct {
 	opts  Options
+	acc   *access.Service
 	fleet *fleet.Service
 	eng   *alert.Engine
 	log   *slog.Logger
@@ -84,6 +94,8 @@ type session struct {
 	csrf    string
 	expires time.Time
 	flash   string
+	user    string // "" for the admin token (access.Service.Session)
+	cred    string
 }
 
 type failure struct {
@@ -111,8 +123,11 @@ func New(opts Options) (*Handler, error) {
 	if opts.Sessions == nil {
 		opts.Sessions = sessions.NewMem()
 	}
+	if opts.Access == nil {
+		opts.Access = access.New(access.Options{AdminToken: opts.AdminToken})
+	}
 	h := &Handler{
-		opts: opts, fleet: opts.Fleet, eng: opts.Alerts, log: opts.Logger, now: opts.Now,
+		opts: opts, acc: opts.Access, fleet: opts.Fleet, eng: opts.Alerts, log: opts.Logger, now: opts.Now,
 		sessions: map[string]*session{}, failures: map[string]*failure{},
 	}
 	if err := h.parseTemplates(); err != nil {
@@ -127,44 +142,54 @@ func (h *Handler) routes() {
 	m.Handle("GET "+Prefix+"static/", staticHandler(Prefix+"static/"))
 	m.HandleFunc("GET "+Prefix+"login", h.loginPage)
 	m.HandleFunc("POST "+Prefix+"login", h.login)
+	// Each page with the least role it needs and, for a change, the API
+	// path of its object for the audit log (access.go).
+	V, O, A := access.Viewer, access.Operator, access.Admin
 	m.HandleFunc("POST "+Prefix+"logout", h.auth(h.logout))
-	m.HandleFunc("GET "+Prefix+"{$}", h.auth(h.overview))
-	m.HandleFunc("GET "+Prefix+"status.json", h.auth(h.statusJSON))
-	m.HandleFunc("GET "+Prefix+"devices", h.auth(h.devices))
-	m.HandleFunc("POST "+Prefix+"devices/label", h.auth(h.labelDevices))
-	m.HandleFunc("GET "+Prefix+"devices/{id}", h.auth(h.device))
-	m.HandleFunc("POST "+Prefix+"devices/{id}/admission", h.auth(h.admitDevice))
-	m.HandleFunc("POST "+Prefix+"devices/{id}/quota", h.auth(h.deviceQuota))
-	m.HandleFunc("GET "+Prefix+"profiles", h.auth(h.profiles))
-	m.HandleFunc("GET "+Prefix+"profiles/{id}", h.auth(h.profile))
-	m.HandleFunc("POST "+Prefix+"profiles/{id}", h.auth(h.saveProfile))
-	m.HandleFunc("POST "+Prefix+"profiles/policy", h.auth(h.saveProfilePolicy))
-	m.HandleFunc("POST "+Prefix+"profiles/approve", h.auth(h.approveFirmware))
-	m.HandleFunc("POST "+Prefix+"profiles/cleanup", h.auth(h.cleanupProfiles))
-	m.HandleFunc("POST "+Prefix+"profiles/{id}/rollback", h.auth(h.rollbackProfile))
-	m.HandleFunc("GET "+Prefix+"firmware", h.auth(h.firmware))
-	m.HandleFunc("POST "+Prefix+"firmware", h.uploadFirmware) // its own session and CSRF checks: the body streams
-	m.HandleFunc("POST "+Prefix+"firmware/{id}/delete", h.auth(h.deleteFirmware))
-	m.HandleFunc("POST "+Prefix+"rollouts", h.auth(h.createRollout))
-	m.HandleFunc("GET "+Prefix+"rollouts/{id}", h.auth(h.rollout))
-	m.HandleFunc("POST "+Prefix+"rollouts/{id}/{action}", h.auth(h.controlRollout))
-	m.HandleFunc("GET "+Prefix+"labels", h.auth(h.labels))
-	m.HandleFunc("POST "+Prefix+"labels", h.auth(h.createLabel))
-	m.HandleFunc("POST "+Prefix+"labels/delete", h.auth(h.deleteLabel))
-	m.HandleFunc("GET "+Prefix+"commands", h.auth(h.commands))
-	m.HandleFunc("POST "+Prefix+"commands", h.auth(h.sendCommand))
-	m.HandleFunc("POST "+Prefix+"commands/{id}/{op}", h.auth(h.changeCommand))
-	m.HandleFunc("GET "+Prefix+"alerts", h.auth(h.alerts))
-	m.HandleFunc("GET "+Prefix+"alerts/rules", h.auth(h.rules))
-	m.HandleFunc("GET "+Prefix+"alerts/rules/new", h.auth(h.ruleForm))
-	m.HandleFunc("GET "+Prefix+"alerts/rules/{id}", h.auth(h.ruleForm))
-	m.HandleFunc("POST "+Prefix+"alerts/rules", h.auth(h.saveRule))
-	m.HandleFunc("POST "+Prefix+"alerts/rules/{id}", h.auth(h.saveRule))
-	m.HandleFunc("POST "+Prefix+"alerts/rules/{id}/delete", h.auth(h.deleteRule))
-	m.HandleFunc("GET "+Prefix+"alerts/deliveries", h.auth(h.deliveries))
-	m.HandleFunc("GET "+Prefix+"settings", h.auth(h.settings))
-	m.HandleFunc("POST "+Prefix+"settings", h.auth(h.saveSettings))
-	m.HandleFunc(Prefix, h.auth(func(w http.ResponseWriter, r *http.Request, s *session) {
+	m.HandleFunc("GET "+Prefix+"{$}", h.can(V, "", h.overview))
+	m.HandleFunc("GET "+Prefix+"status.json", h.can(V, "", h.statusJSON))
+	m.HandleFunc("GET "+Prefix+"devices", h.can(V, "", h.devices))
+	m.HandleFunc("POST "+Prefix+"devices/label", h.can(O, "/api/v1/labels", h.labelDevices))
+	m.HandleFunc("GET "+Prefix+"devices/{id}", h.can(V, "", h.device))
+	m.HandleFunc("POST "+Prefix+"devices/{id}/admission", h.can(O, "/api/v1/devices/{id}", h.admitDevice))
+	m.HandleFunc("POST "+Prefix+"devices/{id}/quota", h.can(O, "/api/v1/devices/{id}/quota", h.deviceQuota))
+	m.HandleFunc("GET "+Prefix+"profiles", h.can(V, "", h.profiles))
+	m.HandleFunc("GET "+Prefix+"profiles/{id}", h.can(V, "", h.profile))
+	m.HandleFunc("POST "+Prefix+"profiles/{id}", h.can(O, "/api/v1/profiles/{id}", h.saveProfile))
+	m.HandleFunc("POST "+Prefix+"profiles/policy", h.can(O, "/api/v1/profiles/policy", h.saveProfilePolicy))
+	m.HandleFunc("POST "+Prefix+"profiles/approve", h.can(O, "/api/v1/profiles/pending", h.approveFirmware))
+	m.HandleFunc("POST "+Prefix+"profiles/cleanup", h.can(O, "/api/v1/profiles", h.cleanupProfiles))
+	m.HandleFunc("POST "+Prefix+"profiles/{id}/rollback", h.can(O, "/api/v1/profiles/{id}", h.rollbackProfile))
+	m.HandleFunc("GET "+Prefix+"firmware", h.can(V, "", h.firmware))
+	m.HandleFunc("POST "+Prefix+"firmware", h.uploadFirmware) // its own session, role and CSRF checks: the body streams
+	m.HandleFunc("POST "+Prefix+"firmware/{id}/delete", h.can(O, "/api/v1/firmware/{id}", h.deleteFirmware))
+	m.HandleFunc("POST "+Prefix+"rollouts", h.can(O, "", h.createRollout))
+	m.HandleFunc("GET "+Prefix+"rollouts/{id}", h.can(V, "", h.rollout))
+	m.HandleFunc("POST "+Prefix+"rollouts/{id}/{action}", h.can(O, "/api/v1/rollouts/{id}", h.controlRollout))
+	m.HandleFunc("GET "+Prefix+"labels", h.can(V, "", h.labels))
+	m.HandleFunc("POST "+Prefix+"labels", h.can(O, "/api/v1/labels", h.createLabel))
+	m.HandleFunc("POST "+Prefix+"labels/delete", h.can(O, "/api/v1/labels", h.deleteLabel))
+	m.HandleFunc("GET "+Prefix+"commands", h.can(V, "", h.commands))
+	m.HandleFunc("POST "+Prefix+"commands", h.can(O, "", h.sendCommand))
+	m.HandleFunc("POST "+Prefix+"commands/{id}/{op}", h.can(O, "/api/v1/commands/{id}", h.changeCommand))
+	m.HandleFunc("GET "+Prefix+"alerts", h.can(V, "", h.alerts))
+	m.HandleFunc("GET "+Prefix+"alerts/rules", h.can(V, "", h.rules))
+	m.HandleFunc("GET "+Prefix+"alerts/rules/new", h.can(V, "", h.ruleForm))
+	m.HandleFunc("GET "+Prefix+"alerts/rules/{id}", h.can(V, "", h.ruleForm))
+	m.HandleFunc("POST "+Prefix+"alerts/rules", h.can(O, "/api/v1/alerts/rules", h.saveRule))
+	m.HandleFunc("POST "+Prefix+"alerts/rules/{id}", h.can(O, "/api/v1/alerts/rules/{id}", h.saveRule))
+	m.HandleFunc("POST "+Prefix+"alerts/rules/{id}/delete", h.can(O, "/api/v1/alerts/rules/{id}", h.deleteRule))
+	m.HandleFunc("GET "+Prefix+"alerts/deliveries", h.can(V, "", h.deliveries))
+	m.HandleFunc("GET "+Prefix+"settings", h.can(A, "", h.settings))
+	m.HandleFunc("POST "+Prefix+"settings", h.can(A, "/api/v1/alerts/smtp", h.saveSettings))
+	m.HandleFunc("GET "+Prefix+"users", h.can(A, "", h.users))
+	m.HandleFunc("POST "+Prefix+"users", h.can(A, "", h.addUser))
+	m.HandleFunc("POST "+Prefix+"users/{name}", h.can(A, "/api/v1/users/{name}", h.updateUser))
+	m.HandleFunc("POST "+Prefix+"users/{name}/delete", h.can(A, "/api/v1/users/{name}", h.deleteUser))
+	m.HandleFunc("POST "+Prefix+"users/{name}/tokens", h.can(A, "", h.createToken))
+	m.HandleFunc("POST "+Prefix+"tokens/{id}/revoke", h.can(A, "/api/v1/tokens/{id}", h.revokeToken))
+	m.HandleFunc("GET "+Prefix+"audit", h.can(A, "", h.auditLog))
+	m.HandleFunc(Prefix, h.can(V, "", func(w http.ResponseWriter, r *http.Request, s *session) {
 		h.render(w, r, http.StatusNotFound, "error", s, page{Title: "Not found", Data: "No page at " + r.URL.Path})
 	}))
 	h.mux = m
@@ -240,7 +265,7 @@ func (h *Handler) session(r *http.Request) *session {
 			}
 			return nil
 		}
-		s = &session{csrf: st.CSRF, expires: st.Expires}
+		s = &session{csrf: st.CSRF, expires: st.Expires, user: st.User, cred: st.Credential}
 		h.mu.Lock()
 		if old := h.sessions[c.Value]; old != nil {
 			s = old
@@ -376,9 +401,13 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.showLogin(w, r, http.StatusTooManyRequests, "Too many failed attempts; wait a few minutes.")
 		return
 	}
-	user, pass := r.PostFormValue("username"), r.PostFormValue("password")
-	if (user != "" && user != "admin") || h.opts.AdminToken == "" ||
-		subtle.ConstantTimeCompare([]byte(pass), []byte(h.opts.AdminToken)) != 1 {
+	who, err := h.acc.Login(r.Context(), strings.TrimSpace(r.PostFormValue("username")), r.PostFormValue("password"))
+	if err != nil && !errors.Is(err, access.ErrUnauthorized) {
+		h.log.Error("dashboard login: user lookup failed", "err", err)
+		h.showLogin(w, r, http.StatusServiceUnavailable, "The login could not be checked; try again later.")
+		return
+	}
+	if err != nil {
 		h.mu.Lock()
 		f := h.failures[addr]
 		if f == nil || now.After(f.until) {
@@ -396,15 +425,18 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		}
 		h.mu.Unlock()
 		h.log.Warn("dashboard login failed", "addr", addr)
-		h.showLogin(w, r, http.StatusUnauthorized, "Wrong admin token.")
+		h.showLogin(w, r, http.StatusUnauthorized, "Wrong user name or password.")
 		return
 	}
 	id := randomToken()
-	s := &session{csrf: randomToken(), expires: now.Add(h.opts.SessionTTL)}
+	s := &session{csrf: randomToken(), expires: now.Add(h.opts.SessionTTL), user: who.SessionName()}
+	if s.user != "" {
+		s.cred = who.Credential
+	}
 	if _, err := h.opts.Sessions.PruneSessions(r.Context(), now); err != nil {
 		h.log.Error("dashboard session prune failed", "err", err)
 	}
-	if err := h.opts.Sessions.SaveSession(r.Context(), sessions.Session{Hash: sessions.Hash(id), CSRF: s.csrf, Expires: s.expires}); err != nil {
+	if err := h.opts.Sessions.SaveSession(r.Context(), sessions.Session{Hash: sessions.Hash(id), CSRF: s.csrf, Expires: s.expires, User: s.user, Credential: s.cred}); err != nil {
 		h.log.Error("dashboard session save failed", "err", err)
 		h.showLogin(w, r, http.StatusServiceUnavailable, "The session could not be stored; try again later.")
 		return
@@ -416,7 +448,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 	h.setCookie(w, r, loginCookie, "", -1)
 	h.setCookie(w, r, sessionCookie, id, int(h.opts.SessionTTL/time.Second))
-	h.log.Info("dashboard login", "addr", addr)
+	h.log.Info("dashboard login", "addr", addr, "user", who.Name, "role", who.Role)
 	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
 }
 

@@ -15,11 +15,13 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/web"
 	"github.com/drover/drover/internal/web/sessions"
+	"golang.org/x/crypto/bcrypt"
 )
 
 const token = "admin-token-for-tests"
@@ -31,6 +33,8 @@ type site struct {
 	fleet  *fleet.Service
 	eng    *alert.Engine
 	ready  atomic.Pointer[error]
+	acc    *access.Service
+	audit  []audited // Options.Audit's records
 	tokens []string
 	opts   web.Options
 }
@@ -47,8 +51,8 @@ func newSite(t *testing.T, devices int) *site {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &site{t: t, fleet: fl, eng: eng}
-	s.opts = web.Options{Fleet: fl, Alerts: eng, AdminToken: token, Ready: func() error {
+	s := &site{t: t, fleet: fl, eng: eng, acc: access.New(access.Options{AdminToken: token, BcryptCost: bcrypt.MinCost})}
+	s.opts = web.Options{Fleet: fl, Alerts: eng, AdminToken: token, Access: s.acc, Audit: s.recordAudit, Ready: func() error {
 		if e := s.ready.Load(); e != nil {
 			return *e
 		}
@@ -173,7 +177,7 @@ func TestLoginSessionAndHeaders(t *testing.T) {
 	}
 	_, _, body = s.get("/ui/login")
 	csrf = csrfOf(t, body)
-	if st, _, b := s.post("/ui/login", url.Values{"csrf": {csrf}, "password": {"nope"}}, nil); st != http.StatusUnauthorized || !strings.Contains(b, "Wrong admin token") {
+	if st, _, b := s.post("/ui/login", url.Values{"csrf": {csrf}, "password": {"nope"}}, nil); st != http.StatusUnauthorized || !strings.Contains(b, "Wrong user name or password") {
 		t.Fatalf("wrong token: %d", st)
 	}
 	if st, _, _ := s.post("/ui/login", url.Values{"csrf": {csrf}, "password": {token}}, map[string]string{"Origin": "https://evil.example"}); st != http.StatusForbidden {
