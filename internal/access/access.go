@@ -172,3 +172,22 @@ func CheckName(what, s string) error {
 	}
 	return nil
 }
+
+// ObjectPath fills a route pattern's {wildcards} with value(name): the
+// object path the audit log names ("/api/v1/profiles/{id}" →
+// "/api/v1/profiles/3").
+func ObjectPath(pattern string, value func(name string) string) string {
+	if pattern == "" {
+		return ""
+	}
+	var b strings.Builder
+	for seg := range strings.SplitSeq(strings.TrimPrefix(pattern, "/"), "/") {
+		b.WriteByte('/')
+		if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") {
+			b.WriteString(value(strings.Trim(seg, "{}")))
+		} else {
+			b.WriteString(seg)
+		}
+	}
+	return b.String()
+}

@@ -176,19 +176,6 @@ func (discard) Header() http.Header         { return http.Header{} }
 func (discard) Write(b []byte) (int, error) { return len(b), nil }
 func (discard) WriteHeader(int)             {}
 
-// fillPath fills a route pattern's wildcards from r.
-func (a *api) fillPath(p string, r *http.Request) string {
-	var b strings.Builder
-	for seg := range strings.SplitSeq(strings.TrimPrefix(p, "/"), "/") {
-		b.WriteByte('/')
-		if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") {
-			b.WriteString(r.PathValue(strings.Trim(seg, "{}")))
-		} else {
-			b.WriteString(seg)
-		}
-	}
-	return b.String()
-}
 
 // createdPath is the object path of a new object, the collection's path
 // and the "id" (or "name") of the answer; "" when it has none.
@@ -275,7 +262,7 @@ func (a *api) audited(rt *route, r *http.Request) (any, error) {
 	var obj string
 	var before json.RawMessage
 	if rt.object != "" {
-		obj = a.fillPath(rt.object, r)
+		obj = access.ObjectPath(rt.object, r.PathValue)
 		before = a.Snapshot(r.Context(), obj)
 	}
 	v, err := rt.fn(r)
@@ -287,7 +274,7 @@ func (a *api) audited(rt *route, r *http.Request) (any, error) {
 		after = a.Snapshot(r.Context(), obj)
 	} else {
 		after = auditJSON(v)
-		obj = a.fillPath(rt.path, r)
+		obj = access.ObjectPath(rt.path, r.PathValue)
 		if rt.method == http.MethodPost && a.gets[rt.path] {
 			if p := createdPath(obj, after); p != "" {
 				obj = p

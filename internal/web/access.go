@@ -41,22 +41,6 @@ func changed(r *http.Request, created string, after any) {
 	}
 }
 
-// fillPath fills a route pattern's wildcards from r.
-func fillPath(p string, r *http.Request) string {
-	if p == "" {
-		return ""
-	}
-	var b strings.Builder
-	for seg := range strings.SplitSeq(strings.TrimPrefix(p, "/"), "/") {
-		b.WriteByte('/')
-		if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") {
-			b.WriteString(r.PathValue(strings.Trim(seg, "{}")))
-		} else {
-			b.WriteString(seg)
-		}
-	}
-	return b.String()
-}
 
 // can requires a session whose user has at least role; POSTs also need the
 // session's CSRF token, and are recorded in the audit log with the state of
@@ -84,7 +68,7 @@ func (h *Handler) can(role access.Role, object string, fn func(http.ResponseWrit
 		}
 		c := &change{}
 		r = r.WithContext(context.WithValue(r.Context(), changeKey{}, c))
-		done := h.opts.Audit(r, who, r.Pattern, fillPath(object, r))
+		done := h.opts.Audit(r, who, r.Pattern, access.ObjectPath(object, r.PathValue))
 		fn(w, r, s)
 		done(c.created, c.after)
 	})
