@@ -176,7 +176,6 @@ func (discard) Header() http.Header         { return http.Header{} }
 func (discard) Write(b []byte) (int, error) { return len(b), nil }
 func (discard) WriteHeader(int)             {}
 
-
 // createdPath is the object path of a new object, the collection's path
 // and the "id" (or "name") of the answer; "" when it has none.
 func createdPath(collection string, after json.RawMessage) string {

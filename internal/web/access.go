@@ -41,7 +41,6 @@ func changed(r *http.Request, created string, after any) {
 	}
 }
 
-
 // can requires a session whose user has at least role; POSTs also need the
 // session's CSRF token, and are recorded in the audit log with the state of
 // object (an API path, its wildcards filled from the request) before and
