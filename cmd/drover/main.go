@@ -26,6 +26,7 @@ type cmd struct {
 var commands = []cmd{
 	{"serve", "run the Drover server", serve},
 	{"migrate", "apply pending database migrations (the database of serve's configuration)", migrate},
+	{"user", "add, list, change or delete dashboard and API users and their tokens (the first admin)", userCmd},
 	{"agent", "run the device agent (register, push state, apply configuration)", func(ctx context.Context, args []string, env command.Env) error {
 		return agentcmd.Run(ctx, "drover agent", args, env)
 	}},
