@@ -94,7 +94,7 @@ type Entry struct {
 	ID         uint64          `json:"id"`
 	At         time.Time       `json:"at"`
 	Actor      string          `json:"actor"`      // user name, or "admin-token"
-	Credential string          `json:"credential"` // "password", "token:NAME", "admin-token", "oidc"
+	Credential string          `json:"credential"` // "password", "token:NAME", "admin-token", "local" (drover user)
 	Remote     string          `json:"remote"`     // client address
 	Action     string          `json:"action"`     // e.g. "PUT /api/v1/profiles/{id}"
 	Object     string          `json:"object"`     // the object's API path, e.g. "/api/v1/profiles/3"

@@ -35,9 +35,9 @@ const MinPassword = 10
 
 // Actor is who makes a request.
 type Actor struct {
-	Name       string // user name; AdminActor for the admin token
-	Role       Role
-	Credential string // "password", "token:NAME", "admin-token", "oidc"
+	Name       string `json:"name"` // user name; AdminActor for the admin token
+	Role       Role   `json:"role"`
+	Credential string `json:"credential"` // "password", "token:NAME", "admin-token"
 }
 
 // AdminActor names the bootstrap admin token in the audit log.

@@ -86,7 +86,7 @@ func TestEveryRouteChecksItsRole(t *testing.T) {
 	if st, _, out := c.do("POST", "/api/v1/users", op, map[string]any{"name": "mallory", "role": "admin"}); st != 403 {
 		t.Fatalf("operator makes an admin: %d %v", st, out)
 	}
-	if st, _, out := c.do("GET", "/api/v1/whoami", op, nil); st != 200 || out["Name"] != "otto" && out["name"] != "otto" {
+	if st, _, out := c.do("GET", "/api/v1/whoami", op, nil); st != 200 || out["name"] != "otto" || out["role"] != "operator" || out["credential"] != "token:test" {
 		t.Fatalf("whoami: %d %v", st, out)
 	}
 }
