@@ -9,11 +9,9 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -210,22 +208,10 @@ func TestLoadFirmwareKey(t *testing.T) {
 	}
 }
 
-// adminAPI calls s's operator API with the admin token; out gets the JSON
-// answer.
+// adminAPI calls s's operator API with the admin token.
 func adminAPI(t *testing.T, s *servertest.Server) func(method, path string, body []byte, out any) int {
 	return func(method, path string, body []byte, out any) int {
 		t.Helper()
-		req, _ := http.NewRequest(method, s.URL+path, bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+s.AdminToken)
-		resp, err := s.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		if out != nil {
-			json.Unmarshal(raw, out)
-		}
-		return resp.StatusCode
+		return s.Admin(t, method, path, body, out)
 	}
 }

@@ -212,6 +212,7 @@ func (c *collector) summary() *results.Summary {
 	wall := end.Sub(e.start).Seconds()
 	cpu := (processCPU() - c.cpuStart).Seconds()
 	sum.Resources = results.Resources{CPUSeconds: cpu, CPUMax: c.cpuMax, RSSMax: c.rssMax, Cores: int(c.cores)}
+	sum.Downloads = e.dl.summary()
 	if wall > 0 {
 		sum.Resources.CPUAvg = cpu / wall
 	}

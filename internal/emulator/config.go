@@ -69,6 +69,15 @@ type Config struct {
 
 	DeviceType, Model, Firmware string // registration fields
 
+	// Firmware rollouts (fleet mode, download.go): a device offered a
+	// firmware downloads it at most DownloadRate bytes/s (0: as fast as the
+	// link goes); DownloadFailRate (0..1) of the attempts are cut at a
+	// random point and resumed with Range; InstallTime after reporting
+	// installing, the device "reboots" into the new firmware.
+	DownloadRate     int64
+	DownloadFailRate float64
+	InstallTime      time.Duration
+
 	RunID    string               // auto: time and random
 	Progress func(Progress)       // called once per second and at the end
 	Warn     func(string)         // called when a warning is raised during the run
@@ -84,6 +93,7 @@ func DefaultConfig() Config {
 		Workers: 8, Loops: 10, RampStart: 8, RampFactor: 2, RampStepDuration: 10 * time.Second,
 		MaxInflight: 10000, Timeout: 30 * time.Second, MaxRetries: 5, MaxRetryWait: time.Minute,
 		LateAfter: 100 * time.Millisecond, TLSKeyExchange: "classic", DeviceType: "router", Model: "EMU-R1", Firmware: "7.4.2",
+		InstallTime: 5 * time.Second,
 	}
 }
 
@@ -167,6 +177,9 @@ func (c *Config) Validate() error {
 		return errors.New("max inflight, timeout, max retry wait and late-after must be positive")
 	}
 	c.MaxRetries = max(c.MaxRetries, 0)
+	if c.DownloadRate < 0 || c.DownloadFailRate < 0 || c.DownloadFailRate >= 1 || c.InstallTime < 0 {
+		return errors.New("download rate and install time must be ≥ 0, the download failure rate within 0..1 (1 excluded)")
+	}
 	if c.RunID == "" {
 		var b [6]byte
 		rand.Read(b[:])

@@ -27,6 +27,8 @@ type device struct {
 	cpu, temp  float32
 	rx, tx     uint64
 	bootUptime uint32
+	firmware   string // after an emulated update ("": Config.Firmware)
+	fw         *dlJob // the firmware update under way (download.go)
 
 	// fleet mode: 0 idle, 1 busy, 2 busy with one push waiting
 	state      atomic.Int32

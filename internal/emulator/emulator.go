@@ -62,6 +62,7 @@ type engine struct {
 	warned   map[string]bool
 
 	ramp atomic.Pointer[rampState]
+	dl   *downloader // fleet mode: firmware downloads
 }
 
 // scratch is one goroutine's reusable buffers.
@@ -123,6 +124,7 @@ func newEngine(cfg Config) (*engine, error) {
 	}
 	if cfg.Mode == ModeFleet {
 		e.lag = newRecorder()
+		e.dl = newDownloader(e, tlsConf)
 	}
 	e.rc.firmware = cfg.Firmware
 	e.phase.Store("start")
@@ -207,6 +209,7 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 	switch cfg.Mode {
 	case ModeFleet:
 		runErr = e.runFleet(runCtx)
+		e.dl.stop()
 	case ModeBenchmark:
 		runErr = e.runBenchmark(runCtx)
 	case ModeRamp:

@@ -25,7 +25,7 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 	s.body = append(s.body, `","model":"`...)
 	s.body = appendJSONText(s.body, e.cfg.Model)
 	s.body = append(s.body, `","firmware":"`...)
-	s.body = appendJSONText(s.body, e.cfg.Firmware)
+	s.body = appendJSONText(s.body, e.firmwareOf(d))
 	s.body = append(s.body, `","serial":"`...)
 	s.body = appendSerial(s.body, d.idx)
 	s.body = append(s.body, `","enrollment_secret":"`...)
@@ -181,7 +181,18 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-var configKey = []byte(`"config"`)
+var (
+	configKey   = []byte(`"config"`)
+	firmwareKey = []byte(`"firmware_update"`)
+)
+
+// firmwareOf is the firmware d runs.
+func (e *engine) firmwareOf(d *device) string {
+	if d.firmware != "" {
+		return d.firmware
+	}
+	return e.cfg.Firmware
+}
 
 // pushDevice makes one push of d, intended at time intended: registering
 // first if d has no token, retrying after 503/429, registering again after
@@ -197,6 +208,9 @@ func (e *engine) pushDevice(ctx context.Context, d *device, s *scratch, intended
 		fleet = false         // its lag is the registration's time, not the schedule's
 	}
 	r := d.advance(e.id)
+	if e.dl != nil {
+		e.dl.settle(d)
+	}
 	reregistered := false
 	for attempt := 0; ; attempt++ {
 		now := time.Now()
@@ -212,6 +226,11 @@ func (e *engine) pushDevice(ctx context.Context, d *device, s *scratch, intended
 		}
 		rr := r
 		s.body = e.tpl.Render(s.body[:0], d, &e.rc, now, &rr)
+		sent := int32(-1)
+		if e.dl != nil && d.fw != nil && len(s.body) > 0 && s.body[len(s.body)-1] == '}' {
+			s.body, sent = e.dl.report(d, s.body[:len(s.body)-1])
+			s.body = append(s.body, '}')
+		}
 		s.req = append(s.req[:0], e.pushPrefix...)
 		s.req = append(s.req, d.token...)
 		s.req = append(s.req, "\r\nContent-Length: "...)
@@ -233,11 +252,16 @@ func (e *engine) pushDevice(ctx context.Context, d *device, s *scratch, intended
 		s.resp = s.res.body[:0]
 		switch status := s.res.status; {
 		case status == 200:
-			if bytes.Contains(s.res.body, configKey) {
+			hasFW := e.dl != nil && (d.fw != nil || bytes.Contains(s.res.body, firmwareKey))
+			if hasFW || bytes.Contains(s.res.body, configKey) {
 				var pr protocol.PushResponse
-				if json.Unmarshal(s.res.body, &pr) == nil && pr.Config != nil && pr.Config.Version != d.cfgVer {
+				ok := json.Unmarshal(s.res.body, &pr) == nil
+				if ok && pr.Config != nil && pr.Config.Version != d.cfgVer {
 					d.cfgVer = pr.Config.Version // applied at once
 					st.configs.Add(1)
+				}
+				if ok && hasFW {
+					e.dl.answered(d, sent, pr.FirmwareUpdate)
 				}
 			}
 			st.lat.record(s.hint, done.Sub(intended))

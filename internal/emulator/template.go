@@ -306,7 +306,11 @@ func (t *Template) Render(dst []byte, d *device, rc *renderCtx, now time.Time, r
 		case fOperator:
 			dst = append(dst, operators[d.idx%len(operators)]...)
 		case fFirmware:
-			dst = appendJSONText(dst, rc.firmware)
+			if d.firmware != "" {
+				dst = appendJSONText(dst, d.firmware)
+			} else {
+				dst = appendJSONText(dst, rc.firmware)
+			}
 		case fSeq:
 			dst = strconv.AppendUint(dst, d.seq, 10)
 		case fConfigVersion:

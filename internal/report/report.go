@@ -93,6 +93,9 @@ func build(m *results.Merged) *doc {
 	if len(m.Steps) > 0 || sum.Ramp != nil {
 		d.sections = append(d.sections, ramp(m))
 	}
+	if sum.Downloads != nil {
+		d.sections = append(d.sections, downloads(sum))
+	}
 	d.sections = append(d.sections, conns(sum), resources(sum, st))
 	if len(m.Shards) > 1 {
 		d.sections = append(d.sections, shards(m))
@@ -319,6 +322,27 @@ func ramp(m *results.Merged) section {
 		}
 	}
 	return section{title: "Ramp", tables: []table{t}, notes: notes}
+}
+
+// downloads is the emulated firmware downloads of a rollout.
+func downloads(sum *results.Summary) section {
+	dl := sum.Downloads
+	t := table{head: []string{"firmware downloads", "count"}, right: []bool{false, true}}
+	t.rows = [][]string{
+		{"offers acted on", num(dl.Started)}, {"files complete", num(dl.Completed)},
+		{"attempts cut (--download-fail-rate)", num(dl.Interrupted)}, {"attempts resumed (Range)", num(dl.Resumed)},
+		{"reported failed", num(dl.Failed)}, {"installed (reported the new firmware)", num(dl.Installed)},
+		{"bytes received", num(dl.Bytes)}, {"downloads at once, at most", num(dl.MaxActive)},
+	}
+	var notes []string
+	if wall := sum.Ended.Sub(sum.Started).Seconds(); wall > 0 {
+		notes = append(notes, "Received "+render.SI(float64(dl.Bytes)/wall, []string{"B/s", "kB/s", "MB/s", "GB/s"})+" over the run on average.")
+	}
+	if dl.Time != nil && dl.Time.Count() > 0 {
+		l := dl.Time.Stats()
+		notes = append(notes, fmt.Sprintf("Offer to complete file: p50 %s, p99 %s, max %s.", Dur(l.P50), Dur(l.P99), Dur(l.Max)))
+	}
+	return section{title: "Firmware downloads", tables: []table{t}, notes: notes}
 }
 
 func conns(sum *results.Summary) section {

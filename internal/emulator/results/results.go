@@ -476,8 +476,40 @@ type Summary struct {
 	Conns     Conns                 `json:"conns"`
 	Resources Resources             `json:"resources"`
 	Ramp      *Ramp                 `json:"ramp,omitempty"`
+	Downloads *Downloads            `json:"downloads,omitempty"` // firmware rollouts (fleet mode)
 	Warnings  []string              `json:"warnings,omitempty"`
 	Err       string                `json:"error,omitempty"`
+}
+
+// Downloads counts the emulated firmware downloads of a run.
+type Downloads struct {
+	Started     int64 `json:"started"`     // offers acted on
+	Completed   int64 `json:"completed"`   // files complete
+	Interrupted int64 `json:"interrupted"` // attempts cut on purpose (the failure rate)
+	Resumed     int64 `json:"resumed"`     // attempts after the first (Range)
+	Failed      int64 `json:"failed"`      // reported failed
+	Installed   int64 `json:"installed"`   // rebooted into the new firmware
+	Bytes       int64 `json:"bytes"`       // received
+	MaxActive   int64 `json:"max_active"`  // downloads at once, at most
+	Time        *Hist `json:"time"`        // offer to complete file
+}
+
+// Add adds o's counts to d.
+func (d *Downloads) Add(o *Downloads) {
+	d.Started += o.Started
+	d.Completed += o.Completed
+	d.Interrupted += o.Interrupted
+	d.Resumed += o.Resumed
+	d.Failed += o.Failed
+	d.Installed += o.Installed
+	d.Bytes += o.Bytes
+	d.MaxActive += o.MaxActive
+	if o.Time != nil {
+		if d.Time == nil {
+			d.Time = NewHist()
+		}
+		d.Time.Merge(o.Time)
+	}
 }
 
 // Op returns the summary of op, never nil.
@@ -783,6 +815,12 @@ func MergeSummaries(ss []*Summary) *Summary {
 		out.Resources.RSSMax += r.RSSMax
 		out.Resources.Cores += r.Cores
 		out.Resources.MachineBusy = max(out.Resources.MachineBusy, r.MachineBusy)
+		if s.Downloads != nil {
+			if out.Downloads == nil {
+				out.Downloads = &Downloads{}
+			}
+			out.Downloads.Add(s.Downloads)
+		}
 		if s.Ramp != nil && out.Ramp == nil {
 			r := *s.Ramp
 			out.Ramp = &r
