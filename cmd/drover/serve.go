@@ -35,6 +35,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.DurationVar(&c.QuotaHold, "quota-hold", c.QuotaHold, "longest a device's push over quota is held before its 429 when its connection's last push was refused too (0: answer at once)")
 	fs.IntVar(&c.MaxPendingWrites, "max-pending-writes", c.MaxPendingWrites, "records waiting for a commit beyond which pushes get 503")
 	fs.IntVar(&c.MaxInflight, "max-inflight", c.MaxInflight, "device requests handled at once beyond which they get 503")
+	fs.IntVar(&c.MaxBusyConns, "max-busy-connections", c.MaxBusyConns, "connections reading or answering a request at once; beyond, new connections wait in the kernel's accept queue instead of being accepted")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "OS threads running Go code, GOMAXPROCS (0: one per CPU)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight requests and pending writes")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")

@@ -39,11 +39,14 @@ type Config struct {
 	QuotaHold        time.Duration
 	MaxPendingWrites int
 	MaxInflight      int
-	Threads          int
-	ShutdownTimeout  time.Duration
-	LogFormat        string
-	LogLevel         string
-	DebugListen      string
+	// MaxBusyConns is how many connections may be reading or answering a
+	// request at once; beyond, the listeners stop accepting (gate.go).
+	MaxBusyConns    int
+	Threads         int
+	ShutdownTimeout time.Duration
+	LogFormat       string
+	LogLevel        string
+	DebugListen     string
 	// MetricsToken is a bearer token that may read /metrics and nothing
 	// else (the admin token may too); "" for none.
 	MetricsToken string
@@ -103,6 +106,7 @@ func DefaultConfig() Config {
 		QuotaHold:           10 * time.Second,
 		MaxPendingWrites:    50000,
 		MaxInflight:         8192,
+		MaxBusyConns:        1024,
 		ShutdownTimeout:     30 * time.Second,
 		LogFormat:           "text",
 		LogLevel:            "info",
@@ -165,8 +169,8 @@ func (c *Config) Validate() error {
 	if c.FlushInterval <= 0 {
 		return errors.New("-flush-interval must be positive")
 	}
-	if c.MaxInflight < 1 || c.MaxPendingWrites < 1 {
-		return errors.New("-max-inflight and -max-pending-writes must be positive")
+	if c.MaxInflight < 1 || c.MaxPendingWrites < 1 || c.MaxBusyConns < 1 {
+		return errors.New("-max-inflight, -max-busy-connections and -max-pending-writes must be positive")
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("-log-format must be text or json, not %q", c.LogFormat)

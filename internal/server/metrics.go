@@ -34,11 +34,13 @@ type metrics struct {
 	duration      *prometheus.HistogramVec
 	inflight      prometheus.Gauge
 	connections   prometheus.Gauge // persistent device connections
-	commitSize    prometheus.Histogram
-	commitTime    prometheus.Histogram
-	commitErrors  prometheus.Counter
-	storeUp       prometheus.Gauge
-	quotaAnswers  *prometheus.CounterVec
+	// The accept gate's waits (gate.go).
+	acceptHeld, acceptHeldTime prometheus.Counter
+	commitSize                 prometheus.Histogram
+	commitTime                 prometheus.Histogram
+	commitErrors               prometheus.Counter
+	storeUp                    prometheus.Gauge
+	quotaAnswers               *prometheus.CounterVec
 	// firmwareDownloads counts firmware file requests (a resumed
 	// download is one more).
 	firmwareDownloads prometheus.Counter
@@ -68,6 +70,12 @@ func newMetrics() *metrics {
 	})
 	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "drover_device_connections", Help: "Devices holding a persistent connection.",
+	})
+	m.acceptHeld = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "drover_accept_held_total", Help: "Times the listeners stopped accepting because --max-busy-connections were busy (gate.go).",
+	})
+	m.acceptHeldTime = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "drover_accept_held_seconds_total", Help: "Time the listeners did not accept because --max-busy-connections were busy.",
 	})
 	m.commitSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "drover_store_commit_records", Help: "Records per store commit (grouped commits).",
@@ -101,6 +109,7 @@ func newMetrics() *metrics {
 	buildInfo.Set(1)
 	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight, m.connections,
 		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers, m.firmwareDownloads, m.auditFailures,
+		m.acceptHeld, m.acceptHeldTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {
 		m.pushes.WithLabelValues(o)

@@ -49,6 +49,7 @@ type Server struct {
 	handler   http.Handler                    // routes.go
 	cert      atomic.Pointer[tls.Certificate] // served on httpsLn; Reload replaces it
 	servers   []*http.Server
+	gate      *acceptGate // the device listeners' (gate.go)
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
 	stopHolds chan struct{} // closed on draining: held over-quota answers go out
@@ -228,11 +229,12 @@ func (s *Server) listen(context.Context) error {
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
-			Handler: s.handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState,
+			Handler: s.handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState, ConnState: trackBusy,
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		}
 	}
+	s.gate = newAcceptGate(s.cfg.MaxBusyConns, s.m.acceptHeld, s.m.acceptHeldTime)
 	if s.cfg.Listen != "" {
 		cert, generated, err := loadCertificate(&s.cfg)
 		if err != nil {
@@ -249,7 +251,7 @@ func (s *Server) listen(context.Context) error {
 			return err
 		}
 		s.cert.Store(&cert)
-		if s.httpsLn, err = tlsListener(ln, s.getCertificate, &s.cfg); err != nil {
+		if s.httpsLn, err = tlsListener(&gatedListener{Listener: ln, g: s.gate}, s.getCertificate, &s.cfg); err != nil {
 			ln.Close()
 			return err
 		}
@@ -266,7 +268,7 @@ func (s *Server) listen(context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.httpLn = ln
+		s.httpLn = &gatedListener{Listener: ln, g: s.gate}
 		s.servers = append(s.servers, newHTTP())
 	}
 	if s.cfg.DebugListen != "" {

@@ -40,6 +40,9 @@ type connState struct {
 	// offer no HTTP/2): one request at a time per connection, on the
 	// connection's goroutine.
 	push fleet.PushAuth
+	// gated is the accept gate's record of the connection (gate.go);
+	// nil when it did not come through a gate.
+	gated *gatedConn
 }
 
 // takePushAuth returns the PushAuth refuseOverQuota left for token on r's
@@ -57,8 +60,8 @@ func takePushAuth(r *http.Request, token string) (fleet.PushAuth, bool) {
 type connKey struct{}
 
 // withConnState is the servers' ConnContext.
-func withConnState(ctx context.Context, _ net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, &connState{})
+func withConnState(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, &connState{gated: gatedOf(c)})
 }
 
 // tarpit counts the held answers; routes sets its counters.
@@ -153,6 +156,9 @@ func (a *api) refuseOverQuota(w http.ResponseWriter, r *http.Request) bool {
 	case cs == nil || !cs.refused.Swap(true) || t.maxHold <= 0:
 		t.atOnce.Inc()
 	case t.enter(qe.DeviceID):
+		if cs.gated != nil {
+			cs.gated.setBusy(false) // a held answer takes no CPU: not busy for the accept gate
+		}
 		wait -= t.hold(r.Context(), min(wait, t.maxHold))
 		t.leave(qe.DeviceID)
 		t.held.Inc()

@@ -38,6 +38,7 @@ type Store struct {
 	policyStore
 	// stState updates a device's state; prepared once on the writer.
 	stState *sql.Stmt
+	ckpt    *checkpointer // checkpoint.go; nil: the writer checkpoints (drover migrate)
 }
 
 // Open opens (creating if needed) the database file at path and applies the
@@ -87,8 +88,16 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "foreign_keys(OFF)")
 	q.Add("_pragma", "cache_size(-16384)")
-	q.Add("_pragma", "wal_autocheckpoint(10000)") // 40 MB: a hot page is checkpointed once per 40 MB of WAL, not per 4 MB
 	q.Add("_txlock", "immediate")
+	// A server's store checkpoints on a connection of its own
+	// (checkpoint.go); drover migrate's lets the writer do it.
+	ckptDSN := "file:" + uriPath(path) + "?" + q.Encode()
+	if lock != nil && ownCheckpoints {
+		q.Add("_pragma", "wal_autocheckpoint(0)")
+		q.Add("_pragma", "journal_size_limit(67108864)") // the WAL file shrinks back to 64 MiB when it restarts
+	} else {
+		q.Add("_pragma", "wal_autocheckpoint(10000)")
+	}
 	dsn := "file:" + uriPath(path) + "?" + q.Encode()
 	w, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -126,6 +135,12 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		s.closeDBs()
 		return nil, fmt.Errorf("sqlite %s: %w", path, err)
 	}
+	if lock != nil && ownCheckpoints {
+		if s.ckpt, err = startCheckpointer(ctx, ckptDSN); err != nil {
+			s.closeDBs()
+			return nil, fmt.Errorf("sqlite %s: checkpointer: %w", path, err)
+		}
+	}
 	return s, nil
 }
 
@@ -155,7 +170,7 @@ func (s *Store) LockLost() error {
 
 // closeDBs closes the databases, not the lock.
 func (s *Store) closeDBs() error {
-	return errors.Join(s.closeHistory(), s.r.Close(), s.w.Close())
+	return errors.Join(s.ckpt.close(), s.closeHistory(), s.r.Close(), s.w.Close())
 }
 
 // Load implements fleet.Store.

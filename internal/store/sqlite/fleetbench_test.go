@@ -1,0 +1,139 @@
+package sqlite
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+)
+
+// BenchmarkCommitFleet commits pushes (state + sample) of random devices of a
+// fleet whose every device has a state, in batches of 74 (the mean commit of
+// the 1,000,000-device fleet test): one op is one push. The fleet's size is
+// $DROVER_BENCH_DEVICES (default 100,000); the filled database is built once
+// per size in $TMPDIR and copied for each run. It reports the process's CPU
+// per push, the slowest commit and the share of commits over 100 ms.
+// DROVER_BENCH_CHECKPOINTS=writer lets the writer checkpoint, as before
+// checkpoint.go.
+//
+//	DROVER_BENCH_DEVICES=1000000 go test -run '^$' -bench CommitFleet -benchtime 200000x ./internal/store/sqlite/
+func BenchmarkCommitFleet(b *testing.B) {
+	devices := 100_000
+	if v := os.Getenv("DROVER_BENCH_DEVICES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("DROVER_BENCH_DEVICES=%q: want a positive count", v)
+		}
+		devices = n
+	}
+	ctx := context.Background()
+	tmpl := filepath.Join(os.TempDir(), fmt.Sprintf("drover-bench-fleet-%d.db", devices))
+	if _, err := os.Stat(tmpl); err != nil {
+		buildFleetDB(b, tmpl+".tmp", devices)
+		if err := os.Rename(tmpl+".tmp", tmpl); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if os.Getenv("DROVER_BENCH_CHECKPOINTS") == "writer" {
+		ownCheckpoints = false
+		defer func() { ownCheckpoints = true }()
+	}
+	path := filepath.Join(b.TempDir(), "d.db")
+	copyFile(b, tmpl, path)
+	s, err := Open(ctx, path, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	cpu, temp := 12.5, 47.5
+	var uptime int64 = 3600
+	var bt fleet.Batch
+	id := uint64(1)
+	var slowest time.Duration
+	var commits, slow int
+	cpu0 := processCPU()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		id = (id*7919 + 13) % uint64(devices)
+		now := time.Now()
+		bt.States = append(bt.States, fleet.StateRecord{DeviceID: id + 1, Firmware: "f", LastSeen: now, Seq: uint64(i), State: json.RawMessage(benchState)})
+		bt.Samples = append(bt.Samples, fleet.Sample{DeviceID: id + 1, At: now, Seq: uint64(i), CPU: &cpu, Temperature: &temp, Uptime: &uptime})
+		if len(bt.States) == 74 || i == b.N-1 {
+			start := time.Now()
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := s.Commit(cctx, &bt)
+			cancel()
+			if err != nil {
+				b.Fatal(err)
+			}
+			took := time.Since(start)
+			slowest = max(slowest, took)
+			commits++
+			if took > 100*time.Millisecond {
+				slow++
+			}
+			bt.Reset()
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+	b.ReportMetric(float64(slowest.Microseconds())/1000, "max-commit-ms")
+	b.ReportMetric(float64(slow)/float64(commits)*100, "%commits>100ms")
+}
+
+// buildFleetDB writes a database of n registered devices, each with a state.
+func buildFleetDB(b *testing.B, path string, n int) {
+	ctx := context.Background()
+	os.Remove(path)
+	s, err := Open(ctx, path, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	for lo := 1; lo <= n; lo += 50_000 {
+		var bt fleet.Batch
+		for i := lo; i < lo+50_000 && i <= n; i++ {
+			bt.Devices = append(bt.Devices, fleet.DeviceRecord{ID: uint64(i), MachineID: fmt.Sprintf("%032x", i*7919), DeviceType: "router",
+				Model: "EMU-R1", Firmware: "7.4.2", Serial: fmt.Sprintf("EMU%08d", i), TokenHash: make([]byte, 32), RegisteredAt: now})
+			bt.States = append(bt.States, fleet.StateRecord{DeviceID: uint64(i), Firmware: "7.4.2", LastSeen: now, Seq: 1, State: json.RawMessage(benchState)})
+		}
+		if err := s.Commit(ctx, &bt); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := s.w.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		b.Fatal(err)
+	}
+	for _, suffix := range []string{"-wal", "-shm", ".lock"} {
+		os.Remove(path + suffix)
+	}
+	os.Remove(archivePath(path)) // empty: Open makes a new one
+}
+
+func copyFile(b *testing.B, from, to string) {
+	in, err := os.Open(from)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(to)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		b.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
