@@ -31,8 +31,8 @@ type Config struct {
 	NATSURL string // "": no NATS (the database alone)
 	Address string // where the node serves, shown in the node list
 	// Poll is how often the change log is read without a NATS nudge;
-	// StatesEvery how often other nodes' pushes are read from the
-	// database while NATS is down (and, ten times rarer, while it is up).
+	// StatesEvery how often other nodes' push summaries are read from the
+	// database while some node cannot reach NATS (never while all can).
 	Poll, StatesEvery, Heartbeat time.Duration
 	Logger                       *slog.Logger
 }
@@ -51,6 +51,14 @@ const (
 	subjPushes  = ".pushes"  // payload: a node's whole push events, for the leader's alerts (JSON)
 )
 
+// backlog is how much of its own push summaries a node keeps, to write
+// them to the database when the cluster turns degraded: the others may
+// have missed them since a node lost NATS (a heartbeat or two before).
+const backlog = 10 * time.Second
+
+// pushesKept is how long push summaries stay in the database.
+const pushesKept = 2 * time.Minute
+
 // gapWait is how long a hole in the change log's sequence numbers is
 // waited for: a transaction that took its number may commit after a later
 // one, or roll back and never fill it.
@@ -61,6 +69,7 @@ type Node struct {
 	cfg   Config
 	st    contract.Cluster
 	fleet *fleet.Service
+	fl    atomic.Pointer[fleet.Service] // fleet, for Status from other goroutines
 	log   *slog.Logger
 	self  fleet.ClusterNode
 
@@ -72,8 +81,13 @@ type Node struct {
 	maxSeen int64
 	missing map[int64]time.Time
 
-	leader    atomic.Bool
-	natsUp    atomic.Bool
+	leader atomic.Bool
+	natsUp atomic.Bool
+	// viaDB: some live node cannot reach NATS (this one or another, by
+	// the heartbeats), so every node writes its push summaries to the
+	// database and reads the others' there.
+	viaDB     atomic.Bool
+	pushSeen  int64         // last push summary batch read (housekeep only)
 	applied   atomic.Uint64 // change log entries applied
 	stateRecs atomic.Uint64 // other nodes' push summaries applied
 	lagNS     atomic.Int64  // commit-to-apply time of the last applied change
@@ -82,6 +96,8 @@ type Node struct {
 
 	pmu     sync.Mutex
 	pending []summary         // this node's pushes not yet published
+	recent  []batch           // published in the last backlog (housekeep only)
+	resend  bool              // viaDB just began: write recent too (housekeep only)
 	fwd     []fleet.PushEvent // the same, whole, while not leading
 	forward func(fleet.PushEvent)
 }
@@ -93,6 +109,12 @@ type summary struct {
 	Seq uint64 `json:"s"`
 	Ver int64  `json:"v"`
 	Err string `json:"e,omitempty"`
+}
+
+// batch is push summaries published together.
+type batch struct {
+	at time.Time
+	s  []summary
 }
 
 // New prepares a node over st: it notes the change log's end, so that
@@ -122,6 +144,9 @@ func New(ctx context.Context, cfg Config, st contract.Cluster) (*Node, error) {
 	if n.maxSeen, err = st.LastChange(ctx); err != nil {
 		return nil, err
 	}
+	if n.pushSeen, err = st.LastPushes(ctx); err != nil {
+		return nil, err
+	}
 	id, err := st.ClusterID(ctx)
 	if err != nil {
 		return nil, err
@@ -138,6 +163,7 @@ func New(ctx context.Context, cfg Config, st contract.Cluster) (*Node, error) {
 // the loaded fleet.
 func (n *Node) Run(ctx context.Context, fl *fleet.Service) {
 	n.fleet = fl
+	n.fl.Store(fl)
 	n.connect()
 	defer func() {
 		if n.nc != nil {
@@ -262,11 +288,16 @@ func (n *Node) poll(ctx context.Context) error {
 		}
 	}
 	for {
-		cs, err := n.st.ChangesAfter(ctx, n.maxSeen, holes, 1000)
+		from := n.maxSeen
+		cs, err := n.st.ChangesAfter(ctx, from, holes, 1000)
 		if err != nil {
 			return err
 		}
+		after := 0 // entries past from (the rest filled holes)
 		for _, c := range cs {
+			if c.Seq > from {
+				after++
+			}
 			if c.Node != n.cfg.Node {
 				if err := n.fleet.ApplyChange(ctx, c); err != nil {
 					return err
@@ -283,7 +314,7 @@ func (n *Node) poll(ctx context.Context) error {
 				delete(n.missing, c.Seq)
 			}
 		}
-		if len(cs) < 1000 {
+		if after < 1000 {
 			return nil
 		}
 		holes = holes[:0]
@@ -291,8 +322,8 @@ func (n *Node) poll(ctx context.Context) error {
 }
 
 // housekeep beats the heartbeat, takes or keeps the leadership, publishes
-// this node's pushes and reads other nodes' from the database while NATS
-// cannot bring them.
+// this node's pushes and, while some node cannot reach NATS, writes them
+// to the database and reads the others' there.
 func (n *Node) housekeep(ctx context.Context) {
 	pub := time.NewTicker(500 * time.Millisecond)
 	defer pub.Stop()
@@ -300,21 +331,17 @@ func (n *Node) housekeep(ctx context.Context) {
 	defer beat.Stop()
 	states := time.NewTicker(n.cfg.StatesEvery)
 	defer states.Stop()
-	// Pushes are read back from the database with this much overlap:
-	// write-back commits them later than they happened.
-	const overlap = 10 * time.Second
-	scanned := time.Now().Add(-overlap)
-	rare := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-pub.C:
-			n.publish()
+			n.publish(ctx)
 		case <-beat.C:
 			if err := n.beat(ctx); err != nil && ctx.Err() == nil {
 				n.log.Warn("cluster: heartbeat failed", "err", err)
 			}
+			n.checkNATS(ctx)
 			lead, err := n.st.TryLeader(ctx)
 			if err != nil && ctx.Err() == nil {
 				n.log.Warn("cluster: leader lock", "err", err)
@@ -326,27 +353,67 @@ func (n *Node) housekeep(ctx context.Context) {
 				if _, err := n.st.PruneChanges(ctx, time.Now().Add(-time.Hour)); err != nil && ctx.Err() == nil {
 					n.log.Warn("cluster: change log prune failed", "err", err)
 				}
+				if _, err := n.st.PrunePushes(ctx, time.Now().Add(-pushesKept)); err != nil && ctx.Err() == nil {
+					n.log.Warn("cluster: push summaries prune failed", "err", err)
+				}
 			}
 		case <-states.C:
-			if rare++; n.natsUp.Load() && rare%10 != 0 {
-				continue
-			}
-			start := time.Now()
-			recs, err := n.st.StatesSince(ctx, scanned.Add(-overlap))
-			if err != nil {
-				if ctx.Err() == nil {
-					n.log.Warn("cluster: reading pushes failed", "err", err)
+			if n.viaDB.Load() {
+				if err := n.readPushes(ctx); err != nil && ctx.Err() == nil {
+					n.log.Warn("cluster: reading push summaries failed", "err", err)
 				}
-				continue
 			}
-			scanned = start
-			n.stateRecs.Add(uint64(n.fleet.ApplyStates(recs)))
+		}
+	}
+}
+
+// checkNATS decides whether push summaries travel through the database:
+// while this node or any node that beat within 5 s cannot reach NATS.
+func (n *Node) checkNATS(ctx context.Context) {
+	via := !n.natsUp.Load()
+	if !via {
+		nodes, err := n.st.Nodes(ctx)
+		if err != nil {
+			return // keep the last decision
+		}
+		for _, o := range nodes {
+			if o.Name != n.cfg.Node && !o.NATS && time.Since(o.Heartbeat) < 5*time.Second {
+				via = true
+				break
+			}
+		}
+	}
+	if n.viaDB.Swap(via) != via {
+		n.log.Warn("cluster: push summaries through the database", "on", via)
+		if via {
+			n.resend = true
+		}
+	}
+}
+
+// readPushes applies the push summaries other nodes stored since the last
+// read.
+func (n *Node) readPushes(ctx context.Context) error {
+	for {
+		bs, err := n.st.PushesAfter(ctx, n.pushSeen, 100)
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			n.pushSeen = b.Seq
+			var s []summary
+			if b.Node != n.cfg.Node && json.Unmarshal(b.Body, &s) == nil {
+				n.applyStates(s)
+			}
+		}
+		if len(bs) < 100 {
+			return nil
 		}
 	}
 }
 
 func (n *Node) beat(ctx context.Context) error {
-	n.self.Heartbeat = time.Now().UTC()
+	n.self.Heartbeat, n.self.NATS = time.Now().UTC(), n.natsUp.Load()
 	return n.st.Heartbeat(ctx, n.self)
 }
 
@@ -357,9 +424,6 @@ func (n *Node) Forward(f func(fleet.PushEvent)) { n.forward = f }
 // OnPush notes a push this node took, for the next publication; chain it
 // into fleet.Options.OnPush.
 func (n *Node) OnPush(ev fleet.PushEvent) {
-	if n.nc == nil {
-		return
-	}
 	n.pmu.Lock()
 	if len(n.pending) < 100000 {
 		n.pending = append(n.pending, summary{ID: ev.DeviceID, At: ev.At.UnixNano(), Seq: ev.Seq, Ver: ev.ConfigVersion, Err: ev.ConfigError})
@@ -370,15 +434,36 @@ func (n *Node) OnPush(ev fleet.PushEvent) {
 	n.pmu.Unlock()
 }
 
-// publish sends the pushes noted since the last time, in messages of at
-// most 2000 (NATS's default payload limit is 1 MiB).
-func (n *Node) publish() {
+// publish sends the pushes noted since the last time over NATS, in
+// messages of at most 2000 (NATS's default payload limit is 1 MiB), and
+// to the database while some node cannot reach NATS (with the last
+// backlog's when that just began).
+func (n *Node) publish(ctx context.Context) {
 	n.pmu.Lock()
 	p, fwd := n.pending, n.fwd
 	n.pending, n.fwd = nil, nil
 	n.pmu.Unlock()
-	if len(p) == 0 || !n.natsUp.Load() {
-		return // the others read them from the database meanwhile
+	now := time.Now()
+	if len(p) > 0 {
+		n.recent = append(n.recent, batch{now, p})
+	}
+	k := 0
+	for k < len(n.recent) && now.Sub(n.recent[k].at) > backlog {
+		k++
+	}
+	n.recent = n.recent[k:]
+	if n.viaDB.Load() {
+		out := p
+		if n.resend {
+			out = nil
+			for _, b := range n.recent {
+				out = append(out, b.s...)
+			}
+		}
+		n.savePushes(ctx, out)
+	}
+	if len(p) == 0 || n.nc == nil || !n.natsUp.Load() {
+		return
 	}
 	for len(fwd) > 0 {
 		k := min(len(fwd), 500)
@@ -397,6 +482,22 @@ func (n *Node) publish() {
 		n.nc.Publish(n.prefix+subjStates, b)
 		p = p[k:]
 	}
+}
+
+// savePushes writes summaries to the database, in rows of at most 5000.
+func (n *Node) savePushes(ctx context.Context, s []summary) {
+	for len(s) > 0 {
+		k := min(len(s), 5000)
+		b, _ := json.Marshal(s[:k])
+		if err := n.st.SavePushes(ctx, b); err != nil {
+			if ctx.Err() == nil {
+				n.log.Warn("cluster: storing push summaries failed", "err", err)
+			}
+			return // resend stays set: the backlog goes with the next
+		}
+		s = s[k:]
+	}
+	n.resend = false
 }
 
 func (n *Node) applyStates(s []summary) {
@@ -421,12 +522,21 @@ type Status struct {
 	Applied uint64        `json:"applied"`
 	States  uint64        `json:"states"`
 	Lag     time.Duration `json:"lag_ns"`
+	// SummariesViaDB: some node cannot reach NATS, push summaries travel
+	// through the database.
+	SummariesViaDB bool `json:"summaries_via_db"`
+	// DeviceReads counts devices this node read back from the database
+	// (change log entries, tokens memory refused, registrations).
+	DeviceReads uint64 `json:"device_reads"`
 }
 
 // Status returns the node's status.
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.Node, Leader: n.leader.Load(), NATS: n.natsUp.Load(), Applied: n.applied.Load(),
-		States: n.stateRecs.Load(), Lag: time.Duration(n.lagNS.Load())}
+		States: n.stateRecs.Load(), Lag: time.Duration(n.lagNS.Load()), SummariesViaDB: n.viaDB.Load()}
+	if fl := n.fl.Load(); fl != nil {
+		st.DeviceReads = fl.ClusterDeviceReads()
+	}
 	if e := n.pollErr.Load(); e != nil {
 		st.ChangeLogErr = *e
 	}
@@ -441,3 +551,7 @@ func (n *Node) Nodes(ctx context.Context) ([]fleet.ClusterNode, error) { return 
 
 // ErrNoNATS is the readiness detail of a node without NATS.
 var ErrNoNATS = errors.New("NATS unreachable: changes travel through the database (slower, still correct)")
+
+// ErrPeerNoNATS is the readiness detail of a node whose NATS works while
+// another node's does not.
+var ErrPeerNoNATS = errors.New("a node cannot reach NATS: push summaries travel through the database (slower, still correct)")

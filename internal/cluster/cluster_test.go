@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/drover/drover/internal/store/dbtest"
 )
 
@@ -300,6 +302,8 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("a push costs other nodes no database read", func(t *testing.T) { pushesCostNoReads(t, dsn, a, b) })
+
 	// reregisterRevokes re-registers a device on B and wants its old token
 	// refused on A within the bound.
 	reregisterRevokes := func(t *testing.T, machine string) {
@@ -357,6 +361,76 @@ func TestCluster(t *testing.T) {
 		t.Logf("profile change visible on B %v after A answered", took)
 	})
 
+	t.Run("configuration versions unique across nodes", func(t *testing.T) {
+		// Two profiles, changed at once on A and B: never one version twice.
+		st, body := b.do("POST", "/api/v1/register", "", fmt.Sprintf(`{"machine_id":"m-fw2","device_type":"ICR-3241","firmware":"6.3.9","enrollment_secret":%q}`, secret))
+		if st != 200 {
+			t.Fatalf("register: %d %s", st, body)
+		}
+		var ps struct {
+			Profiles []struct {
+				ID uint64 `json:"id"`
+			} `json:"profiles"`
+		}
+		within(t, converge, "two profiles on A", func() bool {
+			st, body := a.do("GET", "/api/v1/profiles", adminToken, "")
+			return st == 200 && json.Unmarshal(body, &ps) == nil && len(ps.Profiles) >= 2
+		})
+		var mu sync.Mutex
+		seen := map[int64]string{}
+		var wg sync.WaitGroup
+		for i, n := range []*node{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := range 5 {
+					st, body := n.do("PATCH", fmt.Sprintf("/api/v1/profiles/%d", ps.Profiles[i].ID), adminToken, fmt.Sprintf(`{"config":{"k":%d}}`, k))
+					var p struct {
+						Version int64 `json:"version"`
+					}
+					if st != 200 || json.Unmarshal(body, &p) != nil {
+						t.Errorf("profile change on %s: %d %s", n.name, st, body)
+						return
+					}
+					mu.Lock()
+					if other, dup := seen[p.Version]; dup {
+						t.Errorf("version %d given on %s and %s", p.Version, other, n.name)
+					}
+					seen[p.Version] = n.name
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+	})
+
+	t.Run("commands, rollouts and node-local firmware files are refused", func(t *testing.T) {
+		for _, c := range []struct{ method, path, body string }{
+			{"POST", "/api/v1/commands", `{"kind":"reboot","device_id":"1"}`},
+			{"POST", "/api/v1/rollouts", `{}`},
+			{"POST", "/api/v1/firmware?device_type=ICR-3241&version=6.4.0", "firmware bytes"},
+		} {
+			st, body := a.do(c.method, c.path, adminToken, c.body)
+			if st != 409 || !strings.Contains(string(body), `"not_in_cluster"`) {
+				t.Errorf("%s %s in cluster mode: %d %s, want 409 not_in_cluster", c.method, c.path, st, body)
+			}
+		}
+		// A firmware artifact by URL is the way.
+		req, _ := http.NewRequest("POST", a.base+"/api/v1/firmware", strings.NewReader(fmt.Sprintf(
+			`{"device_type":"ICR-3241","version":"6.4.0","sha256":%q,"size":1000,"url":"https://files.example/fw.bin"}`, strings.Repeat("ab", 32))))
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := a.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 201 {
+			t.Errorf("firmware by URL: %d %s", resp.StatusCode, body)
+		}
+	})
+
 	t.Run("labels and quota lifts reach every node", func(t *testing.T) {
 		r := a.mustRegister("m-label")
 		st, body := a.do("POST", "/api/v1/labels/assign", adminToken, `{"label":"north","filter":{"q":"m-label"}}`)
@@ -384,6 +458,70 @@ func TestCluster(t *testing.T) {
 		within(t, converge, "lift on B", func() bool {
 			st, body := b.do("GET", "/api/v1/devices/"+r.DeviceID+"/quota", adminToken, "")
 			return st == 200 && strings.Contains(string(body), `"lifted":true`)
+		})
+	})
+
+	t.Run("enrollment tokens and preauthorized machine IDs across nodes", func(t *testing.T) {
+		type token struct {
+			ID     string  `json:"id"`
+			Token  string  `json:"token"`
+			UsedAt *string `json:"used_at"`
+		}
+		mk := func(n *node) token {
+			st, body := n.do("POST", "/api/v1/enrollment-tokens", adminToken, `{}`)
+			var tk token
+			if st != 201 || json.Unmarshal(body, &tk) != nil || tk.Token == "" {
+				t.Fatalf("token on %s: %d %s", n.name, st, body)
+			}
+			return tk
+		}
+		reg := func(n *node, machine, tok string) int {
+			st, _ := n.do("POST", "/api/v1/register", "", fmt.Sprintf(`{"machine_id":%q,"device_type":"ICR-3241","firmware":"6.3.5","enrollment_token":%q}`, machine, tok))
+			return st
+		}
+		listed := func(n *node, id string) (found, used bool) {
+			st, body := n.do("GET", "/api/v1/enrollment-tokens", adminToken, "")
+			var v struct {
+				Tokens []token `json:"tokens"`
+			}
+			if st != 200 || json.Unmarshal(body, &v) != nil {
+				t.Fatalf("tokens on %s: %d %s", n.name, st, body)
+			}
+			for _, tk := range v.Tokens {
+				if tk.ID == id {
+					return true, tk.UsedAt != nil
+				}
+			}
+			return false, false
+		}
+		ta, tb := mk(a), mk(b)
+		if ta.ID == tb.ID {
+			t.Fatalf("tokens made on A and B share ID %s", ta.ID)
+		}
+		// Made on A, used on B at once; single use on every node.
+		if st := reg(b, "m-token-1", ta.Token); st != 200 {
+			t.Fatalf("register on B with a token made on A: %d", st)
+		}
+		if st := reg(a, "m-token-2", ta.Token); st == 200 {
+			t.Fatal("a used token accepted again on A")
+		}
+		within(t, converge, "the token listed as used on A", func() bool {
+			found, used := listed(a, ta.ID)
+			return found && used
+		})
+		// Revoked on A: refused on B.
+		if st, body := a.do("DELETE", "/api/v1/enrollment-tokens/"+tb.ID, adminToken, ""); st != 200 {
+			t.Fatalf("revoke on A: %d %s", st, body)
+		}
+		if st := reg(b, "m-token-3", tb.Token); st == 200 {
+			t.Fatal("a token revoked on A accepted on B")
+		}
+		if st, body := a.do("POST", "/api/v1/preauthorized", adminToken, `{"machine_ids":["m-pre-1"]}`); st != 200 {
+			t.Fatalf("preauthorize on A: %d %s", st, body)
+		}
+		within(t, converge, "the preauthorized machine ID listed on B", func() bool {
+			st, body := b.do("GET", "/api/v1/preauthorized", adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"m-pre-1"`)
 		})
 	})
 
@@ -597,6 +735,20 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("a node cut off from NATS", func(t *testing.T) {
+		// Its pushes reach the others through the database: no offline
+		// alert for a device that pushes only there, on whichever node
+		// leads, and the others see it online.
+		c := startNode(t, "c", dsn, "nats://127.0.0.1:1")
+		for _, n := range []*node{a, b} {
+			within(t, 5*time.Second, "readyz on "+n.name+" says a node cannot reach NATS", func() bool {
+				st, body := n.do("GET", "/readyz", "", "")
+				return st == 200 && strings.Contains(string(body), "a node cannot reach NATS") && n.metric("drover_cluster_summaries_via_db") == 1
+			})
+		}
+		keepsPushing(t, c, []*node{a, b})
+	})
+
 	t.Run("a server without --cluster is refused", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -621,12 +773,169 @@ func TestCluster(t *testing.T) {
 		if st, _ := a.push(r.Token); st != 200 {
 			t.Fatal("push on A of a device registered on B without NATS")
 		}
+		// The leader's liveness comes from the database: a device pushing
+		// only to the other node raises no offline alert.
+		other := b
+		if leads(t, b) {
+			other = a
+		}
+		keepsPushing(t, other, []*node{a, b})
 		nats.start()
 		within(t, 10*time.Second, "NATS back", func() bool { return a.metric("drover_cluster_nats_up") == 1 })
-		if st, body := a.do("GET", "/readyz", "", ""); st != 200 || strings.Contains(string(body), "degraded") {
-			t.Fatalf("readyz after NATS came back: %d %s", st, body)
-		}
+		// Both nodes' heartbeats say so within a beat or two.
+		within(t, 5*time.Second, "readyz not degraded after NATS came back", func() bool {
+			st, body := a.do("GET", "/readyz", "", "")
+			return st == 200 && !strings.Contains(string(body), "degraded")
+		})
 	})
+}
+
+// leads says whether n leads the cluster.
+func leads(t *testing.T, n *node) bool {
+	t.Helper()
+	st, body := n.do("GET", "/api/v1/cluster", adminToken, "")
+	var v struct {
+		Node struct {
+			Leader bool `json:"leader"`
+		} `json:"node"`
+	}
+	if st != 200 || json.Unmarshal(body, &v) != nil {
+		t.Fatalf("cluster view of %s: %d %s", n.name, st, body)
+	}
+	return v.Node.Leader
+}
+
+// keepsPushing registers a device on on and pushes it there every 300 ms
+// for 8 s (more than the offline rule "gone", 2 s, and a leader's check,
+// 5 s): no offline alert may be raised for it, and the nodes of view see
+// it online. Once it stops, the alert comes (the rule does apply to it).
+func keepsPushing(t *testing.T, on *node, view []*node) {
+	t.Helper()
+	r := on.mustRegister(fmt.Sprintf("m-keeps-%s-%d", on.name, time.Now().UnixNano()))
+	alerts := func(n *node) int {
+		st, body := n.do("GET", "/api/v1/alerts?device_id="+r.DeviceID, adminToken, "")
+		var v struct {
+			Alerts []struct {
+				Rule string `json:"rule"`
+			} `json:"alerts"`
+		}
+		if st != 200 || json.Unmarshal(body, &v) != nil {
+			t.Fatalf("alerts: %d %s", st, body)
+		}
+		k := 0
+		for _, e := range v.Alerts {
+			if e.Rule == "gone" {
+				k++
+			}
+		}
+		return k
+	}
+	online := func(n *node) bool {
+		st, body := n.do("GET", "/api/v1/devices/"+r.DeviceID, adminToken, "")
+		var d struct {
+			Liveness string `json:"liveness"`
+		}
+		return st == 200 && json.Unmarshal(body, &d) == nil && d.Liveness == "online"
+	}
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		if st, body := on.push(r.Token); st != 200 {
+			t.Fatalf("push on %s: %d %s", on.name, st, body)
+		}
+	}
+	for _, n := range view {
+		if got := alerts(n); got != 0 {
+			t.Fatalf("%d offline alerts on %s for a device that pushed on %s every 300 ms", got, n.name, on.name)
+		}
+		within(t, 3*time.Second, n.name+" sees the device online", func() bool { return online(n) })
+	}
+	within(t, 15*time.Second, "the offline alert once the device stops", func() bool { return alerts(view[0]) > 0 })
+}
+
+// pushesCostNoReads: pushes on A and B write no change log row and make
+// no node read a device back (liveness travels as push summaries); a
+// stale token costs one read, not one per push.
+func pushesCostNoReads(t *testing.T, dsn string, a, b *node) {
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	count := func(table string) int64 {
+		var n int64
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	type dev struct {
+		r   registration
+		ver int64
+		seq int
+	}
+	applied := b.metric("drover_cluster_changes_applied_total")
+	var devs []*dev
+	for i := range 10 {
+		devs = append(devs, &dev{r: a.mustRegister(fmt.Sprintf("m-cheap-%d", i))})
+	}
+	within(t, converge, "B applied the registrations", func() bool {
+		return b.metric("drover_cluster_changes_applied_total") >= applied+10
+	})
+	changes, syncs := count("cluster_changes"), count("sync_events")
+	readsA, readsB := a.metric("drover_cluster_device_reads_total"), b.metric("drover_cluster_device_reads_total")
+	summaries := b.metric("drover_cluster_push_summaries_applied_total")
+	for round := range 3 {
+		for i, d := range devs {
+			n := a
+			if (i+round)%2 == 1 {
+				n = b
+			}
+			d.seq++
+			st, body := n.do("POST", "/api/v1/push", d.r.Token, fmt.Sprintf(`{"seq":%d,"config_version":%d,"state":{"uptime":%d}}`, d.seq, d.ver, 100+d.seq))
+			var pr struct {
+				Config *struct {
+					Version int64 `json:"version"`
+				} `json:"config"`
+			}
+			if st != 200 || json.Unmarshal(body, &pr) != nil {
+				t.Fatalf("push on %s: %d %s", n.name, st, body)
+			}
+			if pr.Config != nil {
+				d.ver = pr.Config.Version
+			}
+		}
+	}
+	// The last round's 5 pushes on A at least: earlier ones B may have
+	// overtaken with its own push of the same device.
+	within(t, 3*time.Second, "B took A's pushes as summaries", func() bool {
+		return b.metric("drover_cluster_push_summaries_applied_total") >= summaries+5
+	})
+	time.Sleep(time.Second) // a poll or four, the alert engine's flushes
+	if got := count("cluster_changes"); got != changes {
+		t.Errorf("30 pushes wrote %d change log rows, want 0", got-changes)
+	}
+	if got := a.metric("drover_cluster_device_reads_total"); got != readsA {
+		t.Errorf("30 pushes made A read %v devices back, want 0", got-readsA)
+	}
+	if got := b.metric("drover_cluster_device_reads_total"); got != readsB {
+		t.Errorf("30 pushes made B read %v devices back, want 0", got-readsB)
+	}
+	// A sync event is a change of sync state: each device's first push
+	// (arriving → synchronized), then none.
+	if got := count("sync_events") - syncs; got > int64(len(devs)) {
+		t.Errorf("30 pushes of %d devices recorded %d sync events", len(devs), got)
+	}
+	// A stale token: one read, then refused from memory.
+	stale := devs[0].r.DeviceID + ".not-the-token"
+	readsB = b.metric("drover_cluster_device_reads_total")
+	for range 20 {
+		if st, _ := b.push(stale); st != 401 {
+			t.Fatalf("stale token: %d, want 401", st)
+		}
+	}
+	if got := b.metric("drover_cluster_device_reads_total") - readsB; got != 1 {
+		t.Errorf("20 pushes with a stale token read the device %v times, want 1", got)
+	}
 }
 
 func TestClusterRefusesOtherBackends(t *testing.T) {

@@ -53,16 +53,16 @@ func TestMeasure(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%d devices, one push each per %v, for %v after registration; new TCP + TLS per push through HAProxy; medians of %d run(s).\n", devices, interval, duration, runs)
 	fmt.Fprintf(&b, "/proc/loadavg before: %s, after: %s\n\n", strings.TrimSpace(string(load)), strings.TrimSpace(string(load2)))
-	b.WriteString("| nodes | offered/s | accepted/s | p50 ms | p99 ms | late % | node CPU ms/push (each) | nodes CPU ms/push | PostgreSQL CPU ms/push | HAProxy CPU ms/push | NATS CPU ms/push | device bytes/push | DB wire bytes/push | NATS bytes/push | DB growth bytes/push | WAL bytes/push | DB bytes/device | idle CPU ms/s per node | idle PostgreSQL CPU ms/s |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| nodes | offered/s | accepted/s | p50 ms | p99 ms | late % | node CPU ms/push (each) | nodes CPU ms/push | PostgreSQL CPU ms/push | HAProxy CPU ms/push | NATS CPU ms/push | device bytes/push | DB wire bytes/push | NATS bytes/push | DB growth bytes/push | WAL bytes/push | DB bytes/device | change-log rows/push | device reads/push | sync events/push | idle CPU ms/s per node | idle PostgreSQL CPU ms/s |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range rows {
 		each := make([]string, len(m.nodeCPU))
 		for i, c := range m.nodeCPU {
 			each[i] = fmt.Sprintf("%.3f", c)
 		}
-		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.1f | %.1f |\n",
 			m.nodes, m.offered, m.rate, m.p50, m.p99, m.latePct, strings.Join(each, " / "), m.nodesCPU, m.pgCPU, m.lbCPU, m.natsCPU,
-			m.deviceBytes, m.dbBytes, m.natsBytes, m.dbGrowth, m.wal, m.dbPerDevice, m.idleNode, m.idlePG)
+			m.deviceBytes, m.dbBytes, m.natsBytes, m.dbGrowth, m.wal, m.dbPerDevice, m.changeRows, m.deviceReads, m.syncRows, m.idleNode, m.idlePG)
 	}
 	t.Log(b.String())
 	fmt.Println(b.String())
@@ -106,7 +106,11 @@ type measured struct {
 	nodeCPU                                        []float64 // ms per push it accepted, each node
 	nodesCPU, pgCPU, lbCPU, natsCPU                float64   // ms per push
 	deviceBytes, dbBytes, natsBytes, dbGrowth, wal float64
-	dbPerDevice                                    float64 // database bytes per registered device, before any push
+	// rows per push: change log rows written, devices the nodes read
+	// back, sync events recorded (all should stay near 0: a push is not
+	// a change, and sync events are changes of sync state)
+	changeRows, deviceReads, syncRows float64
+	dbPerDevice                       float64 // database bytes per registered device, before any push
 	// CPU ms per second with the fleet registered but silent: what the
 	// cluster costs without pushes (polls, heartbeats, NATS), per node and
 	// in PostgreSQL; included in the per-push figures above.
@@ -122,6 +126,8 @@ type snapshot struct {
 	dbSize, walLSN     int64
 	tables             map[string][4]int64 // per table: rows read by scans, fetched by index, inserted, updated
 	commits            int64               // the nodes' grouped commits (drover_store_commit_records_count)
+	changes, syncs     int64               // rows in cluster_changes and sync_events
+	deviceReads        int64               // devices the nodes read back (drover_cluster_device_reads_total)
 }
 
 func (l *lab) snapshot(t *testing.T) snapshot {
@@ -129,6 +135,9 @@ func (l *lab) snapshot(t *testing.T) snapshot {
 	var s snapshot
 	for _, nd := range l.nodes {
 		s.commits += l.metric(nd, "drover_store_commit_records_count")
+		if l.cluster {
+			s.deviceReads += l.metric(nd, "drover_cluster_device_reads_total")
+		}
 		s.nodeTicks = append(s.nodeTicks, cpuTicks(nd.cmd.Process.Pid, false))
 		s.nodeBytes = append(s.nodeBytes, nd.host.bytes())
 	}
@@ -156,6 +165,9 @@ func (l *lab) snapshot(t *testing.T) snapshot {
 		s.tables[name] = v
 	}
 	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.QueryRow(ctx, `SELECT (SELECT count(*) FROM sync_events), (SELECT count(*) FROM cluster_changes)`).Scan(&s.syncs, &s.changes); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.QueryRow(ctx, `SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::bigint,
@@ -225,6 +237,9 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 	// statistics lag by up to a second: an indication, not a count).
 	time.Sleep(time.Second)
 	final := l.snapshot(t)
+	m.changeRows = float64(final.changes-before.changes) / p
+	m.deviceReads = float64(final.deviceReads-before.deviceReads) / p
+	m.syncRows = float64(final.syncs-before.syncs) / p
 	var where []string
 	for name, v := range final.tables {
 		b := before.tables[name]
@@ -273,6 +288,9 @@ func median(ms []measured) measured {
 	out.dbGrowth = med(func(m measured) float64 { return m.dbGrowth })
 	out.wal = med(func(m measured) float64 { return m.wal })
 	out.dbPerDevice = med(func(m measured) float64 { return m.dbPerDevice })
+	out.changeRows = med(func(m measured) float64 { return m.changeRows })
+	out.deviceReads = med(func(m measured) float64 { return m.deviceReads })
+	out.syncRows = med(func(m measured) float64 { return m.syncRows })
 	out.idleNode = med(func(m measured) float64 { return m.idleNode })
 	out.idlePG = med(func(m measured) float64 { return m.idlePG })
 	return out

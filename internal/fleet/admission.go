@@ -200,9 +200,9 @@ func (s *Service) RegisterWith(ctx context.Context, r protocol.RegisterRequest, 
 	}
 	c.secret = r.EnrollmentSecret != "" && subtle.ConstantTimeCompare([]byte(r.EnrollmentSecret), []byte(s.opts.EnrollmentSecret)) == 1
 	if r.EnrollmentToken != "" {
-		t, ok := s.checkEnrollmentToken(r.EnrollmentToken, r.MachineID)
-		if !ok {
-			return protocol.RegisterResponse{}, ErrEnrollmentToken
+		t, err := s.checkEnrollmentToken(ctx, r.EnrollmentToken, r.MachineID)
+		if err != nil {
+			return protocol.RegisterResponse{}, err
 		}
 		c.token = &t
 	}
@@ -237,8 +237,12 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 		return protocol.RegisterResponse{}, false, ErrEnrollment
 	case s.opts.Admission == PolicyApprove:
 		pending = true
-	case s.opts.Admission == PolicyPreauthorized && !s.isPreauthorized(r.MachineID):
-		return protocol.RegisterResponse{}, false, ErrNotPreauthorized
+	case s.opts.Admission == PolicyPreauthorized:
+		if ok, err := s.isPreauthorized(ctx, r.MachineID); err != nil {
+			return protocol.RegisterResponse{}, false, err
+		} else if !ok {
+			return protocol.RegisterResponse{}, false, ErrNotPreauthorized
+		}
 	}
 	// The profile policy picks the profile (policy.go); the new device
 	// takes the selection's use of it.

@@ -3,10 +3,15 @@ package fleet
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // ClusterStore is what the fleet needs from a database that several
@@ -34,8 +39,19 @@ type ClusterStore interface {
 	ReadProfile(ctx context.Context, id uint64) (Profile, bool, error)
 	ProfileOf(ctx context.Context, deviceType, firmware string) (Profile, bool, error)
 	// NoteChange adds a change log entry for a change stored outside the
-	// grouped commit (labels, the profile policy, quota lifts).
+	// grouped commit (labels, the profile policy, quota lifts, enrollment).
 	NoteChange(ctx context.Context, kind ChangeKind, id uint64) error
+	// NextProfileVersion hands out a configuration version above every
+	// one any node has used.
+	NextProfileVersion(ctx context.Context) (int64, error)
+	// NextTokenID hands out an enrollment token ID no node has used.
+	NextTokenID(ctx context.Context) (uint64, error)
+	// UseEnrollmentToken marks token id used by deviceID at at unless it is
+	// used or revoked already; the database settles races between nodes.
+	UseEnrollmentToken(ctx context.Context, id, deviceID uint64, at time.Time) (bool, error)
+	// LoadEnrollment reads the enrollment tokens and preauthorized machine
+	// IDs (Tokens and Preauthorized of the TrustState).
+	LoadEnrollment(ctx context.Context) (TrustState, error)
 }
 
 // ChangeKind says what a change log entry names.
@@ -47,6 +63,9 @@ const (
 	ChangeProfile ChangeKind = 2
 	ChangeLabels  ChangeKind = 3 // a label created, deleted or assigned: read every label back
 	ChangePolicy  ChangeKind = 4 // the profile policy or a quota lift: read them back
+	// ChangeEnrollment: an enrollment token made, used or revoked, or a
+	// preauthorized machine ID added or removed: read them all back.
+	ChangeEnrollment ChangeKind = 5
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -67,6 +86,92 @@ type ClusterNode struct {
 	Address   string    `json:"address,omitempty"`
 	StartedAt time.Time `json:"started_at"`
 	Heartbeat time.Time `json:"heartbeat"`
+	NATS      bool      `json:"nats"` // its NATS connection was up at its heartbeat
+}
+
+// PushSummaries is one batch of a node's push summaries stored in the
+// database (while some node cannot reach NATS); Body is the node's own
+// encoding.
+type PushSummaries struct {
+	Seq  int64
+	Node string
+	Body []byte
+}
+
+// clusterState is the fleet's bookkeeping in cluster mode.
+type clusterState struct {
+	// deviceReads counts devices read back from the database (change
+	// log entries, tokens memory refused, registrations of machine IDs
+	// another node stored).
+	deviceReads atomic.Uint64
+	// refused remembers tokens the database refused a moment ago, so that
+	// a device pushing with a stale token costs one read per
+	// refusedTTL, not one per push. A token refused by the database never
+	// becomes valid later (a new token is secret until its registration
+	// committed), so the memory cannot refuse a good token; a change log
+	// entry for the device drops its entries all the same.
+	mu      sync.Mutex
+	refused map[uint64][]refusedToken
+	// reads bounds the database reads for refused tokens that are not
+	// remembered (unknown devices, new wrong tokens): beyond it the push
+	// is answered 503 with Retry-After, never a wrong 401.
+	reads *rate.Limiter
+}
+
+type refusedToken struct {
+	hash  [32]byte
+	until int64 // unix ns
+}
+
+const (
+	refusedTTL = 10 * time.Second
+	// maxRefused bounds the memory of refused tokens (devices).
+	maxRefused = 100000
+	// storedChecksPerSecond bounds the database reads for tokens memory
+	// refused, per node (burst: as many).
+	storedChecksPerSecond = 200
+)
+
+func (c *clusterState) init() {
+	c.reads = rate.NewLimiter(storedChecksPerSecond, storedChecksPerSecond)
+}
+
+// ClusterDeviceReads counts the devices this node read back from the
+// database (cluster mode).
+func (s *Service) ClusterDeviceReads() uint64 { return s.cluster.deviceReads.Load() }
+
+// wasRefused says whether the database refused this token for device id
+// within refusedTTL.
+func (c *clusterState) wasRefused(id uint64, hash [32]byte, now int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.refused[id] {
+		if r.hash == hash && r.until > now {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *clusterState) noteRefused(id uint64, hash [32]byte, now int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refused == nil || len(c.refused) >= maxRefused {
+		c.refused = map[uint64][]refusedToken{}
+	}
+	list := c.refused[id][:0:0]
+	for _, r := range c.refused[id] {
+		if r.until > now && len(list) < 3 {
+			list = append(list, r)
+		}
+	}
+	c.refused[id] = append(list, refusedToken{hash, now + int64(refusedTTL)})
+}
+
+func (c *clusterState) forget(id uint64) {
+	c.mu.Lock()
+	delete(c.refused, id)
+	c.mu.Unlock()
 }
 
 // ApplyChange reads back what a change names and replaces the memory's
@@ -74,6 +179,7 @@ type ClusterNode struct {
 func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 	switch c.Kind {
 	case ChangeDevice:
+		s.cluster.forget(c.ID)
 		return s.refreshDevice(ctx, c.ID)
 	case ChangeProfile:
 		return s.refreshProfile(ctx, c.ID)
@@ -81,6 +187,8 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 		return s.reloadLabels(ctx)
 	case ChangePolicy:
 		return s.reloadPolicy(ctx)
+	case ChangeEnrollment:
+		return s.reloadEnrollment(ctx)
 	}
 	return nil
 }
@@ -106,6 +214,46 @@ func (s *Service) reloadLabels(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return s.loadLabelsLocked(ctx, r.store, true)
+}
+
+// reloadEnrollment replaces the enrollment tokens and preauthorized
+// machine IDs with the stored ones.
+func (s *Service) reloadEnrollment(ctx context.Context) error {
+	st, err := s.opts.Cluster.LoadEnrollment(ctx)
+	if err != nil {
+		return err
+	}
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tokens = make(map[uint64]*EnrollmentToken, len(st.Tokens))
+	for i := range st.Tokens {
+		t := st.Tokens[i]
+		r.tokens[t.ID] = &t
+	}
+	r.preauth = make(map[string]time.Time, len(st.Preauthorized))
+	for _, p := range st.Preauthorized {
+		r.preauth[p.MachineID] = p.AddedAt
+	}
+	return nil
+}
+
+// lookAgain, in cluster mode, reads the enrollment tokens and
+// preauthorized machine IDs back when memory does not know one a
+// registration names: another node may have made it a moment ago. It
+// says whether it read; past storedChecksPerSecond it answers
+// ErrOverloaded (503), not a wrong refusal.
+func (s *Service) lookAgain(ctx context.Context) (bool, error) {
+	if s.opts.Cluster == nil {
+		return false, nil
+	}
+	if !s.cluster.reads.Allow() {
+		return false, ErrOverloaded
+	}
+	if err := s.reloadEnrollment(ctx); err != nil {
+		return false, errors.Join(ErrUnavailable, err)
+	}
+	return true, nil
 }
 
 // reloadPolicy replaces the profile policy and the quota lifts with the
@@ -143,6 +291,7 @@ func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
 	if cs == nil {
 		return nil
 	}
+	s.cluster.deviceReads.Add(1)
 	rec, tr, ok, err := cs.ReadDevice(ctx, id)
 	if err != nil {
 		return err
@@ -294,31 +443,44 @@ func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
 // checkStored is the cluster's second look at a push's token that memory
 // refused: the device may have registered, or re-registered, on another
 // node a moment ago. It reads the device back and says whether the token
-// is now the device's.
-func (s *Service) checkStored(ctx context.Context, token string) bool {
+// is now the device's. A token the database refused within refusedTTL is
+// refused without a read; past storedChecksPerSecond reads it answers
+// ErrOverloaded (503: the device comes back), never a wrong refusal.
+func (s *Service) checkStored(ctx context.Context, token string) (bool, error) {
 	if s.opts.Cluster == nil {
-		return false
+		return false, nil
 	}
 	dot := strings.IndexByte(token, '.')
 	if dot <= 0 {
-		return false
+		return false, nil
 	}
 	id, err := strconv.ParseUint(token[:dot], 10, 64)
 	if err != nil {
-		return false
+		return false, nil
+	}
+	hash := sha256.Sum256([]byte(token))
+	now := s.now().UnixNano()
+	c := &s.cluster
+	if c.wasRefused(id, hash, now) {
+		return false, nil
+	}
+	if c.reads != nil && !c.reads.Allow() {
+		return false, ErrOverloaded
 	}
 	if err := s.refreshDevice(ctx, id); err != nil {
 		s.log.Warn("cluster: reading a device back failed", "device_id", id, "err", err)
-		return false
+		return false, errors.Join(ErrUnavailable, err)
 	}
-	d := s.get(id)
-	if d == nil {
-		return false
+	ok := false
+	if d := s.get(id); d != nil {
+		d.mu.Lock()
+		ok = hashEq(hash, d.tokenHash)
+		d.mu.Unlock()
 	}
-	hash := sha256.Sum256([]byte(token))
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return hashEq(hash, d.tokenHash)
+	if !ok {
+		c.noteRefused(id, hash, now)
+	}
+	return ok, nil
 }
 
 // claimLost handles a registration that another node won: the device is

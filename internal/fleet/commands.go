@@ -359,9 +359,17 @@ func (s *Service) matching(f Filter, after, last uint64) []uint64 {
 	return ids
 }
 
+// ErrCommandsNotInCluster refuses commands in cluster mode: a job's
+// queues live in the memory of the node that made it, and a device pushing
+// to another node would never get them (docs/cluster.md).
+var ErrCommandsNotInCluster = errors.New("remote commands run on a single server; cluster mode does not send them (docs/cluster.md)")
+
 // SendCommand makes a job of spec for the target and queues it; a bulk
 // job's per-device commands are queued in the background (Job.Creating).
 func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (Job, error) {
+	if s.opts.Cluster != nil {
+		return Job{}, ErrCommandsNotInCluster
+	}
 	if err := spec.Validate(); err != nil {
 		return Job{}, err
 	}

@@ -5,6 +5,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"strconv"
 	"strings"
@@ -84,6 +85,12 @@ func (s *Service) CreateEnrollmentToken(ctx context.Context, machineID string, t
 	defer r.mu.Unlock()
 	r.init()
 	id := r.nextToken
+	if cs := s.opts.Cluster; cs != nil {
+		var err error
+		if id, err = cs.NextTokenID(ctx); err != nil {
+			return "", EnrollmentToken{}, err
+		}
+	}
 	secret, hash := newSecret("et-" + strconv.FormatUint(id, 10) + ".")
 	now := s.now().UTC().Truncate(time.Millisecond)
 	t := EnrollmentToken{ID: id, MachineID: machineID, Note: note, CreatedAt: now, ExpiresAt: now.Add(ttl), Hash: hash[:]}
@@ -92,8 +99,9 @@ func (s *Service) CreateEnrollmentToken(ctx context.Context, machineID string, t
 			return "", EnrollmentToken{}, err
 		}
 	}
-	r.nextToken++
+	r.nextToken = max(r.nextToken, id+1)
 	r.tokens[id] = &t
+	s.noteChange(ctx, ChangeEnrollment, id)
 	s.log.Info("enrollment token", "action", "create", "token_id", id, "machine_id", machineID, "expires", t.ExpiresAt, "by", actor)
 	return secret, t, nil
 }
@@ -113,6 +121,12 @@ func (s *Service) EnrollmentTokens() []EnrollmentToken {
 
 // RevokeEnrollmentToken makes a token unusable (it stays listed).
 func (s *Service) RevokeEnrollmentToken(ctx context.Context, id uint64, actor string) (EnrollmentToken, error) {
+	if s.opts.Cluster != nil {
+		// Another node may have made or used it: start from the stored one.
+		if err := s.reloadEnrollment(ctx); err != nil {
+			return EnrollmentToken{}, errors.Join(ErrUnavailable, err)
+		}
+	}
 	r := &s.trust
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -128,33 +142,48 @@ func (s *Service) RevokeEnrollmentToken(ctx context.Context, id uint64, actor st
 		}
 	}
 	*t = nt
+	s.noteChange(ctx, ChangeEnrollment, id)
 	s.log.Info("enrollment token", "action", "revoke", "token_id", id, "by", actor)
 	return nt, nil
 }
 
-// checkEnrollmentToken finds a usable token for machineID.
-func (s *Service) checkEnrollmentToken(token, machineID string) (EnrollmentToken, bool) {
+// checkEnrollmentToken finds a usable token for machineID; in cluster
+// mode a token memory does not know is looked for in the database too.
+func (s *Service) checkEnrollmentToken(ctx context.Context, token, machineID string) (EnrollmentToken, error) {
 	rest, ok := strings.CutPrefix(token, "et-")
 	if !ok {
-		return EnrollmentToken{}, false
+		return EnrollmentToken{}, ErrEnrollmentToken
 	}
 	idPart, _, ok := strings.Cut(rest, ".")
 	id, err := strconv.ParseUint(idPart, 10, 64)
 	if !ok || err != nil {
-		return EnrollmentToken{}, false
+		return EnrollmentToken{}, ErrEnrollmentToken
 	}
 	hash := sha(token)
 	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t, found := r.tokens[id]
-	if !found || len(t.Hash) != 32 || !hashEq(hash, [32]byte(t.Hash)) {
-		return EnrollmentToken{}, false
+	for again := true; ; again = false {
+		r.mu.Lock()
+		t, found := r.tokens[id]
+		var tok EnrollmentToken
+		if found {
+			tok = *t
+		}
+		r.mu.Unlock()
+		if !found && again {
+			if read, err := s.lookAgain(ctx); err != nil {
+				return EnrollmentToken{}, err
+			} else if read {
+				continue
+			}
+		}
+		if !found || len(tok.Hash) != 32 || !hashEq(hash, [32]byte(tok.Hash)) {
+			return EnrollmentToken{}, ErrEnrollmentToken
+		}
+		if tok.UsedAt != nil || tok.Revoked || !s.now().Before(tok.ExpiresAt) || (tok.MachineID != "" && tok.MachineID != machineID) {
+			return EnrollmentToken{}, ErrEnrollmentToken
+		}
+		return tok, nil
 	}
-	if t.UsedAt != nil || t.Revoked || !s.now().Before(t.ExpiresAt) || (t.MachineID != "" && t.MachineID != machineID) {
-		return EnrollmentToken{}, false
-	}
-	return *t, true
 }
 
 // useEnrollmentToken marks a token used by deviceID, once.
@@ -169,7 +198,16 @@ func (s *Service) useEnrollmentToken(ctx context.Context, id, deviceID uint64) e
 	nt := *t
 	now := s.now().UTC().Truncate(time.Millisecond)
 	nt.UsedAt, nt.DeviceID = &now, deviceID
-	if r.store != nil {
+	if cs := s.opts.Cluster; cs != nil {
+		won, err := cs.UseEnrollmentToken(ctx, id, deviceID, now)
+		if err != nil {
+			return err
+		}
+		if !won { // used or revoked on another node
+			return ErrEnrollmentToken
+		}
+		s.noteChange(ctx, ChangeEnrollment, id)
+	} else if r.store != nil {
 		if err := r.store.SaveEnrollmentToken(ctx, nt); err != nil {
 			return err
 		}
@@ -208,6 +246,9 @@ func (s *Service) AddPreauthorized(ctx context.Context, machineIDs []string, act
 	for _, id := range fresh {
 		r.preauth[id] = now
 	}
+	if len(fresh) > 0 {
+		s.noteChange(ctx, ChangeEnrollment, 0)
+	}
 	s.log.Info("preauthorized machine IDs", "action", "add", "count", len(fresh), "by", actor)
 	return len(fresh), nil
 }
@@ -226,6 +267,7 @@ func (s *Service) RemovePreauthorized(ctx context.Context, machineID, actor stri
 		}
 	}
 	delete(r.preauth, machineID)
+	s.noteChange(ctx, ChangeEnrollment, 0)
 	s.log.Info("preauthorized machine IDs", "action", "remove", "machine_id", machineID, "by", actor)
 	return nil
 }
@@ -249,10 +291,20 @@ func (s *Service) PreauthorizedIDs() []Preauthorized {
 	return out
 }
 
-func (s *Service) isPreauthorized(machineID string) bool {
+// isPreauthorized says whether machineID may register under the
+// preauthorized policy; in cluster mode one memory does not know is
+// looked for in the database too.
+func (s *Service) isPreauthorized(ctx context.Context, machineID string) (bool, error) {
 	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.preauth[machineID]
-	return ok
+	for again := true; ; again = false {
+		r.mu.Lock()
+		_, ok := r.preauth[machineID]
+		r.mu.Unlock()
+		if ok || !again {
+			return ok, nil
+		}
+		if read, err := s.lookAgain(ctx); err != nil || !read {
+			return false, err
+		}
+	}
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -234,6 +235,15 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	if u.Config != nil {
 		next.Config = u.Config
 		next.Version = s.profiles.maxVersion() + 1
+		if cs := s.opts.Cluster; cs != nil {
+			// Other nodes hand out versions too: the database's sequence
+			// (past every stored version) decides.
+			v, err := cs.NextProfileVersion(ctx)
+			if err != nil {
+				return Profile{}, errors.Join(ErrUnavailable, err)
+			}
+			next.Version = v
+		}
 	}
 	if u.PushInterval != nil {
 		next.PushInterval = *u.PushInterval

@@ -93,6 +93,8 @@ type Service struct {
 	policy policyState   // policy.go
 	fw     firmwareState // firmware.go, rollout.go, profilehistory.go
 	cmds   commands      // commands.go
+
+	cluster clusterState // cluster.go
 }
 
 // New loads the fleet from its stores (none: in memory) and returns the
@@ -121,6 +123,9 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	}
 	s.trust.init()
 	s.fw.init()
+	if opts.Cluster != nil {
+		s.cluster.init()
+	}
 	s.quota = newQuotas(opts.Quotas, s.now())
 	pol := DefaultProfilePolicy()
 	s.policy.policy.Store(&pol)
@@ -270,8 +275,12 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 // PushChecked is Push with the token already looked up (CheckPush).
 func (s *Service) PushChecked(ctx context.Context, a PushAuth, p protocol.PushRequest) (protocol.PushResponse, error) {
 	resp, err := s.push(ctx, a, p)
-	if errors.Is(err, ErrUnauthorized) && s.checkStored(ctx, a.token) {
-		return s.push(ctx, s.auth(a.token), p)
+	if errors.Is(err, ErrUnauthorized) {
+		if ok, cerr := s.checkStored(ctx, a.token); cerr != nil {
+			return resp, cerr
+		} else if ok {
+			return s.push(ctx, s.auth(a.token), p)
+		}
 	}
 	return resp, err
 }

@@ -68,6 +68,9 @@ func (s *Server) degraded() string {
 	if !st.NATS {
 		return cluster.ErrNoNATS.Error()
 	}
+	if st.SummariesViaDB {
+		return cluster.ErrPeerNoNATS.Error()
+	}
 	return ""
 }
 
@@ -111,6 +114,8 @@ func (m *metrics) watchNode(n *cluster.Node) {
 	m.reg.MustRegister(
 		gauge("drover_cluster_nats_up", "1 while this node is connected to NATS; 0: changes travel through the database only (slower, still correct).",
 			func(s cluster.Status) float64 { return b(s.NATS) }),
+		gauge("drover_cluster_summaries_via_db", "1 while some node cannot reach NATS: every node writes its push summaries to the database and reads the others' there.",
+			func(s cluster.Status) float64 { return b(s.SummariesViaDB) }),
 		gauge("drover_cluster_leader", "1 on the node that leads the cluster (alert checks, change log pruning).",
 			func(s cluster.Status) float64 { return b(s.Leader) }),
 		gauge("drover_cluster_change_log_up", "1 while this node reads the cluster's change log.",
@@ -120,6 +125,9 @@ func (m *metrics) watchNode(n *cluster.Node) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_cluster_changes_applied_total",
 			Help: "Change log entries (devices, profiles) other nodes wrote that this node applied."},
 			func() float64 { return float64(n.Status().Applied) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_cluster_device_reads_total",
+			Help: "Devices this node read back from the database: change log entries, tokens its memory refused (at most one read per token per 10 s), registrations another node stored."},
+			func() float64 { return float64(n.Status().DeviceReads) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_cluster_push_summaries_applied_total",
 			Help: "Other nodes' pushes this node took into its view of the fleet (NATS or database)."},
 			func() float64 { return float64(n.Status().States) }),

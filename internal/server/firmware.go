@@ -32,10 +32,17 @@ type firmwareFiles struct {
 	// clustered: rollouts live in one server's memory, so cluster mode
 	// starts none (docs/firmware.md).
 	clustered bool
+	// shared: in cluster mode, --firmware-dir was set: the operator says
+	// every node sees the same directory (docs/cluster.md). Without it a
+	// node's upload would land on its own disk only, and is refused.
+	shared bool
 }
 
 var errRolloutCluster = &apiError{status: http.StatusConflict, code: "not_in_cluster",
 	msg: "rollouts run on a single server; cluster mode does not start them (docs/firmware.md)"}
+
+var errFirmwareLocal = &apiError{status: http.StatusConflict, code: "not_in_cluster",
+	msg: "in cluster mode a firmware file uploaded to one node would be on its disk only: register the artifact by URL, or give every node --firmware-dir on storage they share (docs/cluster.md)"}
 
 var errFirmwareTooLarge = &apiError{status: http.StatusRequestEntityTooLarge, code: "body_too_large", msg: "the firmware file exceeds -firmware-max-size", outcome: outInvalid}
 
@@ -170,6 +177,9 @@ func (a *api) storeFirmware(ctx context.Context, meta fleet.Firmware, want strin
 	probe.SHA256, probe.Size = strings.Repeat("0", 64), 1
 	if err := probe.Check(); err != nil {
 		return fleet.Firmware{}, err
+	}
+	if a.fw.clustered && !a.fw.shared {
+		return fleet.Firmware{}, errFirmwareLocal
 	}
 	if length > a.fw.max {
 		return fleet.Firmware{}, errFirmwareTooLarge

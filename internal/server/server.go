@@ -196,7 +196,7 @@ func (s *Server) buildHandler(context.Context) error {
 		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable, degraded: s.degraded, cnode: s.node,
 		metricsToken: []byte(s.cfg.MetricsToken),
 		regLimit:     newRegLimiter(s.cfg.registerLimits()),
-		fw:           firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax, clustered: s.cfg.Cluster},
+		fw:           firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax, clustered: s.cfg.Cluster, shared: s.cfg.FirmwareDir != ""},
 	}
 	if s.cfg.NodeName != "" {
 		a.node = []string{s.cfg.NodeName}

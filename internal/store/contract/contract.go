@@ -44,8 +44,13 @@ type Cluster interface {
 	// ChangesAfter reads change log entries after seq or among holes.
 	ChangesAfter(ctx context.Context, seq int64, holes []int64, limit int) ([]fleet.Change, error)
 	PruneChanges(ctx context.Context, before time.Time) (int64, error)
-	// StatesSince reads pushes stored with a last-seen time after since.
-	StatesSince(ctx context.Context, since time.Time) ([]fleet.StateRecord, error)
+	// SavePushes stores a batch of this node's push summaries, LastPushes
+	// and PushesAfter read them back by sequence number (while some node
+	// cannot reach NATS); PrunePushes drops old ones.
+	SavePushes(ctx context.Context, body []byte) error
+	LastPushes(ctx context.Context) (int64, error)
+	PushesAfter(ctx context.Context, seq int64, limit int) ([]fleet.PushSummaries, error)
+	PrunePushes(ctx context.Context, before time.Time) (int64, error)
 	Heartbeat(ctx context.Context, n fleet.ClusterNode) error
 	Leave(ctx context.Context, name string) error
 	Nodes(ctx context.Context) ([]fleet.ClusterNode, error)

@@ -58,6 +58,15 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_profile_ids', m) FROM (SELECT coalesce(max(id), 0) AS m FROM profiles) x
 			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_profile_ids)`)
 	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_profile_versions', m) FROM (SELECT greatest(
+				(SELECT coalesce(max(version), 0) FROM profiles), (SELECT coalesce(max(version), 0) FROM profile_revisions)) AS m) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_profile_versions)`)
+	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_token_ids', m) FROM (SELECT coalesce(max(id), 0) AS m FROM enrollment_tokens) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_token_ids)`)
+	}
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("postgres: cluster sequences: %w", err)
@@ -304,6 +313,35 @@ func (s *Store) DeviceIDOf(ctx context.Context, machineID string) (uint64, bool,
 	return uint64(id), err == nil, err
 }
 
+// NextProfileVersion implements fleet.ClusterStore.
+func (s *Store) NextProfileVersion(ctx context.Context) (int64, error) {
+	var v int64
+	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_profile_versions')`).Scan(&v)
+	return v, err
+}
+
+// NextTokenID implements fleet.ClusterStore.
+func (s *Store) NextTokenID(ctx context.Context) (uint64, error) {
+	var id int64
+	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_token_ids')`).Scan(&id)
+	return uint64(id), err
+}
+
+// UseEnrollmentToken implements fleet.ClusterStore: the row settles which
+// registration uses the token.
+func (s *Store) UseEnrollmentToken(ctx context.Context, id, deviceID uint64, at time.Time) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE enrollment_tokens SET used_at = $2, device_id = $3 WHERE id = $1 AND used_at = 0 AND NOT revoked`,
+		int64(id), at.UnixMilli(), int64(deviceID))
+	return tag.RowsAffected() == 1, err
+}
+
+// LoadEnrollment implements fleet.ClusterStore.
+func (s *Store) LoadEnrollment(ctx context.Context) (fleet.TrustState, error) {
+	var st fleet.TrustState
+	err := s.loadEnrollment(ctx, &st)
+	return st, err
+}
+
 // LastChange is the change log's highest sequence number.
 func (s *Store) LastChange(ctx context.Context) (int64, error) {
 	var seq int64
@@ -311,19 +349,30 @@ func (s *Store) LastChange(ctx context.Context) (int64, error) {
 	return seq, err
 }
 
-// ChangesAfter reads at most limit change log entries after seq or among
-// holes (numbers before seq not seen yet), oldest first.
+// ChangesAfter reads the change log entries among holes (numbers before
+// seq not seen yet), then at most limit entries after seq, oldest first.
+// Two queries, each an index scan of the primary key touching only the
+// rows it returns: one with "seq > $1 OR seq = ANY($2)" read the whole
+// log at every poll (a bitmap or sequential scan, whatever the log's size).
 func (s *Store) ChangesAfter(ctx context.Context, seq int64, holes []int64, limit int) ([]fleet.Change, error) {
-	if holes == nil {
-		holes = []int64{}
+	var out []fleet.Change
+	var err error
+	if len(holes) > 0 {
+		if out, err = s.changes(ctx, out, `SELECT seq, kind, id, node, at FROM cluster_changes WHERE seq = ANY($1) ORDER BY seq`, holes); err != nil {
+			return nil, err
+		}
 	}
-	rows, err := s.pool.Query(ctx, `SELECT seq, kind, id, node, at FROM cluster_changes WHERE seq > $1 OR seq = ANY($2)
-		ORDER BY seq LIMIT $3`, seq, holes, limit)
+	return s.changes(ctx, out, changesAfter, seq, limit)
+}
+
+const changesAfter = `SELECT seq, kind, id, node, at FROM cluster_changes WHERE seq > $1 ORDER BY seq LIMIT $2`
+
+func (s *Store) changes(ctx context.Context, out []fleet.Change, q string, args ...any) ([]fleet.Change, error) {
+	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []fleet.Change
 	for rows.Next() {
 		var c fleet.Change
 		var kind int16
@@ -343,37 +392,52 @@ func (s *Store) PruneChanges(ctx context.Context, before time.Time) (int64, erro
 	return tag.RowsAffected(), err
 }
 
-// StatesSince reads the pushes stored with a last-seen time after since
-// (other nodes' pushes, when they cannot say so themselves). It reads the
-// whole devices table: last_seen has no index, which keeps pushes' updates
-// HOT.
-func (s *Store) StatesSince(ctx context.Context, since time.Time) ([]fleet.StateRecord, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, last_seen, seq, applied_version, config_error FROM devices WHERE last_seen > $1`,
-		batchutil.LastSeen(since))
+// SavePushes stores a batch of this node's push summaries for the nodes
+// NATS cannot reach (migration 051).
+func (s *Store) SavePushes(ctx context.Context, body []byte) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO cluster_pushes (node, at, body) VALUES ($1, $2, $3)`,
+		s.cluster.node, time.Now().UnixMilli(), body)
+	return err
+}
+
+// LastPushes is the highest sequence number of the stored push summaries.
+func (s *Store) LastPushes(ctx context.Context) (int64, error) {
+	var seq int64
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM cluster_pushes`).Scan(&seq)
+	return seq, err
+}
+
+// PushesAfter reads at most limit batches of push summaries after seq,
+// oldest first: an index scan of the primary key.
+func (s *Store) PushesAfter(ctx context.Context, seq int64, limit int) ([]fleet.PushSummaries, error) {
+	rows, err := s.pool.Query(ctx, `SELECT seq, node, body FROM cluster_pushes WHERE seq > $1 ORDER BY seq LIMIT $2`, seq, limit)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []fleet.StateRecord
+	var out []fleet.PushSummaries
 	for rows.Next() {
-		var r fleet.StateRecord
-		var id, seen, seq int64
-		var ce []byte
-		if err := rows.Scan(&id, &seen, &seq, &r.AppliedVersion, &ce); err != nil {
+		var b fleet.PushSummaries
+		if err := rows.Scan(&b.Seq, &b.Node, &b.Body); err != nil {
 			return nil, err
 		}
-		r.DeviceID, r.LastSeen, r.Seq, r.ConfigError = uint64(id), batchutil.FromLastSeen(seen), uint64(seq), string(ce)
-		out = append(out, r)
+		out = append(out, b)
 	}
 	return out, rows.Err()
 }
 
+// PrunePushes deletes push summaries stored before before.
+func (s *Store) PrunePushes(ctx context.Context, before time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM cluster_pushes WHERE at < $1`, before.UnixMilli())
+	return tag.RowsAffected(), err
+}
+
 // Heartbeat records n as alive now.
 func (s *Store) Heartbeat(ctx context.Context, n fleet.ClusterNode) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO cluster_nodes (name, host, pid, address, started_at, heartbeat) VALUES ($1, $2, $3, $4, $5, $6)
+	_, err := s.pool.Exec(ctx, `INSERT INTO cluster_nodes (name, host, pid, address, started_at, heartbeat, nats_up) VALUES ($1, $2, $3, $4, $5, $6, $7)
 		ON CONFLICT (name) DO UPDATE SET host = excluded.host, pid = excluded.pid, address = excluded.address,
-			started_at = excluded.started_at, heartbeat = excluded.heartbeat`,
-		n.Name, n.Host, int64(n.PID), n.Address, n.StartedAt.UnixMilli(), n.Heartbeat.UnixMilli())
+			started_at = excluded.started_at, heartbeat = excluded.heartbeat, nats_up = excluded.nats_up`,
+		n.Name, n.Host, int64(n.PID), n.Address, n.StartedAt.UnixMilli(), n.Heartbeat.UnixMilli(), n.NATS)
 	return err
 }
 
@@ -385,7 +449,7 @@ func (s *Store) Leave(ctx context.Context, name string) error {
 
 // Nodes lists the recorded nodes by name.
 func (s *Store) Nodes(ctx context.Context) ([]fleet.ClusterNode, error) {
-	rows, err := s.pool.Query(ctx, `SELECT name, host, pid, address, started_at, heartbeat FROM cluster_nodes ORDER BY name`)
+	rows, err := s.pool.Query(ctx, `SELECT name, host, pid, address, started_at, heartbeat, nats_up FROM cluster_nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -394,7 +458,7 @@ func (s *Store) Nodes(ctx context.Context) ([]fleet.ClusterNode, error) {
 	for rows.Next() {
 		var n fleet.ClusterNode
 		var pid, started, beat int64
-		if err := rows.Scan(&n.Name, &n.Host, &pid, &n.Address, &started, &beat); err != nil {
+		if err := rows.Scan(&n.Name, &n.Host, &pid, &n.Address, &started, &beat, &n.NATS); err != nil {
 			return nil, err
 		}
 		n.PID, n.StartedAt, n.Heartbeat = int(pid), time.UnixMilli(started).UTC(), time.UnixMilli(beat).UTC()

@@ -75,17 +75,29 @@ func (s *Store) LoadTrust(ctx context.Context, each func(fleet.TrustRecord) erro
 	if err := rows.Err(); err != nil {
 		return st, err
 	}
-	rows, err = s.pool.Query(ctx, `SELECT id, hash, machine_id, note, created_at, expires_at, used_at, device_id, revoked
+	if err := s.loadEnrollment(ctx, &st); err != nil {
+		return st, err
+	}
+	var maxDeleted int64
+	err = s.pool.QueryRow(ctx, `SELECT coalesce(max(value), 0) FROM trust_counters WHERE name = $1`, batchutil.CounterMaxDeleted).Scan(&maxDeleted)
+	st.MaxDeletedDeviceID = uint64(maxDeleted)
+	return st, err
+}
+
+// loadEnrollment reads the enrollment tokens and preauthorized machine IDs
+// into st.
+func (s *Store) loadEnrollment(ctx context.Context, st *fleet.TrustState) error {
+	rows, err := s.pool.Query(ctx, `SELECT id, hash, machine_id, note, created_at, expires_at, used_at, device_id, revoked
 		FROM enrollment_tokens ORDER BY id`)
 	if err != nil {
-		return st, err
+		return err
 	}
 	for rows.Next() {
 		var t fleet.EnrollmentToken
 		var id, created, expires, used, dev int64
 		if err := rows.Scan(&id, &t.Hash, &t.MachineID, &t.Note, &created, &expires, &used, &dev, &t.Revoked); err != nil {
 			rows.Close()
-			return st, err
+			return err
 		}
 		t.ID, t.DeviceID = uint64(id), uint64(dev)
 		batchutil.SetTokenTimes(&t, created, expires, used)
@@ -93,30 +105,24 @@ func (s *Store) LoadTrust(ctx context.Context, each func(fleet.TrustRecord) erro
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return st, err
+		return err
 	}
 	rows, err = s.pool.Query(ctx, `SELECT machine_id, added_at FROM preauthorized ORDER BY machine_id`)
 	if err != nil {
-		return st, err
+		return err
 	}
 	for rows.Next() {
 		var p fleet.Preauthorized
 		var at int64
 		if err := rows.Scan(&p.MachineID, &at); err != nil {
 			rows.Close()
-			return st, err
+			return err
 		}
 		p.AddedAt = time.UnixMilli(at).UTC()
 		st.Preauthorized = append(st.Preauthorized, p)
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil {
-		return st, err
-	}
-	var maxDeleted int64
-	err = s.pool.QueryRow(ctx, `SELECT coalesce(max(value), 0) FROM trust_counters WHERE name = $1`, batchutil.CounterMaxDeleted).Scan(&maxDeleted)
-	st.MaxDeletedDeviceID = uint64(maxDeleted)
-	return st, err
+	return rows.Err()
 }
 
 // SaveEnrollmentToken implements fleet.TrustStore.
