@@ -431,3 +431,34 @@ func (s *Service) Audit(ctx context.Context, f AuditFilter) ([]Entry, error) {
 func (s *Service) PruneAudit(ctx context.Context, retention time.Duration) (int64, error) {
 	return s.o.Store.PruneAudit(ctx, s.o.Now().Add(-retention))
 }
+
+// ExternalLogin logs in a user a single sign-on provider vouched for
+// (via: "oidc"), with the role its claims map to: the user is made, or its
+// role updated, without a password. A local user of that name with a
+// password is refused (ErrExists): one name, one way to log in.
+func (s *Service) ExternalLogin(ctx context.Context, name string, role Role, via string) (Actor, error) {
+	if err := CheckName("the user name", name); err != nil {
+		return Actor{}, err
+	}
+	if role < Viewer || role > Admin {
+		return Actor{}, fmt.Errorf("%w: no role", ErrInvalid)
+	}
+	now := s.o.Now().UTC().Truncate(time.Millisecond)
+	u, err := s.o.Store.User(ctx, name)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		u = User{Name: name, Role: role, CreatedAt: now, UpdatedAt: now}
+	case err != nil:
+		return Actor{}, err
+	case u.PasswordHash != "":
+		return Actor{}, fmt.Errorf("%w: %q is a local user with a password", ErrExists, name)
+	}
+	if u.Role != role || u.UpdatedAt.Equal(now) {
+		u.Role, u.UpdatedAt = role, now
+		if err := s.o.Store.SaveUser(ctx, u); err != nil {
+			return Actor{}, err
+		}
+		s.forget()
+	}
+	return Actor{Name: u.Name, Role: u.Role, Credential: via}, nil
+}

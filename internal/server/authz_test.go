@@ -316,3 +316,25 @@ func TestAuditOfDashboardChanges(t *testing.T) {
 		t.Fatalf("rows: %v, want the command, one profile change, the user and the token", acts)
 	}
 }
+
+// Single sign-on settings are checked at start: an issuer needs a client,
+// a redirect URL and a role mapping.
+func TestOIDCConfigChecked(t *testing.T) {
+	for _, tc := range []struct {
+		client, redirect, roles string
+		ok                      bool
+	}{
+		{"", "https://d/ui/oidc/callback", "g=admin", false},
+		{"drover", "", "g=admin", false},
+		{"drover", "https://d/ui/oidc/callback", "", false},
+		{"drover", "https://d/ui/oidc/callback", "g=root", false},
+		{"drover", "https://d/ui/oidc/callback", "admin", false},
+		{"drover", "https://d/ui/oidc/callback", "drover-admins=admin, staff=viewer", true},
+	} {
+		cfg := server.DefaultConfig()
+		cfg.OIDCIssuer, cfg.OIDCClientID, cfg.OIDCRedirectURL, cfg.OIDCRoles = "https://idp.example", tc.client, tc.redirect, tc.roles
+		if err := cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%+v: %v", tc, err)
+		}
+	}
+}

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store"
+	"github.com/drover/drover/internal/web"
 )
 
 // Config is everything `drover serve` can be told; cmd/drover fills it
@@ -28,6 +31,11 @@ type Config struct {
 	HistoryRetention time.Duration
 	// AuditRetention is how long audit log rows are kept (0: forever).
 	AuditRetention time.Duration
+	// OIDC: single sign-on on the dashboard (docs/security.md); off
+	// without an issuer. OIDCRoles maps values of the OIDCRoleClaim claim
+	// to roles: "drover-admins=admin,drover-ops=operator,staff=viewer".
+	OIDCIssuer, OIDCClientID, OIDCClientSecret, OIDCRedirectURL string
+	OIDCUserClaim, OIDCRoleClaim, OIDCRoles                     string
 	// Per-device quotas (docs/operations.md, "Quotas").
 	QuotaPushRate       float64
 	QuotaPushBurst      int
@@ -128,6 +136,9 @@ func DefaultConfig() Config {
 
 // Validate checks values that flags cannot.
 func (c *Config) Validate() error {
+	if _, err := c.oidc(); err != nil {
+		return err
+	}
 	switch c.Persistence {
 	case "memory", "write-through", "write-back":
 	default:
@@ -249,4 +260,31 @@ func (c *Config) ClusterNode() string {
 		return c.NodeName
 	}
 	return cluster.DefaultConfig().Node
+}
+
+// oidc is the dashboard's single sign-on configuration; nil: off.
+func (c *Config) oidc() (*web.OIDC, error) {
+	if c.OIDCIssuer == "" {
+		return nil, nil
+	}
+	if c.OIDCClientID == "" || c.OIDCRedirectURL == "" {
+		return nil, errors.New("-oidc-issuer needs -oidc-client-id and -oidc-redirect-url (https://HOST/ui/oidc/callback)")
+	}
+	o := &web.OIDC{Issuer: c.OIDCIssuer, ClientID: c.OIDCClientID, ClientSecret: c.OIDCClientSecret, RedirectURL: c.OIDCRedirectURL,
+		UserClaim: c.OIDCUserClaim, RoleClaim: c.OIDCRoleClaim, Roles: map[string]access.Role{}}
+	for _, kv := range strings.Split(c.OIDCRoles, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		v, role, ok := strings.Cut(kv, "=")
+		r, err := access.ParseRole(role)
+		if !ok || v == "" || err != nil {
+			return nil, fmt.Errorf("-oidc-roles: %q is not CLAIM-VALUE=admin|operator|viewer", kv)
+		}
+		o.Roles[v] = r
+	}
+	if len(o.Roles) == 0 {
+		return nil, errors.New("-oidc-roles must map at least one claim value to a role, e.g. drover-admins=admin")
+	}
+	return o, nil
 }

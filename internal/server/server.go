@@ -211,7 +211,11 @@ func (s *Server) buildHandler(context.Context) error {
 	s.stopHolds = make(chan struct{})
 	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}
-	ui, err := web.New(web.Options{
+	sso, err := s.cfg.oidc()
+	if err != nil {
+		return err
+	}
+	ui, err := web.New(web.Options{OIDC: sso,
 		Fleet: s.fleet, Alerts: s.alerts, Access: s.acc, Audit: a.Audited, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
 		Sessions: s.sessionStore(), SharedSessions: s.cfg.Cluster, Cluster: s.clusterNodes(),
 		UploadFirmware: a.storeFirmware, DeleteFirmware: a.removeFirmware, TransferTimeout: s.cfg.FirmwareDownloadMax,

@@ -64,6 +64,8 @@ type Options struct {
 	// UploadFirmware and DeleteFirmware handle firmware files (the
 	// server's); nil: the firmware page takes no uploads. TransferTimeout
 	// bounds an upload (default: the server's request deadline).
+	// OIDC enables single sign-on (oidc.go); nil: passwords only.
+	OIDC            *OIDC
 	UploadFirmware  FirmwareUpload
 	DeleteFirmware  func(ctx context.Context, id uint64) error
 	TransferTimeout time.Duration
@@ -76,6 +78,7 @@ const Prefix = "/ui/"
 type Handler struct {
 	opts  Options
 	acc   *access.Service
+	oidc  *oidcLogin // nil: no single sign-on
 	fleet *fleet.Service
 	eng   *alert.Engine
 	log   *slog.Logger
@@ -130,6 +133,9 @@ func New(opts Options) (*Handler, error) {
 		opts: opts, acc: opts.Access, fleet: opts.Fleet, eng: opts.Alerts, log: opts.Logger, now: opts.Now,
 		sessions: map[string]*session{}, failures: map[string]*failure{},
 	}
+	if opts.OIDC != nil {
+		h.oidc = &oidcLogin{cfg: *opts.OIDC}
+	}
 	if err := h.parseTemplates(); err != nil {
 		return nil, err
 	}
@@ -142,6 +148,10 @@ func (h *Handler) routes() {
 	m.Handle("GET "+Prefix+"static/", staticHandler(Prefix+"static/"))
 	m.HandleFunc("GET "+Prefix+"login", h.loginPage)
 	m.HandleFunc("POST "+Prefix+"login", h.login)
+	if h.oidc != nil {
+		m.HandleFunc("GET "+Prefix+"oidc/start", h.oidcStart)
+		m.HandleFunc("GET "+Prefix+"oidc/callback", h.oidcCallback)
+	}
 	// Each page with the least role it needs and, for a change, the API
 	// path of its object for the audit log (access.go).
 	V, O, A := access.Viewer, access.Operator, access.Admin
@@ -373,8 +383,8 @@ func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) showLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	tok := randomToken()
 	h.setCookie(w, r, loginCookie, tok, 3600)
-	h.render(w, r, status, "login", nil, page{Title: "Log in", Data: map[string]string{
-		"CSRF": tok, "Next": safeNext(r.FormValue("next")), "Error": msg,
+	h.render(w, r, status, "login", nil, page{Title: "Log in", Data: map[string]any{
+		"CSRF": tok, "Next": safeNext(r.FormValue("next")), "Error": msg, "SSO": h.oidc != nil,
 	}})
 }
 
@@ -428,6 +438,19 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.showLogin(w, r, http.StatusUnauthorized, "Wrong user name or password.")
 		return
 	}
+	if !h.startSession(w, r, who) {
+		return
+	}
+	h.mu.Lock()
+	delete(h.failures, addr)
+	h.mu.Unlock()
+	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+}
+
+// startSession logs who in: a new session, its cookie, the login cookie
+// cleared. false: it could not be stored (the answer is written).
+func (h *Handler) startSession(w http.ResponseWriter, r *http.Request, who access.Actor) bool {
+	now := h.now()
 	id := randomToken()
 	s := &session{csrf: randomToken(), expires: now.Add(h.opts.SessionTTL), user: who.SessionName()}
 	if s.user != "" {
@@ -439,17 +462,16 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	if err := h.opts.Sessions.SaveSession(r.Context(), sessions.Session{Hash: sessions.Hash(id), CSRF: s.csrf, Expires: s.expires, User: s.user, Credential: s.cred}); err != nil {
 		h.log.Error("dashboard session save failed", "err", err)
 		h.showLogin(w, r, http.StatusServiceUnavailable, "The session could not be stored; try again later.")
-		return
+		return false
 	}
 	h.mu.Lock()
-	delete(h.failures, addr)
 	h.evictLocked()
 	h.sessions[id] = s
 	h.mu.Unlock()
 	h.setCookie(w, r, loginCookie, "", -1)
 	h.setCookie(w, r, sessionCookie, id, int(h.opts.SessionTTL/time.Second))
-	h.log.Info("dashboard login", "addr", addr, "user", who.Name, "role", who.Role)
-	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+	h.log.Info("dashboard login", "addr", clientAddr(r), "user", who.Name, "role", who.Role, "credential", who.Credential)
+	return true
 }
 
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request, s *session) {
