@@ -474,6 +474,30 @@ func TestBrowser(t *testing.T) {
 		t.Fatalf("after pause: %q", st)
 	}
 
+	// 10. A viewer logs in with user name and password: the pages show no
+	// control that changes anything.
+	req, _ := http.NewRequest("POST", srv.URL+"/api/v1/users", strings.NewReader(`{"name":"vera","role":"viewer","password":"vera-password"}`))
+	req.Header.Set("Authorization", "Bearer "+srv.AdminToken)
+	if resp, err := srv.Client().Do(req); err != nil || resp.StatusCode != 201 {
+		t.Fatalf("create viewer: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	do("log out", chromedp.Submit(css("form.logout")), chromedp.WaitVisible(id("password")))
+	do("log in as a viewer", chromedp.SetValue(id("username"), "vera"), chromedp.SendKeys(id("password"), "vera-password"),
+		chromedp.Submit(id("login")), chromedp.WaitVisible(id("status")))
+	if who := text("#who"); who != "vera (viewer)" {
+		t.Fatalf("header names %q", who)
+	}
+	do("viewer's commands page", chromedp.Navigate(base+"commands"), chromedp.WaitVisible(id("jobs")))
+	if n := count("#sendform") + count(`button[id^="pause-"]`) + count(`button[id^="resume-"]`) + count(`button[id^="cancel-"]`); n != 0 {
+		t.Fatalf("a viewer sees %d command controls", n)
+	}
+	do("viewer's profile page", chromedp.Navigate(base+"profiles/3"), chromedp.WaitVisible(id("config")))
+	if count("#save") != 0 || !evalBool(`document.getElementById("config").matches(":disabled")`) {
+		t.Fatal("a viewer can edit a profile")
+	}
+
 	consoleMu.Lock()
 	defer consoleMu.Unlock()
 	if len(problems) > 0 {
