@@ -8,18 +8,28 @@
 #   - a new connection per push (the emulator, closed loop, the same client
 #     for every target): Drover HTTPS with a full TLS handshake per push
 #     against nginx's full-handshake rate (point 3: at least 0.9x), and with
-#     resumed TLS sessions against full handshakes (at least 1.5x);
+#     resumed TLS sessions against full handshakes (at least 1.5x), once per
+#     TLS key exchange of -K (the emulator's --tls-key-exchange; nginx and
+#     Drover accept each);
 # then RSS per device with N registered devices that each pushed once.
 #
-# Usage: scripts/bench-core.sh [-r runs] [-d seconds] [-c connections] [-n rss-devices] [-N] [-M]
-#   -N  skip the new-connection runs   -M  skip the memory (RSS) part
+# Usage: scripts/bench-core.sh [-r runs] [-d seconds] [-c connections] [-n rss-devices] [-K kx,...] [-N] [-W] [-M]
+#   -K  key exchanges of the new-connection runs, e.g. classic,p256,hybrid (default: classic;
+#       not x25519 alone: nginx/OpenSSL refuses a client whose groups lack its
+#       certificate's P-256, and classic has the X25519 key share anyway)
+#   -N  skip the new-connection runs   -W  skip the keep-alive (wrk) runs   -M  skip the memory (RSS) part
 # Needs: go, python3, wrk, nginx (Debian packages wrk nginx-light: installed
 # on demand when missing and running as root).
 set -euo pipefail
-runs=3 dur=10 conns=64 rssn=100000 threads=2 newconn=1 mem=1
-while getopts r:d:c:n:NM o; do
-  case $o in r) runs=$OPTARG;; d) dur=$OPTARG;; c) conns=$OPTARG;; n) rssn=$OPTARG;; N) newconn=0;; M) mem=0;; *) exit 2;; esac
+runs=3 dur=10 conns=64 rssn=100000 threads=2 newconn=1 keepalive=1 mem=1 kxs=classic
+while getopts r:d:c:n:K:NWM o; do
+  case $o in r) runs=$OPTARG;; d) dur=$OPTARG;; c) conns=$OPTARG;; n) rssn=$OPTARG;; K) kxs=$OPTARG;; N) newconn=0;; W) keepalive=0;; M) mem=0;; *) exit 2;; esac
 done
+IFS=, read -r -a kxlist <<<"$kxs"
+# The server's default (classic) accepts X25519, P-256 and P-384; hybrid
+# ones need --tls-key-exchange hybrid, which accepts the classic ones too.
+serverkx=classic
+case ",$kxs," in *hybrid*|*mlkem*) serverkx=hybrid;; esac
 export PATH=$PATH:/usr/local/go/bin
 if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -46,7 +56,7 @@ echo "building..." >&2
 
 # Drover, zero configuration apart from the ports.
 dport=$(freeport); dhport=$(freeport)
-"$work/drover" serve $noquota --data-dir "$work/data" --listen 127.0.0.1:$dport --http-listen 127.0.0.1:$dhport --log-level warn >"$work/serve.out" 2>"$work/serve.log" &
+"$work/drover" serve $noquota --tls-key-exchange $serverkx --data-dir "$work/data" --listen 127.0.0.1:$dport --http-listen 127.0.0.1:$dhport --log-level warn >"$work/serve.out" 2>"$work/serve.log" &
 dpid=$!; pids+=($dpid); waitport $dport
 secret=$(python3 -c "import json;print(json.load(open('$work/data/secrets.json'))['enrollment_secret'])")
 cert=$work/data/tls/cert.pem key=$work/data/tls/key.pem
@@ -84,9 +94,11 @@ msecret=$(python3 -c "import json;print(json.load(open('$work/datam/secrets.json
 gport=$(freeport); gsport=$(freeport)
 "$work/barehttp" -http 127.0.0.1:$gport -https 127.0.0.1:$gsport -cert "$cert" -key "$key" & pids+=($!); waitport $gsport
 
-echo "registering 10000 devices for the push runs..." >&2
-"$work/benchprep" -url https://127.0.0.1:$dport -secret "$secret" -n 10000 -out "$work/tokens.txt" -prefix pushbench 2>&2
-"$work/benchprep" -url https://127.0.0.1:$mport -secret "$msecret" -n 10000 -out "$work/tokensm.txt" -prefix pushbench 2>&2
+if [ "$keepalive" = 1 ]; then
+  echo "registering 10000 devices for the push runs..." >&2
+  "$work/benchprep" -url https://127.0.0.1:$dport -secret "$secret" -n 10000 -out "$work/tokens.txt" -prefix pushbench 2>&2
+  "$work/benchprep" -url https://127.0.0.1:$mport -secret "$msecret" -n 10000 -out "$work/tokensm.txt" -prefix pushbench 2>&2
+fi
 if [ "$newconn" = 1 ]; then
   # The emulator's fleet, registered once with the write-through server; the
   # same credentials go to nginx (which ignores them) and to the memory-mode
@@ -107,10 +119,10 @@ run() { # name, then wrk arguments
   results[$name]+="${r%% *} "
   printf '  %-34s %10s req/s  non-2xx %s\n' "$name" "${r%% *}" "${r##* }" >&2
 }
-emu() { # name, URL, connection mode: the emulator pushes back to back on $conns workers for $dur s
-  local name=$1 url=$2 mode=$3 r
+emu() { # name, URL, connection mode, key exchange: the emulator pushes back to back on $conns workers for $dur s
+  local name=$1 url=$2 mode=$3 kx=$4 r
   "$work/drover" emulate --target "$url" --ca-cert "$cert" --secret "$secret" --credentials "$work/creds.jsonl" \
-    --devices 10000 --mode benchmark --loops 1000000 --workers "$conns" --duration "${dur}s" --conn "$mode" \
+    --devices 10000 --mode benchmark --loops 1000000 --workers "$conns" --duration "${dur}s" --conn "$mode" --tls-key-exchange "$kx" \
     --source-addrs 127.0.0.1-127.0.0.8 --progress none --out "$work/emu.jsonl" >>"$work/emu.log" 2>&1 || true
   r=$(python3 - "$work/emu.jsonl" <<'PY'
 import json, sys, datetime
@@ -137,6 +149,7 @@ PY
 }
 for i in $(seq "$runs"); do
   echo "run $i/$runs (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+  if [ "$keepalive" = 1 ]; then
   run "nginx return 200, http"            http://127.0.0.1:$nport/
   run "nginx return 200, https"           https://127.0.0.1:$nsport/
   run "go net/http bare, http"            http://127.0.0.1:$gport/
@@ -145,11 +158,14 @@ for i in $(seq "$runs"); do
   TOKENS=$work/tokens.txt WRK_THREADS=$threads run "drover push, https" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$dport
   TOKENS=$work/tokensm.txt WRK_THREADS=$threads run "drover push, https, memory" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$mport
   SECRET=$secret RUN=r$i run "drover register, https" -s "$top/scripts/wrk/register.lua" https://127.0.0.1:$dport
+  fi
   if [ "$newconn" = 1 ]; then
-    emu "nginx return 200, https, new connection" https://127.0.0.1:$nsport new
-    emu "drover push, https, new connection" https://127.0.0.1:$dport new
-    emu "drover push, https, resumed session" https://127.0.0.1:$dport resume
-    emu "nginx return 200, https, resumed session" https://127.0.0.1:$nsport resume
+    for kx in "${kxlist[@]}"; do
+      emu "nginx return 200, https, new connection, $kx" https://127.0.0.1:$nsport new "$kx"
+      emu "drover push, https, new connection, $kx" https://127.0.0.1:$dport new "$kx"
+      emu "drover push, https, resumed session, $kx" https://127.0.0.1:$dport resume "$kx"
+      emu "nginx return 200, https, resumed session, $kx" https://127.0.0.1:$nsport resume "$kx"
+    done
   fi
 done
 
@@ -159,25 +175,35 @@ echo "## Throughput (wrk -t$threads -c$conns -d${dur}s keep-alive, median of $ru
 echo
 echo "| target | runs (req/s) | median req/s |"
 echo "|---|---|---:|"
-names=("nginx return 200, http" "nginx return 200, https" "go net/http bare, http" "go net/http bare, https" "drover push, http" "drover push, https" "drover push, https, memory" "drover register, https")
-if [ "$newconn" = 1 ]; then
-  names+=("nginx return 200, https, new connection" "drover push, https, new connection" "drover push, https, resumed session" "nginx return 200, https, resumed session")
+names=()
+if [ "$keepalive" = 1 ]; then
+  names+=("nginx return 200, http" "nginx return 200, https" "go net/http bare, http" "go net/http bare, https" "drover push, http" "drover push, https" "drover push, https, memory" "drover register, https")
 fi
+if [ "$newconn" = 1 ]; then
+  for kx in "${kxlist[@]}"; do
+    names+=("nginx return 200, https, new connection, $kx" "drover push, https, new connection, $kx" "drover push, https, resumed session, $kx" "nginx return 200, https, resumed session, $kx")
+  done
+fi
+declare -A med
 for name in "${names[@]}"; do
   m=$(echo "${results[$name]}" | median)
   printf '| %s | %s | %.0f |\n' "$name" "$(echo ${results[$name]} | sed 's/ /, /g')" "$m"
-  eval "med_$(echo "$name" | tr -c 'a-z0-9' '_')=$m"
+  med[$name]=$m
 done
 echo
-echo "(new connection and resumed rows: drover emulate --mode benchmark --workers $conns --conn new|resume, ${dur}s, TLS key exchange classic on both sides)"
+echo "(new connection and resumed rows: drover emulate --mode benchmark --workers $conns --conn new|resume --tls-key-exchange <the row's>, ${dur}s; drover serve --tls-key-exchange $serverkx; nginx: OpenSSL's default groups)"
 echo
-awk -v a="$med_drover_push__https_" -v b="$med_nginx_return_200__https_" -v c="$med_go_net_http_bare__https_" -v d="$med_drover_push__http_" -v e="$med_nginx_return_200__http_" \
-  -v m="$med_drover_push__https__memory_" \
+[ "$keepalive" = 1 ] && awk -v a="${med[drover push, https]}" -v b="${med[nginx return 200, https]}" -v c="${med[go net/http bare, https]}" -v d="${med[drover push, http]}" -v e="${med[nginx return 200, http]}" \
+  -v m="${med[drover push, https, memory]}" \
   'BEGIN {printf "keep-alive: drover push write-through / nginx (https): %.2f (issue 11: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
           printf "drover push / bare Go (https): %.2f; drover push / nginx (http): %.2f\n", a/c, d/e}'
 if [ "$newconn" = 1 ]; then
-  awk -v n="$med_drover_push__https__new_connection_" -v g="$med_nginx_return_200__https__new_connection_" -v r="$med_drover_push__https__resumed_session_" \
-    'BEGIN {printf "new connection: drover full handshake / nginx full handshake: %.2f (issue 11: >= 0.9); drover resumed / drover full: %.2f (>= 1.5)\n", n/g, r/n}'
+  for kx in "${kxlist[@]}"; do
+    awk -v kx="$kx" -v n="${med[drover push, https, new connection, $kx]}" -v g="${med[nginx return 200, https, new connection, $kx]}" \
+      -v r="${med[drover push, https, resumed session, $kx]}" -v gr="${med[nginx return 200, https, resumed session, $kx]}" \
+      'function q(a, b) { return b > 0 ? a / b : 0 }
+       BEGIN {printf "new connection, %s: drover full handshake / nginx full handshake: %.2f (issue 11: >= 0.9); drover resumed / drover full: %.2f (>= 1.5); nginx resumed / nginx full: %.2f\n", kx, q(n, g), q(r, n), q(gr, g)}'
+  done
 fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 [ "$mem" = 1 ] || exit 0

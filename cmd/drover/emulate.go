@@ -38,7 +38,7 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 	fs.StringVar(&cfg.EnrollmentSecret, "secret", env.Var("DROVER_ENROLLMENT_SECRET"), "enrollment secret (default: $DROVER_ENROLLMENT_SECRET)")
 	fs.StringVar(&caFile, "ca-cert", "", "PEM file of the certificate(s) to trust (default: system roots)")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server's certificate")
-	fs.StringVar(&cfg.TLSKeyExchange, "tls-key-exchange", cfg.TLSKeyExchange, "TLS key exchange the devices offer, as the agent's flag: classic (X25519, P-256, P-384) or hybrid (also post-quantum X25519MLKEM768)")
+	fs.StringVar(&cfg.TLSKeyExchange, "tls-key-exchange", cfg.TLSKeyExchange, "TLS key exchange the devices offer, as the agent's flag: classic (X25519 key share, P-256 and P-384 as fallbacks), x25519, p256, hybrid (also post-quantum X25519MLKEM768) or a comma-separated list")
 	fs.IntVar(&cfg.Devices, "devices", cfg.Devices, "devices in the whole fleet (all shards)")
 	fs.StringVar(&shard, "shard", "1/1", "this process's share k/n of the fleet: devices whose index % n == k-1")
 	fs.StringVar(&cfg.Seed, "seed", cfg.Seed, "identity seed: machine IDs derive from it and the device index")

@@ -38,9 +38,11 @@ type TLSOptions struct {
 	CACert    string // PEM file of the CA (or the self-signed certificate) to trust; empty: system roots
 	PinPubKey string // "sha256//BASE64[;sha256//BASE64...]" of the server's public key, as curl's --pinnedpubkey
 	AllowHTTP bool   // allow http:// server URLs (token in clear; only behind a trusted network)
-	// KeyExchange is "classic" (X25519, P-256: no post-quantum key share to
-	// compute on every full handshake, as the server's default) or "hybrid"
-	// (Go's default, X25519MLKEM768 first). Empty means classic.
+	// KeyExchange lists the key exchanges offered, as --tls-key-exchange
+	// (protocol.KeyExchangeGroups): "classic" (X25519 key share, P-256 and
+	// P-384 as fallbacks: no post-quantum key share to compute on every
+	// handshake), "x25519", "p256" or "hybrid" (X25519MLKEM768 first). Empty
+	// means classic.
 	KeyExchange string
 }
 
@@ -80,15 +82,17 @@ func newClient(server string, o TLSOptions, timeout time.Duration) (*client, err
 }
 
 func (o TLSOptions) config() (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	switch o.KeyExchange {
-	case "", "classic":
-		cfg.CurvePreferences = []tls.CurveID{tls.X25519, tls.CurveP256, tls.CurveP384}
-	case "hybrid":
-		// crypto/tls's default preferences, post-quantum hybrid first.
-	default:
-		return nil, fmt.Errorf("--tls-key-exchange %q: want classic or hybrid", o.KeyExchange)
+	kx := o.KeyExchange
+	if kx == "" {
+		kx = protocol.KeyExchangeClassic
 	}
+	groups, err := protocol.KeyExchangeGroups(kx)
+	if err != nil {
+		return nil, err
+	}
+	// The session cache lets a new connection resume the last TLS session
+	// (a ticket from the server): no certificate signature to make or check.
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, CurvePreferences: groups, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
 	if o.CACert != "" {
 		pemBytes, err := os.ReadFile(o.CACert)
 		if err != nil {

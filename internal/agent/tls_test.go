@@ -2,9 +2,17 @@ package agent
 
 import (
 	"crypto/tls"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/server/servertest"
 )
 
 // The agent's key exchange follows its setting against a server that offers
@@ -16,7 +24,7 @@ func TestTLSKeyExchange(t *testing.T) {
 	for _, tc := range []struct {
 		setting string
 		want    tls.CurveID
-	}{{"", tls.X25519}, {"classic", tls.X25519}, {"hybrid", tls.X25519MLKEM768}} {
+	}{{"", tls.X25519}, {"classic", tls.X25519}, {"x25519", tls.X25519}, {"p256", tls.CurveP256}, {"hybrid", tls.X25519MLKEM768}} {
 		cfg, err := TLSOptions{KeyExchange: tc.setting}.config()
 		if err != nil {
 			t.Fatalf("%q: %v", tc.setting, err)
@@ -34,5 +42,52 @@ func TestTLSKeyExchange(t *testing.T) {
 	}
 	if _, err := (TLSOptions{KeyExchange: "pq"}).config(); err == nil {
 		t.Error("an unknown key exchange setting was accepted")
+	}
+}
+
+// Against the real server (default setting: classic, and hybrid): the
+// agent's key exchange setting is the one negotiated, and its second
+// connection resumes the first one's TLS session from the server's ticket.
+func TestTLSKeyExchangeAndResumptionWithServer(t *testing.T) {
+	for _, tc := range []struct {
+		server, agent string
+		want          tls.CurveID
+	}{
+		{"classic", "", tls.X25519},
+		{"classic", "x25519", tls.X25519},
+		{"classic", "p256", tls.CurveP256},
+		{"hybrid", "hybrid", tls.X25519MLKEM768},
+		{"hybrid", "classic", tls.X25519},
+		{"p256", "classic", tls.CurveP256}, // the server's one group, after a HelloRetryRequest
+	} {
+		t.Run(tc.server+"/"+tc.agent, func(t *testing.T) {
+			s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.TLSKeyExchange = tc.server }})
+			ca := filepath.Join(t.TempDir(), "ca.pem")
+			if err := os.WriteFile(ca, s.CACertPEM, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := newClient(s.URL, TLSOptions{CACert: ca, KeyExchange: tc.agent}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var resumed []bool
+			for range 3 {
+				resp, err := c.http.Get(s.URL + "/healthz")
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if got := resp.TLS.CurveID; got != tc.want {
+					t.Errorf("key exchange %v, want %v", got, tc.want)
+				}
+				resumed = append(resumed, resp.TLS.DidResume)
+				// The next push opens a new connection, as after the idle timeout.
+				c.http.CloseIdleConnections()
+			}
+			if !slices.Equal(resumed, []bool{false, true, true}) {
+				t.Fatalf("resumed %v, want [false true true]", resumed)
+			}
+		})
 	}
 }

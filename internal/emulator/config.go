@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/protocol"
 )
 
 // Mode is a load model.
@@ -35,8 +36,9 @@ type Config struct {
 	CACertPEM        []byte // trusted certificates; nil: the system's
 	Insecure         bool   // skip certificate verification
 	// TLSKeyExchange is what the emulated devices offer, as the agent's
-	// --tls-key-exchange: "classic" (X25519, P-256, P-384: no post-quantum
-	// key share computed per handshake) or "hybrid" (also X25519MLKEM768).
+	// --tls-key-exchange (protocol.KeyExchangeGroups): "classic" (X25519,
+	// P-256, P-384: no post-quantum key share computed per handshake),
+	// "x25519", "p256" or "hybrid" (also X25519MLKEM768).
 	TLSKeyExchange string
 
 	Devices int    // the whole fleet
@@ -141,12 +143,11 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("conn %q: want new, resume or keepalive", c.Conn)
 	}
-	switch c.TLSKeyExchange {
-	case "":
-		c.TLSKeyExchange = "classic"
-	case "classic", "hybrid":
-	default:
-		return fmt.Errorf("TLS key exchange %q: want classic or hybrid", c.TLSKeyExchange)
+	if c.TLSKeyExchange == "" {
+		c.TLSKeyExchange = protocol.KeyExchangeClassic
+	}
+	if _, err := protocol.KeyExchangeGroups(c.TLSKeyExchange); err != nil {
+		return err
 	}
 	if c.Interval <= 0 || c.Duration < 0 {
 		return errors.New("interval and duration must be positive")

@@ -98,9 +98,11 @@ func newEngine(cfg Config) (*engine, error) {
 		return nil, fmt.Errorf("target %q is not a URL like https://host:8443", cfg.Target)
 	}
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.Insecure}
-	if cfg.TLSKeyExchange == "classic" { // as the agent: internal/agent/client.go
-		tlsConf.CurvePreferences = []tls.CurveID{tls.X25519, tls.CurveP256, tls.CurveP384}
+	groups, err := protocol.KeyExchangeGroups(cfg.TLSKeyExchange) // as the agent
+	if err != nil {
+		return nil, err
 	}
+	tlsConf.CurvePreferences = groups
 	if len(cfg.CACertPEM) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(cfg.CACertPEM) {

@@ -10,6 +10,7 @@ import (
 	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/store"
 	"github.com/drover/drover/internal/web"
 )
@@ -150,7 +151,7 @@ func (c *Config) Validate() error {
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return errors.New("-tls-cert and -tls-key go together")
 	}
-	if _, err := keyExchangeGroups(c.TLSKeyExchange); err != nil {
+	if _, err := protocol.KeyExchangeGroups(c.TLSKeyExchange); err != nil {
 		return err
 	}
 	if err := fleet.CheckPushInterval(c.PushInterval); err != nil {

@@ -2,7 +2,8 @@ package server
 
 import (
 	"crypto/tls"
-	"fmt"
+
+	"github.com/drover/drover/internal/protocol"
 )
 
 // TLS policy of the HTTPS listener (docs/operations.md, "Security"):
@@ -10,15 +11,17 @@ import (
 //     (ECDHE with AES-GCM or ChaCha20-Poly1305). TLS 1.0 and 1.1 never.
 //   - tls-allow-legacy-cbc adds the ECDHE AES-CBC-SHA1 suites to TLS 1.2
 //     for old routers whose TLS stack knows no AEAD suite (off by default).
-//   - tls-key-exchange chooses the key exchanges: "classic" (the default)
-//     X25519, P-256 and P-384; "hybrid" also the post-quantum hybrids
-//     (X25519MLKEM768, SecP256r1MLKEM768), which crypto/tls then picks
-//     whenever the client offers one. BenchmarkTLSHandshake measures the cost.
+//   - tls-key-exchange lists the key exchanges accepted
+//     (protocol.KeyExchangeGroups): "classic" (the default) X25519, P-256
+//     and P-384, the client's key share deciding which; "hybrid" also the
+//     post-quantum hybrids, which crypto/tls then picks whenever the client
+//     offers one; or single groups ("x25519", "p256", ...).
+//     BenchmarkTLSHandshake measures the cost of each.
 
-// Values of Config.TLSKeyExchange.
+// Values of Config.TLSKeyExchange (any list protocol.KeyExchangeGroups takes).
 const (
-	KeyExchangeHybrid  = "hybrid"
-	KeyExchangeClassic = "classic"
+	KeyExchangeHybrid  = protocol.KeyExchangeHybrid
+	KeyExchangeClassic = protocol.KeyExchangeClassic
 )
 
 // tls12AEADSuites are the TLS 1.2 suites offered by default: ECDHE key
@@ -43,24 +46,9 @@ var tls12LegacyCBCSuites = []uint16{
 	tls.TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA,
 }
 
-var classicGroups = []tls.CurveID{tls.X25519, tls.CurveP256, tls.CurveP384}
-
-// keyExchangeGroups lists the groups of a tls-key-exchange value. crypto/tls
-// picks among them in its own order: a post-quantum hybrid whenever the
-// client offers one, else the client's key share.
-func keyExchangeGroups(kx string) ([]tls.CurveID, error) {
-	switch kx {
-	case KeyExchangeHybrid:
-		return append([]tls.CurveID{tls.X25519MLKEM768, tls.SecP256r1MLKEM768}, classicGroups...), nil
-	case KeyExchangeClassic:
-		return classicGroups, nil
-	}
-	return nil, fmt.Errorf("-tls-key-exchange must be %s or %s, not %q", KeyExchangeHybrid, KeyExchangeClassic, kx)
-}
-
 // tlsPolicy sets versions, TLS 1.2 suites and key exchanges on c.
 func tlsPolicy(c *tls.Config, allowLegacyCBC bool, keyExchange string) error {
-	groups, err := keyExchangeGroups(keyExchange)
+	groups, err := protocol.KeyExchangeGroups(keyExchange)
 	if err != nil {
 		return err
 	}

@@ -152,13 +152,19 @@ func TestTLSPolicyOpenSSL(t *testing.T) {
 }
 
 // tls-key-exchange: hybrid agrees on X25519MLKEM768 with a client offering
-// it (Go's default, the Go agent's); classic never does.
+// it (Go's default, the Go agent's); classic never does; a list of groups
+// limits the server to them.
 func TestTLSKeyExchangeSetting(t *testing.T) {
 	for _, c := range []struct {
 		kx          string
 		want        tls.CurveID
 		pqOnlyWorks bool
-	}{{server.KeyExchangeHybrid, tls.X25519MLKEM768, true}, {server.KeyExchangeClassic, tls.X25519, false}} {
+	}{
+		{server.KeyExchangeHybrid, tls.X25519MLKEM768, true},
+		{server.KeyExchangeClassic, tls.X25519, false},
+		{"p256", tls.CurveP256, false}, // after a HelloRetryRequest: Go's client sends X25519 shares
+		{"p384, x25519", tls.X25519, false},
+	} {
 		s := servertest.Start(t, servertest.Options{Configure: func(cfg *server.Config) { cfg.TLSKeyExchange = c.kx }})
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM(s.CACertPEM)
