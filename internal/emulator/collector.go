@@ -125,6 +125,9 @@ func (c *collector) tick(now time.Time, final bool) {
 	c.checkBottleneck(s, iv.Dur)
 
 	p.Inflight, p.Concurrency, p.CPU, p.RSS = iv.Inflight, iv.Concurrency, s.cpu, s.rss
+	if e.dl != nil {
+		p.DownloadBytes, p.DownloadActive = e.dl.bytes.Load(), e.dl.active.Load()
+	}
 	switch {
 	case final:
 		p.Remaining = 0

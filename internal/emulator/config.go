@@ -112,7 +112,11 @@ type Progress struct {
 	Concurrency int
 	CPU         float64 // emulator cores busy
 	RSS         int64
-	Final       bool
+	// Firmware downloads (fleet mode): bytes received so far, downloads
+	// under way.
+	DownloadBytes  int64
+	DownloadActive int64
+	Final          bool
 }
 
 // Validate checks c and fills the "auto" fields. Run does it too.

@@ -174,6 +174,8 @@ func Compute(r *Result) Calc {
 		computeFleet(r, &c)
 	case overload:
 		computeOverload(r, &c)
+	case rollout:
+		computeRollout(r, &c)
 	default:
 		computeRows(r, &c)
 	}
@@ -211,7 +213,7 @@ func Compute(r *Result) Calc {
 		if len(c.Reasons) > 0 {
 			c.Verdict = Failed
 		}
-	case fleet, overload:
+	case fleet, overload, rollout:
 		for _, ch := range c.Checks {
 			if !ch.OK {
 				fail("%s: %s (limit %s)", ch.Name, ch.Measured, ch.Limit)

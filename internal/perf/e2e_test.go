@@ -47,10 +47,15 @@ func testOptions(t *testing.T, o override) Options {
 
 func runE2E(t *testing.T, name string, o override) (*Result, Calc) {
 	t.Helper()
+	p, _ := Lookup(name)
+	return runE2EPreset(t, p, o)
+}
+
+func runE2EPreset(t *testing.T, p Preset, o override) (*Result, Calc) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts servers")
 	}
-	p, _ := Lookup(name)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	r, err := Run(ctx, p, testOptions(t, o))
@@ -217,5 +222,34 @@ func TestRemoteMetricsAccess(t *testing.T) {
 				tg.close()
 			}
 		}
+	}
+}
+
+// The rollout test, shrunk: 30 devices take a 1 MiB artifact over 2 MiB/s
+// links that drop 30 % of the attempts; every device is verified, the
+// waves and bytes served are measured and the server's RSS judged.
+func TestE2ERollout(t *testing.T) {
+	p, _ := Lookup("Rollout-10k")
+	spec := *p.Rollout
+	spec.ArtifactMiB, spec.LinkBps, spec.FailRate, spec.MaxDownloads = 1, 2<<20, 0.3, 10
+	p.Rollout = &spec
+	r, c := runE2EPreset(t, p, override{Devices: 30, LoopTime: 2})
+	f := r.Parts[0].Rollout
+	if f == nil || f.State != "done" || f.Counts["verified"] != 30 || len(f.Waves) != 3 || f.Downloads == nil ||
+		f.Downloads.Completed != 30 || f.Downloads.Bytes < 30<<20 || f.Downloads.MaxActive > 10 || len(f.Timeline) == 0 {
+		t.Fatalf("rollout figures %+v", f)
+	}
+	if len(c.Checks) != 5 || f.RSSMaxMiB <= 0 {
+		t.Fatalf("checks %+v", c.Checks)
+	}
+	for _, want := range []string{"## Rollout test criteria", "| 3 |", "Firmware bytes served"} {
+		if !strings.Contains(markdownOf(r)+htmlProtocol(r), want) {
+			t.Errorf("protocol lacks %q", want)
+		}
+	}
+	// A server that copied files through memory fails the RSS criterion.
+	f.RSSMaxMiB = r.Parts[0].Before.RSSMiB + float64(spec.ArtifactMiB*spec.MaxDownloads) + rolloutRSSBase + 10*rolloutRSSPerDownload + 1
+	if c := Compute(r); c.Verdict != Failed {
+		t.Errorf("RSS growth of %.0f MiB passed", f.RSSMaxMiB-r.Parts[0].Before.RSSMiB)
 	}
 }

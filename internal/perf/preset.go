@@ -27,6 +27,9 @@ const (
 	// the server's capacity (closed loop), then offers OverloadFactor × it
 	// open loop and checks that the accepted throughput holds.
 	overload kind = "overload"
+	// rollout is issue 15.5: the fleet registers (not measured) and pushes
+	// open loop while a firmware rollout to every device runs (rollout.go).
+	rollout kind = "rollout"
 )
 
 // overloadFactor is the load an overload test offers, in capacities.
@@ -54,6 +57,7 @@ type Preset struct {
 	Duration time.Duration `json:"duration,omitempty"` // Stability, Peak
 	LoopTime int           `json:"loop_time_s"`        // device push interval in seconds
 	Mode     peakMode      `json:"peak_mode,omitempty"`
+	Rollout  *rolloutSpec  `json:"rollout,omitempty"`
 	Note     string        `json:"note,omitempty"`
 }
 
@@ -108,6 +112,12 @@ func presets() []Preset {
 	ps = append(ps, Preset{Name: "Overload-1.5x", Kind: overload, Devices: 100_000, Threads: 64, Duration: time.Minute,
 		LoopTime: defaultLoopTime, // the server's push interval; the test's own follows from the capacity
 		Note:     "issue 11: capacity (closed loop, 64 workers, 20 s), then 1.5 × capacity offered open loop; plain HTTP, a new connection per push"})
+	// 10,000 devices pushing every 30 s take a 16 MiB artifact in waves of
+	// 1 %, 10 %, 100 %, at most 1,000 at once, each over a 512 KiB/s link
+	// that drops 5 % of the attempts; the duration is a time limit.
+	ps = append(ps, Preset{Name: "Rollout-10k", Kind: rollout, SSL: true, Devices: 10_000, Threads: 2000, Duration: 45 * time.Minute,
+		LoopTime: 30, Rollout: &rolloutSpec{ArtifactMiB: 16, Waves: []string{"1%", "10%", "100%"}, MaxDownloads: 1000, LinkBps: 512 << 10, FailRate: 0.05},
+		Note: "issue 15.5: a 16 MiB firmware to every device in three waves, at most 1,000 downloads at once, 512 KiB/s per device, 5 % of download attempts cut and resumed"})
 	return ps
 }
 
@@ -146,7 +156,7 @@ func (o override) Apply(p Preset) (Preset, string, error) {
 		p.Devices = max(1, int(math.Ceil(float64(p.Devices)*o.Scale)))
 		// A fleet test keeps its duration and per-device interval: the
 		// scaled fleet offers the same load per device, scale × the pushes/s.
-		if p.Duration > 0 && p.Kind != fleet && p.Kind != overload {
+		if p.Duration > 0 && p.Kind != fleet && p.Kind != overload && p.Kind != rollout {
 			p.Duration = max(time.Second, time.Duration(float64(p.Duration)*o.Scale).Round(time.Second))
 		}
 		notes = append(notes, fmt.Sprintf("scale %g", o.Scale))

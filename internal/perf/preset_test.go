@@ -8,8 +8,8 @@ import (
 
 func TestPresetsAreTheMatrix(t *testing.T) {
 	ps := presets()
-	if len(ps) != 7+8+9+2 {
-		t.Fatalf("%d presets, want 26", len(ps))
+	if len(ps) != 7+8+9+3 {
+		t.Fatalf("%d presets, want 27", len(ps))
 	}
 	want := map[string]struct {
 		devices, threads int
@@ -24,6 +24,7 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 		"Bench-48-SSL": {9600, 48, 0, true}, "Bench-48-noSSL": {9600, 48, 0, false},
 		FleetPreset:     {1_000_000, 15000, 10, false}, // issue 11's fleet test
 		"Overload-1.5x": {100_000, 64, 1, false},       // issue 11's overload test
+		"Rollout-10k":   {10_000, 2000, 45, true},      // issue 15.5
 	}
 	for _, m := range []string{"R", "D", "F"} {
 		for _, n := range []string{"64", "256", "1024"} {
@@ -41,7 +42,14 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 			t.Errorf("unexpected preset %s", p.Name)
 			continue
 		}
-		if p.Devices != w.devices || p.Threads != w.threads || p.Minutes() != w.minutes || p.SSL != w.ssl || p.LoopTime != 200 {
+		loop := 200
+		if p.Kind == rollout {
+			loop = 30
+			if s := p.Rollout; s == nil || s.ArtifactMiB != 16 || s.MaxDownloads != 1000 || strings.Join(s.Waves, ",") != "1%,10%,100%" {
+				t.Errorf("%s: rollout %+v", p.Name, s)
+			}
+		}
+		if p.Devices != w.devices || p.Threads != w.threads || p.Minutes() != w.minutes || p.SSL != w.ssl || p.LoopTime != loop {
 			t.Errorf("%s = %+v, want %+v", p.Name, p, w)
 		}
 		if p.Kind == benchmark && (p.Loops != 10 || joinInts(p.Handlers) != "1,2,4,8") {

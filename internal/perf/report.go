@@ -114,6 +114,8 @@ func protocol(r *Result, charts bool) *doc {
 		stabilitySections(d, r, &c)
 	case overload:
 		overloadSection(d, r, &c)
+	case rollout:
+		rolloutSection(d, r, &c)
 	default:
 		rowSections(d, r, &c)
 	}
@@ -150,7 +152,7 @@ func protocol(r *Result, charts bool) *doc {
 		t.row("server RSS growth over the second half at most", fx(th.MaxLeakPct, 0)+" %")
 		t.row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
 		t.row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
-	case fleet, overload:
+	case fleet, overload, rollout:
 		for _, ch := range c.Checks {
 			t.row(ch.Name, ch.Limit)
 		}
@@ -169,6 +171,9 @@ func protocol(r *Result, charts bool) *doc {
 
 	if charts {
 		d.h("Charts")
+		if p.Kind == rollout && len(r.Parts) > 0 {
+			rolloutCharts(d, r.Parts[0].Rollout)
+		}
 		chartSections(d, r)
 	}
 
@@ -187,6 +192,8 @@ func kindName(p Preset) string {
 		return "fleet test"
 	case overload:
 		return "overload test"
+	case rollout:
+		return "rollout test"
 	default:
 		return "peak test (" + p.Note + ")"
 	}
@@ -202,6 +209,8 @@ func specNote(p Preset) string {
 		return "registered first; then open loop: every device pushes once per loop time, a new connection per push"
 	case overload:
 		return "registered first; capacity (closed loop, these threads), then 1.5 × capacity offered open loop"
+	case rollout:
+		return "registered first; open loop while a firmware rollout runs (threads: pushes in flight at most); " + p.Note
 	default:
 		return p.Note
 	}

@@ -52,6 +52,7 @@ type resultPart struct {
 	ConfigChanges  int                `json:"config_changes,omitempty"` // profile updates made during the run
 	Empty          *snapshot          `json:"empty,omitempty"`          // fleet test: the server before registration
 	Capacity       *capacity          `json:"capacity,omitempty"`       // overload test: the capacity measured first
+	Rollout        *rolloutFigures    `json:"rollout,omitempty"`        // rollout test
 	Before         snapshot           `json:"before"`
 	After          snapshot           `json:"after"`
 	Samples        []sample           `json:"samples,omitempty"`

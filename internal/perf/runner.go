@@ -199,7 +199,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	}
 
 	t.seed = "perf-" + strings.ToLower(p.Name) + "-" + strconv.FormatInt(time.Now().Unix(), 36)
-	if p.Kind == fleet || p.Kind == overload {
+	if p.Kind == fleet || p.Kind == overload || p.Kind == rollout {
 		sleepCtx(ctx, time.Second)
 		if empty, err := t.snapshot(); err == nil {
 			part.Empty = &empty
@@ -249,7 +249,13 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 		}()
 	}
 	part.Started = time.Now().UTC()
-	sum, series, err := drive(runCtx, p, t, o, part.Started)
+	var sum *results.Summary
+	var series []point
+	if p.Kind == rollout {
+		sum, series, part.Rollout, err = driveRollout(runCtx, p, t, o, part.Started, smp)
+	} else {
+		sum, series, err = drive(runCtx, p, t, o, part.Started)
+	}
 	part.Ended = time.Now().UTC()
 	cancel()
 	wg.Wait()
@@ -262,7 +268,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	part.Series = series
 	if sum != nil {
 		part.Push = opStats(sum.Op(results.OpPush))
-		if p.Kind != fleet && p.Kind != overload { // their registrations were before the test
+		if p.Kind != fleet && p.Kind != overload && p.Kind != rollout { // their registrations were before the test
 			part.Register = opStats(sum.Op(results.OpRegister))
 		}
 		res := sum.Resources
@@ -699,6 +705,7 @@ func (t *target) changeConfig(ctx context.Context, period time.Duration, end tim
 
 // sampler samples the server while the emulator runs.
 type sampler struct {
+	mu       sync.Mutex // samples, for a reader during the run
 	t        *target
 	every    time.Duration
 	cancel   context.CancelFunc
@@ -755,9 +762,18 @@ func (s *sampler) loop(ctx context.Context) {
 		if snap.Machine {
 			sm.UsedMiB, sm.AvailMiB, sm.Load15 = snap.UsedMiB, snap.AvailMiB, snap.Load15
 		}
+		s.mu.Lock()
 		s.samples = append(s.samples, sm)
+		s.mu.Unlock()
 		prev, s.last = snap, snap
 	}
+}
+
+// snapshotSamples is a copy of the samples so far.
+func (s *sampler) snapshotSamples() []sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]sample(nil), s.samples...)
 }
 
 // localServer is `drover serve` started by perf.
