@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/store/contract"
 )
 
@@ -73,9 +74,10 @@ type Node struct {
 	log   *slog.Logger
 	self  fleet.ClusterNode
 
-	nc     *nats.Conn
-	prefix string
-	wake   chan struct{}
+	nc      *nats.Conn
+	pushSub *nats.Subscription // forwarded pushes, while leading (housekeep only)
+	prefix  string
+	wake    chan struct{}
 
 	// change log position (run goroutine only)
 	maxSeen int64
@@ -222,8 +224,27 @@ func (n *Node) connect() {
 		}
 		n.applyStates(b.S)
 	})
-	nc.Subscribe(n.prefix+subjPushes, func(m *nats.Msg) {
-		if !n.leader.Load() || n.forward == nil {
+}
+
+// followPushes subscribes to the pushes other nodes forward while this
+// node leads, and only then: each forwarded push then crosses NATS to one
+// node, not to all.
+func (n *Node) followPushes(lead bool) {
+	if n.nc == nil || n.forward == nil {
+		return
+	}
+	if !lead {
+		if n.pushSub != nil {
+			n.pushSub.Unsubscribe()
+			n.pushSub = nil
+		}
+		return
+	}
+	if n.pushSub != nil {
+		return
+	}
+	sub, err := n.nc.Subscribe(n.prefix+subjPushes, func(m *nats.Msg) {
+		if !n.leader.Load() {
 			return
 		}
 		var evs []fleet.PushEvent
@@ -234,6 +255,11 @@ func (n *Node) connect() {
 			n.forward(ev)
 		}
 	})
+	if err != nil {
+		n.log.Warn("cluster: cannot follow forwarded pushes", "err", err)
+		return
+	}
+	n.pushSub = sub
 }
 
 // changed runs after a local commit that wrote change log rows.
@@ -349,6 +375,7 @@ func (n *Node) housekeep(ctx context.Context) {
 			if n.leader.Swap(lead) != lead {
 				n.log.Info("cluster: leadership", "leader", lead)
 			}
+			n.followPushes(lead)
 			if lead {
 				if _, err := n.st.PruneChanges(ctx, time.Now().Add(-time.Hour)); err != nil && ctx.Err() == nil {
 					n.log.Warn("cluster: change log prune failed", "err", err)
@@ -428,10 +455,30 @@ func (n *Node) OnPush(ev fleet.PushEvent) {
 	if len(n.pending) < 100000 {
 		n.pending = append(n.pending, summary{ID: ev.DeviceID, At: ev.At.UnixNano(), Seq: ev.Seq, Ver: ev.ConfigVersion, Err: ev.ConfigError})
 		if !n.leader.Load() && n.forward != nil {
-			n.fwd = append(n.fwd, ev)
+			n.fwd = append(n.fwd, forwarded(ev))
 		}
 	}
 	n.pmu.Unlock()
+}
+
+// forwarded is ev as the leader's alert rules need it: the state's
+// uptime, CPU, temperature and disk (rules.go's values), not its
+// interfaces, signal and extra fields; a copy, as ev.State belongs to the
+// request.
+func forwarded(ev fleet.PushEvent) fleet.PushEvent {
+	if st := ev.State; st != nil {
+		ev.State = &protocol.State{Uptime: clone(st.Uptime), CPU: clone(st.CPU), Temperature: clone(st.Temperature),
+			DiskTotal: clone(st.DiskTotal), DiskUsed: clone(st.DiskUsed), Firmware: st.Firmware}
+	}
+	return ev
+}
+
+func clone[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 // publish sends the pushes noted since the last time over NATS, in

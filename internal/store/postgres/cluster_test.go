@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/drover/drover/internal/store/dbtest"
 )
@@ -20,7 +21,7 @@ func TestChangesAfterReadsOnlyNewEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := s.pool.Exec(ctx, `INSERT INTO cluster_changes (kind, id, node, at) SELECT 1, g, 'b', 0 FROM generate_series(1, 20000) g`); err != nil {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO cluster_changes (kind, id, node, at) SELECT 1, g, 'b', g FROM generate_series(1, 20000) g`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.pool.Exec(ctx, `ANALYZE cluster_changes`); err != nil {
@@ -63,5 +64,24 @@ func TestChangesAfterReadsOnlyNewEntries(t *testing.T) {
 	p := strings.Join(plan, "\n")
 	if !strings.Contains(p, "Index Scan using cluster_changes_pkey") || strings.Contains(p, "Seq Scan") || strings.Contains(p, "Bitmap") {
 		t.Fatalf("the change log poll's plan reads more than the new entries:\n%s", p)
+	}
+	// The leader's prune, every second, reads only the entries it drops.
+	rows, err = conn.Query(ctx, `EXPLAIN (COSTS OFF) DELETE FROM cluster_changes WHERE at < 5`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan = plan[:0]
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, line)
+	}
+	if p := strings.Join(plan, "\n"); strings.Contains(p, "Seq Scan") {
+		t.Fatalf("the change log prune scans the whole log:\n%s", p)
+	}
+	if n, err := s.PruneChanges(ctx, time.UnixMilli(101)); err != nil || n != 100 {
+		t.Fatalf("PruneChanges: %d %v", n, err)
 	}
 }
