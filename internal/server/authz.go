@@ -166,8 +166,23 @@ func auditJSON(v any) json.RawMessage {
 	if err != nil || bytes.Equal(b, []byte("null")) {
 		return nil
 	}
+	// Belt and braces: an answer's top-level secret fields never reach
+	// the log, even from a route that forgot its auditView.
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) == nil {
+		n := len(m)
+		for _, k := range secretFields {
+			delete(m, k)
+		}
+		if len(m) != n {
+			b, _ = json.Marshal(m)
+		}
+	}
 	return b
 }
+
+// secretFields are the answers' fields that hold secrets.
+var secretFields = []string{"token", "secret", "password", "enrollment_secret", "client_secret", "key"}
 
 // discard is a ResponseWriter that keeps nothing.
 type discard struct{}

@@ -222,7 +222,14 @@ func TestAuditOfChanges(t *testing.T) {
 		cancel.Before["state"] != "active" || cancel.After["state"] != "cancelled" {
 		t.Fatalf("cancel row: %+v", cancel)
 	}
+	st, _, et := c.do("POST", "/api/v1/enrollment-tokens", s.AdminToken, map[string]any{"machine_id": "m-9"})
+	if st != 201 || et["token"] == nil {
+		t.Fatalf("enrollment token: %d %v", st, et)
+	}
 	all, _ := get("")
+	if b, _ := json.Marshal(all); strings.Contains(string(b), et["token"].(string)) {
+		t.Fatalf("an enrollment token's secret is in the audit log: %s", b)
+	}
 	for _, e := range all {
 		if e.Action == "POST /api/v1/tokens" {
 			if _, ok := e.After["token"]; ok || e.After["user"] == nil {

@@ -155,11 +155,17 @@ func (a *api) createEnrollmentToken(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return created(struct {
-		fleet.EnrollmentToken
-		Token string `json:"token"`
-	}{t, secret}), nil
+	return created(newEnrollmentToken{t, secret}), nil
 }
+
+// newEnrollmentToken is an enrollment token as created: with its secret,
+// shown this once (and never in the audit log).
+type newEnrollmentToken struct {
+	fleet.EnrollmentToken
+	Token string `json:"token"`
+}
+
+func (t newEnrollmentToken) auditView() any { return t.EnrollmentToken }
 
 func (a *api) revokeEnrollmentToken(r *http.Request) (any, error) {
 	id, err := pathID(r)
