@@ -78,7 +78,7 @@ type device struct {
 	seq            uint64
 	appliedVersion int64
 	configError    string
-	state          []byte // compact JSON of the latest push's state
+	state          string // compact JSON of the latest push's state (memory mode; a string keeps the struct in the 256-byte size class)
 	profile        *profileEntry
 	labels         []uint16 // label IDs, sorted; replaced, never modified in place (labels.go)
 	// Admission and trust (admission.go).
@@ -179,7 +179,7 @@ func (d *device) snapshot(now int64, withState bool) Device {
 		t := time.Unix(0, d.lastSeen).UTC()
 		out.LastSeen = &t
 	}
-	if withState && d.state != nil {
+	if withState && d.state != "" {
 		out.State = json.RawMessage(d.state)
 	}
 	return out

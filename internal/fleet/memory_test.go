@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/drover/drover/internal/protocol"
 )
@@ -41,4 +42,13 @@ func BenchmarkRegistryMemory(b *testing.B) {
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N), "heap-bytes/device")
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(reqs)
+}
+
+// The registry holds one device struct per device: 256 bytes is a Go size
+// class, 264 would take 288 (32 MB more for a million devices). A new field
+// must make room.
+func TestDeviceStructFitsItsSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(device{}); n > 256 {
+		t.Fatalf("device is %d bytes: more than the 256-byte size class", n)
+	}
 }

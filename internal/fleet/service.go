@@ -150,7 +150,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 			d.lastSeen = r.State.LastSeen.UnixNano()
 		}
 		if len(r.State.State) > 0 && s.states == nil {
-			d.state = append([]byte(nil), r.State.State...)
+			d.state = string(r.State.State)
 		}
 		if r.State.Firmware != "" {
 			d.firmware = s.intern(r.State.Firmware)
@@ -376,7 +376,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 			d.configError = strings.Clone(p.ConfigError)
 		}
 		if s.states == nil {
-			d.state = p.RawState
+			d.state = string(p.RawState)
 		}
 		if d.cmds != nil || len(p.Results) > 0 {
 			cmds, cmdChanges = s.commandsOnPush(d, p.Results, nowNS)

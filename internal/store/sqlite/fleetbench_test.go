@@ -21,7 +21,8 @@ import (
 // per size in $TMPDIR and copied for each run. It reports the process's CPU
 // per push, the slowest commit and the share of commits over 100 ms.
 // DROVER_BENCH_CHECKPOINTS=writer lets the writer checkpoint, as before
-// checkpoint.go.
+// checkpoint.go; DROVER_BENCH_ROTATE=N merges the state log every N pushes
+// (statelog.go; the merges' CPU is in cpu-µs/op).
 //
 //	DROVER_BENCH_DEVICES=1000000 go test -run '^$' -bench CommitFleet -benchtime 200000x ./internal/store/sqlite/
 func BenchmarkCommitFleet(b *testing.B) {
@@ -44,6 +45,15 @@ func BenchmarkCommitFleet(b *testing.B) {
 	if os.Getenv("DROVER_BENCH_CHECKPOINTS") == "writer" {
 		ownCheckpoints = false
 		defer func() { ownCheckpoints = true }()
+	}
+	if v := os.Getenv("DROVER_BENCH_ROTATE"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			b.Fatalf("DROVER_BENCH_ROTATE=%q: want a positive count", v)
+		}
+		oldRows, oldEvery := logRotateRows, logCheckEvery
+		logRotateRows, logCheckEvery = n, time.Second
+		defer func() { logRotateRows, logCheckEvery = oldRows, oldEvery }()
 	}
 	path := filepath.Join(b.TempDir(), "d.db")
 	copyFile(b, tmpl, path)
@@ -83,6 +93,15 @@ func BenchmarkCommitFleet(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	if os.Getenv("DROVER_BENCH_ROTATE") != "" {
+		start, c0 := time.Now(), processCPU()
+		if err := s.MergeStateLog(ctx); err != nil { // the rest: a merge is part of each push's cost
+			b.Fatal(err)
+		}
+		var left int
+		s.w.QueryRowContext(ctx, `SELECT count(*) FROM state_logs`).Scan(&left)
+		b.Logf("last merge: %v, %v CPU; generations left %d", time.Since(start).Round(time.Millisecond), (processCPU() - c0).Round(time.Millisecond), left)
+	}
 	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	b.ReportMetric(float64(slowest.Microseconds())/1000, "max-commit-ms")
 	b.ReportMetric(float64(slow)/float64(commits)*100, "%commits>100ms")

@@ -36,9 +36,8 @@ type Store struct {
 	lock *instlock.FileLock
 	hist history // history.go
 	policyStore
-	// stState updates a device's state; prepared once on the writer.
-	stState *sql.Stmt
-	ckpt    *checkpointer // checkpoint.go; nil: the writer checkpoints (drover migrate)
+	states stateLog      // statelog.go
+	ckpt   *checkpointer // checkpoint.go; nil: the writer checkpoints (drover migrate)
 }
 
 // Open opens (creating if needed) the database file at path and applies the
@@ -126,14 +125,15 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 	r.SetMaxOpenConns(4)
 	s := &Store{Aux: &sqlcommon.Aux{R: r, W: w, D: sqlcommon.SQLite}, w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
 	s.Aux.Writable = s.LockLost
-	if s.stState, err = w.PrepareContext(ctx, updateState); err != nil {
-		s.closeDBs()
-		return nil, fmt.Errorf("sqlite %s: %w", path, err)
-	}
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
 		s.closeDBs()
 		return nil, fmt.Errorf("sqlite %s: %w", path, err)
+	}
+	// The merger, too, runs in a server only.
+	if err := s.loadStateLog(ctx, lock != nil); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("sqlite %s: state log: %w", path, err)
 	}
 	if lock != nil && ownCheckpoints {
 		if s.ckpt, err = startCheckpointer(ctx, ckptDSN); err != nil {
@@ -170,6 +170,7 @@ func (s *Store) LockLost() error {
 
 // closeDBs closes the databases, not the lock.
 func (s *Store) closeDBs() error {
+	s.stopStateLog()
 	return errors.Join(s.ckpt.close(), s.closeHistory(), s.r.Close(), s.w.Close())
 }
 
@@ -211,6 +212,11 @@ func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (
 			return res, err
 		}
 		d.RegisteredAt = time.Unix(registered, 0).UTC()
+		// The device's newest state may be in the state log.
+		if _, err := s.logged(ctx, d.ID, `firmware, last_seen, seq, applied_version, config_error, state`, &d.Firmware,
+			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, (*[]byte)(&d.State.State)); err != nil {
+			return res, err
+		}
 		if lastSeen != 0 {
 			d.State.LastSeen = time.Unix(0, lastSeen).UTC()
 		}
@@ -232,16 +238,18 @@ const (
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET device_type = excluded.device_type, model = excluded.model,
 			firmware = excluded.firmware, serial = excluded.serial, token_hash = excluded.token_hash`
-	updateState = `UPDATE devices SET firmware = ?, last_seen = ?, seq = ?, applied_version = ?, config_error = ?, state = ? WHERE id = ?`
 )
 
-// Commit implements fleet.Store: one transaction for the whole batch.
+// Commit implements fleet.Store: one transaction for the whole batch. States
+// are appended to the state log (statelog.go).
 //
 // The rows are written with a context that cannot be cancelled: with one
 // that can, the driver starts a goroutine per statement to interrupt it
 // (the largest per-row cost after SQLite itself). ctx still bounds the
 // wait for the write lock and is checked between chunks of rows.
 func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
+	s.states.mu.Lock()
+	defer s.states.mu.Unlock()
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -275,18 +283,13 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 				return fmt.Errorf("device %d: %w", d.ID, err)
 			}
 		}
-	}
-	if len(b.States) > 0 {
-		st := tx.StmtContext(rowCtx, s.stState)
-		for i, r := range b.States {
-			if err := chunkCheck(ctx, i); err != nil {
-				return err
-			}
-			if _, err := st.ExecContext(rowCtx, r.Firmware, lastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion, r.ConfigError,
-				[]byte(r.State), r.DeviceID); err != nil {
-				return fmt.Errorf("state of device %d: %w", r.DeviceID, err)
-			}
+		if err := s.patchFirmware(ctx, tx, b.Devices); err != nil {
+			return err
 		}
+	}
+	refs, err := s.appendStates(ctx, tx, b.States)
+	if err != nil {
+		return err
 	}
 	written, err := s.insertSamples(ctx, rowCtx, tx, b.Samples) // history.go
 	if err != nil {
@@ -298,6 +301,7 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 	if err := tx.Commit(); err != nil {
 		return err
 	}
+	s.states.committed(b.States, refs)
 	s.committed(written)
 	return nil
 }
@@ -332,6 +336,9 @@ func clampU(v *uint64) *int64 {
 // DeviceState implements fleet.StateReader.
 func (s *Store) DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error) {
 	var st []byte
+	if ok, err := s.logged(ctx, deviceID, "state", &st); ok || err != nil {
+		return st, err
+	}
 	err := s.r.QueryRowContext(ctx, `SELECT state FROM devices WHERE id = ?`, deviceID).Scan(&st)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil

@@ -1,0 +1,385 @@
+package sqlite
+
+// The state log: a push's state is appended, not written into its device's
+// row. Rewriting the row in place costs a random page per push (read, then
+// written whole to the WAL and again by the checkpoint) once the devices
+// table outgrows the page cache, which a fleet of a million devices does
+// many times over; appending fills a few pages in sequence. Each push's
+// row goes to the open generation (a table state_log_<gen>, listed in
+// state_logs); memory keeps, per device, where its newest row is. The merger
+// closes the open generation when it is long or old enough, copies each
+// device's newest row of it into `devices` in device order (chunks of
+// mergeChunk, one transaction each: pushes go on in between), then drops it.
+//
+// A state is durable when its row is committed, as it was with the update in
+// place. After a crash, open reads where each device's newest row is and Load
+// returns those rows' values; a generation half merged is merged again. A
+// device's state is read from its newest row while it is in the log, else
+// from `devices`.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+)
+
+var (
+	// A generation is closed and merged once it has logRotateRows rows, or
+	// logRotateAge after it opened if it has any.
+	logRotateRows = int64(1_000_000)
+	logRotateAge  = 10 * time.Minute
+	// logCheckEvery is how often the merger looks; 0: never by itself
+	// (tests call MergeStateLog).
+	logCheckEvery = 5 * time.Second
+	// mergeChunk is how many devices one merge transaction updates.
+	mergeChunk = 2000
+)
+
+// ref locates a device's newest log row: generation << 40 | rowid; 0: none,
+// `devices` is current.
+type ref uint64
+
+func mkRef(gen, rowid int64) ref { return ref(uint64(gen)<<40 | uint64(rowid)) }
+func (r ref) gen() int64         { return int64(r >> 40) }
+func (r ref) rowid() int64       { return int64(r & (1<<40 - 1)) }
+
+type stateLog struct {
+	// mu is held by Commit throughout and by the merger to open a
+	// generation or drop one: no commit writes to a generation being
+	// closed or dropped.
+	mu     sync.Mutex
+	gens   []int64 // listed generations, ascending; the last is open
+	rows   int64   // rows in the open generation
+	opened time.Time
+
+	refMu  sync.RWMutex
+	latest []ref // by device ID
+
+	opMu       sync.Mutex // serialises merges
+	stop, done chan struct{}
+}
+
+func logTable(gen int64) string { return "state_log_" + strconv.FormatInt(gen, 10) }
+
+const logColumns = `device_id, firmware, last_seen, seq, applied_version, config_error, state`
+
+func createLogTable(ctx context.Context, tx *sql.Tx, gen int64) error {
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+logTable(gen)+` (device_id INTEGER NOT NULL,
+		firmware TEXT NOT NULL, last_seen INTEGER NOT NULL, seq INTEGER NOT NULL, applied_version INTEGER NOT NULL,
+		config_error TEXT NOT NULL, state BLOB)`); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO state_logs (gen) VALUES (?)`, gen)
+	return err
+}
+
+// loadStateLog lists the generations, opens one if there is none, reads
+// where each device's newest row is, and starts the merger.
+func (s *Store) loadStateLog(ctx context.Context, merger bool) error {
+	l := &s.states
+	rows, err := s.w.QueryContext(ctx, `SELECT gen FROM state_logs ORDER BY gen`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var g int64
+		if err := rows.Scan(&g); err != nil {
+			rows.Close()
+			return err
+		}
+		l.gens = append(l.gens, g)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, g := range l.gens {
+		rows, err := s.w.QueryContext(ctx, `SELECT rowid, device_id FROM `+logTable(g)+` ORDER BY rowid`)
+		if err != nil {
+			return err
+		}
+		n := int64(0)
+		for rows.Next() {
+			var rowid int64
+			var id uint64
+			if err := rows.Scan(&rowid, &id); err != nil {
+				rows.Close()
+				return err
+			}
+			l.set(id, mkRef(g, rowid))
+			n++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		l.rows = n // the last one's count remains: the open generation
+	}
+	if len(l.gens) == 0 {
+		if err := inTx(ctx, s.w, func(tx *sql.Tx) error { return createLogTable(ctx, tx, 1) }); err != nil {
+			return err
+		}
+		l.gens, l.rows = []int64{1}, 0
+	}
+	l.opened = time.Now()
+	if merger && logCheckEvery > 0 {
+		l.stop, l.done = make(chan struct{}), make(chan struct{})
+		go s.merger(l.stop, l.done)
+	}
+	return nil
+}
+
+// set records id's newest row; refMu is taken.
+func (l *stateLog) set(id uint64, r ref) {
+	l.refMu.Lock()
+	l.setLocked(id, r)
+	l.refMu.Unlock()
+}
+
+func (l *stateLog) setLocked(id uint64, r ref) {
+	if id >= uint64(len(l.latest)) {
+		if r == 0 {
+			return
+		}
+		n := max(int(id)+1, 2*len(l.latest), 1024)
+		grown := make([]ref, n)
+		copy(grown, l.latest)
+		l.latest = grown
+	}
+	l.latest[id] = r
+}
+
+func (l *stateLog) get(id uint64) ref {
+	l.refMu.RLock()
+	defer l.refMu.RUnlock()
+	if id >= uint64(len(l.latest)) {
+		return 0
+	}
+	return l.latest[id]
+}
+
+func (s *Store) stopStateLog() {
+	l := &s.states
+	if l.stop != nil {
+		close(l.stop)
+		<-l.done
+		l.stop = nil
+	}
+}
+
+// appendStates writes a batch's states to the open generation within tx and
+// returns their rows; l.mu is held.
+func (s *Store) appendStates(ctx context.Context, tx *sql.Tx, states []fleet.StateRecord) ([]ref, error) {
+	if len(states) == 0 {
+		return nil, nil
+	}
+	l := &s.states
+	gen := l.gens[len(l.gens)-1]
+	st, err := tx.PrepareContext(ctx, `INSERT INTO `+logTable(gen)+` (`+logColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	refs := make([]ref, len(states))
+	for i, r := range states {
+		if err := chunkCheck(ctx, i); err != nil {
+			return nil, err
+		}
+		res, err := st.ExecContext(context.WithoutCancel(ctx), r.DeviceID, r.Firmware, lastSeen(r.LastSeen), int64(r.Seq),
+			r.AppliedVersion, r.ConfigError, []byte(r.State))
+		if err != nil {
+			return nil, fmt.Errorf("state of device %d: %w", r.DeviceID, err)
+		}
+		rowid, err := res.LastInsertId()
+		if err != nil {
+			return nil, err
+		}
+		refs[i] = mkRef(gen, rowid)
+	}
+	return refs, nil
+}
+
+// patchFirmware keeps a re-registered device's newest log row in step with
+// the firmware its registration wrote to `devices`, so that merging or
+// replaying that row does not bring the older firmware back; l.mu is held.
+func (s *Store) patchFirmware(ctx context.Context, tx *sql.Tx, devices []fleet.DeviceRecord) error {
+	for _, d := range devices {
+		if r := s.states.get(d.ID); r != 0 {
+			if _, err := tx.ExecContext(ctx, `UPDATE `+logTable(r.gen())+` SET firmware = ? WHERE rowid = ?`, d.Firmware, r.rowid()); err != nil {
+				return fmt.Errorf("device %d: %w", d.ID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// committed records the rows of a committed batch; l.mu is held.
+func (l *stateLog) committed(states []fleet.StateRecord, refs []ref) {
+	if len(refs) == 0 {
+		return
+	}
+	l.refMu.Lock()
+	for i, r := range states {
+		l.setLocked(r.DeviceID, refs[i])
+	}
+	l.refMu.Unlock()
+	l.rows += int64(len(refs))
+}
+
+// logged reads the columns of a device's newest log row; ok is false when it
+// has none (or its generation was dropped meanwhile: `devices` has it then).
+func (s *Store) logged(ctx context.Context, id uint64, cols string, dest ...any) (bool, error) {
+	r := s.states.get(id)
+	if r == 0 {
+		return false, nil
+	}
+	err := s.r.QueryRowContext(ctx, `SELECT `+cols+` FROM `+logTable(r.gen())+` WHERE rowid = ?`, r.rowid()).Scan(dest...)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, sql.ErrNoRows), strings.Contains(err.Error(), "no such table"):
+		return false, nil
+	}
+	return false, err
+}
+
+// merger merges closed generations every logCheckEvery.
+func (s *Store) merger(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(logCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		l := &s.states
+		l.mu.Lock()
+		due := len(l.gens) > 1 || l.rows >= logRotateRows || (l.rows > 0 && time.Since(l.opened) >= logRotateAge)
+		l.mu.Unlock()
+		if !due {
+			continue
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		// A failed merge leaves the generation listed: the next tick
+		// merges it again (as the archiver does with partitions).
+		s.MergeStateLog(ctx)
+		cancel()
+	}
+}
+
+// MergeStateLog closes the open generation if it has rows, then merges every
+// closed one into `devices` and drops it.
+func (s *Store) MergeStateLog(ctx context.Context) error {
+	l := &s.states
+	l.opMu.Lock()
+	defer l.opMu.Unlock()
+	l.mu.Lock()
+	if l.rows > 0 {
+		next := l.gens[len(l.gens)-1] + 1
+		if err := inTx(ctx, s.w, func(tx *sql.Tx) error { return createLogTable(ctx, tx, next) }); err != nil {
+			l.mu.Unlock()
+			return err
+		}
+		l.gens, l.rows, l.opened = append(l.gens, next), 0, time.Now()
+	}
+	closed := l.gens[:len(l.gens)-1:len(l.gens)-1]
+	l.mu.Unlock()
+	for _, g := range closed {
+		if err := s.mergeGen(ctx, g); err != nil {
+			return fmt.Errorf("state log %d: %w", g, err)
+		}
+	}
+	return nil
+}
+
+// mergeGen copies the newest row of each device whose newest row is in
+// generation g into `devices`, in device order, then drops g.
+func (s *Store) mergeGen(ctx context.Context, g int64) error {
+	l := &s.states
+	type item struct {
+		id    uint64
+		rowid int64
+	}
+	upd := `UPDATE devices SET (firmware, last_seen, seq, applied_version, config_error, state) =
+		(SELECT firmware, last_seen, seq, applied_version, config_error, state FROM ` + logTable(g) + ` WHERE rowid = ?) WHERE id = ?`
+	var next uint64
+	for {
+		var chunk []item
+		l.refMu.RLock()
+		for ; next < uint64(len(l.latest)) && len(chunk) < mergeChunk; next++ {
+			if r := l.latest[next]; r != 0 && r.gen() == g {
+				chunk = append(chunk, item{next, r.rowid()})
+			}
+		}
+		more := next < uint64(len(l.latest))
+		l.refMu.RUnlock()
+		if len(chunk) > 0 {
+			err := inTx(ctx, s.w, func(tx *sql.Tx) error {
+				st, err := tx.PrepareContext(ctx, upd)
+				if err != nil {
+					return err
+				}
+				defer st.Close()
+				for _, it := range chunk {
+					if _, err := st.ExecContext(context.WithoutCancel(ctx), it.rowid, it.id); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if !more {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	// Every device whose newest row is in g has it in `devices` now; rows
+	// that commits added to g meanwhile cannot exist (g was closed before).
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	err := inTx(ctx, s.w, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS `+logTable(g)); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM state_logs WHERE gen = ?`, g)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	l.refMu.Lock()
+	for i, r := range l.latest {
+		if r != 0 && r.gen() == g {
+			l.latest[i] = 0
+		}
+	}
+	l.refMu.Unlock()
+	i := 0
+	for ; i < len(l.gens) && l.gens[i] != g; i++ {
+	}
+	if i < len(l.gens) {
+		l.gens = append(l.gens[:i:i], l.gens[i+1:]...)
+	}
+	return nil
+}

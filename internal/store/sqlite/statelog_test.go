@@ -1,0 +1,191 @@
+package sqlite
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/fleet"
+)
+
+// noMerger stops the background merger for a test: it calls MergeStateLog.
+func noMerger(t *testing.T) {
+	old := logCheckEvery
+	logCheckEvery = 0
+	t.Cleanup(func() { logCheckEvery = old })
+}
+
+func stateOf(id uint64, seq uint64, fw string) fleet.StateRecord {
+	return fleet.StateRecord{DeviceID: id, Firmware: fw, LastSeen: time.Unix(1_700_000_000+int64(seq), 0), Seq: seq,
+		AppliedVersion: int64(seq) * 10, ConfigError: fmt.Sprintf("e%d", seq), State: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, seq))}
+}
+
+func loadAll(t *testing.T, s *Store) map[uint64]fleet.DeviceRecord {
+	t.Helper()
+	out := map[uint64]fleet.DeviceRecord{}
+	if _, err := s.Load(context.Background(), func(d fleet.DeviceRecord) error { out[d.ID] = d; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func checkDevice(t *testing.T, s *Store, got fleet.DeviceRecord, want fleet.StateRecord) {
+	t.Helper()
+	if got.Firmware != want.Firmware || got.State.Seq != want.Seq || !got.State.LastSeen.Equal(want.LastSeen) ||
+		got.State.AppliedVersion != want.AppliedVersion || got.State.ConfigError != want.ConfigError || string(got.State.State) != string(want.State) {
+		t.Fatalf("device %d: got fw %q seq %d seen %v applied %d err %q state %s; want %+v", got.ID, got.Firmware, got.State.Seq,
+			got.State.LastSeen, got.State.AppliedVersion, got.State.ConfigError, got.State.State, want)
+	}
+	st, err := s.DeviceState(context.Background(), got.ID)
+	if err != nil || string(st) != string(want.State) {
+		t.Fatalf("DeviceState(%d) = %s, %v; want %s", got.ID, st, err, want.State)
+	}
+}
+
+// States go through the log and merges; what a reopened store loads, and
+// what DeviceState reads, is always each device's newest state, also the
+// firmware of a re-registration that came after its last push.
+func TestStateLogKeepsNewestStates(t *testing.T) {
+	noMerger(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "d.db")
+	s, err := Open(ctx, path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := func(id uint64, fw string) fleet.DeviceRecord {
+		return fleet.DeviceRecord{ID: id, MachineID: fmt.Sprintf("m%d", id), DeviceType: "router", Firmware: fw, TokenHash: make([]byte, 32), RegisteredAt: time.Unix(1_700_000_000, 0)}
+	}
+	commit := func(b fleet.Batch) {
+		t.Helper()
+		if err := s.Commit(ctx, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit(fleet.Batch{Devices: []fleet.DeviceRecord{reg(1, "1.0"), reg(2, "1.0"), reg(3, "1.0")}})
+	want := map[uint64]fleet.StateRecord{}
+	push := func(id, seq uint64, fw string) {
+		st := stateOf(id, seq, fw)
+		commit(fleet.Batch{States: []fleet.StateRecord{st}})
+		want[id] = st
+	}
+	push(1, 1, "1.0")
+	push(2, 2, "1.0")
+	push(1, 3, "1.1")
+	if err := s.MergeStateLog(ctx); err != nil { // generation 1 merged and dropped
+		t.Fatal(err)
+	}
+	push(3, 4, "1.0")
+	push(2, 5, "1.0")
+	// Device 2 registers again with new firmware after its last push.
+	commit(fleet.Batch{Devices: []fleet.DeviceRecord{reg(2, "2.0")}})
+	w2 := want[2]
+	w2.Firmware = "2.0"
+	want[2] = w2
+	for id, w := range want {
+		got := loadAll(t, s)[id]
+		checkDevice(t, s, got, w)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// After a restart (the log replayed), and after merging everything.
+	for round := range 2 {
+		if s, err = Open(ctx, path, true); err != nil {
+			t.Fatal(err)
+		}
+		if round == 1 {
+			if err := s.MergeStateLog(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var gens int
+			if err := s.w.QueryRow(`SELECT count(*) FROM state_logs`).Scan(&gens); err != nil || gens != 1 {
+				t.Fatalf("generations after merging everything: %d, %v; want 1 (the open one)", gens, err)
+			}
+			var fw string
+			var seq int64
+			if err := s.w.QueryRow(`SELECT firmware, seq FROM devices WHERE id = 2`).Scan(&fw, &seq); err != nil || fw != "2.0" || seq != 5 {
+				t.Fatalf("devices row 2 after the merge: %q %d %v", fw, seq, err)
+			}
+		}
+		all := loadAll(t, s)
+		for id, w := range want {
+			checkDevice(t, s, all[id], w)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Merges run while commits go on: nothing committed is lost or replaced by
+// an older state.
+func TestStateLogMergesUnderCommits(t *testing.T) {
+	noMerger(t)
+	old := mergeChunk
+	mergeChunk = 7 // many merge transactions between the commits
+	t.Cleanup(func() { mergeChunk = old })
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "d.db")
+	s, err := Open(ctx, path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const devices = 200
+	var reg fleet.Batch
+	for i := uint64(1); i <= devices; i++ {
+		reg.Devices = append(reg.Devices, fleet.DeviceRecord{ID: i, MachineID: fmt.Sprintf("m%d", i), DeviceType: "router", Firmware: "1.0", TokenHash: make([]byte, 32), RegisteredAt: time.Now()})
+	}
+	if err := s.Commit(ctx, &reg); err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]fleet.StateRecord{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for seq := uint64(1); ; seq++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var b fleet.Batch
+			for k := range 10 {
+				id := (seq*31+uint64(k)*17)%devices + 1
+				st := stateOf(id, seq*100+uint64(k), "1.0")
+				b.States = append(b.States, st)
+				want[id] = st
+			}
+			if err := s.Commit(ctx, &b); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for range 5 {
+		time.Sleep(20 * time.Millisecond)
+		if err := s.MergeStateLog(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(ctx, path, true); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	all := loadAll(t, s)
+	for id, w := range want {
+		checkDevice(t, s, all[id], w)
+	}
+}
