@@ -298,7 +298,7 @@ func (s *Store) MergeStateLog(ctx context.Context) error {
 		}
 		l.gens, l.rows, l.opened = append(l.gens, next), 0, time.Now()
 	}
-	closed := l.gens[:len(l.gens)-1:len(l.gens)-1]
+	closed := l.gens[: len(l.gens)-1 : len(l.gens)-1]
 	l.mu.Unlock()
 	for _, g := range closed {
 		if err := s.mergeGen(ctx, g); err != nil {
