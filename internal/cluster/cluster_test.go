@@ -945,6 +945,46 @@ func pushesCostNoReads(t *testing.T, dsn string, a, b *node) {
 	}
 }
 
+// Under the preauthorized policy a machine ID listed on A registers on B
+// at once (B reads the list back when its memory does not know the ID),
+// and one taken off the list on B is refused on A.
+func TestClusterPreauthorized(t *testing.T) {
+	srv := dbtest.Need(t, dbtest.Postgres, pg)
+	dsn := srv.NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url(), "--admission", "preauthorized")
+	b := startNode(t, "b", dsn, nats.url(), "--admission", "preauthorized")
+	if st, _ := b.register("m-listed", ""); st == 200 {
+		t.Fatal("an unlisted machine ID registered")
+	}
+	for i := range 5 {
+		m := fmt.Sprintf("m-listed-%d", i)
+		if st, body := a.do("POST", "/api/v1/preauthorized", adminToken, fmt.Sprintf(`{"machine_ids":[%q]}`, m)); st != 200 {
+			t.Fatalf("preauthorize on A: %d %s", st, body)
+		}
+		if st, _ := b.register(m, ""); st != 200 {
+			t.Fatalf("%s listed on A, registering on B right after: %d", m, st)
+		}
+	}
+	if st, body := a.do("POST", "/api/v1/preauthorized", adminToken, `{"machine_ids":["m-unlisted"]}`); st != 200 {
+		t.Fatalf("preauthorize on A: %d %s", st, body)
+	}
+	within(t, converge, "B lists m-unlisted", func() bool {
+		st, body := b.do("GET", "/api/v1/preauthorized", adminToken, "")
+		return st == 200 && strings.Contains(string(body), `"m-unlisted"`)
+	})
+	if st, body := b.do("DELETE", "/api/v1/preauthorized/m-unlisted", adminToken, ""); st != 200 && st != 204 {
+		t.Fatalf("remove on B: %d %s", st, body)
+	}
+	within(t, converge, "A no longer lists m-unlisted", func() bool {
+		st, body := a.do("GET", "/api/v1/preauthorized", adminToken, "")
+		return st == 200 && !strings.Contains(string(body), `"m-unlisted"`)
+	})
+	if st, _ := a.register("m-unlisted", ""); st == 200 {
+		t.Fatal("a machine ID taken off the list on B registered on A")
+	}
+}
+
 func TestClusterRefusesOtherBackends(t *testing.T) {
 	for _, dsn := range []string{"sqlite:" + filepath.Join(t.TempDir(), "x.db"), "mysql://root@tcp(127.0.0.1:1)/x"} {
 		out, err := exec.CommandContext(context.Background(), droverBin, "serve", "--cluster", "--db", dsn,
