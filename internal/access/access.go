@@ -159,11 +159,11 @@ func randomHex(n int) string {
 // (in logs, secret scanners) and never mistaken for the admin token.
 const TokenPrefix = "drv_"
 
-// CheckName checks a user or token name: 1…64 printable characters without
-// spaces at either end and without ':'.
+// CheckName checks a user or token name: 1…64 bytes of printable UTF-8
+// without spaces at either end and without ':'.
 func CheckName(what, s string) error {
 	if s == "" || len(s) > 64 || !utf8.ValidString(s) || strings.TrimSpace(s) != s || strings.ContainsAny(s, ":\x00") {
-		return fmt.Errorf("%w: %s must be 1 to 64 characters, no ':' and no spaces at either end", ErrInvalid, what)
+		return fmt.Errorf("%w: %s must be 1 to 64 bytes of UTF-8, no ':' and no spaces at either end", ErrInvalid, what)
 	}
 	for _, r := range s {
 		if r < 0x20 || r == 0x7f {

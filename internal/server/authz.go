@@ -219,7 +219,7 @@ func createdPath(collection string, after json.RawMessage) string {
 func (a *api) record(ctx context.Context, who access.Actor, r *http.Request, action, object string, before, after json.RawMessage) {
 	e := access.Entry{Actor: who.Name, Credential: who.Credential, Remote: remoteAddr(r), Action: action, Object: object, Before: before, After: after}
 	if len(e.Object) > 300 {
-		e.Object = e.Object[:300]
+		e.Object = strings.ToValidUTF8(e.Object[:300], "")
 	}
 	if err := a.acc.Record(context.WithoutCancel(ctx), e); err != nil {
 		a.m.auditFailures.Inc()
