@@ -1344,7 +1344,10 @@ fw_fetch() {
 		# 33: the server sent the whole file (If-Range no longer matches).
 		[ $_rc -ne 33 ] || : >"$_part"
 		log warn "firmware download interrupted (curl exit $_rc: $(tr '\n' ' ' <"$RUN/fw-curl.err")); resuming in $_bo s, have $(fsize "$_part") of $FW_SIZE bytes"
-		sleep "$_bo"
+		sleep "$_bo" &
+		_fc=$!
+		wait "$_fc" # TERM ends it at once
+		_fc=
 		_bo=$((_bo * 2))
 		[ "$_bo" -le "$_cap" ] || _bo=$_cap
 	done

@@ -75,6 +75,9 @@ func (c *collector) tick(now time.Time, final bool) {
 	c.lastTick = now
 	var pushOp *results.Op
 	p := Progress{Elapsed: now.Sub(e.start), Remaining: -1, Phase: e.phase.Load().(string), Final: final}
+	if e.dl != nil { // read with now: a rate from them is not skewed by this tick's work
+		p.DownloadBytes, p.DownloadActive = e.dl.bytes.Load(), e.dl.active.Load()
+	}
 	for i := range c.ops {
 		o := &c.ops[i]
 		cur := o.st.counts()
@@ -125,9 +128,6 @@ func (c *collector) tick(now time.Time, final bool) {
 	c.checkBottleneck(s, iv.Dur)
 
 	p.Inflight, p.Concurrency, p.CPU, p.RSS = iv.Inflight, iv.Concurrency, s.cpu, s.rss
-	if e.dl != nil {
-		p.DownloadBytes, p.DownloadActive = e.dl.bytes.Load(), e.dl.active.Load()
-	}
 	switch {
 	case final:
 		p.Remaining = 0

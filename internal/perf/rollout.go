@@ -195,8 +195,11 @@ func driveRollout(ctx context.Context, p Preset, t *target, o Options, start tim
 
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var prevBytes int64
-	var prevAt time.Duration // the emulator's clock: its progress comes once a second
+	// Bytes per second over the last rateWindow of the emulator's progress
+	// (once a second, on its own clock): single seconds jitter on a busy
+	// machine.
+	const rateWindow = 5 * time.Second
+	var hist []emulator.Progress
 	wave := 0
 	for {
 		select {
@@ -218,11 +221,14 @@ func driveRollout(ctx context.Context, p Preset, t *target, o Options, start tim
 		pg := latest
 		mu.Unlock()
 		pt := rolloutPoint{T: ts, Downloading: pg.DownloadActive, Verified: cur.Counts["verified"]}
-		if dt := (pg.Elapsed - prevAt).Seconds(); dt > 0 && pg.DownloadBytes >= prevBytes {
-			pt.BytesPerSec = float64(pg.DownloadBytes-prevBytes) / dt
-			prevBytes, prevAt = pg.DownloadBytes, pg.Elapsed
-		} else if len(fig.Timeline) > 0 {
-			pt.BytesPerSec = fig.Timeline[len(fig.Timeline)-1].BytesPerSec // no new progress yet
+		if len(hist) == 0 || pg.Elapsed > hist[len(hist)-1].Elapsed {
+			hist = append(hist, pg)
+		}
+		for len(hist) > 2 && pg.Elapsed-hist[1].Elapsed >= rateWindow {
+			hist = hist[1:]
+		}
+		if old := hist[0]; pg.Elapsed > old.Elapsed {
+			pt.BytesPerSec = float64(pg.DownloadBytes-old.DownloadBytes) / (pg.Elapsed - old.Elapsed).Seconds()
 		}
 		fig.Timeline = append(fig.Timeline, pt)
 		for wave < cur.Wave {
@@ -316,7 +322,7 @@ func rolloutSection(d *doc, r *Result, c *Calc) {
 	for _, pt := range f.Timeline {
 		peak = max(peak, pt.BytesPerSec)
 	}
-	t.row("bytes served per second, peak second", bytesText(peak)+"/s")
+	t.row("bytes served per second, peak (5 s average)", bytesText(peak)+"/s")
 	t.row("server CPU during the rollout, average", fx(f.CPUAvgPct, 1)+" % of one core")
 	t.row("server RSS before / peak during the rollout (MiB)", fx(part.Before.RSSMiB, 1)+" / "+fx(f.RSSMaxMiB, 1))
 	t.row("push errors during the test", fmt.Sprintf("%s rejected, %s dropped, %s retried", group(sumMap(part.Push.Rejected)),

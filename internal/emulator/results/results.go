@@ -490,7 +490,7 @@ type Downloads struct {
 	Failed      int64 `json:"failed"`      // reported failed
 	Installed   int64 `json:"installed"`   // rebooted into the new firmware
 	Bytes       int64 `json:"bytes"`       // received
-	MaxActive   int64 `json:"max_active"`  // downloads at once, at most
+	MaxActive   int64 `json:"max_active"`  // downloads at once, at most (merged shards: the sum of theirs)
 	Time        *Hist `json:"time"`        // offer to complete file
 }
 
