@@ -311,20 +311,43 @@ func (a *api) listDevices(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	limit := 100
+	fq := fleet.Query{Filter: f, After: q.Get("cursor"), Limit: 100, NoTotal: true, Desc: q.Get("dir") == "desc"}
+	if v := q.Get("sort"); v != "" {
+		var ok bool
+		if fq.Sort, ok = fleet.ParseSortBy(v); !ok {
+			return nil, badField("sort must be id, machine_id, device_type, firmware, last_seen or sync_state")
+		}
+	}
+	if v := q.Get("dir"); v != "" && v != "asc" && v != "desc" {
+		return nil, badField("dir must be asc or desc")
+	}
+	asCSV, err := wantCSV(r)
+	if err != nil {
+		return nil, err
+	}
 	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
+		if asCSV {
+			return nil, badField("the CSV export streams every matching device: no limit")
+		}
+		if fq.Limit, err = strconv.Atoi(v); err != nil || fq.Limit < 1 || fq.Limit > 1000 {
 			return nil, badField("limit must be 1..1000")
 		}
 	}
-	res, err := a.fleet.Query(fleet.Query{Filter: f, After: q.Get("cursor"), Limit: limit, NoTotal: true})
+	if asCSV {
+		fq.Limit = 1000
+		if _, err := a.fleet.Query(fleet.Query{Filter: f, After: fq.After, Sort: fq.Sort, Desc: fq.Desc, Limit: 1, NoTotal: true}); err != nil {
+			return nil, err // a bad cursor, before the 200
+		}
+		return a.devicesCSV(fq), nil
+	}
+	res, err := a.fleet.Query(fq)
 	if err != nil {
 		return nil, err
 	}
 	return devicePage{res.Devices, res.Next}, nil
 }
 
-// devicePage is a page of the devices list, in ID order.
+// devicePage is a page of the devices list, in the order asked (ID by default).
 type devicePage struct {
 	Devices []fleet.Device `json:"devices"`
 	Next    string         `json:"next_cursor,omitempty"`
@@ -381,9 +404,16 @@ func (a *api) getHistory(r *http.Request) (any, error) {
 		}
 		hq.Limit = n
 	}
+	asCSV, err := wantCSV(r)
+	if err != nil {
+		return nil, err
+	}
 	samples, err := a.fleet.History(r.Context(), id, hq)
 	if err != nil {
 		return nil, ifNotFound(err, "device "+strconv.FormatUint(id, 10))
+	}
+	if asCSV {
+		return historyCSV(samples), nil
 	}
 	return map[string]any{"device_id": strconv.FormatUint(id, 10), "samples": samples}, nil
 }

@@ -14,9 +14,10 @@ package server
 // both with the JSON error body. Plain handlers (probes, /metrics, the
 // dashboard) are listed with h instead; their access is checked from the
 // table too.
-// Unknown query parameters are still ignored; refusing them (issue 17) means
-// listing each route's parameters here and checking them in wrap
-// (fleet.FilterParams lists the devices filter's).
+// query lists the query parameters an apiFunc route reads: any other
+// answers 400 unknown_parameter (query.go), so that a typo never widens a
+// list. The OpenAPI document (/api/v1/openapi.json, openapi.go) is built
+// from this table.
 
 import (
 	"net/http"
@@ -42,6 +43,7 @@ type route struct {
 	// for the audit log's before and after; routes() sets it.
 	object  string
 	fn      apiFunc
+	query   []string     // the query parameters fn reads (fn routes only)
 	h       http.Handler // instead of fn: served as is
 	limited bool         // takes a device request slot (503 when none free)
 	// refuse answers the request before a slot is taken when it returns
@@ -76,9 +78,9 @@ func (a *api) table() []route {
 		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.refuseOverQuota, outcomes: m.pushes, ok: pushOK},
 
 		// Operator API (docs/operations.md).
-		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices},
+		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices, query: deviceListQuery},
 		{method: "GET", path: "/api/v1/devices/{id}", need: viewer, fn: a.getDevice},
-		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory},
+		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory, query: q("from", "to", "limit", "format")},
 		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve)},
 		{method: "POST", path: "/api/v1/devices/{id}/reject", need: operator, fn: a.admitDevice(fleet.Reject)},
 		{method: "POST", path: "/api/v1/devices/{id}/block", need: operator, fn: a.admitDevice(fleet.Block)},
@@ -101,10 +103,10 @@ func (a *api) table() []route {
 		{method: "POST", path: "/api/v1/profiles/approve", need: operator, fn: a.approveFirmware},
 		{method: "POST", path: "/api/v1/profiles/cleanup", need: operator, fn: a.cleanupProfiles},
 		{method: "GET", path: "/api/v1/profiles/{id}/history", need: viewer, fn: a.profileHistory},
-		{method: "GET", path: "/api/v1/profiles/{id}/diff", need: viewer, fn: a.profileDiff},
+		{method: "GET", path: "/api/v1/profiles/{id}/diff", need: viewer, fn: a.profileDiff, query: q("from", "to")},
 		{method: "POST", path: "/api/v1/profiles/{id}/rollback", need: operator, fn: a.rollbackProfile},
 		{method: "GET", path: "/api/v1/firmware", need: viewer, fn: a.listFirmware},
-		{method: "POST", path: "/api/v1/firmware", need: operator, fn: a.uploadFirmware, stream: true},
+		{method: "POST", path: "/api/v1/firmware", need: operator, fn: a.uploadFirmware, stream: true, query: q("device_type", "version", "sha256", "signature")},
 		{method: "GET", path: "/api/v1/firmware/{id}", need: viewer, fn: a.getFirmware},
 		{method: "DELETE", path: "/api/v1/firmware/{id}", need: operator, fn: a.deleteFirmware},
 		// Firmware files: devices with their token (own device type), or
@@ -113,7 +115,7 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/rollouts", need: viewer, fn: a.listRollouts},
 		{method: "POST", path: "/api/v1/rollouts", need: operator, fn: a.createRollout},
 		{method: "GET", path: "/api/v1/rollouts/{id}", need: viewer, fn: a.getRollout},
-		{method: "GET", path: "/api/v1/rollouts/{id}/devices", need: viewer, fn: a.rolloutDevices},
+		{method: "GET", path: "/api/v1/rollouts/{id}/devices", need: viewer, fn: a.rolloutDevices, query: q("state", "after", "limit")},
 		{method: "POST", path: "/api/v1/rollouts/{id}/pause", need: operator, fn: a.controlRollout(fleet.ActionPause)},
 		{method: "POST", path: "/api/v1/rollouts/{id}/resume", need: operator, fn: a.controlRollout(fleet.ActionResume)},
 		{method: "POST", path: "/api/v1/rollouts/{id}/abort", need: operator, fn: a.controlRollout(fleet.ActionAbort)},
@@ -126,15 +128,15 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/labels", need: viewer, fn: a.listLabels},
 		{method: "POST", path: "/api/v1/labels/assign", need: operator, fn: a.assignLabel},
 		{method: "DELETE", path: "/api/v1/labels/{name}", need: operator, fn: a.deleteLabel},
-		{method: "GET", path: "/api/v1/commands", need: viewer, fn: a.listCommands},
+		{method: "GET", path: "/api/v1/commands", need: viewer, fn: a.listCommands, query: q("limit")},
 		{method: "POST", path: "/api/v1/commands", need: operator, fn: a.sendCommand},
 		{method: "GET", path: "/api/v1/commands/{id}", need: viewer, fn: a.getCommand},
-		{method: "GET", path: "/api/v1/commands/{id}/devices", need: viewer, fn: a.commandDevices},
+		{method: "GET", path: "/api/v1/commands/{id}/devices", need: viewer, fn: a.commandDevices, query: q("state", "after", "limit")},
 		{method: "POST", path: "/api/v1/commands/{id}/pause", need: operator, fn: a.changeCommand("pause")},
 		{method: "POST", path: "/api/v1/commands/{id}/resume", need: operator, fn: a.changeCommand("resume")},
 		{method: "POST", path: "/api/v1/commands/{id}/cancel", need: operator, fn: a.changeCommand("cancel")},
-		{method: "GET", path: "/api/v1/devices/{id}/commands", need: viewer, fn: a.deviceCommands},
-		{method: "GET", path: "/api/v1/alerts", need: viewer, fn: a.listAlerts},
+		{method: "GET", path: "/api/v1/devices/{id}/commands", need: viewer, fn: a.deviceCommands, query: q("state", "after", "limit")},
+		{method: "GET", path: "/api/v1/alerts", need: viewer, fn: a.listAlerts, query: q("state", "device_id", "rule_id", "before", "limit")},
 		{method: "GET", path: "/api/v1/alerts/rules", need: viewer, fn: a.listRules},
 		{method: "POST", path: "/api/v1/alerts/rules", need: operator, fn: a.createRule},
 		{method: "GET", path: "/api/v1/alerts/rules/{id}", need: viewer, fn: a.getRule},
@@ -150,11 +152,11 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/users/{name}", need: admin, fn: a.getUser},
 		{method: "PATCH", path: "/api/v1/users/{name}", need: admin, fn: a.updateUser},
 		{method: "DELETE", path: "/api/v1/users/{name}", need: admin, fn: a.deleteUser},
-		{method: "GET", path: "/api/v1/tokens", need: admin, fn: a.listTokens},
+		{method: "GET", path: "/api/v1/tokens", need: admin, fn: a.listTokens, query: q("user")},
 		{method: "POST", path: "/api/v1/tokens", need: admin, fn: a.createToken},
 		{method: "GET", path: "/api/v1/tokens/{id}", need: admin, fn: a.getToken},
 		{method: "DELETE", path: "/api/v1/tokens/{id}", need: admin, fn: a.revokeToken},
-		{method: "GET", path: "/api/v1/audit", need: admin, fn: a.listAudit},
+		{method: "GET", path: "/api/v1/audit", need: admin, fn: a.listAudit, query: q("actor", "action", "object", "since", "until", "limit", "cursor")},
 
 		// Dashboard (docs/dashboard.md): its own sessions, methods and errors.
 		{path: web.Prefix, h: a.ui},
@@ -237,6 +239,9 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 	audit := mutating(rt.method) && rt.need != public
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, err := a.authorize(rt.need, r)
+		if err == nil {
+			err = checkQuery(&rt, r)
+		}
 		if err != nil {
 			a.fail(w, &rt, err)
 			return
@@ -284,6 +289,9 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			rt.ok(v).Inc()
 		}
 		switch c := v.(type) {
+		case streamBody: // CSV exports (export.go)
+			c(w)
+			return
 		case createdBody:
 			status, v = http.StatusCreated, c.v
 		case acceptedBody:

@@ -1,0 +1,43 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/drover/drover/internal/fleet"
+)
+
+// q lists a route's query parameters (route.query).
+func q(names ...string) []string { return names }
+
+// deviceListQuery is what GET /api/v1/devices reads: the devices filter
+// (fleet.FilterParams), order and paging as the dashboard's, and the
+// answer's format.
+var deviceListQuery = append(slices.Clone(fleet.FilterParams), "sort", "dir", "limit", "cursor", "format")
+
+// checkQuery refuses a request whose query holds a parameter the route does
+// not declare: a misspelt filter must not return the whole fleet.
+func checkQuery(rt *route, r *http.Request) error {
+	if r.URL.RawQuery == "" {
+		return nil
+	}
+	var unknown []string
+	for k := range r.URL.Query() {
+		if !slices.Contains(rt.query, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Strings(unknown)
+	msg := "unknown query parameter " + strings.Join(unknown, ", ")
+	if len(rt.query) > 0 {
+		msg += "; this endpoint takes " + strings.Join(rt.query, ", ")
+	} else {
+		msg += "; this endpoint takes none"
+	}
+	return &apiError{status: http.StatusBadRequest, code: "unknown_parameter", msg: msg, outcome: outInvalid}
+}
