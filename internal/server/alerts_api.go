@@ -74,10 +74,17 @@ func (a *api) listAlerts(r *http.Request) (any, error) {
 	for _, p := range []struct {
 		name string
 		dst  *uint64
-	}{{"device_id", &eq.DeviceID}, {"rule_id", &eq.RuleID}, {"before", &eq.Before}} {
+	}{{"device_id", &eq.DeviceID}, {"rule_id", &eq.RuleID}} {
 		if *p.dst, err = optUint(q.Get(p.name)); err != nil {
 			return nil, badField(p.name + " must be a positive integer")
 		}
+	}
+	c, err := cursor(r, "before")
+	if err != nil {
+		return nil, err
+	}
+	if eq.Before, err = optUint(c); err != nil {
+		return nil, badField("cursor must be a next_cursor value")
 	}
 	if v := q.Get("limit"); v != "" {
 		if eq.Limit, err = strconv.Atoi(v); err != nil || eq.Limit < 1 || eq.Limit > 1000 {
@@ -90,7 +97,8 @@ func (a *api) listAlerts(r *http.Request) (any, error) {
 	}
 	out := map[string]any{"alerts": evs, "active": a.alerts.ActiveCount()}
 	if len(evs) == eq.EffectiveLimit() {
-		out["next_before"] = strconv.FormatUint(evs[len(evs)-1].ID, 10)
+		next := strconv.FormatUint(evs[len(evs)-1].ID, 10)
+		out["next_cursor"], out["next_before"] = next, next
 	}
 	return out, nil
 }

@@ -85,9 +85,13 @@ func commandQuery(r *http.Request) (fleet.CommandQuery, error) {
 		}
 		q.State = &st
 	}
-	after, err := optUint(v.Get("after"))
+	c, err := cursor(r, "after")
 	if err != nil {
-		return q, badField("after must be an ID")
+		return q, err
+	}
+	after, err := optUint(c)
+	if err != nil {
+		return q, badField("cursor must be a next_cursor value")
 	}
 	limit, err := optUint(v.Get("limit"))
 	if err != nil || limit > 1000 {
@@ -128,7 +132,8 @@ func (a *api) pagedCommands(r *http.Request, what string, set func(*fleet.Comman
 	}
 	out := map[string]any{"commands": cmds}
 	if n := len(cmds); n > 0 && n == q.Limit {
-		out["next_after"] = strconv.FormatUint(next(cmds[n-1]), 10)
+		c := strconv.FormatUint(next(cmds[n-1]), 10)
+		out["next_cursor"], out["next_after"] = c, c
 	}
 	return out, nil
 }

@@ -327,9 +327,13 @@ func (a *api) rolloutDevices(r *http.Request) (any, error) {
 		return nil, err
 	}
 	q := r.URL.Query()
-	after, err := optUint(q.Get("after"))
+	c, err := cursor(r, "after")
 	if err != nil {
-		return nil, badField("after must be a device ID")
+		return nil, err
+	}
+	after, err := optUint(c)
+	if err != nil {
+		return nil, badField("cursor must be a next_cursor value")
 	}
 	limit := 100
 	if v := q.Get("limit"); v != "" {
@@ -345,7 +349,11 @@ func (a *api) rolloutDevices(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"devices": ds}, nil
+	out := map[string]any{"devices": ds}
+	if len(ds) == limit {
+		out["next_cursor"] = strconv.FormatUint(ds[len(ds)-1].DeviceID, 10)
+	}
+	return out, nil
 }
 
 func (a *api) controlRollout(action string) apiFunc {

@@ -34,6 +34,7 @@ type api struct {
 	m         *metrics
 	log       *slog.Logger
 	acc       *access.Service // users, tokens, audit log (authz.go)
+	openapi   map[string]any  // the OpenAPI document of the table (openapi.go)
 	snaps     *snapshots      // GET routes answered in process, for the audit log
 	gets      map[string]bool // paths of GET routes
 	slots     chan struct{}   // bounds device requests in flight

@@ -17,6 +17,18 @@ func q(names ...string) []string { return names }
 // answer's format.
 var deviceListQuery = append(slices.Clone(fleet.FilterParams), "sort", "dir", "limit", "cursor", "format")
 
+// cursor is a paged list's position: the cursor parameter (the
+// next_cursor of the page before, as every paged list answers), or the
+// list's older name for it (after, before), kept for existing clients.
+func cursor(r *http.Request, old string) (string, error) {
+	q := r.URL.Query()
+	c, o := q.Get("cursor"), q.Get(old)
+	if c != "" && o != "" {
+		return "", badField("cursor and " + old + " are the same: give one")
+	}
+	return c + o, nil
+}
+
 // checkQuery refuses a request whose query holds a parameter the route does
 // not declare: a misspelt filter must not return the whole fleet.
 func checkQuery(rt *route, r *http.Request) error {

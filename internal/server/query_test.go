@@ -50,3 +50,52 @@ func TestUnknownQueryParameterAnswers400(t *testing.T) {
 		t.Errorf("no token: %d, want 401", st)
 	}
 }
+
+// Every paged list takes limit and cursor and answers next_cursor (the
+// older names after and before stay as aliases): walking the devices and
+// the alerts lists one item at a time visits each once.
+func TestOnePaginationStyle(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	for _, m := range []string{"m-1", "m-2", "m-3"} {
+		c.register(m)
+	}
+	walk := func(path, list string) int {
+		t.Helper()
+		seen, cur := 0, ""
+		for range 10 {
+			p := path + "?limit=1"
+			if cur != "" {
+				p += "&cursor=" + cur
+			}
+			st, _, out := c.do("GET", p, s.AdminToken, nil)
+			if st != 200 {
+				t.Fatalf("GET %s: %d %v", p, st, out)
+			}
+			seen += len(out[list].([]any))
+			next, _ := out["next_cursor"].(string)
+			if next == "" {
+				return seen
+			}
+			cur = next
+		}
+		t.Fatalf("%s: no end", path)
+		return 0
+	}
+	if n := walk("/api/v1/devices", "devices"); n != 3 {
+		t.Errorf("devices walked: %d, want 3", n)
+	}
+	for _, id := range []string{"1", "2"} {
+		if st, _, out := c.do("POST", "/api/v1/devices/"+id+"/block", s.AdminToken, nil); st != 200 {
+			t.Fatalf("block: %d %v", st, out)
+		}
+	}
+	if n := walk("/api/v1/audit", "entries"); n != 2 {
+		t.Errorf("audit walked: %d entries, want 2", n)
+	}
+	for _, path := range []string{"/api/v1/alerts?cursor=5&before=5", "/api/v1/commands/1/devices?cursor=1&after=1"} {
+		if st, _, out := c.do("GET", path, s.AdminToken, nil); st != 400 {
+			t.Errorf("GET %s: %d %v, want 400 (the same thing twice)", path, st, out)
+		}
+	}
+}

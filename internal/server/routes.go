@@ -115,7 +115,7 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/rollouts", need: viewer, fn: a.listRollouts},
 		{method: "POST", path: "/api/v1/rollouts", need: operator, fn: a.createRollout},
 		{method: "GET", path: "/api/v1/rollouts/{id}", need: viewer, fn: a.getRollout},
-		{method: "GET", path: "/api/v1/rollouts/{id}/devices", need: viewer, fn: a.rolloutDevices, query: q("state", "after", "limit")},
+		{method: "GET", path: "/api/v1/rollouts/{id}/devices", need: viewer, fn: a.rolloutDevices, query: q("state", "limit", "cursor", "after")},
 		{method: "POST", path: "/api/v1/rollouts/{id}/pause", need: operator, fn: a.controlRollout(fleet.ActionPause)},
 		{method: "POST", path: "/api/v1/rollouts/{id}/resume", need: operator, fn: a.controlRollout(fleet.ActionResume)},
 		{method: "POST", path: "/api/v1/rollouts/{id}/abort", need: operator, fn: a.controlRollout(fleet.ActionAbort)},
@@ -131,12 +131,12 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/commands", need: viewer, fn: a.listCommands, query: q("limit")},
 		{method: "POST", path: "/api/v1/commands", need: operator, fn: a.sendCommand},
 		{method: "GET", path: "/api/v1/commands/{id}", need: viewer, fn: a.getCommand},
-		{method: "GET", path: "/api/v1/commands/{id}/devices", need: viewer, fn: a.commandDevices, query: q("state", "after", "limit")},
+		{method: "GET", path: "/api/v1/commands/{id}/devices", need: viewer, fn: a.commandDevices, query: q("state", "limit", "cursor", "after")},
 		{method: "POST", path: "/api/v1/commands/{id}/pause", need: operator, fn: a.changeCommand("pause")},
 		{method: "POST", path: "/api/v1/commands/{id}/resume", need: operator, fn: a.changeCommand("resume")},
 		{method: "POST", path: "/api/v1/commands/{id}/cancel", need: operator, fn: a.changeCommand("cancel")},
-		{method: "GET", path: "/api/v1/devices/{id}/commands", need: viewer, fn: a.deviceCommands, query: q("state", "after", "limit")},
-		{method: "GET", path: "/api/v1/alerts", need: viewer, fn: a.listAlerts, query: q("state", "device_id", "rule_id", "before", "limit")},
+		{method: "GET", path: "/api/v1/devices/{id}/commands", need: viewer, fn: a.deviceCommands, query: q("state", "limit", "cursor", "after")},
+		{method: "GET", path: "/api/v1/alerts", need: viewer, fn: a.listAlerts, query: q("state", "device_id", "rule_id", "limit", "cursor", "before")},
 		{method: "GET", path: "/api/v1/alerts/rules", need: viewer, fn: a.listRules},
 		{method: "POST", path: "/api/v1/alerts/rules", need: operator, fn: a.createRule},
 		{method: "GET", path: "/api/v1/alerts/rules/{id}", need: viewer, fn: a.getRule},
@@ -146,6 +146,7 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/alerts/smtp", need: admin, fn: a.getSMTP},
 		{method: "PUT", path: "/api/v1/alerts/smtp", need: admin, fn: a.putSMTP},
 
+		{method: "GET", path: "/api/v1/openapi.json", fn: a.openAPIDoc}, // this table as OpenAPI 3.1 (openapi.go)
 		{method: "GET", path: "/api/v1/whoami", need: viewer, fn: a.whoami},
 		{method: "GET", path: "/api/v1/users", need: admin, fn: a.listUsers},
 		{method: "POST", path: "/api/v1/users", need: admin, fn: a.createUser},
@@ -183,6 +184,7 @@ func (a *api) routes() http.Handler {
 	a.quota429.pushes = a.m.pushes.WithLabelValues(outQuota)
 	a.quota429.errors = a.m.badRequests.WithLabelValues("push", strconv.Itoa(http.StatusTooManyRequests), "quota_exceeded")
 	table := a.table()
+	a.openapi = openAPI(table)
 	a.buildSnapshots(table)
 	gets := map[string]bool{}
 	for _, rt := range table {
@@ -201,8 +203,8 @@ func (a *api) routes() http.Handler {
 		h := rt.h
 		if rt.fn != nil {
 			h = a.wrap(rt)
-		} else if rt.need != public {
-			h = a.guard(rt, h)
+		} else if rt.method != "" && rt.path != "/{$}" {
+			h = a.guard(rt, h) // not the dashboard and its redirect: their own rules
 		}
 		pattern := rt.path
 		if rt.method != "" {
@@ -302,10 +304,16 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 	}
 }
 
-// guard checks a plain handler's access.
+// guard checks a plain handler's access and query parameters.
 func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
+	if rt.endpoint == "" {
+		rt.endpoint = rt.path
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, err := a.authorize(rt.need, r)
+		if err == nil {
+			err = checkQuery(&rt, r)
+		}
 		if err != nil {
 			a.fail(w, &rt, err)
 			return
