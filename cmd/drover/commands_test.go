@@ -110,7 +110,7 @@ func TestMigrateUsesTheConfigFile(t *testing.T) {
 
 // Help is asked for: stdout, exit 0. A wrong invocation: stderr, exit 2.
 func TestHelpAndUsageErrors(t *testing.T) {
-	for _, c := range []string{"serve", "migrate", "user", "agent", "emulate", "report", "perf run", "perf size", "perf report", "perf compare"} {
+	for _, c := range []string{"serve", "migrate", "user", "agent", "emulate", "report", "perf run", "perf fleet", "perf size", "perf report", "perf compare", "perf summary"} {
 		var out, errOut bytes.Buffer
 		args := append(strings.Fields(c), "--help")
 		if code := run(context.Background(), args, testEnv(nil, &out, &errOut, nil)); code != 0 || out.Len() == 0 || errOut.Len() != 0 {

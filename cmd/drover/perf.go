@@ -63,14 +63,7 @@ Run 'drover perf <command> --help' for a command's flags. docs/perf.md explains 
 	case "size":
 		return perfSize(args[1:], env)
 	case "summary":
-		if len(args) < 2 {
-			return command.Usagef("give result files or directories")
-		}
-		rs, err := perf.LoadResults(args[1:]...)
-		if err != nil {
-			return err
-		}
-		return perf.Summary(stdout, rs)
+		return perfSummary(args[1:], env)
 	case "-h", "--help", "help":
 		usage(stdout)
 		return nil
@@ -264,6 +257,24 @@ func perfCompare(args []string, env command.Env) error {
 		return err
 	}
 	return perf.Compare(env.Stdout, fs.Arg(0), prev, fs.Arg(1), cur)
+}
+
+func perfSummary(args []string, env command.Env) error {
+	fs := flag.NewFlagSet("drover perf summary", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: drover perf summary DIR|FILE...\n\nA Markdown index of the results in the given directories or JSON files: verdicts, figures, commands.")
+	}
+	if err := command.Load(fs, args, env); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return command.Usagef("give result files or directories")
+	}
+	rs, err := perf.LoadResults(fs.Args()...)
+	if err != nil {
+		return err
+	}
+	return perf.Summary(env.Stdout, rs)
 }
 
 func perfSize(args []string, env command.Env) error {

@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -97,5 +98,21 @@ func TestOverride(t *testing.T) {
 	p, _, _ = override{Handlers: []int{1, 2}}.Apply(bench)
 	if joinInts(p.Handlers) != "1,2" || joinInts(bench.Handlers) != "1,2,4,8" {
 		t.Errorf("handlers %v, preset %v", p.Handlers, bench.Handlers)
+	}
+}
+
+// --handlers with several counts is for Benchmark tests only; elsewhere it
+// is refused rather than ignored.
+func TestHandlersOnOneServerTest(t *testing.T) {
+	for _, p := range presets() {
+		if p.Kind == benchmark {
+			continue
+		}
+		o := Options{ServerCmd: []string{"false"}}
+		o.Override.Handlers = []int{1, 2}
+		if _, err := Run(context.Background(), p, o); err == nil || !strings.Contains(err.Error(), "one thread count") {
+			t.Fatalf("%s with --handlers 1,2: %v", p.Name, err)
+		}
+		return
 	}
 }

@@ -96,7 +96,7 @@ func protocol(r *Result, charts bool) *doc {
 	t.row("server", r.Setup.Target)
 	t.row("backend / persistence", r.Setup.Backend+" / "+r.Setup.Persistence)
 	t.row("TLS", yesNo(r.Setup.TLS))
-	t.row("emulator connections", connName(r.Setup.Conn))
+	t.row("emulator connections", connName(r.Setup.Conn, r.Setup.TLS))
 	t.row("emulator", e.Emulator)
 	if e.OpenFiles > 0 {
 		t.row("open files limit", group(int64(e.OpenFiles)))
@@ -216,13 +216,15 @@ func specNote(p Preset) string {
 	}
 }
 
-func connName(c string) string {
-	switch c {
-	case "new":
+func connName(c string, tls bool) string {
+	switch {
+	case c == "new" && tls:
 		return "a new connection (and TLS handshake) per request, as device agents do"
-	case "resume":
+	case c == "new":
+		return "a new connection per request (plain HTTP: no TLS handshake), as device agents behind a TLS terminator do"
+	case c == "resume":
 		return "a new connection per request, TLS sessions resumed"
-	case "keepalive":
+	case c == "keepalive":
 		return "kept-alive connections"
 	}
 	return c
@@ -631,6 +633,11 @@ func notes(r *Result, c *Calc) []string {
 			n = append(n, "F = full cycle: devices register, push and receive the configuration, which the test changes every third of its duration; a device acknowledges a configuration by reporting its version in the next push, and the server then counts it as synchronized.")
 		}
 		n = append(n, "A peak test looks for the thread count at which requests start to be dropped and resent; run the 64, 256 and 1024 variants to find it.")
+	}
+	for _, part := range r.Parts {
+		if part.HandlerThreads > r.Env.Threads && r.Env.Threads > 0 {
+			n = append(n, fmt.Sprintf("%d handler threads on a machine with %d CPU thread(s): the extra threads only take turns; this part has no more CPU than the machine's threads, only more scheduling.", part.HandlerThreads, r.Env.Threads))
+		}
 	}
 	if r.Setup.Local {
 		n = append(n, "The emulator ran on the same machine as the server and shared its CPU: on small machines it limits the throughput it measures. Its own CPU use is in the Resources table.")

@@ -86,6 +86,11 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	if o.ProgressEvery == 0 {
 		o.ProgressEvery = 10 * time.Second
 	}
+	if o.WorkDir != "" {
+		if err := os.MkdirAll(o.WorkDir, 0o750); err != nil {
+			return nil, fmt.Errorf("--work-dir: %w", err)
+		}
+	}
 	th := defaultThresholds()
 	if o.Thresholds != nil {
 		th = *o.Thresholds
@@ -111,8 +116,20 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 		}
 	}
 	handlers := []int{0}
-	if p.Kind == benchmark && o.URL == "" && len(p.Handlers) > 0 {
-		handlers = p.Handlers
+	if o.URL == "" && len(p.Handlers) > 0 {
+		switch {
+		case p.Kind == benchmark:
+			handlers = p.Handlers
+		case len(p.Handlers) == 1:
+			handlers = p.Handlers // one server with that many threads
+		default:
+			return r, fmt.Errorf("--handlers %s: a %s test runs one server; give one thread count (a Benchmark runs one part per count)", joinInts(p.Handlers), p.Kind)
+		}
+		for _, h := range handlers {
+			if h > r.Env.Threads && o.Progress != nil {
+				fmt.Fprintf(o.Progress, "%s warning: %d handler threads on a machine with %d CPU threads: the extra threads only take turns\n", p.Name, h, r.Env.Threads)
+			}
+		}
 	}
 	defer func() { r.Ended = time.Now().UTC() }()
 	for _, h := range handlers {
