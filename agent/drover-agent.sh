@@ -1162,9 +1162,11 @@ run_command() {
 		_path=
 		_IFS=$IFS
 		IFS=,
+		set -f
 		for _l in $LOGS; do
 			case $_l in "$1="*) _path=${_l#*=} ;; esac
 		done
+		set +f
 		IFS=$_IFS
 		if [ -z "$_path" ]; then
 			cmd_result "$_cid" "$_started" -1 "no log named $1 is configured on this device (drover-agent.sh --logs NAME=PATH)"

@@ -175,6 +175,7 @@ func testShellAgentFirmware(t *testing.T, sh shellEnv) {
 			flashed, root)}
 	withKey := sh.name == "dash"
 	if withKey {
+		need(t, "openssl")
 		args = append(args, "--firmware-key", keyFile)
 	}
 	a := startShellAgent(t, sh, filepath.Join(dir, "state"), args...)
