@@ -19,6 +19,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain (empty: self-signed ECDSA certificate generated in data-dir/tls); SIGHUP reloads it")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of -tls-cert")
 	fs.StringVar(&c.TLSKeyExchange, "tls-key-exchange", c.TLSKeyExchange, "TLS key exchanges accepted: classic (X25519, P-256, P-384: the client's key share decides), hybrid (also post-quantum X25519MLKEM768, chosen whenever the client offers it; more CPU per handshake on server and device), x25519, p256 or a comma-separated list (docs/operations.md, TLS)")
+	fs.StringVar(&c.TLSTicketKeys, "tls-ticket-keys", c.TLSTicketKeys, "file of TLS session ticket keys, one base64 32-byte key a line, the first encrypting (empty: random keys per process, rotated daily); give every cluster node the same file so that a session resumes on any node; SIGHUP reloads it (docs/operations.md, TLS)")
 	fs.BoolVar(&c.TLSAllowLegacyCBC, "tls-allow-legacy-cbc", c.TLSAllowLegacyCBC, "also offer the TLS 1.2 ECDHE AES-CBC-SHA1 suites, for old routers without AEAD suites (default off: AES-GCM and ChaCha20-Poly1305 only)")
 	fs.StringVar(&c.DB, "db", c.DB, "database DSN: sqlite:PATH, postgres://… or mysql://… (empty: SQLite at data-dir/drover.db)")
 	fs.StringVar(&c.Persistence, "persistence", c.Persistence, "memory, write-through or write-back (see docs/persistence.md)")

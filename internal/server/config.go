@@ -64,7 +64,10 @@ type Config struct {
 	MetricsListen string
 
 	// TLS policy of -listen (tlspolicy.go).
-	TLSKeyExchange    string
+	TLSKeyExchange string
+	// TLSTicketKeys names a file of session ticket keys (ticketkeys.go)
+	// shared by cluster nodes; "": crypto/tls's own, per process.
+	TLSTicketKeys     string
 	TLSAllowLegacyCBC bool
 	// Device admission and trust (trust.go, docs/operations.md#security).
 	Admission               string

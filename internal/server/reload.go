@@ -22,6 +22,12 @@ func (s *Server) Reload(cfg Config) error {
 	if s.httpsLn == nil {
 		return nil
 	}
+	if cfg.TLSTicketKeys != "" {
+		if err := setTicketKeys(s.httpsLn.(*tlsLn).cfg, cfg.TLSTicketKeys); err != nil {
+			return err
+		}
+		s.log.Info("reload: TLS session ticket keys", "path", cfg.TLSTicketKeys)
+	}
 	certPath, keyPath := cfg.TLSCert, cfg.TLSKey
 	if certPath == "" {
 		dir := filepath.Join(s.cfg.DataDir, "tls")
@@ -48,7 +54,7 @@ func (s *Server) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) 
 // restartNeeded names the fields of next that differ from cur and that
 // Reload cannot apply.
 func restartNeeded(cur, next Config) []string {
-	reloadable := map[string]bool{"TLSCert": true, "TLSKey": true, "LogLevel": true}
+	reloadable := map[string]bool{"TLSCert": true, "TLSKey": true, "TLSTicketKeys": true, "LogLevel": true}
 	var out []string
 	a, b := reflect.ValueOf(cur), reflect.ValueOf(next)
 	for i := range a.NumField() {

@@ -319,6 +319,11 @@ func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certi
 	if err := tlsPolicy(cfg, c.TLSAllowLegacyCBC, c.TLSKeyExchange); err != nil {
 		return nil, err
 	}
+	if c.TLSTicketKeys != "" {
+		if err := setTicketKeys(cfg, c.TLSTicketKeys); err != nil {
+			return nil, err
+		}
+	}
 	return &tlsLn{Listener: tls.NewListener(ln, cfg), cfg: cfg}, nil
 }
 
