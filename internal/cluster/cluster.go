@@ -154,7 +154,11 @@ func New(ctx context.Context, cfg Config, st contract.Cluster) (*Node, error) {
 		return nil, err
 	}
 	n.prefix = "drover.cluster." + id
-	if err := n.beat(ctx); err != nil {
+	// NATS is not connected yet: say it is up until the first beat of
+	// Run knows, so that a starting node does not make every node move
+	// push summaries to the database for a second (its own summaries
+	// are kept and written then if NATS is not there).
+	if err := n.beat(ctx, true); err != nil {
 		return nil, err
 	}
 	st.OnChange(n.changed)
@@ -364,7 +368,7 @@ func (n *Node) housekeep(ctx context.Context) {
 		case <-pub.C:
 			n.publish(ctx)
 		case <-beat.C:
-			if err := n.beat(ctx); err != nil && ctx.Err() == nil {
+			if err := n.beat(ctx, n.natsUp.Load()); err != nil && ctx.Err() == nil {
 				n.log.Warn("cluster: heartbeat failed", "err", err)
 			}
 			n.checkNATS(ctx)
@@ -439,8 +443,8 @@ func (n *Node) readPushes(ctx context.Context) error {
 	}
 }
 
-func (n *Node) beat(ctx context.Context) error {
-	n.self.Heartbeat, n.self.NATS = time.Now().UTC(), n.natsUp.Load()
+func (n *Node) beat(ctx context.Context, natsUp bool) error {
+	n.self.Heartbeat, n.self.NATS = time.Now().UTC(), natsUp
 	return n.st.Heartbeat(ctx, n.self)
 }
 

@@ -415,19 +415,43 @@ func TestCluster(t *testing.T) {
 				t.Errorf("%s %s in cluster mode: %d %s, want 409 not_in_cluster", c.method, c.path, st, body)
 			}
 		}
-		// A firmware artifact by URL is the way.
-		req, _ := http.NewRequest("POST", a.base+"/api/v1/firmware", strings.NewReader(fmt.Sprintf(
-			`{"device_type":"ICR-3241","version":"6.4.0","sha256":%q,"size":1000,"url":"https://files.example/fw.bin"}`, strings.Repeat("ab", 32))))
-		req.Header.Set("Authorization", "Bearer "+adminToken)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := a.client.Do(req)
-		if err != nil {
-			t.Fatal(err)
+		// A firmware artifact by URL is the way; added on A and on B at
+		// the same moment, they get two IDs, and every node lists both.
+		add := func(n *node, version string) uint64 {
+			req, _ := http.NewRequest("POST", n.base+"/api/v1/firmware", strings.NewReader(fmt.Sprintf(
+				`{"device_type":"ICR-3241","version":%q,"sha256":%q,"size":1000,"url":"https://files.example/fw.bin"}`, version, strings.Repeat("ab", 32))))
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := n.client.Do(req)
+			if err != nil {
+				t.Error(err)
+				return 0
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var f struct {
+				ID uint64 `json:"id"`
+			}
+			if resp.StatusCode != 201 || json.Unmarshal(body, &f) != nil {
+				t.Errorf("firmware by URL on %s: %d %s", n.name, resp.StatusCode, body)
+			}
+			return f.ID
 		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 201 {
-			t.Errorf("firmware by URL: %d %s", resp.StatusCode, body)
+		var ids [2]uint64
+		var wg sync.WaitGroup
+		for i, n := range []*node{a, b} {
+			wg.Add(1)
+			go func() { defer wg.Done(); ids[i] = add(n, fmt.Sprintf("6.4.%d", i)) }()
+		}
+		wg.Wait()
+		if ids[0] == ids[1] {
+			t.Fatalf("firmware added on A and B got one ID %d", ids[0])
+		}
+		for _, n := range []*node{a, b} {
+			within(t, converge, "both artifacts listed on "+n.name, func() bool {
+				st, body := n.do("GET", "/api/v1/firmware", adminToken, "")
+				return st == 200 && strings.Contains(string(body), `"6.4.0"`) && strings.Contains(string(body), `"6.4.1"`)
+			})
 		}
 	})
 

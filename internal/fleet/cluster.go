@@ -44,6 +44,8 @@ type ClusterStore interface {
 	// NextProfileVersion hands out a configuration version above every
 	// one any node has used.
 	NextProfileVersion(ctx context.Context) (int64, error)
+	// NextFirmwareID hands out a firmware artifact ID no node has used.
+	NextFirmwareID(ctx context.Context) (uint64, error)
 	// NextTokenID hands out an enrollment token ID no node has used.
 	NextTokenID(ctx context.Context) (uint64, error)
 	// UseEnrollmentToken marks token id used by deviceID at at unless it is
@@ -66,6 +68,9 @@ const (
 	// ChangeEnrollment: an enrollment token made, used or revoked, or a
 	// preauthorized machine ID added or removed: read them all back.
 	ChangeEnrollment ChangeKind = 5
+	// ChangeFirmware: a firmware artifact added or deleted: read the
+	// artifacts back.
+	ChangeFirmware ChangeKind = 6
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -189,6 +194,8 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 		return s.reloadPolicy(ctx)
 	case ChangeEnrollment:
 		return s.reloadEnrollment(ctx)
+	case ChangeFirmware:
+		return s.reloadFirmware(ctx)
 	}
 	return nil
 }
@@ -219,13 +226,15 @@ func (s *Service) reloadLabels(ctx context.Context) error {
 // reloadEnrollment replaces the enrollment tokens and preauthorized
 // machine IDs with the stored ones.
 func (s *Service) reloadEnrollment(ctx context.Context) error {
+	// Read under the lock: a token this node makes meanwhile is then
+	// either in what is read or made after.
+	r := &s.trust
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	st, err := s.opts.Cluster.LoadEnrollment(ctx)
 	if err != nil {
 		return err
 	}
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.tokens = make(map[uint64]*EnrollmentToken, len(st.Tokens))
 	for i := range st.Tokens {
 		t := st.Tokens[i]
@@ -234,6 +243,29 @@ func (s *Service) reloadEnrollment(ctx context.Context) error {
 	r.preauth = make(map[string]time.Time, len(st.Preauthorized))
 	for _, p := range st.Preauthorized {
 		r.preauth[p.MachineID] = p.AddedAt
+	}
+	return nil
+}
+
+// reloadFirmware replaces the firmware artifacts with the stored ones
+// (cluster mode runs no rollouts, so none refers to an artifact).
+func (s *Service) reloadFirmware(ctx context.Context) error {
+	fs := &s.fw
+	if fs.store == nil {
+		return nil
+	}
+	// Read under the lock: an artifact this node adds meanwhile is then
+	// either in what is read or added after.
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	data, err := fs.store.LoadFirmware(ctx)
+	if err != nil {
+		return err
+	}
+	clear(fs.artifacts)
+	for i := range data.Firmware {
+		f := data.Firmware[i]
+		fs.artifacts[f.ID] = &f
 	}
 	return nil
 }

@@ -232,6 +232,13 @@ func (s *Service) AddFirmware(ctx context.Context, f Firmware) (Firmware, error)
 	if err := f.Check(); err != nil {
 		return Firmware{}, err
 	}
+	cs := s.opts.Cluster
+	if cs != nil {
+		// Another node may have added this one: start from the stored list.
+		if err := s.reloadFirmware(ctx); err != nil {
+			return Firmware{}, errors.Join(ErrUnavailable, err)
+		}
+	}
 	fs := &s.fw
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -244,14 +251,22 @@ func (s *Service) AddFirmware(ctx context.Context, f Firmware) (Firmware, error)
 		}
 	}
 	f.ID = fs.nextFW
+	if cs != nil {
+		id, err := cs.NextFirmwareID(ctx)
+		if err != nil {
+			return Firmware{}, errors.Join(ErrUnavailable, err)
+		}
+		f.ID = id
+	}
 	f.CreatedAt = s.now().UTC().Truncate(time.Millisecond)
 	if fs.store != nil {
 		if err := fs.store.SaveFirmware(ctx, f); err != nil {
 			return Firmware{}, err
 		}
 	}
-	fs.nextFW++
+	fs.nextFW = max(fs.nextFW, f.ID+1)
 	fs.artifacts[f.ID] = &f
+	s.noteChange(ctx, ChangeFirmware, f.ID)
 	s.log.Info("firmware added", "firmware_id", f.ID, "device_type", f.DeviceType, "version", f.Version, "size", f.Size, "stored", f.Stored(), "by", f.By)
 	return f, nil
 }
@@ -278,6 +293,7 @@ func (s *Service) DeleteFirmware(ctx context.Context, id uint64) (f Firmware, fi
 		}
 	}
 	delete(fs.artifacts, id)
+	s.noteChange(ctx, ChangeFirmware, id)
 	for _, o := range fs.artifacts {
 		if o.Stored() && o.SHA256 == a.SHA256 {
 			fileShared = true

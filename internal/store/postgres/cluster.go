@@ -64,6 +64,11 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_profile_versions)`)
 	}
 	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_firmware_ids', m) FROM (SELECT greatest(
+				(SELECT coalesce(max(id), 0) FROM firmware), (SELECT coalesce(max(high), 0) FROM id_marks WHERE kind = 'firmware')) AS m) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_firmware_ids)`)
+	}
+	if err == nil {
 		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_token_ids', m) FROM (SELECT coalesce(max(id), 0) AS m FROM enrollment_tokens) x
 			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_token_ids)`)
 	}
@@ -318,6 +323,13 @@ func (s *Store) NextProfileVersion(ctx context.Context) (int64, error) {
 	var v int64
 	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_profile_versions')`).Scan(&v)
 	return v, err
+}
+
+// NextFirmwareID implements fleet.ClusterStore.
+func (s *Store) NextFirmwareID(ctx context.Context) (uint64, error) {
+	var id int64
+	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_firmware_ids')`).Scan(&id)
+	return uint64(id), err
 }
 
 // NextTokenID implements fleet.ClusterStore.
