@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -242,5 +243,65 @@ func testShellAgentFirmware(t *testing.T, sh shellEnv) {
 	})
 	if r, _ := devs.Devices[0]["reason"].(string); !strings.Contains(r, "signature does not verify") {
 		t.Fatalf("wrong signature: %v", devs.Devices[0])
+	}
+}
+
+// The shell agent checks commands itself, as protocol.Command.Validate
+// does, runs each ID once, decodes JSON escapes into argv and sends at
+// most 4 results per push.
+func testShellAgentCommandChecks(t *testing.T, sh shellEnv) {
+	f := newFakeServer(t)
+	cmds := json.RawMessage(`[{"id":1,"kind":"ping","args":["-x"],"timeout":5},
+		{"id":2,"kind":"hook","args":["a\nb"],"timeout":5},
+		{"id":3,"kind":"hook","args":["x"],"timeout":9999},
+		{"id":4,"kind":"rm","args":[],"timeout":5},
+		{"args":["a\u0026b\u003cc\u003e \"q\" \\","$(id)"],"timeout":5,"kind":"hook","id":5},
+		{"id":0,"kind":"hook","timeout":5}]`)
+	f.onPush = func(n int, p protocol.PushRequest) *answer {
+		body := map[string]any{"push_interval": 1}
+		if n <= 2 { // the second answer repeats them: none runs twice
+			body["commands"] = cmds
+		}
+		return &answer{status: 200, body: body}
+	}
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "hook.sh")
+	os.WriteFile(hook, []byte("#!/bin/sh\nfor a in \"$@\"; do echo \"[$a]\"; done\n"), 0o755)
+	a := startShellAgent(t, sh, filepath.Join(dir, "state"), "--server", f.srv.URL, "--enroll-secret", "s", "--ca-cert", f.caFile,
+		"--root", "testdata/root", "--command-hook", hook, "--min-backoff", "1", "--max-backoff", "2")
+	var results []protocol.CommandResult
+	waitFor(t, 30*time.Second, "six pushes", func() bool {
+		_, pushes := f.snapshot()
+		return len(pushes) >= 6
+	})
+	a.stop()
+	_, pushes := f.snapshot()
+	for i, p := range pushes {
+		if len(p.req.Results) > protocol.MaxResultsPerPush {
+			t.Fatalf("push %d carries %d results", i, len(p.req.Results))
+		}
+		results = append(results, p.req.Results...)
+	}
+	byID := map[uint64]protocol.CommandResult{}
+	for _, r := range results {
+		if _, dup := byID[r.ID]; dup {
+			t.Fatalf("result of command %d sent twice", r.ID)
+		}
+		byID[r.ID] = r
+	}
+	if len(byID) != 5 || len(pushes[1].req.Results) != 4 {
+		t.Fatalf("results %+v (second push: %d)", results, len(pushes[1].req.Results))
+	}
+	for id, want := range map[uint64]string{1: "ping: the host must be", 2: "args[0] contains control characters",
+		3: "timeout must be within", 4: "kind must be one of"} {
+		if r := byID[id]; r.ExitCode != -1 || !strings.HasPrefix(r.Error, "invalid command: "+want) {
+			t.Errorf("command %d: %+v", id, r)
+		}
+	}
+	if r := byID[5]; r.ExitCode != 0 || r.Error != "" || strings.Join(r.Output, "|") != `[hook]|[a&b<c> "q" \]|[$(id)]` {
+		t.Errorf("command 5: %+v", r)
+	}
+	if n := strings.Count(a.logText(), "command ran: id=5 "); n != 1 {
+		t.Errorf("command 5 ran %d times", n)
 	}
 }

@@ -184,6 +184,7 @@ func TestShellAgent(t *testing.T) {
 	scenarios := map[string]func(*testing.T, shellEnv){
 		"EndToEnd": testShellAgentEndToEnd, "ProtocolDetails": testShellAgentProtocolDetails, "OnceAndErrors": testShellAgentOnceAndErrors,
 		"QuotaRetryAfter": testShellAgentQuota, "Commands": testShellAgentCommands, "Firmware": testShellAgentFirmware,
+		"CommandChecks": testShellAgentCommandChecks,
 	}
 	var wg sync.WaitGroup
 	for shell, mk := range shells(t) {
