@@ -21,6 +21,12 @@ func (fastCodec) unmarshal(b []byte, v any) error           { return json.Unmars
 func (fastCodec) compact(dst *bytes.Buffer, b []byte) error { return json.Compact(dst, b) }
 
 func (fastCodec) decodeOne(body []byte, v any) (trailing bool, err error) {
+	// One pass for a valid body: Unmarshal refuses trailing data too. A
+	// body it refuses is decoded again as a stream, which tells trailing
+	// data from a broken object, so that errors read as before.
+	if json.Unmarshal(body, v) == nil {
+		return false, nil
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(v); err != nil {
 		return false, err
