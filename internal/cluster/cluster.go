@@ -361,6 +361,7 @@ func (n *Node) housekeep(ctx context.Context) {
 	defer beat.Stop()
 	states := time.NewTicker(n.cfg.StatesEvery)
 	defer states.Stop()
+	var pruned time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -380,7 +381,11 @@ func (n *Node) housekeep(ctx context.Context) {
 				n.log.Info("cluster: leadership", "leader", lead)
 			}
 			n.followPushes(lead)
-			if lead {
+			// Entries live an hour: pruning once a minute is plenty, and
+			// bounds the cost of a plan the planner gets wrong (a table
+			// not analyzed yet: a whole read of the log) to one a minute.
+			if lead && time.Since(pruned) > time.Minute {
+				pruned = time.Now()
 				if _, err := n.st.PruneChanges(ctx, time.Now().Add(-time.Hour)); err != nil && ctx.Err() == nil {
 					n.log.Warn("cluster: change log prune failed", "err", err)
 				}
