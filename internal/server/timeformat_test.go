@@ -1,0 +1,72 @@
+package server_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/server/servertest"
+)
+
+// Every time in every JSON answer of the API's GET routes is RFC 3339 in
+// UTC ("…Z"), whichever route gives it: one time format for clients. (The
+// process's zone is not changed here: time.Local is read by running
+// servers, a data race; TZ=Europe/Berlin go test … runs it in another.)
+func TestAPITimesAreRFC3339UTC(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	id, tok := c.register("m-1")
+	for seq := 1; seq <= 2; seq++ {
+		c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, seq, 0))
+	}
+	c.do("POST", "/api/v1/devices/"+id+"/block", s.AdminToken, nil) // an audit entry
+	c.do("POST", "/api/v1/devices/"+id+"/approve", s.AdminToken, nil)
+	c.do("POST", "/api/v1/enrollment-tokens", s.AdminToken, map[string]any{"machine_id": "m-9", "ttl": "1h"})
+	c.do("POST", "/api/v1/commands", s.AdminToken, map[string]any{"device_id": id, "command": "reboot"})
+	_, body := c.raw("GET", "/api/v1/openapi.json", "", nil, nil)
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	looksLikeTime := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d`)
+	var walk func(where string, v any)
+	times := 0
+	walk = func(where string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				walk(where+"."+k, e)
+			}
+		case []any:
+			for _, e := range x {
+				walk(where+"[]", e)
+			}
+		case string:
+			if looksLikeTime.MatchString(x) {
+				times++
+				if _, err := time.Parse(time.RFC3339Nano, x); err != nil || !strings.HasSuffix(x, "Z") {
+					t.Errorf("%s = %q: not RFC 3339 in UTC", where, x)
+				}
+			}
+		}
+	}
+	fill := strings.NewReplacer("{id}", id, "{name}", "x", "{machine_id}", "m-1")
+	for path, ops := range doc.Paths {
+		if _, ok := ops["get"]; !ok || path == "/metrics" || strings.HasSuffix(path, "/file") || path == "/api/v1/connect" {
+			continue
+		}
+		st, _, out := c.do("GET", fill.Replace(path), s.AdminToken, nil)
+		if st == 200 {
+			walk("GET "+path, out)
+		}
+	}
+	t.Logf("%d times checked", times)
+	if times < 5 {
+		t.Fatalf("only %d times seen in the answers", times)
+	}
+}
