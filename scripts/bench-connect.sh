@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Persistent connections (docs/performance.md#persistent-connections): server
 # memory per idle WebSocket and command delivery latency to 1, 1,000 and all
-# connected devices; then, for comparison, Mosquitto's memory per idle MQTT
-# connection and its publish latency to one subscriber. Connections come
+# connected devices; then, for comparison, the memory per idle MQTT
+# subscriber over TLS of Mosquitto and of NATS's MQTT listener (the same
+# certificate), and Mosquitto's publish latency to one subscriber. Connections come
 # from several connload processes, each from its own loopback source
 # address and below the 20,000 open files a process may have here.
 # Usage: scripts/bench-connect.sh [-p processes] [-n connections per process]
+#   [-b brokers: any of mosquitto,nats or none; default mosquitto,nats] [-L: no latency runs]
+#   (DROVER=path uses that drover binary instead of building one)
 set -euo pipefail
-procs=3 per=5000
-while getopts p:n: o; do
-  case $o in p) procs=$OPTARG;; n) per=$OPTARG;; *) exit 2;; esac
+procs=3 per=5000 brokers=mosquitto,nats lat=1
+while getopts p:n:b:L o; do
+  case $o in p) procs=$OPTARG;; n) per=$OPTARG;; b) brokers=$OPTARG;; L) lat=0;; *) exit 2;; esac
 done
 total=$((procs * per))
 export PATH=$PATH:/usr/local/go/bin
@@ -23,7 +26,8 @@ waitport() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null &
 rss() { awk '/VmRSS/ {print $2}' /proc/$1/status; } # KiB
 now() { date +%s%N; }
 
-(cd "$top" && go build -o "$work/drover" ./cmd/drover && go build -o "$work/benchprep" ./tools/benchprep && go build -o "$work/connload" ./tools/connload)
+# DROVER=binary measures a server built elsewhere (e.g. an older commit).
+(cd "$top" && if [ -n "${DROVER:-}" ]; then cp "$DROVER" "$work/drover"; else go build -o "$work/drover" ./cmd/drover; fi && go build -o "$work/benchprep" ./tools/benchprep && go build -o "$work/connload" ./tools/connload)
 port=$(freeport)
 "$work/drover" serve --quota-push-rate 0 --quota-history-samples 0 --quota-history-bytes 0 --data-dir "$work/data" \
   --listen 127.0.0.1:$port --log-level warn >"$work/serve.out" 2>"$work/serve.log" &
@@ -37,18 +41,21 @@ cat "$work/k.txt" "$work/a.txt" >"$work/tokens.txt"
 api() { curl -s --cacert $ca -H "Authorization: Bearer $admin" "$@"; }
 api $url/api/v1/labels/assign -d '{"label":"k","filter":{"q":"k-"}}' >/dev/null
 conns() { api $url/metrics | awk '/^drover_device_connections / {print $2}'; }
+gostat() { api $url/metrics | awk '/^go_goroutines / {g=$2} /^go_memstats_heap_inuse_bytes / {h=$2} /^go_memstats_stack_inuse_bytes / {s=$2} END {printf "%d %.0f %.0f\n", g, h, s}'; }
 
 sleep 2
-before=$(rss $spid)
+before=$(rss $spid); read -r g0 h0 s0 <<<"$(gostat)"
 for p in $(seq 0 $((procs - 1))); do
   "$work/connload" -url $url -ca $ca -tokens "$work/tokens.txt" -from $((p * per)) -n $per -source 127.0.0.$((p + 2)) \
     >"$work/got.$p" 2>"$work/load.$p" & pids+=($!)
 done
 for _ in $(seq 600); do [ "$(conns)" = "$total" ] && break; sleep 1; done
 sleep 5
-after=$(rss $spid)
-echo "connections: $(conns) of $total over $procs processes (127.0.0.2..127.0.0.$((procs + 1)))"
-echo "server RSS: $before KiB before, $after KiB after: $(( (after - before) * 1024 / total )) bytes per idle connection"
+after=$(rss $spid); read -r g1 h1 s1 <<<"$(gostat)"
+held=$(conns)
+echo "connections: $held of $total over $procs processes (127.0.0.2..127.0.0.$((procs + 1)))"
+echo "server RSS: $before KiB before, $after KiB after: $(( (after - before) * 1024 / held )) bytes per idle connection"
+echo "server Go: goroutines $g0 -> $g1; heap in use $(( (h1 - h0) / held )) B, stacks $(( (s1 - s0) / held )) B per connection"
 
 first=$(head -1 "$work/tokens.txt" | cut -d. -f1)
 latency() { # name, body, expected count
@@ -60,28 +67,55 @@ latency() { # name, body, expected count
   cat "$work"/got.* | awk -v t=$t0 '$3 > t {print ($3 - t) / 1e6}' | sort -n |
     awk -v n="$1" -v want="$3" '{a[NR]=$1} END {printf "%s: %d of %d devices have the command; ms p50 %.1f, p99 %.1f, max %.1f\n", n, NR, want, a[int(NR*0.5)+(NR*0.5>int(NR*0.5))], a[int(NR*0.99)+(NR*0.99>int(NR*0.99))], a[NR]}'
 }
+if [ $lat = 1 ]; then
 latency "1 device" "{\"kind\":\"reboot\",\"device_id\":\"$first\"}" 1
 latency "1,000 devices (label)" '{"kind":"reboot","label":"k"}' 1000
 latency "all $total devices" '{"kind":"reboot","filter":{}}' $total
+fi
 echo "server RSS after the commands: $(rss $spid) KiB"
 for p in "${pids[@]:1}"; do kill $p 2>/dev/null || true; done
 
-# Mosquitto, plain TCP (no TLS), the same number of idle subscribers.
-if command -v mosquitto >/dev/null; then
-  mport=$(freeport)
-  printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_connections -1\npersistence false\n' $mport >"$work/mosq.conf"
-  mosquitto -c "$work/mosq.conf" 2>"$work/mosq.log" & mpid=$!; pids+=($mpid); waitport $mport
-  sleep 1; mbefore=$(rss $mpid)
+# The brokers, MQTT over TLS with the server's certificate, the same number
+# of idle subscribers (clean session, QoS 0, keepalive 600 s).
+brokerrun() { # name, pid, port
+  local bpid=$2 bport=$3 up=0
+  waitport "$bport"; sleep 1; local b0; b0=$(rss "$bpid")
   for p in $(seq 0 $((procs - 1))); do
-    "$work/connload" -mqtt 127.0.0.1:$mport -from $((p * per)) -n $per -source 127.0.0.$((p + 2)) >"$work/mgot.$p" 2>"$work/mload.$p" & pids+=($!)
+    "$work/connload" -mqtt 127.0.0.1:$bport -mqtt-tls -ca $ca -from $((p * per)) -n $per -source 127.0.0.$((p + 2)) \
+      >"$work/$1.got.$p" 2>"$work/$1.load.$p" & lpids+=($!)
   done
-  for _ in $(seq 600); do
-    up=$(for p in $(seq 0 $((procs - 1))); do tail -1 "$work/mload.$p" 2>/dev/null | awk '{print $2}'; done | awk '{s+=$1} END {print s+0}')
+  for _ in $(seq 300); do
+    up=$(for p in $(seq 0 $((procs - 1))); do tail -1 "$work/$1.load.$p" 2>/dev/null | awk '$1 == "up" {print $2}'; done | awk '{s+=$1} END {print s+0}')
     [ "$up" -ge "$total" ] && break; sleep 1
   done
-  sleep 5; mafter=$(rss $mpid)
-  echo "mosquitto: $up subscribers; RSS $mbefore KiB before, $mafter KiB after: $(( (mafter - mbefore) * 1024 / total )) bytes per idle connection"
-  t0=$(now); mosquitto_pub -h 127.0.0.1 -p $mport -t d/0 -m reboot
-  sleep 1
-  cat "$work"/mgot.* | awk -v t=$t0 '$3 > t {printf "mosquitto publish to 1 subscriber (mosquitto_pub start included): %.1f ms\n", ($3 - t) / 1e6}'
+  sleep 5; local b1; b1=$(rss "$bpid")
+  echo "$1: $up TLS subscribers; RSS $b0 KiB before, $b1 KiB after: $(( (b1 - b0) * 1024 / (up > 0 ? up : 1) )) bytes per idle connection"
+  if [ "$1" = mosquitto ] && [ $lat = 1 ]; then
+    local t0; t0=$(now)
+    mosquitto_pub -h 127.0.0.1 -p "$bport" --cafile $ca -t d/0 -m reboot
+    sleep 1
+    cat "$work"/mosquitto.got.* | awk -v t=$t0 '$3 > t {printf "mosquitto publish to 1 subscriber (mosquitto_pub start and TLS handshake included): %.1f ms\n", ($3 - t) / 1e6}'
+  fi
+  for p in "${lpids[@]}"; do kill "$p" 2>/dev/null || true; done
+  kill "$bpid"; lpids=()
+}
+lpids=()
+key=$work/data/tls/key.pem
+if [[ $brokers == *mosquitto* ]] && command -v mosquitto >/dev/null; then
+  mport=$(freeport)
+  printf 'listener %s 127.0.0.1\ncertfile %s\nkeyfile %s\nallow_anonymous true\nmax_connections -1\npersistence false\n' $mport $ca $key >"$work/mosq.conf"
+  mosquitto -c "$work/mosq.conf" 2>"$work/mosq.log" & pids+=($!)
+  brokerrun mosquitto $! $mport
+fi
+if [[ $brokers == *nats* ]] && command -v nats-server >/dev/null; then
+  nport=$(freeport) qport=$(freeport)
+  cat >"$work/nats.conf" <<NATS
+listen: 127.0.0.1:$nport
+server_name: bench
+max_connections: 1000000
+jetstream { store_dir: "$work/js" }
+mqtt { listen: 127.0.0.1:$qport, tls { cert_file: "$ca", key_file: "$key" } }
+NATS
+  nats-server -c "$work/nats.conf" >"$work/nats.log" 2>&1 & pids+=($!)
+  brokerrun nats-mqtt $! $qport
 fi

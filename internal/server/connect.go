@@ -5,51 +5,98 @@ package server
 // {"type":"push"} when there is something for it (a command, a new
 // configuration of its profile); the device then pushes at once and gets
 // it in the push answer, through the one path every agent uses.
+//
+// An idle connection is kept cheap (docs/performance.md#persistent-
+// connections): after the upgrade the handler hands the hijacked
+// connection to one small goroutine and returns, so net/http's goroutine,
+// its grown stack and its 4 KiB bufio buffers go; that goroutine reads
+// frames straight from the TLS connection with a 14-byte header buffer,
+// pings the device after connPing of silence from the same goroutine (no
+// ticker), and nudges are written by a short-lived goroutine per nudge.
+// Devices send no data frames; the server side of RFC 6455 needed here is
+// the handshake, unmasked frames out, masked frames in, ping/pong, close.
 
 import (
-	"context"
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/drover/drover/internal/protocol"
 )
 
 // nudgeMessage asks the device to push now.
 var nudgeMessage = []byte(`{"type":"push"}`)
 
-// connPing is how often an idle connection is pinged (keeps NAT mappings
-// and finds dead peers).
-const connPing = 2 * time.Minute
+// connPing is how long a connection may be silent before the server pings
+// it (keeps NAT mappings and finds dead peers); connAnswer is how long the
+// device then has to answer, and the limit on any write.
+const (
+	connPing   = 2 * time.Minute
+	connAnswer = 30 * time.Second
+)
+
+// WebSocket opcodes and close codes (RFC 6455).
+const (
+	opContinuation = 0x0
+	opText         = 0x1
+	opBinary       = 0x2
+	opClose        = 0x8
+	opPing         = 0x9
+	opPong         = 0xA
+
+	closeGoingAway      = 1001
+	closeProtocolError  = 1002
+	closePolicyViolated = 1008
+	closeTooBig         = 1009
+)
 
 // hub holds the devices' connections, one per device.
 type hub struct {
-	mu    sync.Mutex
-	conns map[uint64]*deviceConn
-	done  chan struct{} // closed when the server stops
+	mu      sync.Mutex
+	conns   map[uint64]*deviceConn
+	stopped bool
 }
 
+// deviceConn is one device's connection.
 type deviceConn struct {
-	nudge chan struct{} // buffered 1: a nudge waiting is enough
-	stop  chan struct{} // closed when a newer connection replaces this one
+	id      uint64
+	nc      net.Conn
+	wmu     sync.Mutex  // one frame written at a time
+	nudging atomic.Bool // a nudge write is on its way
+	hdr     [14]byte    // frame header being read
 }
 
-func newHub() *hub { return &hub{conns: map[uint64]*deviceConn{}, done: make(chan struct{})} }
+func newHub() *hub { return &hub{conns: map[uint64]*deviceConn{}} }
 
-func (h *hub) add(id uint64, c *deviceConn) {
+// add registers c, replacing (closing) the device's older connection; false
+// when the server is stopping.
+func (h *hub) add(c *deviceConn) bool {
 	h.mu.Lock()
-	if old := h.conns[id]; old != nil {
-		close(old.stop)
+	if h.stopped {
+		h.mu.Unlock()
+		return false
 	}
-	h.conns[id] = c
+	old := h.conns[c.id]
+	h.conns[c.id] = c
 	h.mu.Unlock()
+	if old != nil {
+		old.closeWith(closePolicyViolated, "replaced by a newer connection")
+	}
+	return true
 }
 
-func (h *hub) remove(id uint64, c *deviceConn) {
+func (h *hub) remove(c *deviceConn) {
 	h.mu.Lock()
-	if h.conns[id] == c {
-		delete(h.conns, id)
+	if h.conns[c.id] == c {
+		delete(h.conns, c.id)
 	}
 	h.mu.Unlock()
 }
@@ -60,10 +107,7 @@ func (h *hub) notify(id uint64) {
 	c := h.conns[id]
 	h.mu.Unlock()
 	if c != nil {
-		select {
-		case c.nudge <- struct{}{}:
-		default:
-		}
+		c.nudge()
 	}
 }
 
@@ -91,11 +135,76 @@ func (h *hub) connected() int {
 
 // close ends every connection (server shutdown).
 func (h *hub) close() {
-	select {
-	case <-h.done:
-	default:
-		close(h.done)
+	h.mu.Lock()
+	h.stopped = true
+	all := make([]*deviceConn, 0, len(h.conns))
+	for _, c := range h.conns {
+		all = append(all, c)
 	}
+	h.mu.Unlock()
+	for _, c := range all {
+		c.closeWith(closeGoingAway, "server stopping")
+	}
+}
+
+// nudge writes {"type":"push"} unless a nudge is already on its way.
+func (c *deviceConn) nudge() {
+	if !c.nudging.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		c.nudging.Store(false) // a nudge from now on needs another frame
+		if c.write(opText, nudgeMessage) != nil {
+			c.nc.Close()
+		}
+	}()
+}
+
+// write sends one unfragmented frame of at most 125 bytes. A write that
+// fails or times out leaves the TLS state unusable: callers close.
+func (c *deviceConn) write(op byte, payload []byte) error {
+	if len(payload) > 125 {
+		return errors.New("frame too long")
+	}
+	var b [2 + 125]byte
+	b[0], b[1] = 0x80|op, byte(len(payload))
+	n := 2 + copy(b[2:], payload)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.nc.SetWriteDeadline(time.Now().Add(connAnswer))
+	_, err := c.nc.Write(b[:n])
+	return err
+}
+
+// closeWith sends a close frame and closes the connection; the reading
+// goroutine then ends.
+func (c *deviceConn) closeWith(code uint16, reason string) {
+	var p [125]byte
+	binary.BigEndian.PutUint16(p[:], code)
+	n := 2 + copy(p[2:], reason)
+	c.write(opClose, p[:n])
+	c.nc.Close()
+}
+
+var errBadUpgrade = &apiError{status: http.StatusBadRequest, code: "invalid_upgrade",
+	msg: "a WebSocket upgrade (RFC 6455, version 13) is expected", outcome: outInvalid}
+
+// wsAccept is the Sec-WebSocket-Accept value for a client's key.
+func wsAccept(key string) string {
+	h := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	return base64.StdEncoding.EncodeToString(h[:])
+}
+
+// headerHas reports whether a comma-separated header holds token.
+func headerHas(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // connect upgrades a device's request to its persistent connection.
@@ -111,49 +220,147 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, rt, err)
 		return
 	}
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	key := r.Header.Get("Sec-WebSocket-Key")
+	if k, err := base64.StdEncoding.DecodeString(key); err != nil || len(k) != 16 || r.ProtoMajor != 1 ||
+		!headerHas(r.Header, "Connection", "upgrade") || !headerHas(r.Header, "Upgrade", "websocket") ||
+		r.Header.Get("Sec-WebSocket-Version") != "13" {
+		w.Header().Set("Sec-WebSocket-Version", "13")
+		a.fail(w, rt, errBadUpgrade)
+		return
+	}
+	nc, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		return // Accept has answered
+		a.fail(w, rt, err)
+		return
 	}
-	defer ws.CloseNow()
-	ws.SetReadLimit(protocol.MaxBodyBytes)
-	c := &deviceConn{nudge: make(chan struct{}, 1), stop: make(chan struct{})}
-	a.hub.add(id, c)
-	defer a.hub.remove(id, c)
+	// The client speaks only after the 101; anything buffered is a protocol
+	// error. brw (net/http's 4 KiB buffers) is not kept.
+	if brw.Reader.Buffered() > 0 {
+		nc.Close()
+		return
+	}
+	nc.SetDeadline(time.Now().Add(connAnswer))
+	if _, err := io.WriteString(nc, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "+
+		wsAccept(key)+"\r\n\r\n"); err != nil {
+		nc.Close()
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	c := &deviceConn{id: id, nc: nc}
+	if !a.hub.add(c) {
+		c.closeWith(closeGoingAway, "server stopping")
+		return
+	}
 	a.m.connections.Inc()
-	defer a.m.connections.Dec()
 	if a.fleet.HasCommands(id) {
-		c.nudge <- struct{}{}
+		c.nudge()
 	}
-	ctx := ws.CloseRead(context.Background()) // devices send nothing; a close ends ctx
-	ping := time.NewTicker(connPing)
-	defer ping.Stop()
+	go a.hold(c) // the handler returns: net/http's goroutine and buffers go
+}
+
+// hold reads the device's frames until the connection ends: pongs, pings
+// (answered), close; data frames are read and dropped. After connPing of
+// silence it pings; no answer within connAnswer ends the connection.
+func (a *api) hold(c *deviceConn) {
+	defer a.m.connections.Dec()
+	defer a.hub.remove(c)
+	defer c.nc.Close()
+	pinged := false
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.hub.done:
-			ws.Close(websocket.StatusGoingAway, "server stopping")
-			return
-		case <-c.stop:
-			ws.Close(websocket.StatusPolicyViolation, "replaced by a newer connection")
-			return
-		case <-c.nudge:
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err := ws.Write(wctx, websocket.MessageText, nudgeMessage)
-			cancel()
-			if err != nil {
-				return
+		wait := connPing
+		if pinged {
+			wait = connAnswer
+		}
+		c.nc.SetReadDeadline(time.Now().Add(wait))
+		if _, err := io.ReadFull(c.nc, c.hdr[:1]); err != nil {
+			var ne net.Error
+			if !pinged && errors.As(err, &ne) && ne.Timeout() {
+				if c.write(opPing, nil) != nil {
+					return
+				}
+				pinged = true
+				continue
 			}
-		case <-ping.C:
-			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := ws.Ping(pctx)
-			cancel()
-			if err != nil {
-				return
-			}
+			return
+		}
+		pinged = false
+		c.nc.SetReadDeadline(time.Now().Add(connAnswer)) // the rest of the frame
+		code, reason := c.readFrame()
+		if code != 0 {
+			c.closeWith(code, reason)
+			return
 		}
 	}
+}
+
+// readFrame reads the rest of a frame whose first byte is in c.hdr[0] and
+// acts on it; a non-zero code ends the connection with that close code.
+func (c *deviceConn) readFrame() (uint16, string) {
+	h := c.hdr[:]
+	if _, err := io.ReadFull(c.nc, h[1:2]); err != nil {
+		return closeProtocolError, "short frame"
+	}
+	op, fin := h[0]&0x0F, h[0]&0x80 != 0
+	if h[0]&0x70 != 0 || h[1]&0x80 == 0 {
+		return closeProtocolError, "reserved bits set or frame not masked"
+	}
+	n, ext := uint64(h[1]&0x7F), 0
+	switch n {
+	case 126:
+		ext = 2
+	case 127:
+		ext = 8
+	}
+	if _, err := io.ReadFull(c.nc, h[2:2+ext+4]); err != nil {
+		return closeProtocolError, "short frame"
+	}
+	switch ext {
+	case 2:
+		n = uint64(binary.BigEndian.Uint16(h[2:4]))
+	case 8:
+		n = binary.BigEndian.Uint64(h[2:10])
+	}
+	mask := [4]byte(h[2+ext : 2+ext+4])
+	if op >= opClose {
+		if n > 125 || !fin {
+			return closeProtocolError, "bad control frame"
+		}
+		p := make([]byte, n)
+		if _, err := io.ReadFull(c.nc, p); err != nil {
+			return closeProtocolError, "short frame"
+		}
+		for i := range p {
+			p[i] ^= mask[i%4]
+		}
+		switch op {
+		case opClose:
+			code := uint16(1000)
+			if len(p) >= 2 {
+				code = binary.BigEndian.Uint16(p)
+			}
+			return code, ""
+		case opPing:
+			if c.write(opPong, p) != nil {
+				return closeGoingAway, ""
+			}
+		case opPong:
+		default:
+			return closeProtocolError, "unknown opcode"
+		}
+		return 0, ""
+	}
+	switch op {
+	case opContinuation, opText, opBinary:
+	default:
+		return closeProtocolError, "unknown opcode"
+	}
+	if n > protocol.MaxBodyBytes {
+		return closeTooBig, "message too big"
+	}
+	if _, err := io.CopyN(io.Discard, c.nc, int64(n)); err != nil {
+		return closeProtocolError, "short frame"
+	}
+	return 0, ""
 }
 
 // connectHandler is the connect route's handler; nil without a hub (tests

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -34,6 +35,7 @@ func main() {
 	ca := flag.String("ca", "", "PEM file of the server's certificate")
 	tokens := flag.String("tokens", "tokens.txt", "device tokens, one per line (WebSocket mode)")
 	broker := flag.String("mqtt", "", "MQTT broker host:port (MQTT mode: subscribe to d/<index>)")
+	mqttTLS := flag.Bool("mqtt-tls", false, "MQTT over TLS, trusting -ca")
 	from := flag.Int("from", 0, "first index (token line)")
 	n := flag.Int("n", 1000, "connections")
 	source := flag.String("source", "127.0.0.1", "local address to connect from")
@@ -50,12 +52,25 @@ func main() {
 		outMu.Unlock()
 	}
 	var wg sync.WaitGroup
+	var tlsConf *tls.Config
+	if *ca != "" {
+		pool := x509.NewCertPool()
+		pem, err := os.ReadFile(*ca)
+		if err != nil {
+			log.Fatal(err)
+		}
+		pool.AppendCertsFromPEM(pem)
+		tlsConf = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
+	}
+	if !*mqttTLS {
+		tlsConf = nil
+	}
 	if *broker != "" {
 		for i := *from; i < *from+*n; i++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := mqttHold(dialer, *broker, i, &up, got); err != nil {
+				if err := retry(func() error { return mqttHold(dialer, tlsConf, *broker, i, &up, got) }); err != nil {
 					log.Printf("mqtt %d: %v", i, err)
 				}
 			}()
@@ -64,13 +79,10 @@ func main() {
 			}
 		}
 	} else {
-		pool := x509.NewCertPool()
-		pem, err := os.ReadFile(*ca)
-		if err != nil {
-			log.Fatal(err)
+		if tlsConf == nil {
+			log.Fatal("-ca is needed")
 		}
-		pool.AppendCertsFromPEM(pem)
-		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: dialer.DialContext,
+		tr := &http.Transport{TLSClientConfig: tlsConf, DialContext: dialer.DialContext,
 			MaxIdleConnsPerHost: 32, ForceAttemptHTTP2: false, TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}}
 		hc := &http.Client{Transport: tr}
 		lines := readLines(*tokens)
@@ -78,7 +90,7 @@ func main() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := wsHold(hc, *url, lines[i], i, &up, got); err != nil {
+				if err := retry(func() error { return wsHold(hc, *url, lines[i], i, &up, got) }); err != nil {
 					log.Printf("ws %d: %v", i, err)
 				}
 			}()
@@ -93,6 +105,25 @@ func main() {
 		}
 	}()
 	wg.Wait()
+}
+
+// errDialed marks an error after the connection was up: not retried.
+type errDialed struct{ error }
+
+// retry runs hold again while its connection could not be set up (a
+// loaded server may drop handshakes), at most 20 times, 1–3 s apart.
+func retry(hold func() error) error {
+	var err error
+	for range 20 {
+		if err = hold(); err == nil {
+			return nil
+		}
+		if _, up := err.(errDialed); up {
+			return err
+		}
+		time.Sleep(time.Second + time.Duration(rand.Int64N(int64(2*time.Second))))
+	}
+	return err
 }
 
 func readLines(path string) []string {
@@ -117,7 +148,7 @@ func wsHold(hc *http.Client, base, token string, i int, up *atomic.Int64, got fu
 	for {
 		_, msg, err := ws.Read(ctx)
 		if err != nil {
-			return err
+			return errDialed{err}
 		}
 		if !bytes.Contains(msg, []byte(`"push"`)) {
 			continue
@@ -142,8 +173,14 @@ func wsHold(hc *http.Client, base, token string, i int, up *atomic.Int64, got fu
 
 // mqttHold holds one MQTT 3.1.1 client subscribed to d/<i> (QoS 0) and
 // reports every message.
-func mqttHold(d *net.Dialer, broker string, i int, up *atomic.Int64, got func(int)) error {
-	c, err := d.Dial("tcp", broker)
+func mqttHold(d *net.Dialer, tc *tls.Config, broker string, i int, up *atomic.Int64, got func(int)) error {
+	var c net.Conn
+	var err error
+	if tc != nil {
+		c, err = tls.DialWithDialer(d, "tcp", broker, tc)
+	} else {
+		c, err = d.Dial("tcp", broker)
+	}
 	if err != nil {
 		return err
 	}
@@ -165,7 +202,7 @@ func mqttHold(d *net.Dialer, broker string, i int, up *atomic.Int64, got func(in
 	for {
 		typ, _, err := mqttRead(r)
 		if err != nil {
-			return err
+			return errDialed{err}
 		}
 		if typ&0xf0 == 0x30 {
 			got(i)
