@@ -62,7 +62,7 @@ func main() {
 		pool.AppendCertsFromPEM(pem)
 		tlsConf = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
 	}
-	if !*mqttTLS {
+	if *broker != "" && !*mqttTLS {
 		tlsConf = nil
 	}
 	if *broker != "" {
