@@ -28,8 +28,8 @@ now() { date +%s%N; }
 
 # DROVER=binary measures a server built elsewhere (e.g. an older commit).
 (cd "$top" && if [ -n "${DROVER:-}" ]; then cp "$DROVER" "$work/drover"; else go build -o "$work/drover" ./cmd/drover; fi && go build -o "$work/benchprep" ./tools/benchprep && go build -o "$work/connload" ./tools/connload)
-port=$(freeport)
-"$work/drover" serve --quota-push-rate 0 --quota-history-samples 0 --quota-history-bytes 0 --data-dir "$work/data" \
+port=$(freeport) dport=$(freeport)
+"$work/drover" serve --debug-listen 127.0.0.1:$dport --quota-push-rate 0 --quota-history-samples 0 --quota-history-bytes 0 --data-dir "$work/data" \
   --listen 127.0.0.1:$port --log-level warn >"$work/serve.out" 2>"$work/serve.log" &
 spid=$!; pids+=($spid); waitport $port
 secret=$(python3 -c "import json;print(json.load(open('$work/data/secrets.json'))['enrollment_secret'])")
@@ -56,6 +56,11 @@ held=$(conns)
 echo "connections: $held of $total over $procs processes (127.0.0.2..127.0.0.$((procs + 1)))"
 echo "server RSS: $before KiB before, $after KiB after: $(( (after - before) * 1024 / held )) bytes per idle connection"
 echo "server Go: goroutines $g0 -> $g1; heap in use $(( (h1 - h0) / held )) B, stacks $(( (s1 - s0) / held )) B per connection"
+# The handshakes' garbage is still on the heap until a collection: force
+# one (the heap profile's gc=1; HEAP_OUT=file keeps the profile), then again.
+curl -s "http://127.0.0.1:$dport/debug/pprof/heap?gc=1" -o "${HEAP_OUT:-$work/heap.pprof}"
+sleep 5; after2=$(rss $spid); read -r g2 h2 s2 <<<"$(gostat)"
+echo "after a GC: server RSS $after2 KiB: $(( (after2 - before) * 1024 / held )) bytes per idle connection; heap in use $(( (h2 - h0) / held )) B, stacks $(( (s2 - s0) / held )) B per connection"
 
 first=$(head -1 "$work/tokens.txt" | cut -d. -f1)
 latency() { # name, body, expected count

@@ -42,11 +42,13 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 	fs.IntVar(&cfg.Devices, "devices", cfg.Devices, "devices in the whole fleet (all shards)")
 	fs.StringVar(&shard, "shard", "1/1", "this process's share k/n of the fleet: devices whose index % n == k-1")
 	fs.StringVar(&cfg.Seed, "seed", cfg.Seed, "identity seed: machine IDs derive from it and the device index")
-	fs.StringVar(&mode, "mode", string(cfg.Mode), "load model: fleet (open loop, one push per interval per device), benchmark (closed loop, workers × loops), ramp (closed loop, rising workers until drops or retries)")
+	fs.StringVar(&mode, "mode", string(cfg.Mode), "load model: fleet (open loop, one push per interval per device), benchmark (closed loop, workers × loops), ramp (closed loop, rising workers until drops or retries), connect (every device holds its persistent connection for --duration; --command-rate measures command delivery)")
+	fs.Float64Var(&cfg.CommandRate, "command-rate", 0, "connect: commands per second (whole fleet) sent through the operator API to random connected devices; the time until the device is told is op \"command\"")
+	fs.StringVar(&cfg.AdminToken, "admin-token", env.Var("DROVER_ADMIN_TOKEN"), "connect: operator token for --command-rate (default: $DROVER_ADMIN_TOKEN; --server-dir takes secrets.json's admin_token)")
 	fs.StringVar(&conn, "conn", "", "connections: new (TCP+TLS per request), resume (TCP per request, TLS resumed), keepalive (default: new in fleet mode, keepalive otherwise)")
 	fs.DurationVar(&cfg.Interval, "interval", cfg.Interval, "fleet: each device's push interval")
-	fs.DurationVar(&cfg.Duration, "duration", 0, "fleet: run time (default 10m); benchmark, ramp: time limit (default none)")
-	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "benchmark: concurrent workers (T); also the concurrency of the registration storm before benchmark and ramp")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "fleet: run time (default 10m); connect: time connections are held, registration included (default 1m); benchmark, ramp: time limit (default none)")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "benchmark: concurrent workers (T); also the concurrency of the registration storm before benchmark, ramp and connect, and of connect's handshakes")
 	fs.IntVar(&cfg.Loops, "loops", cfg.Loops, "benchmark: immediate loops over all devices (L); 0: register only")
 	fs.IntVar(&cfg.RampStart, "ramp-start", cfg.RampStart, "ramp: workers of the first step")
 	fs.Float64Var(&cfg.RampFactor, "ramp-factor", cfg.RampFactor, "ramp: workers multiply by this each step")
@@ -205,7 +207,7 @@ func emulateProcs(ctx context.Context, fs *flag.FlagSet, cfg emulator.Config, pr
 	if err != nil {
 		return nil, fmt.Errorf("--procs: cannot find this program: %w", err)
 	}
-	skip := map[string]bool{"procs": true, "out": true, "progress": true, "shard": true, "run-id": true, "log-every": true, "secret": true, "config": true}
+	skip := map[string]bool{"procs": true, "out": true, "progress": true, "shard": true, "run-id": true, "log-every": true, "secret": true, "config": true, "admin-token": true}
 	fs.VisitAll(func(f *flag.Flag) {
 		// Every value, also those from the environment or the config file.
 		if !skip[f.Name] && f.Value.String() != f.DefValue {
@@ -215,7 +217,7 @@ func emulateProcs(ctx context.Context, fs *flag.FlagSet, cfg emulator.Config, pr
 	cmd = append(cmd, "--run-id="+cfg.RunID, "--out=-", "--progress=none")
 	return emulator.RunProcs(ctx, cfg, emulator.Procs{
 		N: procs, Command: cmd, Sink: sink, Stderr: pr.println,
-		Env: append(os.Environ(), "DROVER_ENROLLMENT_SECRET="+cfg.EnrollmentSecret),
+		Env: append(os.Environ(), "DROVER_ENROLLMENT_SECRET="+cfg.EnrollmentSecret, "DROVER_ADMIN_TOKEN="+cfg.AdminToken),
 	})
 }
 
@@ -226,12 +228,16 @@ func readServerDir(dir string, cfg *emulator.Config, caFile *string) error {
 	}
 	var sec struct {
 		EnrollmentSecret string `json:"enrollment_secret"`
+		AdminToken       string `json:"admin_token"`
 	}
 	if err := json.Unmarshal(b, &sec); err != nil {
 		return fmt.Errorf("--server-dir: secrets.json: %w", err)
 	}
 	if cfg.EnrollmentSecret == "" {
 		cfg.EnrollmentSecret = sec.EnrollmentSecret
+	}
+	if cfg.AdminToken == "" {
+		cfg.AdminToken = sec.AdminToken
 	}
 	if *caFile == "" {
 		if _, err := os.Stat(filepath.Join(dir, "tls", "cert.pem")); err == nil {

@@ -43,7 +43,10 @@ func newCollector(e *engine) *collector {
 	for _, o := range []struct {
 		name string
 		st   *opStats
-	}{{results.OpPush, e.push}, {results.OpRegister, e.reg}} {
+	}{{results.OpPush, e.push}, {results.OpRegister, e.reg}, {results.OpConnect, e.conn}, {results.OpCommand, e.cmd}} {
+		if o.st == nil {
+			continue
+		}
 		c.ops = append(c.ops, collectedOp{name: o.name, st: o.st, iv: results.NewHistogram(), tot: results.NewHistogram()})
 	}
 	return c

@@ -26,6 +26,9 @@ const (
 	// ModeRamp is closed loop with a rising number of workers, until drops,
 	// retries or 5xx answers appear.
 	ModeRamp Mode = "ramp"
+	// ModeConnect holds every device's persistent connection for Duration
+	// and, with CommandRate, measures command delivery over it.
+	ModeConnect Mode = "connect"
 )
 
 // Config is one emulator process's run. DefaultConfig holds the defaults;
@@ -57,6 +60,11 @@ type Config struct {
 	RampFactor       float64 // workers multiply by this each step
 	RampStepDuration time.Duration
 	RampMax          int // auto: min(devices of the shard, 16384)
+
+	// Connect mode: commands per second over the whole fleet (each shard
+	// sends its share), sent with AdminToken (an operator's API token).
+	CommandRate float64
+	AdminToken  string
 
 	MaxInflight  int           // fleet: operations in flight at most
 	Timeout      time.Duration // per request, connect and TLS included
@@ -132,9 +140,15 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("shard %d/%d: want 1 ≤ k ≤ n", c.Shard.K, c.Shard.N)
 	}
 	switch c.Mode {
-	case ModeFleet, ModeBenchmark, ModeRamp:
+	case ModeFleet, ModeBenchmark, ModeRamp, ModeConnect:
 	default:
-		return fmt.Errorf("mode %q: want fleet, benchmark or ramp", c.Mode)
+		return fmt.Errorf("mode %q: want fleet, benchmark, ramp or connect", c.Mode)
+	}
+	if c.Mode == ModeConnect && c.Duration == 0 {
+		c.Duration = time.Minute
+	}
+	if c.CommandRate < 0 || (c.CommandRate > 0 && c.AdminToken == "") {
+		return errors.New("command rate must not be negative, and commands need an admin token")
 	}
 	if c.Conn == "" {
 		c.Conn = ConnKeepAlive

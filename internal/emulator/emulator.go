@@ -42,8 +42,10 @@ type engine struct {
 	start time.Time
 
 	push, reg *opStats
-	lag       *recorder // fleet: send time − intended time
-	acks      *acksLog  // nil: no Config.AcksFile
+	conn, cmd *opStats   // connect mode
+	conns     *connState // connect mode
+	lag       *recorder  // fleet: send time − intended time
+	acks      *acksLog   // nil: no Config.AcksFile
 
 	regPrefix, pushPrefix []byte
 
@@ -124,6 +126,9 @@ func newEngine(cfg Config) (*engine, error) {
 		cfg: cfg, id: newIdentity(cfg.Seed), tr: tr, tpl: tpl,
 		push: newOpStats(), reg: newOpStats(), warned: map[string]bool{},
 	}
+	if cfg.Mode == ModeConnect {
+		e.conn, e.cmd = newOpStats(), newOpStats()
+	}
 	if cfg.Mode == ModeFleet {
 		e.lag = newRecorder()
 		e.dl = newDownloader(e, tlsConf)
@@ -158,6 +163,9 @@ func newEngine(cfg Config) (*engine, error) {
 		}
 		cfg.Logf("credentials: %d of %d devices loaded from %s", n, len(e.devs), cfg.CredentialsFile)
 	}
+	if cfg.Mode == ModeConnect {
+		e.conns = newConnState(e, tlsConf)
+	}
 	return e, nil
 }
 
@@ -178,6 +186,8 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 		st.Workers, st.Loops, st.Duration = cfg.Workers, cfg.Loops, cfg.Duration.Seconds()
 	case ModeRamp:
 		st.Workers, st.Duration = cfg.RampMax, cfg.Duration.Seconds()
+	case ModeConnect:
+		st.Workers, st.Duration = cfg.Workers, cfg.Duration.Seconds()
 	}
 	for _, ip := range cfg.SourceAddrs {
 		st.SourceAddrs = append(st.SourceAddrs, ip.String())
@@ -216,6 +226,8 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 		runErr = e.runBenchmark(runCtx)
 	case ModeRamp:
 		runErr = e.runRamp(runCtx)
+	case ModeConnect:
+		runErr = e.runConnect(runCtx)
 	}
 	cancel()
 	stopAbort()

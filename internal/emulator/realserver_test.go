@@ -159,3 +159,36 @@ func adminGet(t *testing.T, srv *servertest.Server, path string) *http.Request {
 	req.Header.Set("Authorization", "Bearer "+srv.AdminToken)
 	return req
 }
+
+// TestConnectModeDeliversCommands: in connect mode every device holds its
+// persistent connection and the commands sent through the operator API
+// reach the devices over it (op "command"), each followed by a push.
+func TestConnectModeDeliversCommands(t *testing.T) {
+	srv := servertest.Start(t, servertest.Options{})
+	cfg := DefaultConfig()
+	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Seed, cfg.Devices = srv.URL, srv.EnrollmentSecret, srv.CACertPEM, "connect", 10
+	cfg.Mode, cfg.Workers, cfg.Duration, cfg.CommandRate, cfg.AdminToken = ModeConnect, 4, 4*time.Second, 10, srv.AdminToken
+	sum, err := Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, cmd, push := sum.Op(results.OpConnect), sum.Op(results.OpCommand), sum.Op(results.OpPush)
+	if conn.Accepted != 10 || len(conn.Rejected)+len(conn.Dropped) != 0 {
+		t.Fatalf("connect %+v", conn.Counts)
+	}
+	if cmd.Accepted < 5 || len(cmd.Rejected)+len(cmd.Dropped) != 0 || push.Accepted < cmd.Accepted {
+		t.Fatalf("command %+v push %+v", cmd.Counts, push.Counts)
+	}
+	if cmd.Latency == nil || cmd.Latency.Count() != cmd.Accepted {
+		t.Fatalf("command latency %+v", cmd.Latency)
+	}
+	cfg.AdminToken = "wrong"
+	cfg.Seed = "connect-bad"
+	sum, err = Run(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmd := sum.Op(results.OpCommand); cmd.Accepted != 0 || cmd.Rejected["401"] == 0 {
+		t.Fatalf("commands with a wrong token: %+v", cmd.Counts)
+	}
+}

@@ -316,6 +316,8 @@ func (op *Op) Merge(o *Op) {
 const (
 	OpPush     = "push"
 	OpRegister = "register"
+	OpConnect  = "connect" // connect mode: a persistent connection's handshake
+	OpCommand  = "command" // connect mode: command sent until the device is told
 )
 
 // Record types.
