@@ -250,7 +250,7 @@ func (s *Server) listen(context.Context) error {
 		for _, der := range cert.Certificate {
 			s.CertPEM = append(s.CertPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
 		}
-		ln, err := net.Listen("tcp", s.cfg.Listen)
+		ln, err := listenDevices(s.cfg.Listen)
 		if err != nil {
 			return err
 		}
@@ -268,7 +268,7 @@ func (s *Server) listen(context.Context) error {
 		s.servers = append(s.servers, srv)
 	}
 	if s.cfg.HTTPListen != "" {
-		ln, err := net.Listen("tcp", s.cfg.HTTPListen)
+		ln, err := listenDevices(s.cfg.HTTPListen)
 		if err != nil {
 			return err
 		}
