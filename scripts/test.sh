@@ -51,6 +51,9 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 go vet ./...
+# go.mod and go.sum say exactly what the code needs (direct requirements not
+# marked indirect, nothing missing, nothing left over).
+go mod tidy -diff
 if [ -x scripts/build-agents.sh ]; then
   scripts/build-agents.sh
 fi
