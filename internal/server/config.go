@@ -28,6 +28,12 @@ type Config struct {
 	FlushInterval    time.Duration
 	EnrollmentSecret string
 	AdminToken       string
+	// The same secrets from files (one line; surrounding white space
+	// ignored), kept out of the command line and the environment; a secret
+	// and its file are not both given. New reads them (secretfiles.go).
+	EnrollmentSecretFile string
+	AdminTokenFile       string
+	MetricsTokenFile     string
 	PushInterval     int
 	HistoryRetention time.Duration
 	// AuditRetention is how long audit log rows are kept (0: forever).

@@ -66,6 +66,9 @@ type Server struct {
 
 // New opens the store, loads the fleet and binds the listeners.
 func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
+	if err := cfg.readSecretFiles(); err != nil {
+		return nil, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
