@@ -34,8 +34,8 @@ type Config struct {
 	EnrollmentSecretFile string
 	AdminTokenFile       string
 	MetricsTokenFile     string
-	PushInterval     int
-	HistoryRetention time.Duration
+	PushInterval         int
+	HistoryRetention     time.Duration
 	// AuditRetention is how long audit log rows are kept (0: forever).
 	AuditRetention time.Duration
 	// OIDC: single sign-on on the dashboard (docs/security.md); off
