@@ -16,6 +16,7 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/emulator"
 	"github.com/drover/drover/internal/perf"
+	"github.com/dustin/go-humanize"
 )
 
 // perf_ is `drover perf`: its servers are this program's serve command.
@@ -117,6 +118,9 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	fs.StringVar(&o.DB, "db", "", "started server: database DSN (default: SQLite in a temporary data dir)")
 	fs.Var(&serverArgs, "server-arg", "started server: one more flag for `drover serve` (repeatable)")
 	fs.StringVar(&o.WorkDir, "work-dir", "", "where temporary data dirs go (default: the system's temp dir)")
+	fs.Float64Var(&o.CPUs, "cpus", 0, "started server: run it in a cgroup with this CPU quota, in CPUs (e.g. 1 or 0.5; needs root)")
+	memory := fs.String("memory", "", "started server: run it in a cgroup with this memory limit, e.g. 2GiB (needs root)")
+	fs.StringVar(&o.EnvLabel, "env-label", "", "name of this environment in the protocol and perf summary, e.g. C1")
 	fs.Float64Var(&o.Override.Scale, "scale", 0, "shorten the test: multiply devices and duration by this (0 < scale < 1)")
 	fs.IntVar(&o.Override.Devices, "devices", 0, "replace the number of devices")
 	fs.DurationVar(&o.Override.Duration, "duration", 0, "replace the duration (stability, peak)")
@@ -133,6 +137,16 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	}
 	if fs.NArg() == 0 {
 		return command.Usagef("name at least one preset (drover perf list)")
+	}
+	if *memory != "" {
+		b, err := humanize.ParseBytes(*memory)
+		if err != nil || b < 64<<20 {
+			return command.Usagef("--memory %q: want a size of at least 64MiB, e.g. 2GiB", *memory)
+		}
+		o.MemoryBytes = int64(b)
+	}
+	if o.CPUs < 0 {
+		return command.Usagef("--cpus %v: want a positive number of CPUs", o.CPUs)
 	}
 	var presets []perf.Preset
 	for _, n := range fs.Args() {

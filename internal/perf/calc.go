@@ -262,19 +262,21 @@ func computeStability(r *Result, c *Calc) {
 	c.RSSIncPct = rssIncreasePct(c.RSSBefore, c.RSSAfter)
 	c.MiBPerDevice = perDevice(c.RSSIncMiB, p.Devices)
 	c.KiBPerDevice = perDevice(c.RSSIncMiB*1024, p.Devices)
-	if part.After.Machine && r.Env.RAMMiB > 0 {
-		c.RAMUtilPct = ramUtilisationPct(part.After.UsedMiB, r.Env.RAMMiB)
+	if part.After.Machine && r.Env.ram() > 0 {
+		c.RAMUtilPct = ramUtilisationPct(part.After.UsedMiB, r.Env.ram())
 		c.MaxSafe = maxSafeDevices(p.Devices, c.RAMUtilPct)
 		c.Load15 = part.After.Load15
 		c.LoadPerCore = loadPerCore(c.Load15, r.Env.Cores)
 		c.RAMGrade = gradeOf(r.Thresholds.RAMGrades, c.RAMUtilPct)
 	}
-	if c.TotalSec > 0 && r.Env.Threads > 0 {
-		c.CPUAvgPct = (part.After.CPUSecs - part.Before.CPUSecs) / c.TotalSec / float64(r.Env.Threads) * 100
-	}
-	for _, s := range part.Samples {
-		if r.Env.Threads > 0 {
-			c.CPUMaxPct = max(c.CPUMaxPct, s.CPUPct/float64(r.Env.Threads))
+	// CPU is a share of the CPU the server may use: its cgroup's quota
+	// when that is below the machine's threads.
+	if cpus := r.Env.cpus(); cpus > 0 {
+		if c.TotalSec > 0 {
+			c.CPUAvgPct = (part.After.CPUSecs - part.Before.CPUSecs) / c.TotalSec / cpus * 100
+		}
+		for _, s := range part.Samples {
+			c.CPUMaxPct = max(c.CPUMaxPct, s.CPUPct/cpus)
 		}
 	}
 	c.CPUGrade = gradeOf(r.Thresholds.CPUGrades, c.CPUAvgPct)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/hostinfo"
 	"github.com/drover/drover/internal/server"
 )
 
@@ -251,5 +255,103 @@ func TestE2ERollout(t *testing.T) {
 	f.RSSMaxMiB = r.Parts[0].Before.RSSMiB + float64(spec.ArtifactMiB*spec.MaxDownloads) + rolloutRSSBase + 10*rolloutRSSPerDownload + 1
 	if c := Compute(r); c.Verdict != Failed {
 		t.Errorf("RSS growth of %.0f MiB passed", f.RSSMaxMiB-r.Parts[0].Before.RSSMiB)
+	}
+}
+
+// With --admin-token, a running server's machine comes from its GET
+// /api/v1/server: its CPUs, memory, cgroup limits, versions and store,
+// and the machine's memory in every snapshot; the load machine is only
+// where the emulator ran.
+func TestRemoteServerDescribed(t *testing.T) {
+	srv := startRunning(t, "")
+	p, _ := Lookup("Stab-2-2")
+	o := testOptions(t, override{Devices: 20, Threads: 2, Duration: 3 * time.Second, LoopTime: 1})
+	o.ServerCmd, o.URL, o.EnrollmentSecret, o.AdminToken = nil, "http://"+srv.HTTPAddr(), "perf-secret", "perf-admin"
+	o.EnvLabel = "R1"
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+	r, err := Run(rctx, p, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := r.Parts[0]
+	if r.Env.Source != "the server's GET /api/v1/server" || r.Env.Label != "R1" || !strings.Contains(r.Env.Emulator, "load machine") {
+		t.Errorf("environment %+v", r.Env)
+	}
+	if r.Setup.Backend != "sqlite" || r.Setup.Persistence != "write-through" {
+		t.Errorf("setup %+v", r.Setup)
+	}
+	if !part.Before.Machine || !part.After.Machine || part.After.UsedMiB <= 0 || part.After.RSSMiB <= 0 || part.After.CPUSecs <= part.Before.CPUSecs {
+		t.Errorf("snapshots before %+v after %+v", part.Before, part.After)
+	}
+	if c := Compute(r); c.RAMUtilPct <= 0 || c.MaxSafe <= 0 {
+		t.Errorf("RAM utilisation %v, max safe %v: want them measured", c.RAMUtilPct, c.MaxSafe)
+	}
+
+	// A server on another machine: its threads and its cgroup's quota,
+	// not this machine's, divide its CPU time.
+	far := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer adm" {
+			w.WriteHeader(401)
+			return
+		}
+		io.WriteString(w, `{"host":"far","cpu_model":"Big","cores":16,"threads":32,"memory_bytes":68719476736,"memory_used_bytes":1073741824,
+			"cgroup":{"version":2,"path":"/drover","cpus":4,"memory_max_bytes":8589934592,"memory_current_bytes":2147483648},
+			"go_version":"go1.99","drover_version":"v9","backend":"postgres","persistence":"write-back","gomaxprocs":4,"rss_bytes":104857600,"cpu_seconds":12}`)
+	}))
+	defer far.Close()
+	tg := &target{url: far.URL, admin: "adm", client: far.Client()}
+	res := &Result{Env: readEnvironment("local")}
+	tg.describe(res)
+	e := res.Env
+	if e.Host != "far" || e.Threads != 32 || e.cpus() != 4 || e.ram() != 8192 || e.DroverVersion != "v9" || res.Setup.Backend != "postgres" {
+		t.Errorf("far environment %+v setup %+v", e, res.Setup)
+	}
+	s, err := tg.snapshot()
+	if err != nil || !s.Machine || s.UsedMiB != 2048 || s.AvailMiB != 6144 || s.RSSMiB != 100 || s.CPUSecs != 12 {
+		t.Errorf("far snapshot %+v %v", s, err)
+	}
+}
+
+// --cpus and --memory: the started server runs in a cgroup of its own,
+// and the protocol's limits, CPU share and memory are the cgroup's.
+func TestE2ELimitedServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	if lim, err := hostinfo.NewLimits(fmt.Sprintf("drover-perf-probe-%d", os.Getpid()), 1, 256<<20); err != nil {
+		t.Skipf("cannot limit a server here (needs root or a delegated cgroup v2 subtree with cpu and memory, or the v1 cpu and memory hierarchies): %v", err)
+	} else {
+		lim.Remove()
+	}
+	p, _ := Lookup("Stab-2-2")
+	o := testOptions(t, override{Devices: 20, Threads: 2, Duration: 3 * time.Second, LoopTime: 1})
+	o.CPUs, o.MemoryBytes, o.EnvLabel = 0.5, 384<<20, "C0.5"
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+	r, err := Run(rctx, p, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := r.Env
+	if e.CPULimit != 0.5 || e.MemLimitMiB != 384 || e.cpus() != 0.5 || e.ram() != 384 || !strings.Contains(e.Cgroup, "0.5 CPU, 384 MiB") {
+		t.Errorf("environment %+v", e)
+	}
+	part := r.Parts[0]
+	if !part.After.Machine || part.After.UsedMiB <= 0 || part.After.UsedMiB+part.After.AvailMiB > 384.5 {
+		t.Errorf("memory is not the cgroup's: %+v", part.After)
+	}
+	c := Compute(r)
+	if c.RAMUtilPct <= 0 || c.RAMUtilPct > 100 {
+		t.Errorf("RAM utilisation %v %% of the limit", c.RAMUtilPct)
+	}
+	md := markdownOf(r)
+	for _, want := range []string{"| environment | C0.5 |", "server CPU limit (cgroup), CPUs | 0.50", "server memory limit (cgroup), MiB | 384"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("protocol lacks %q", want)
+		}
+	}
+	if left, _ := filepath.Glob("/sys/fs/cgroup/*/drover-perf-*"); len(left) > 0 {
+		t.Errorf("cgroups left behind: %v", left)
 	}
 }

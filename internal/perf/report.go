@@ -86,10 +86,19 @@ func protocol(r *Result, charts bool) *doc {
 	d.h("Environment")
 	e := r.Env
 	t = newTable("item", "value")
+	if e.Label != "" {
+		t.row("environment", e.Label)
+	}
 	t.row("host", e.Host)
 	t.row("CPU", e.CPUModel)
 	t.row("CPU cores / threads", fmt.Sprintf("%d / %d", e.Cores, e.Threads))
 	t.row("RAM / MiB", fx(e.RAMMiB, 0))
+	if e.Cgroup != "" {
+		t.row("server limits", e.Cgroup)
+	}
+	if e.Source != "" {
+		t.row("described by", e.Source)
+	}
 	t.row("kernel", e.Kernel)
 	t.row("OS", e.OS)
 	t.row("Go / Drover", e.GoVersion+" / "+e.DroverVersion)
@@ -254,6 +263,12 @@ func stabilitySections(d *doc, r *Result, c *Calc) {
 	t := newTable("", "", "value")
 	t.row("HW specs", "CPU cores / threads", fmt.Sprintf("%d / %d", r.Env.Cores, r.Env.Threads))
 	t.row("", "RAM / MiB", fx(r.Env.RAMMiB, 0))
+	if r.Env.CPULimit > 0 {
+		t.row("", "server CPU limit (cgroup), CPUs", fx(r.Env.CPULimit, 2))
+	}
+	if r.Env.MemLimitMiB > 0 {
+		t.row("", "server memory limit (cgroup), MiB", fx(r.Env.MemLimitMiB, 0))
+	}
 	t.row("Pre-test", "available MiB OS", orNA(machine, fx(part.Before.AvailMiB, 0)))
 	t.row("", "used MiB OS", orNA(machine, fx(part.Before.UsedMiB, 0)))
 	t.row("", "drover RSS (MiB)", fx(c.RSSBefore, 1))
@@ -262,7 +277,7 @@ func stabilitySections(d *doc, r *Result, c *Calc) {
 	t.row("", "drover RSS (MiB)", fx(c.RSSAfter, 1))
 	t.row("", "avg load 15", orNA(part.After.Machine, fx(c.Load15, 2)))
 	t.row("", "avg load 15 / CPU core", orNA(part.After.Machine, fx(c.LoadPerCore, 2)))
-	t.row("", "drover CPU, avg / max (% of all CPU threads)", fx(c.CPUAvgPct, 2)+" / "+fx(c.CPUMaxPct, 2))
+	t.row("", "drover CPU, avg / max (% of the CPU threads it may use)", fx(c.CPUAvgPct, 2)+" / "+fx(c.CPUMaxPct, 2))
 	d.tab(t)
 
 	d.h("Results")
@@ -605,8 +620,10 @@ func notes(r *Result, c *Calc) []string {
 	n = append(n, "Command: `"+r.Command+"`")
 	switch p.Kind {
 	case stability:
+		if note := loopTimeNote(r, c); note != "" {
+			n = append(n, note)
+		}
 		n = append(n,
-			"Total time runs from the emulator's start to its end; it includes each device's registration before its first push, so the real loop time is a little longer than the set loop time (as in the seed reports).",
 			"Estimated data-pushes = devices × minutes × 60 / loop time; rough avg req/s = performed pushes / total time; real loop time = total time / (performed pushes / devices).",
 			"Max safe # of devices = devices / RAM utilisation: the fleet at which the OS memory would be fully used if it grew with the fleet. OS used memory = MemTotal − MemAvailable and includes everything else on the machine.",
 			fmt.Sprintf("Each device pushes once per %d s at its own phase (open loop); at most %d requests are in flight at once (the emulator threads).", p.LoopTime, p.Threads))
@@ -649,4 +666,42 @@ func notes(r *Result, c *Calc) []string {
 	}
 	n = append(n, r.Notes...)
 	return n
+}
+
+// loopTimeNote explains a real loop time that differs from the set one.
+// Each device pushes at fixed times (its phase, then once per loop time;
+// its registration happens inside its first push's slot and shifts
+// nothing), so the figures are exact — real loop time = loop time, as
+// shown — when the duration holds whole loops and every scheduled push was
+// performed; otherwise the note says which pushes are missing.
+func loopTimeNote(r *Result, c *Calc) string {
+	p := r.Preset
+	if p.LoopTime <= 0 || c.RealLoopTime <= 0 || fx(c.RealLoopTime, 0) == fx(float64(p.LoopTime), 0) {
+		return ""
+	}
+	var aborted, skipped, unreg int64
+	for _, part := range r.Parts {
+		aborted += part.Push.Aborted
+		skipped += part.Push.Skipped
+		unreg += part.Push.Unregistered
+	}
+	var why []string
+	if aborted > 0 {
+		why = append(why, gi(int(aborted))+" cut off by the end of the test (aborted)")
+	}
+	if skipped > 0 {
+		why = append(why, gi(int(skipped))+" not sent because the device was still busy with its previous push")
+	}
+	if unreg > 0 {
+		why = append(why, gi(int(unreg))+" not sent because the device's registration failed")
+	}
+	if loops := c.TotalSec / float64(p.LoopTime); math.Abs(loops-math.Round(loops)) > 0.01 {
+		why = append(why, fmt.Sprintf("the total time holds %s loops, not a whole number (the last loop is partial)", fx(loops, 2)))
+	}
+	if len(why) == 0 {
+		why = append(why, "pushes sent late (the emulator or the server could not keep up)")
+	}
+	scheduled := float64(p.Devices) * c.TotalSec / float64(p.LoopTime)
+	return fmt.Sprintf("The real loop time (%s s) differs from the set loop time (%d s): %s pushes were performed of about %s the total time held; total time / (performed pushes / devices) counts every push the test did not perform: %s. Each device pushes at its fixed times (its registration happens in its first push's slot and shifts nothing), so with whole loops and every push performed the two are equal.",
+		fx(c.RealLoopTime, 0), p.LoopTime, gi(int(c.Performed)), gi(int(scheduled)), strings.Join(why, "; "))
 }

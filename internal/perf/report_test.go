@@ -124,3 +124,31 @@ func TestHTMLIsSelfContained(t *testing.T) {
 		t.Error("NaN in the output")
 	}
 }
+
+// The loop-time note appears only when the real loop time differs from
+// the set one, and says why.
+func TestLoopTimeNote(t *testing.T) {
+	exact := seedStab()
+	part := &exact.Parts[0]
+	part.Ended = part.Started.Add(7200 * time.Second)
+	part.Push.Accepted = 36000
+	if md := markdownOf(exact); strings.Contains(md, "real loop time (") {
+		t.Errorf("exact figures (36 whole loops, every push performed) got the note:\n%s", md)
+	}
+	if c := Compute(exact); c.RealLoopTime != 200 {
+		t.Errorf("real loop time %v, want 200", c.RealLoopTime)
+	}
+	short := seedStab()
+	part = &short.Parts[0]
+	part.Ended = part.Started.Add(7200 * time.Second)
+	part.Push.Accepted, part.Push.Aborted, part.Push.Skipped = 35000, 2, 998
+	md := markdownOf(short)
+	for _, want := range []string{"The real loop time (206 s) differs from the set loop time (200 s): 35,000 pushes were performed of about 36,000", "2 cut off by the end of the test (aborted)", "998 not sent because the device was still busy"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("note lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "not a whole number") {
+		t.Error("36 whole loops called partial")
+	}
+}

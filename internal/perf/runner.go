@@ -27,6 +27,7 @@ import (
 
 	"github.com/drover/drover/internal/emulator"
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/hostinfo"
 )
 
 // Options configure a run of one or more presets.
@@ -48,6 +49,12 @@ type Options struct {
 	DB          string   // default: SQLite in the temporary data dir
 	ServerArgs  []string // passed through
 	WorkDir     string   // parent of temporary data dirs (default: os.TempDir())
+	// CPUs and MemoryBytes run a started server in a cgroup of its own
+	// with that CPU quota and memory limit (0: none), so that one machine
+	// measures several sizes; EnvLabel names the size in the protocol.
+	CPUs        float64
+	MemoryBytes int64
+	EnvLabel    string
 
 	Override    override
 	Conn        emulator.ConnMode // default: new connection per request
@@ -70,6 +77,9 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	}
 	if o.URL != "" && len(o.Override.Handlers) > 0 {
 		return nil, errors.New("--handlers needs a server started by drover perf: a running server keeps its own threads")
+	}
+	if o.URL != "" && (o.CPUs > 0 || o.MemoryBytes > 0) {
+		return nil, errors.New("--cpus and --memory limit a server started by drover perf; a running server has its own limits")
 	}
 	if o.URL == "" && len(o.ServerCmd) == 0 {
 		return nil, errors.New("no server: give a URL or a server command")
@@ -97,6 +107,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	}
 	r := &Result{Format: resultFormat, Preset: p, Changes: changes, Command: o.Command, Started: time.Now().UTC(),
 		Env: readEnvironment(o.Version), Thresholds: th}
+	r.Env.Label = o.EnvLabel
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
 		r.Env.OpenFiles = lim.Cur
@@ -189,6 +200,7 @@ type target struct {
 	review             *logReview
 	logFile            string
 	logOffset          int64
+	info               *serverInfo   // remote: GET /api/v1/server answered (nil: not available)
 	seed               string        // the emulated fleet's identity seed
 	interval           time.Duration // overload test: the push interval offering OverloadFactor × capacity
 	credentials        string        // a fleet test: the registered fleet's credentials file
@@ -208,6 +220,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 		return part, err
 	}
 	defer t.close()
+	t.describe(r)
 	if r.Setup.Target == "" || !r.Setup.Local {
 		r.Setup.Target = t.url
 	}
@@ -627,17 +640,26 @@ func (t *target) metrics() (metrics, error) {
 func (t *target) snapshot() (snapshot, error) {
 	s := snapshot{At: time.Now().UTC()}
 	if t.local != nil {
-		ps, err := readProc(t.local.cmd.Process.Pid)
+		ps, err := hostinfo.ReadProc(t.local.cmd.Process.Pid)
 		if err != nil {
 			return s, err
 		}
 		s.RSSMiB, s.CPUSecs = mib(ps.RSS), ps.CPUSecs
-		mi, err1 := readMemInfo()
-		l15, err2 := readLoad15()
+		mi, err1 := hostinfo.ReadMemInfo()
+		l15, err2 := hostinfo.ReadLoad15()
 		if err1 == nil && err2 == nil {
 			s.UsedMiB, s.AvailMiB, s.Load15, s.Machine = mib(mi.Used), mib(mi.Available), l15, true
+			s.limitMemory(hostinfo.ReadCgroup(t.local.cmd.Process.Pid))
 		}
 		return s, nil
+	}
+	if t.info != nil {
+		if in, err := t.serverInfo(); err == nil {
+			s.RSSMiB, s.CPUSecs = mib(in.RSSBytes), in.CPUSeconds
+			s.UsedMiB, s.AvailMiB, s.Load15, s.Machine = mib(in.UsedBytes), mib(in.AvailBytes), in.Load15, in.RAMBytes > 0
+			s.limitMemory(in.Cgroup)
+			return s, nil
+		}
 	}
 	m, err := t.metrics()
 	if err != nil {
@@ -805,6 +827,7 @@ type localServer struct {
 	stopping           bool
 	mu                 sync.Mutex
 	stderrDone         chan struct{}
+	limits             *hostinfo.Limits // --cpus, --memory; nil: none
 }
 
 func startLocal(ctx context.Context, p Preset, handlers int, o Options) (*localServer, error) {
@@ -873,6 +896,19 @@ func startLocal(ctx context.Context, p Preset, handlers int, o Options) (*localS
 		pw.Close()
 		close(ls.done)
 	}()
+	if o.CPUs > 0 || o.MemoryBytes > 0 {
+		// Moved at once, before it listens: its start-up runs under the
+		// limits too (the Go runtime then sets GOMAXPROCS to the quota).
+		lim, err := hostinfo.NewLimits("drover-perf-"+strconv.Itoa(ls.cmd.Process.Pid), o.CPUs, o.MemoryBytes)
+		if err == nil {
+			ls.limits = lim
+			err = lim.Add(ls.cmd.Process.Pid)
+		}
+		if err != nil {
+			ls.stop()
+			return nil, fmt.Errorf("--cpus/--memory: %w", err)
+		}
+	}
 	select {
 	case ls.url = <-addr:
 	case <-ls.done:
@@ -925,6 +961,9 @@ func (ls *localServer) stop() {
 			<-ls.done
 		}
 		<-ls.stderrDone
+	}
+	if ls.limits != nil {
+		ls.limits.Remove()
 	}
 	os.RemoveAll(ls.dir)
 }

@@ -87,7 +87,7 @@ func Size(rs []*Result, devices int, interval float64, ssl bool) (Sizing, error)
 		s.MemoryOf = stab.Title()
 		s.BaseRSSMiB, s.KiBPerDevice = c.RSSBefore, c.KiBPerDevice
 		s.ProjectedMiB = s.BaseRSSMiB + s.KiBPerDevice*float64(devices)/1024
-		s.RAMMiB = stab.Env.RAMMiB
+		s.RAMMiB = stab.Env.ram()
 		s.AvailableMiB = part.Before.AvailMiB
 		if part.Before.Machine && s.AvailableMiB > 0 {
 			growth := s.ProjectedMiB - s.BaseRSSMiB

@@ -56,6 +56,7 @@ func Summary(w io.Writer, rs []*Result) error {
 		}
 		tests[r.Command] = append(tests[r.Command], r.Preset.Name)
 	}
+	environmentsSection(&b, rs)
 	b.WriteString("\nCommands:\n")
 	for _, cmd := range cmds {
 		fmt.Fprintf(&b, "\n- %s:\n\n  ```sh\n  %s\n  ```\n", strings.Join(tests[cmd], ", "), cmd)

@@ -47,6 +47,8 @@ type api struct {
 	fw        firmwareFiles
 	hub       *hub // persistent connections; nil: none (connect.go)
 
+	backend, persistence string // GET /api/v1/server (serverinfo.go)
+
 	// metricsToken may read /metrics only; nil: none.
 	metricsToken []byte
 

@@ -125,6 +125,7 @@ func (a *api) table() []route {
 		{method: "DELETE", path: "/api/v1/devices/{id}/quota", need: operator, fn: a.restoreQuota},
 		{method: "GET", path: "/api/v1/stats", need: viewer, fn: a.stats},
 		{method: "GET", path: "/api/v1/cluster", need: viewer, fn: a.getCluster},
+		{method: "GET", path: "/api/v1/server", need: viewer, fn: a.serverInfo},
 		{method: "GET", path: "/api/v1/labels", need: viewer, fn: a.listLabels},
 		{method: "POST", path: "/api/v1/labels/assign", need: operator, fn: a.assignLabel},
 		{method: "DELETE", path: "/api/v1/labels/{name}", need: operator, fn: a.deleteLabel},

@@ -198,8 +198,9 @@ func (s *Server) buildHandler(context.Context) error {
 		acc:   s.acc,
 		slots: make(chan struct{}, s.cfg.MaxInflight), ready: s.ready, writable: s.writable, degraded: s.degraded, cnode: s.node,
 		metricsToken: []byte(s.cfg.MetricsToken),
-		regLimit:     newRegLimiter(s.cfg.registerLimits()),
-		fw:           firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax, clustered: s.cfg.Cluster, shared: s.cfg.FirmwareDir != ""},
+		backend:      backendOf(s.cfg.Persistence, s.cfg.dbDSN()), persistence: s.cfg.Persistence,
+		regLimit: newRegLimiter(s.cfg.registerLimits()),
+		fw:       firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax, clustered: s.cfg.Cluster, shared: s.cfg.FirmwareDir != ""},
 	}
 	if s.cfg.NodeName != "" {
 		a.node = []string{s.cfg.NodeName}

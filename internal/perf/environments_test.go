@@ -1,0 +1,86 @@
+package perf
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The seeds' benchmark table: C1 and C2 under 0.6.0 and 0.7.0, each row
+// as % of the previous version in the same environment (seed 000: C1 49 →
+// 57 MiB is 116 %, 142 → 143 pushes/s is 101 %).
+func TestSummaryAcrossEnvironments(t *testing.T) {
+	mk := func(version, label string, day int, rssBefore, rssAfter, pps float64) []*Result {
+		s, b := seedStab(), seedBench()
+		for _, r := range []*Result{s, b} {
+			r.Env.DroverVersion, r.Env.Label = version, label
+			r.Started = r.Started.AddDate(0, 0, day)
+		}
+		s.Preset.Devices = 1024
+		s.Parts[0].Before.RSSMiB, s.Parts[0].After.RSSMiB = rssBefore, rssAfter
+		b.Parts = b.Parts[:1]
+		b.Parts[0].Push.ElapsedSec = 12000 / pps
+		return []*Result{s, b}
+	}
+	var rs []*Result
+	rs = append(rs, mk("0.7.0", "C1", 30, 37, 57, 143)...)
+	rs = append(rs, mk("0.6.0", "C2", 0, 40, 54, 182)...)
+	rs = append(rs, mk("0.6.0", "C1", 0, 34, 49, 142)...)
+	rs = append(rs, mk("0.7.0", "C2", 30, 76, 95, 175)...)
+	rs[4].Env.Cgroup = "cgroup v2 /drover-perf-1: 1 CPU, 512 MiB"
+	var out bytes.Buffer
+	if err := Summary(&out, rs); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{
+		"| 0.6.0 | C1 | 49.0 | — | 15.00 | — | 142.00 | — |",
+		"| 0.6.0 | C2 | 54.0 | — |",
+		"| 0.7.0 | C1 | 57.0 | 116 | 20.00 | 133 | 143.00 | 101 |",
+		"| 0.7.0 | C2 | 95.0 | 176 |",
+		"| C1 | Intel Xeon E5 2.2GHz | 1 / 1 | 512 | cgroup v2 /drover-perf-1: 1 CPU, 512 MiB |",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Index(s, "| 0.6.0 | C2 |") > strings.Index(s, "| 0.7.0 | C1 |") {
+		t.Error("versions not in the order they were measured")
+	}
+}
+
+// PeakD at 64, 256 and 1024 threads: drops begin between 256 and 1024.
+func TestPeakBreakingPoint(t *testing.T) {
+	mk := func(name string, dropped int64) *Result {
+		r := seedPeakF()
+		r.Preset, _ = Lookup(name)
+		r.Command = "drover perf run " + name
+		r.Started = r.Started.Add(time.Duration(r.Preset.Threads) * time.Minute)
+		r.Parts[0].Push = opFigures{Accepted: 600000, ElapsedSec: 600}
+		if dropped > 0 {
+			r.Parts[0].Push.Dropped = map[string]int64{"timeout": dropped}
+		}
+		return r
+	}
+	rs := []*Result{mk("PeakD-1024-max", 500), mk("PeakD-64-max", 0), mk("PeakD-256-max", 0)}
+	bps := breakingPoints(rs)
+	if len(bps) != 1 || bps[0].BeginsAt != 1024 || bps[0].LastClean != 256 || bps[0].text() != "between 256 and 1024 threads" {
+		t.Fatalf("%+v", bps)
+	}
+	var out bytes.Buffer
+	if err := Summary(&out, rs); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.Contains(s, "| PeakD | 64: 1,000/s (no drops); 256: 1,000/s (no drops); 1024: 1,000/s (drops, 0.083 % error-or-retried) | between 256 and 1024 threads |") {
+		t.Errorf("peak summary:\n%s", s)
+	}
+	// Drops already at the lowest count; none at any count.
+	d64, d256, d1024 := mk("PeakD-64-max", 0), mk("PeakD-256-max", 0), mk("PeakD-1024-max", 500)
+	if bp := breakingPoints([]*Result{d1024})[0]; bp.text() != "at 1024 threads or fewer (drops at the lowest count measured)" {
+		t.Errorf("%q", bp.text())
+	}
+	if bp := breakingPoints([]*Result{d256, d64})[0]; bp.text() != "no drops up to 256 threads" {
+		t.Errorf("%q", bp.text())
+	}
+}
