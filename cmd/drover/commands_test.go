@@ -127,7 +127,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 	if code := run(context.Background(), []string{"help"}, testEnv(nil, &out, &errOut, nil)); code != 0 || !strings.Contains(out.String(), "migrate") {
 		t.Errorf("drover help: %d %q", code, out.String())
 	}
-	for _, args := range [][]string{{}, {"nonsense"}, {"perf"}, {"perf", "nonsense"}, {"report"}, {"emulate"}, {"serve", "stray"}} {
+	for _, args := range [][]string{{}, {"nonsense"}, {"perf"}, {"perf", "nonsense"}, {"report"}, {"emulate"}, {"serve", "stray"},
+		{"perf", "run", "--memory", "10KiB", "Stab-2-2"}, {"perf", "run", "--cpus", "-1", "Stab-2-2"},
+		{"perf", "run", "--url", "http://127.0.0.1:1", "--enrollment-secret", "s", "--cpus", "1", "Stab-2-2"}} {
 		errOut.Reset()
 		if code := run(context.Background(), args, testEnv(nil, io.Discard, &errOut, nil)); code != 2 || errOut.Len() == 0 {
 			t.Errorf("drover %q: exit %d, stderr %q", args, code, errOut.String())

@@ -148,6 +148,9 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	if o.CPUs < 0 {
 		return command.Usagef("--cpus %v: want a positive number of CPUs", o.CPUs)
 	}
+	if o.URL != "" && (o.CPUs > 0 || o.MemoryBytes > 0) {
+		return command.Usagef("--cpus and --memory limit a server started by drover perf; a running server (--url) has its own limits")
+	}
 	var presets []perf.Preset
 	for _, n := range fs.Args() {
 		p, ok := perf.Lookup(n)
