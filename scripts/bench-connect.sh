@@ -108,7 +108,7 @@ lpids=()
 key=$work/data/tls/key.pem
 if [[ $brokers == *mosquitto* ]] && command -v mosquitto >/dev/null; then
   mport=$(freeport)
-  printf 'listener %s 127.0.0.1\ncertfile %s\nkeyfile %s\nallow_anonymous true\nmax_connections -1\npersistence false\n' $mport $ca $key >"$work/mosq.conf"
+  printf 'user %s\nlistener %s 127.0.0.1\ncertfile %s\nkeyfile %s\nallow_anonymous true\nmax_connections -1\npersistence false\n' "$(id -un)" $mport $ca $key >"$work/mosq.conf"
   mosquitto -c "$work/mosq.conf" 2>"$work/mosq.log" & pids+=($!)
   brokerrun mosquitto $! $mport
 fi
