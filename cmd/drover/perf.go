@@ -31,7 +31,7 @@ commands:
   fleet [flags]                 issue 11's fleet test (the Fleet-1M preset): run --scale 0.2 for 200,000 devices
   report RESULT.json...         render protocols again from result files
   compare PREVIOUS CURRENT      version comparison (result files or directories)
-  summary DIR...                a Markdown index of results (verdicts, figures, commands)
+  summary DIR...                a Markdown index of results (verdicts, figures, environments, breaking points)
   size --devices N --interval S [--from DIR]
                                 whether this machine carries a fleet
 
@@ -279,7 +279,7 @@ func perfCompare(args []string, env command.Env) error {
 func perfSummary(args []string, env command.Env) error {
 	fs := flag.NewFlagSet("drover perf summary", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: drover perf summary DIR|FILE...\n\nA Markdown index of the results in the given directories or JSON files: verdicts, figures, commands.")
+		fmt.Fprintln(fs.Output(), "usage: drover perf summary DIR|FILE...\n\nA Markdown index of the results in the given directories or JSON files: verdicts, figures,\ncommands, environments, the benchmark table across versions, and where the Peak\ntests' and emulator ramps' (*.jsonl) drops begin.")
 	}
 	if err := command.Load(fs, args, env); err != nil {
 		return err
@@ -287,11 +287,15 @@ func perfSummary(args []string, env command.Env) error {
 	if fs.NArg() == 0 {
 		return command.Usagef("give result files or directories")
 	}
-	rs, err := perf.LoadResults(fs.Args()...)
+	ramps, err := perf.LoadRamps(fs.Args()...)
 	if err != nil {
 		return err
 	}
-	return perf.Summary(env.Stdout, rs)
+	rs, err := perf.LoadResults(fs.Args()...)
+	if err != nil && len(ramps) == 0 {
+		return err
+	}
+	return perf.Summary(env.Stdout, rs, ramps...)
 }
 
 func perfSize(args []string, env command.Env) error {

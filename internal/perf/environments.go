@@ -67,6 +67,9 @@ func groupResults(rs []*Result) []*envGroup {
 // environmentsSection is the seed reports' environment specs, test-run
 // map and benchmark table across versions and environments.
 func environmentsSection(b *strings.Builder, rs []*Result) {
+	if len(rs) == 0 {
+		return
+	}
 	groups := groupResults(rs)
 	b.WriteString("\n## Environments\n\n| environment | CPU | cores / threads | RAM MiB | server limits | tests |\n|---|---|--:|--:|---|---|\n")
 	seen := map[string]bool{}

@@ -84,3 +84,22 @@ func TestPeakBreakingPoint(t *testing.T) {
 		t.Errorf("%q", bp.text())
 	}
 }
+
+// An emulator ramp's stream: its steps and where drops began.
+func TestSummaryRamp(t *testing.T) {
+	ramps, err := LoadRamps("../report/testdata/ramp.jsonl", t.TempDir())
+	if err != nil || len(ramps) != 1 {
+		t.Fatalf("%d ramps, %v", len(ramps), err)
+	}
+	var out bytes.Buffer
+	if err := Summary(&out, nil, ramps...); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if !strings.Contains(s, "| ramp.jsonl | loadgen | v0.0.0-test | http://127.0.0.1:8080 | 8: 400/s; 16: 700/s; 32: 900/s; 64: 880/s (drops) | between 32 and 64 workers; best clean step 32 workers at 900/s |") {
+		t.Errorf("ramp summary:\n%s", s)
+	}
+	if strings.Contains(s, "## Environments") {
+		t.Error("an environments table without perf results")
+	}
+}

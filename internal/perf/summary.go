@@ -8,8 +8,8 @@ import (
 
 // Summary writes a Markdown index of results: one row per test with its
 // verdict, headline figures and protocol files, then the commands that
-// produced them.
-func Summary(w io.Writer, rs []*Result) error {
+// produced them; ramps add where their drops began.
+func Summary(w io.Writer, rs []*Result, ramps ...RampRun) error {
 	sortResults(rs)
 	var b strings.Builder
 	b.WriteString("| test | verdict | figures | protocol |\n|---|---|---|---|\n")
@@ -57,6 +57,7 @@ func Summary(w io.Writer, rs []*Result) error {
 		tests[r.Command] = append(tests[r.Command], r.Preset.Name)
 	}
 	environmentsSection(&b, rs)
+	rampSection(&b, ramps)
 	b.WriteString("\nCommands:\n")
 	for _, cmd := range cmds {
 		fmt.Fprintf(&b, "\n- %s:\n\n  ```sh\n  %s\n  ```\n", strings.Join(tests[cmd], ", "), cmd)
