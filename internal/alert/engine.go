@@ -1,6 +1,7 @@
 package alert
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -484,9 +485,15 @@ func (e *Engine) Flush(ctx context.Context) error {
 		}
 		evs = evs[n:]
 	}
+	// Sync events in smaller transactions, each sorted by device: the
+	// database's writer is shared with the pushes' commits, and an index
+	// by (device, time) takes sorted rows with fewer page visits.
+	const syncChunk = 500
 	for len(syncs) > 0 {
-		n := min(len(syncs), chunk)
-		if err := e.store.SaveSyncEvents(ctx, syncs[:n]); err != nil {
+		n := min(len(syncs), syncChunk)
+		part := slices.Clone(syncs[:n])
+		slices.SortStableFunc(part, func(a, b SyncEvent) int { return cmp.Compare(a.DeviceID, b.DeviceID) })
+		if err := e.store.SaveSyncEvents(ctx, part); err != nil {
 			e.requeue(nil, syncs)
 			return err
 		}

@@ -68,12 +68,21 @@ func (a *Aux) execEach(ctx context.Context, q string, n int, args func(i int) ([
 			return err
 		}
 		defer st.Close()
+		// Rows run with a context that cannot be cancelled: with one that
+		// can, modernc.org/sqlite starts a goroutine per statement to
+		// interrupt it. ctx is checked every 256 rows instead.
+		rowCtx := context.WithoutCancel(ctx)
 		for i := range n {
+			if i%256 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
 			row, err := args(i)
 			if err != nil {
 				return err
 			}
-			if _, err := st.ExecContext(ctx, row...); err != nil {
+			if _, err := st.ExecContext(rowCtx, row...); err != nil {
 				return fmt.Errorf("%.40s…: row %d: %w", q, i, err)
 			}
 		}
