@@ -9,7 +9,8 @@ package sqlite
 // state_logs); memory keeps, per device, where its newest row is. The merger
 // closes the open generation when it is long or old enough, copies each
 // device's newest row of it into `devices` in device order (chunks of
-// mergeChunk, one transaction each: pushes go on in between), then drops it.
+// mergeChunk, one transaction each, resting three times as long after each:
+// pushes go on in between), then drops it.
 //
 // A state is durable when its row is committed, as it was with the update in
 // place. After a crash, open reads where each device's newest row is and Load
@@ -39,7 +40,11 @@ var (
 	// (tests call MergeStateLog).
 	logCheckEvery = 5 * time.Second
 	// mergeChunk is how many devices one merge transaction updates.
-	mergeChunk = 2000
+	mergeChunk = 500
+	// mergeRest is how long the merger rests after each transaction, in
+	// multiples of the transaction's time: the writer it shares with the
+	// pushes' commits is the merger's a quarter of the time at most.
+	mergeRest = 3
 )
 
 // ref locates a device's newest log row: generation << 40 | rowid; 0: none,
@@ -330,6 +335,7 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 		more := next < uint64(len(l.latest))
 		l.refMu.RUnlock()
 		if len(chunk) > 0 {
+			start := time.Now()
 			err := inTx(ctx, s.w, func(tx *sql.Tx) error {
 				st, err := tx.PrepareContext(ctx, upd)
 				if err != nil {
@@ -345,6 +351,12 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 			})
 			if err != nil {
 				return err
+			}
+			if more {
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Duration(mergeRest) * time.Since(start)):
+				}
 			}
 		}
 		if !more {
