@@ -282,6 +282,7 @@ func (a *api) firmwareFile(w http.ResponseWriter, r *http.Request) {
 	h.Set("ETag", `"`+f.SHA256+`"`)
 	h.Set("Cache-Control", "private, max-age=31536000, immutable")
 	a.m.firmwareDownloads.Inc()
+	notBusy(r) // paced by the device's link, not the server (gate.go)
 	http.ServeContent(w, r, "", f.CreatedAt, file)
 }
 

@@ -134,3 +134,14 @@ func trackBusy(c net.Conn, st http.ConnState) {
 		gc.setBusy(false)
 	}
 }
+
+// notBusy takes r's connection out of the gate's count until its next
+// request, for answers paced by the client rather than the server's CPU: a
+// firmware download at the device's link speed, a held 429 (tarpit.go).
+// Counted, a rollout's thousand concurrent downloads would hold the gate
+// shut against every push.
+func notBusy(r *http.Request) {
+	if cs, _ := r.Context().Value(connKey{}).(*connState); cs != nil && cs.gated != nil {
+		cs.gated.setBusy(false)
+	}
+}

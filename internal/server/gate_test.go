@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,4 +92,25 @@ func waitFor(t *testing.T, ok func() bool, msg string) {
 		}
 	}
 	t.Fatal(msg)
+}
+
+// A request marked notBusy (a download, a held 429) leaves the gate's count.
+func TestNotBusyLeavesTheGate(t *testing.T) {
+	g := newAcceptGate(1, prometheus.NewCounter(prometheus.CounterOpts{Name: "h"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "hs"}))
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	gc := &gatedConn{Conn: c1, g: g}
+	gc.setBusy(true)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r = r.WithContext(withConnState(r.Context(), gc))
+	notBusy(r)
+	if n := g.busy.Load(); n != 0 {
+		t.Fatalf("busy %d after notBusy, want 0", n)
+	}
+	notBusy(r) // twice: still counted once
+	trackBusy(gc, http.StateActive)
+	if n := g.busy.Load(); n != 1 {
+		t.Fatalf("busy %d after the next request, want 1", n)
+	}
 }

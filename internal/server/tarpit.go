@@ -156,9 +156,7 @@ func (a *api) refuseOverQuota(w http.ResponseWriter, r *http.Request) bool {
 	case cs == nil || !cs.refused.Swap(true) || t.maxHold <= 0:
 		t.atOnce.Inc()
 	case t.enter(qe.DeviceID):
-		if cs.gated != nil {
-			cs.gated.setBusy(false) // a held answer takes no CPU: not busy for the accept gate
-		}
+		notBusy(r) // a held answer takes no CPU
 		wait -= t.hold(r.Context(), min(wait, t.maxHold))
 		t.leave(qe.DeviceID)
 		t.held.Inc()
