@@ -180,25 +180,44 @@ func (s *Store) stopStateLog() {
 }
 
 // appendStates writes a batch's states to the open generation within tx and
-// returns their rows; l.mu is held.
+// returns their rows; l.mu is held. A device whose newest row is already in
+// the open generation has that row rewritten: the log holds one row per
+// device and generation, so a device pushing often (or a hostile one within
+// its quota) does not grow it.
 func (s *Store) appendStates(ctx context.Context, tx *sql.Tx, states []fleet.StateRecord) ([]ref, error) {
 	if len(states) == 0 {
 		return nil, nil
 	}
 	l := &s.states
 	gen := l.gens[len(l.gens)-1]
-	st, err := tx.PrepareContext(ctx, `INSERT INTO `+logTable(gen)+` (`+logColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`)
+	ins, err := tx.PrepareContext(ctx, `INSERT INTO `+logTable(gen)+` (`+logColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer ins.Close()
+	var upd *sql.Stmt
 	refs := make([]ref, len(states))
+	rowCtx := context.WithoutCancel(ctx)
 	for i, r := range states {
 		if err := chunkCheck(ctx, i); err != nil {
 			return nil, err
 		}
-		res, err := st.ExecContext(context.WithoutCancel(ctx), r.DeviceID, r.Firmware, lastSeen(r.LastSeen), int64(r.Seq),
-			r.AppliedVersion, r.ConfigError, []byte(r.State))
+		args := []any{r.Firmware, lastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion, r.ConfigError, []byte(r.State)}
+		if old := l.get(r.DeviceID); old != 0 && old.gen() == gen {
+			if upd == nil {
+				if upd, err = tx.PrepareContext(ctx, `UPDATE `+logTable(gen)+` SET firmware = ?, last_seen = ?, seq = ?,
+					applied_version = ?, config_error = ?, state = ? WHERE rowid = ?`); err != nil {
+					return nil, err
+				}
+				defer upd.Close()
+			}
+			if _, err := upd.ExecContext(rowCtx, append(args, old.rowid())...); err != nil {
+				return nil, fmt.Errorf("state of device %d: %w", r.DeviceID, err)
+			}
+			refs[i] = old
+			continue
+		}
+		res, err := ins.ExecContext(rowCtx, append([]any{r.DeviceID}, args...)...)
 		if err != nil {
 			return nil, fmt.Errorf("state of device %d: %w", r.DeviceID, err)
 		}
