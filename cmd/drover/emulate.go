@@ -83,7 +83,11 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 			"be set as DROVER_<NAME> in the environment or as <name> in the --config file.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
+	secretFiles := command.DefineSecretFiles(fs, "secret", "admin-token")
 	if err := command.Load(fs, args, env); err != nil {
+		return err
+	}
+	if err := secretFiles.Read(); err != nil {
 		return err
 	}
 	if err := command.NoArgs(fs); err != nil {
@@ -207,7 +211,7 @@ func emulateProcs(ctx context.Context, fs *flag.FlagSet, cfg emulator.Config, pr
 	if err != nil {
 		return nil, fmt.Errorf("--procs: cannot find this program: %w", err)
 	}
-	skip := map[string]bool{"procs": true, "out": true, "progress": true, "shard": true, "run-id": true, "log-every": true, "secret": true, "config": true, "admin-token": true}
+	skip := map[string]bool{"procs": true, "out": true, "progress": true, "shard": true, "run-id": true, "log-every": true, "secret": true, "config": true, "admin-token": true, "secret-file": true, "admin-token-file": true}
 	fs.VisitAll(func(f *flag.Flag) {
 		// Every value, also those from the environment or the config file.
 		if !skip[f.Name] && f.Value.String() != f.DefValue {

@@ -44,6 +44,16 @@ Run 'drover perf <command> --help' for a command's flags. docs/perf.md explains 
 	}
 	switch args[0] {
 	case "list":
+		fs := flag.NewFlagSet("drover perf list", flag.ContinueOnError)
+		fs.Usage = func() {
+			fmt.Fprintf(fs.Output(), "usage: drover perf list\n\nLists the presets: their type, devices, threads, duration and loop time.\n")
+		}
+		if err := command.Parse(fs, args[1:], env); err != nil {
+			return err
+		}
+		if err := command.NoArgs(fs); err != nil {
+			return err
+		}
 		return perf.List(stdout)
 	case "run":
 		exe, err := os.Executable()
@@ -132,7 +142,11 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	out := fs.String("out", "perf-results", "directory for the protocols (NAME.md, NAME.html, NAME.json)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	fs.Var(&userNotes, "note", "a note for the protocol's Notes (repeatable)")
+	secretFiles := command.DefineSecretFiles(fs, "enrollment-secret", "admin-token", "metrics-token")
 	if err := command.Load(fs, args, env); err != nil {
+		return err
+	}
+	if err := secretFiles.Read(); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {

@@ -1,0 +1,54 @@
+package command
+
+import (
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	good, twoLines := filepath.Join(dir, "s"), filepath.Join(dir, "two")
+	os.WriteFile(good, []byte("s3cret\n"), 0o600)
+	os.WriteFile(twoLines, []byte("a\nb\n"), 0o600)
+	env := Env{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(k string) string {
+		if k == "DROVER_TOKEN_FILE" {
+			return good
+		}
+		return ""
+	}}
+	for _, tc := range []struct {
+		args   []string
+		want   string
+		errHas string
+		usage  bool
+	}{
+		{args: []string{"--secret-file", good}, want: "s3cret"},
+		{args: []string{"--secret", "s3cret", "--secret-file", good}, want: "s3cret"}, // the same value twice: a child process
+		{args: []string{"--secret", "other", "--secret-file", good}, errHas: "give one", usage: true},
+		{args: []string{"--secret-file", twoLines}, errHas: "one line", usage: true},
+		{args: []string{"--secret-file", filepath.Join(dir, "missing")}, errHas: "--secret-file"},
+		{args: []string{"--secret", "plain"}, want: "plain"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		secret := fs.String("secret", "", "")
+		fs.String("token", "", "")
+		sf := DefineSecretFiles(fs, "secret", "token")
+		if err := Load(fs, tc.args, env); err != nil {
+			t.Fatalf("%q: Load: %v", tc.args, err)
+		}
+		err := sf.Read()
+		if tc.errHas != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errHas) || (ExitCode("t", err, io.Discard) == 2) != tc.usage {
+				t.Errorf("%q: err %v (exit %d), want %q usage=%v", tc.args, err, ExitCode("t", err, io.Discard), tc.errHas, tc.usage)
+			}
+			continue
+		}
+		if err != nil || *secret != tc.want || fs.Lookup("token").Value.String() != "s3cret" {
+			t.Errorf("%q: %v, secret %q token %q, want %q and the token from $DROVER_TOKEN_FILE", tc.args, err, *secret, fs.Lookup("token").Value.String(), tc.want)
+		}
+	}
+}
