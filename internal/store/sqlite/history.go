@@ -45,6 +45,12 @@ type part struct {
 	name     string
 	from, to int64 // unix ms, [from, to)
 	archived bool
+	// sealed: being archived; new samples of its period go to the legacy
+	// table (as they do once it is archived).
+	sealed bool
+	// leftover: archived, but its table in the main database is not
+	// dropped yet (a crash or a stop came between).
+	leftover bool
 }
 
 // history is the store's cache of history_parts, updated after the writer
@@ -119,6 +125,13 @@ func (s *Store) loadHistory(ctx context.Context, path, sync string, archiver boo
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	for i, p := range h.parts {
+		if p.archived {
+			if h.parts[i].leftover, err = s.hasTable(ctx, p.name); err != nil {
+				return err
+			}
+		}
+	}
 	if err := s.w.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM samples)`).Scan(&h.legacy); err != nil {
 		return err
 	}
@@ -171,15 +184,16 @@ func (s *Store) archiver(stop <-chan struct{}, done chan<- struct{}) {
 }
 
 // ArchiveClosedPartitions moves every partition whose period ended more than
-// closeGrace before now into the archive. Errors are retried on the next
-// call. A crash between the copy and the drop leaves the partition in the
-// main database, and the next call copies it again.
+// closeGrace before now into the archive, and finishes dropping the main
+// tables of archived ones. Errors are retried on the next call. A crash
+// before a partition is marked archived leaves it in the main database, and
+// the next call copies it again; after, the next call drops what is left.
 func (s *Store) ArchiveClosedPartitions(ctx context.Context, now time.Time) (int, error) {
 	cutoff := now.Add(-closeGrace).UnixMilli()
 	s.hist.mu.Lock()
 	var todo []part
 	for _, p := range s.hist.parts {
-		if !p.archived && p.to <= cutoff {
+		if (!p.archived && p.to <= cutoff) || p.leftover {
 			todo = append(todo, p)
 		}
 	}
@@ -189,21 +203,68 @@ func (s *Store) ArchiveClosedPartitions(ctx context.Context, now time.Time) (int
 		if err := s.archive(ctx, p); err != nil {
 			return n, fmt.Errorf("archiving %s: %w", p.name, err)
 		}
-		n++
+		if !p.archived {
+			n++
+		}
 	}
 	return n, nil
 }
 
+// archive copies p into the archive, marks it archived, then drops its table
+// from the main database gently (drop.go). It seals p first: samples of p's
+// period committed from then on go to the legacy table, and an empty
+// transaction of the writer waits out those that chose p before, so the copy
+// is complete without counting p's rows on the writer.
 func (s *Store) archive(ctx context.Context, p part) error {
 	s.hist.opMu.Lock()
 	defer s.hist.opMu.Unlock()
 	if !s.listed(p) {
 		return nil // dropped meanwhile
 	}
-	// Copy, sorted: the B-tree is built by appending. n keeps the order of
-	// samples with equal times. rows and last describe the copied snapshot.
-	var rows, last int64
-	err := inTx(ctx, s.hist.aw, func(tx *sql.Tx) error {
+	if p = s.current(p); !p.archived {
+		s.seal(p, true)
+		if err := s.copyToArchive(ctx, p); err != nil {
+			s.seal(p, false)
+			return err
+		}
+		if _, err := s.w.ExecContext(ctx, `UPDATE history_parts SET archived = 1 WHERE name = ?`, p.name); err != nil {
+			s.seal(p, false)
+			return err
+		}
+		s.hist.mu.Lock()
+		if i := s.hist.find(p.from); i >= 0 {
+			s.hist.parts[i].archived, s.hist.parts[i].sealed, s.hist.parts[i].leftover = true, false, true
+		}
+		s.hist.mu.Unlock()
+	}
+	if err := s.dropGently(ctx, p.name); err != nil {
+		return err
+	}
+	s.hist.mu.Lock()
+	if i := s.hist.find(p.from); i >= 0 {
+		s.hist.parts[i].leftover = false
+	}
+	s.hist.mu.Unlock()
+	return nil
+}
+
+// seal marks p sealed (or not) in the cache.
+func (s *Store) seal(p part, sealed bool) {
+	s.hist.mu.Lock()
+	if i := s.hist.find(p.from); i >= 0 {
+		s.hist.parts[i].sealed = sealed
+	}
+	s.hist.mu.Unlock()
+}
+
+// copyToArchive waits out the writer's transactions that may still add to
+// p, then copies p, sorted (the B-tree is built by appending; n keeps the
+// order of samples with equal times), into the archive.
+func (s *Store) copyToArchive(ctx context.Context, p part) error {
+	if err := inTx(ctx, s.w, func(*sql.Tx) error { return nil }); err != nil {
+		return err
+	}
+	return inTx(ctx, s.hist.aw, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS main.`+p.name); err != nil {
 			return err
 		}
@@ -218,37 +279,8 @@ func (s *Store) archive(ctx context.Context, p part) error {
 			disk_used, disk_total, temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr)
 			SELECT device_id, at, rowid, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
 			rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM live.`+p.name+` ORDER BY device_id, at, rowid`)
-		if err != nil {
-			return err
-		}
-		return tx.QueryRowContext(ctx, `SELECT count(*), coalesce(max(rowid), 0) FROM live.`+p.name).Scan(&rows, &last)
+		return err
 	})
-	if err != nil {
-		return err
-	}
-	if err := inTx(ctx, s.w, func(tx *sql.Tx) error {
-		// A late sample committed since the copy: copy again next time.
-		var nowRows, nowLast int64
-		if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(max(rowid), 0) FROM `+p.name).Scan(&nowRows, &nowLast); err != nil {
-			return err
-		}
-		if nowRows != rows || nowLast != last {
-			return fmt.Errorf("partition changed while it was copied")
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE history_parts SET archived = 1 WHERE name = ?`, p.name); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS `+p.name)
-		return err
-	}); err != nil {
-		return err
-	}
-	s.hist.mu.Lock()
-	if i := s.hist.find(p.from); i >= 0 {
-		s.hist.parts[i].archived = true
-	}
-	s.hist.mu.Unlock()
-	return nil
 }
 
 // listed says whether p is still a partition.
@@ -348,7 +380,7 @@ func (s *Store) ensurePart(ctx context.Context, tx *sql.Tx, from int64, w *writt
 	name := partName(from)
 	s.hist.mu.Lock()
 	i := s.hist.find(from)
-	archived := i >= 0 && s.hist.parts[i].archived
+	archived := i >= 0 && (s.hist.parts[i].archived || s.hist.parts[i].sealed)
 	s.hist.mu.Unlock()
 	switch {
 	case archived:
@@ -527,7 +559,7 @@ func (s *Store) PruneHistory(ctx context.Context, before time.Time, limit int) (
 		if p.archived {
 			n, err = s.pruneArchived(ctx, p.name, cut, left)
 		} else {
-			n, err = s.pruneTable(ctx, p.name, cut, left)
+			n, err = s.prunePart(ctx, p, cut, left)
 		}
 		total += n
 		if err != nil {
@@ -611,6 +643,17 @@ func (s *Store) dropPart(ctx context.Context, p part) error {
 	}
 	s.hist.mu.Unlock()
 	return nil
+}
+
+// prunePart prunes a partition not archived when it was listed; the archiver
+// does not copy it meanwhile.
+func (s *Store) prunePart(ctx context.Context, p part, cut int64, limit int) (int64, error) {
+	s.hist.opMu.Lock()
+	defer s.hist.opMu.Unlock()
+	if p = s.current(p); p.archived {
+		return s.pruneArchived(ctx, p.name, cut, limit)
+	}
+	return s.pruneTable(ctx, p.name, cut, limit)
 }
 
 // pruneArchived deletes at most limit samples of an archived partition older

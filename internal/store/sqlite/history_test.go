@@ -184,3 +184,74 @@ func TestHistoryLegacy(t *testing.T) {
 		t.Fatalf("after prune: %d samples, first %d", len(got), got[0].Seq)
 	}
 }
+
+// An archived partition whose table was left in the main database (a crash
+// during the gentle drop) is read from the archive only, and the next
+// archiver call drops what is left. A sample committed while its partition
+// is sealed for archiving goes to the legacy table and is kept.
+func TestHistoryArchiveLeftoverAndSeal(t *testing.T) {
+	defer setPeriod(time.Minute)()
+	oldChunk := dropChunk
+	dropChunk = 7 // several delete transactions per partition
+	t.Cleanup(func() { dropChunk = oldChunk })
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "d.db")
+	s := openTest(t, path)
+	base := time.UnixMilli(600_000)
+	var b fleet.Batch
+	for i := range 120 { // 2 partitions, device 1
+		b.Samples = append(b.Samples, fleet.Sample{DeviceID: 1, At: base.Add(time.Duration(i) * time.Second), Seq: uint64(i)})
+	}
+	if err := s.Commit(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	// Seal the first partition by hand: a commit now goes to legacy.
+	s.seal(s.hist.parts[0], true)
+	late := fleet.Sample{DeviceID: 1, At: base.Add(59*time.Second + 500*time.Millisecond), Seq: 500}
+	if err := s.Commit(ctx, &fleet.Batch{Samples: []fleet.Sample{late}}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.hist.legacy {
+		t.Fatal("a sample of a sealed partition did not go to the legacy table")
+	}
+	s.seal(s.hist.parts[0], false)
+	if n, err := s.ArchiveClosedPartitions(ctx, base.Add(time.Minute+closeGrace)); n != 1 || err != nil {
+		t.Fatalf("archived %d, %v; want 1", n, err)
+	}
+	if live := tables(t, s.r); live["samples_600000"] {
+		t.Fatal("the archived partition's table is still in the main database")
+	}
+	// A leftover: the table is back in the main database with rows that
+	// must not be read (they would double the partition's samples).
+	if _, err := s.w.Exec(`CREATE TABLE samples_600000 (device_id INTEGER NOT NULL, at INTEGER NOT NULL, seq INTEGER NOT NULL, uptime INTEGER, cpu REAL,
+		mem_used INTEGER, mem_total INTEGER, disk_used INTEGER, disk_total INTEGER, temperature REAL,
+		rx_bytes INTEGER, tx_bytes INTEGER, rssi REAL, rsrp REAL, rsrq REAL, sinr REAL)`); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := s.w.Exec(`INSERT INTO samples_600000 (device_id, at, seq) VALUES (1, ?, ?)`, base.Add(time.Duration(i)*time.Second).UnixMilli(), 900+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	s = openTest(t, path)
+	defer s.Close()
+	if !s.hist.parts[0].leftover {
+		t.Fatal("open did not find the leftover table")
+	}
+	got, err := s.History(ctx, 1, fleet.HistoryQuery{To: base.Add(time.Minute)})
+	if err != nil || len(got) != 61 {
+		t.Fatalf("first partition read %d samples, %v; want 61 (60 and the sealed one's late sample)", len(got), err)
+	}
+	for _, m := range got {
+		if m.Seq >= 900 {
+			t.Fatalf("read a leftover row: %+v", m)
+		}
+	}
+	if n, err := s.ArchiveClosedPartitions(ctx, base.Add(time.Minute+closeGrace)); n != 0 || err != nil {
+		t.Fatalf("archived %d, %v; want 0 (only the leftover dropped)", n, err)
+	}
+	if tables(t, s.r)["samples_600000"] || s.hist.parts[0].leftover {
+		t.Fatal("the leftover table was not dropped")
+	}
+}

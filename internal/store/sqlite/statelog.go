@@ -10,7 +10,8 @@ package sqlite
 // closes the open generation when it is long or old enough, copies each
 // device's newest row of it into `devices` in device order (chunks of
 // mergeChunk, one transaction each, resting three times as long after each:
-// pushes go on in between), then drops it.
+// pushes go on in between), unlists it and deletes its rows the same gentle
+// way (drop.go) before it drops the table.
 //
 // A state is durable when its row is committed, as it was with the update in
 // place. After a crash, open reads where each device's newest row is and Load
@@ -63,6 +64,8 @@ type stateLog struct {
 	gens   []int64 // listed generations, ascending; the last is open
 	rows   int64   // rows in the open generation
 	opened time.Time
+	// unlisted: open found tables of generations merged but not dropped.
+	unlisted bool
 
 	refMu  sync.RWMutex
 	latest []ref // by device ID
@@ -134,6 +137,11 @@ func (s *Store) loadStateLog(ctx context.Context, merger bool) error {
 		l.gens, l.rows = []int64{1}, 0
 	}
 	l.opened = time.Now()
+	names, err := s.tablesLike(ctx, "state_log_")
+	if err != nil {
+		return err
+	}
+	l.unlisted = len(names) > len(l.gens)
 	if merger && logCheckEvery > 0 {
 		l.stop, l.done = make(chan struct{}), make(chan struct{})
 		go s.merger(l.stop, l.done)
@@ -287,7 +295,7 @@ func (s *Store) merger(stop <-chan struct{}, done chan<- struct{}) {
 		}
 		l := &s.states
 		l.mu.Lock()
-		due := len(l.gens) > 1 || l.rows >= logRotateRows || (l.rows > 0 && time.Since(l.opened) >= logRotateAge)
+		due := l.unlisted || len(l.gens) > 1 || l.rows >= logRotateRows || (l.rows > 0 && time.Since(l.opened) >= logRotateAge)
 		l.mu.Unlock()
 		if !due {
 			continue
@@ -329,7 +337,7 @@ func (s *Store) MergeStateLog(ctx context.Context) error {
 			return fmt.Errorf("state log %d: %w", g, err)
 		}
 	}
-	return nil
+	return s.dropUnlistedLogs(ctx)
 }
 
 // mergeGen copies the newest row of each device whose newest row is in
@@ -387,16 +395,16 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 	}
 	// Every device whose newest row is in g has it in `devices` now; rows
 	// that commits added to g meanwhile cannot exist (g was closed before).
+	// Unlisting g is one small transaction; its rows are deleted after,
+	// gently (a crash meanwhile leaves an unlisted table that the next
+	// merge drops: open does not read it).
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	err := inTx(ctx, s.w, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DROP TABLE IF EXISTS `+logTable(g)); err != nil {
-			return err
-		}
 		_, err := tx.ExecContext(ctx, `DELETE FROM state_logs WHERE gen = ?`, g)
 		return err
 	})
 	if err != nil {
+		l.mu.Unlock()
 		return err
 	}
 	l.refMu.Lock()
@@ -412,5 +420,33 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 	if i < len(l.gens) {
 		l.gens = append(l.gens[:i:i], l.gens[i+1:]...)
 	}
+	l.mu.Unlock()
+	return s.dropGently(ctx, logTable(g))
+}
+
+// dropUnlistedLogs drops the tables of generations that were merged and
+// unlisted but not dropped yet (a crash or a stop came between).
+func (s *Store) dropUnlistedLogs(ctx context.Context) error {
+	names, err := s.tablesLike(ctx, "state_log_")
+	if err != nil {
+		return err
+	}
+	l := &s.states
+	l.mu.Lock()
+	listed := map[string]bool{}
+	for _, g := range l.gens {
+		listed[logTable(g)] = true
+	}
+	l.mu.Unlock()
+	for _, n := range names {
+		if !listed[n] {
+			if err := s.dropGently(ctx, n); err != nil {
+				return err
+			}
+		}
+	}
+	l.mu.Lock()
+	l.unlisted = false
+	l.mu.Unlock()
 	return nil
 }

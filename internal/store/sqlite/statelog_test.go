@@ -189,3 +189,64 @@ func TestStateLogMergesUnderCommits(t *testing.T) {
 		checkDevice(t, s, all[id], w)
 	}
 }
+
+// A merged generation is unlisted before its rows are deleted: the table of
+// one unlisted but not dropped (a crash during the gentle drop) is not read
+// when the store opens, and the next merge drops it.
+func TestStateLogUnlistedGenerationIsDropped(t *testing.T) {
+	noMerger(t)
+	oldChunk := dropChunk
+	dropChunk = 3
+	t.Cleanup(func() { dropChunk = oldChunk })
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "d.db")
+	s, err := Open(ctx, path, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b fleet.Batch
+	want := map[uint64]fleet.StateRecord{}
+	for id := uint64(1); id <= 10; id++ {
+		b.Devices = append(b.Devices, fleet.DeviceRecord{ID: id, MachineID: fmt.Sprintf("m%d", id), DeviceType: "router", Firmware: "1.0", TokenHash: make([]byte, 32), RegisteredAt: time.Unix(1_700_000_000, 0)})
+		st := stateOf(id, id+10, "1.0")
+		b.States = append(b.States, st)
+		want[id] = st
+	}
+	if err := s.Commit(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MergeStateLog(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.hasTable(ctx, logTable(1)); ok || err != nil {
+		t.Fatalf("merged generation 1 still has its table (%v)", err)
+	}
+	// An unlisted generation left behind, with older states of devices 1-5.
+	if _, err := s.w.Exec(`CREATE TABLE state_log_0 (device_id INTEGER NOT NULL, firmware TEXT NOT NULL, last_seen INTEGER NOT NULL,
+		seq INTEGER NOT NULL, applied_version INTEGER NOT NULL, config_error TEXT NOT NULL, state BLOB)`); err != nil {
+		t.Fatal(err)
+	}
+	for id := 1; id <= 5; id++ {
+		if _, err := s.w.Exec(`INSERT INTO state_log_0 VALUES (?, '0.9', 1, 1, 1, '', '{"seq":1}')`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	if s, err = Open(ctx, path, true); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.states.unlisted {
+		t.Fatal("open did not notice the unlisted generation")
+	}
+	all := loadAll(t, s)
+	for id, w := range want {
+		checkDevice(t, s, all[id], w)
+	}
+	if err := s.MergeStateLog(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.hasTable(ctx, "state_log_0"); ok || err != nil || s.states.unlisted {
+		t.Fatalf("the unlisted generation was not dropped (%v)", err)
+	}
+}
