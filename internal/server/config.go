@@ -103,6 +103,16 @@ type Config struct {
 	FirmwareMaxSize     int64
 	RolloutInterval     time.Duration
 	FirmwareDownloadMax time.Duration
+	// ACME (acme.go): certificates for ACMEDomains (comma-separated; "":
+	// off) from the ACME directory ACMEDirectoryURL, kept in ACMECacheDir
+	// ("": DataDir/acme), account e-mail ACMEEmail; ACMECACert is a PEM
+	// file of the CA that signs the directory's HTTPS certificate (a
+	// private ACME CA; "": the system's roots).
+	ACMEDomains      string
+	ACMEDirectoryURL string
+	ACMECacheDir     string
+	ACMEEmail        string
+	ACMECACert       string
 }
 
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
@@ -114,6 +124,7 @@ func DefaultConfig() Config {
 		Persistence:         "write-through",
 		TLSKeyExchange:      KeyExchangeClassic, // docs/performance.md, "TLS handshake CPU"
 		FlushInterval:       5 * time.Second,
+		ACMEDirectoryURL:    "https://acme-v02.api.letsencrypt.org/directory",
 		PushInterval:        200,
 		HistoryRetention:    7 * 24 * time.Hour,
 		AuditRetention:      400 * 24 * time.Hour,
@@ -159,6 +170,9 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return errors.New("-tls-cert and -tls-key go together")
+	}
+	if err := c.checkACME(); err != nil {
+		return err
 	}
 	if _, err := protocol.KeyExchangeGroups(c.TLSKeyExchange); err != nil {
 		return err

@@ -47,7 +47,10 @@ func (s *Server) Reload(cfg Config) error {
 	return nil
 }
 
-func (s *Server) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if s.useACME(hello) {
+		return s.acme.GetCertificate(hello)
+	}
 	return s.cert.Load(), nil
 }
 

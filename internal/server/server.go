@@ -8,6 +8,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"golang.org/x/crypto/acme"
+	"golang.org/x/crypto/acme/autocert"
 	"log/slog"
 	"net"
 	"net/http"
@@ -48,6 +50,7 @@ type Server struct {
 	debugSrv  *http.Server                    // pprof, on debugLn; closed when Serve returns
 	handler   http.Handler                    // routes.go
 	cert      atomic.Pointer[tls.Certificate] // served on httpsLn; Reload replaces it
+	acme      *autocert.Manager               // certificates of -acme-domains (acme.go), or nil
 	servers   []*http.Server
 	gate      *acceptGate // the device listeners' (gate.go)
 	storeErr  atomic.Pointer[string]
@@ -259,6 +262,10 @@ func (s *Server) listen(context.Context) error {
 			return err
 		}
 		s.cert.Store(&cert)
+		if s.acme, err = newACME(&s.cfg); err != nil {
+			ln.Close()
+			return err
+		}
 		if s.httpsLn, err = tlsListener(&gatedListener{Listener: ln, g: s.gate}, s.getCertificate, &s.cfg); err != nil {
 			ln.Close()
 			return err
@@ -277,7 +284,11 @@ func (s *Server) listen(context.Context) error {
 			return err
 		}
 		s.httpLn = &gatedListener{Listener: ln, g: s.gate}
-		s.servers = append(s.servers, newHTTP())
+		srv := newHTTP()
+		if s.acme != nil {
+			srv.Handler = s.acme.HTTPHandler(s.handler) // http-01 challenges; the rest as usual
+		}
+		s.servers = append(s.servers, srv)
 	}
 	if s.cfg.DebugListen != "" {
 		ln, err := net.Listen("tcp", s.cfg.DebugListen)
@@ -319,6 +330,9 @@ func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certi
 	cfg := &tls.Config{
 		GetCertificate: getCert,
 		NextProtos:     []string{"http/1.1"},
+	}
+	if len(c.acmeDomains()) > 0 {
+		cfg.NextProtos = append(cfg.NextProtos, acme.ALPNProto) // tls-alpn-01 challenges
 	}
 	if err := tlsPolicy(cfg, c.TLSAllowLegacyCBC, c.TLSKeyExchange); err != nil {
 		return nil, err
