@@ -111,6 +111,9 @@ type summary struct {
 	Seq uint64 `json:"s"`
 	Ver int64  `json:"v"`
 	Err string `json:"e,omitempty"`
+	// Fw is the firmware a push moved the device to (rare: an upgrade);
+	// the others read the device back.
+	Fw string `json:"f,omitempty"`
 }
 
 // batch is push summaries published together.
@@ -462,7 +465,11 @@ func (n *Node) Forward(f func(fleet.PushEvent)) { n.forward = f }
 func (n *Node) OnPush(ev fleet.PushEvent) {
 	n.pmu.Lock()
 	if len(n.pending) < 100000 {
-		n.pending = append(n.pending, summary{ID: ev.DeviceID, At: ev.At.UnixNano(), Seq: ev.Seq, Ver: ev.ConfigVersion, Err: ev.ConfigError})
+		sm := summary{ID: ev.DeviceID, At: ev.At.UnixNano(), Seq: ev.Seq, Ver: ev.ConfigVersion, Err: ev.ConfigError}
+		if ev.FirmwareChanged {
+			sm.Fw = ev.Firmware
+		}
+		n.pending = append(n.pending, sm)
 		if !n.leader.Load() && n.forward != nil {
 			n.fwd = append(n.fwd, forwarded(ev))
 		}
@@ -562,7 +569,7 @@ func (n *Node) applyStates(s []summary) {
 	}
 	recs := make([]fleet.StateRecord, len(s))
 	for i, v := range s {
-		recs[i] = fleet.StateRecord{DeviceID: v.ID, LastSeen: time.Unix(0, v.At), Seq: v.Seq, AppliedVersion: v.Ver, ConfigError: v.Err}
+		recs[i] = fleet.StateRecord{DeviceID: v.ID, LastSeen: time.Unix(0, v.At), Seq: v.Seq, AppliedVersion: v.Ver, ConfigError: v.Err, Firmware: v.Fw}
 	}
 	n.stateRecs.Add(uint64(n.fleet.ApplyStates(recs)))
 }

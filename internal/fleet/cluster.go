@@ -196,6 +196,8 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 		return s.reloadEnrollment(ctx)
 	case ChangeFirmware:
 		return s.reloadFirmware(ctx)
+	case ChangeRollout:
+		return s.SyncRollouts(ctx)
 	}
 	return nil
 }
@@ -248,7 +250,8 @@ func (s *Service) reloadEnrollment(ctx context.Context) error {
 }
 
 // reloadFirmware replaces the firmware artifacts with the stored ones
-// (cluster mode runs no rollouts, so none refers to an artifact).
+// (a rollout keeps the artifact it was read with: an artifact is never
+// changed, and not deleted while an unfinished rollout uses it).
 func (s *Service) reloadFirmware(ctx context.Context) error {
 	fs := &s.fw
 	if fs.store == nil {
@@ -450,8 +453,17 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 
 // ApplyStates takes other nodes' pushes (device, last seen, sequence,
 // applied version, config error) into memory, so that liveness and sync
-// state cover the whole fleet; older ones than memory's are skipped.
+// state cover the whole fleet; older ones than memory's are skipped. A
+// record with a Firmware (the push moved the device to it) that memory
+// does not have makes the device be read back, in the background: its
+// profile may change too (rollouts select devices by firmware).
 func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
+	var moved []uint64
+	defer func() {
+		if len(moved) > 0 && s.opts.Cluster != nil {
+			go s.refreshMoved(moved)
+		}
+	}()
 	for i := range recs {
 		r := &recs[i]
 		d := s.get(r.DeviceID)
@@ -460,6 +472,9 @@ func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
 		}
 		ns := r.LastSeen.UnixNano()
 		d.mu.Lock()
+		if r.Firmware != "" && r.Firmware != d.firmware && len(moved) < 10000 {
+			moved = append(moved, r.DeviceID)
+		}
 		if ns > d.lastSeen {
 			d.lastSeen, d.seq, d.appliedVersion = ns, r.Seq, r.AppliedVersion
 			if d.configError != r.ConfigError {
@@ -470,6 +485,18 @@ func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
 		d.mu.Unlock()
 	}
 	return applied
+}
+
+// refreshMoved reads back devices another node moved to another
+// firmware.
+func (s *Service) refreshMoved(ids []uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, id := range ids {
+		if err := s.refreshDevice(ctx, id); err != nil {
+			s.log.Warn("cluster: reading back a device that changed firmware failed", "device_id", id, "err", err)
+		}
+	}
 }
 
 // checkStored is the cluster's second look at a push's token that memory

@@ -146,8 +146,14 @@ type firmwareState struct {
 	dirty    map[*target]struct{}
 	// revisions is the history without a store.
 	revisions map[uint64][]ProfileRevision
-	// storeMu serialises store writes of rollouts; stepMu engine steps.
+	// storeMu serialises store writes of rollouts; stepMu engine steps
+	// (and, in cluster mode, every change of a rollout and its read-back).
 	storeMu, stepMu sync.Mutex
+	// rc is the shared database in cluster mode (rollout_cluster.go), nil
+	// otherwise; readSince is where the next read of other nodes' rollout
+	// device changes starts (the database's clock, unix ms).
+	rc        RolloutCluster
+	readSince int64
 }
 
 func (fs *firmwareState) init() {
@@ -165,6 +171,7 @@ func (s *Service) loadFirmware(ctx context.Context, st FirmwareStore) error {
 	}
 	fs := &s.fw
 	fs.store = st
+	fs.rc = s.opts.ClusterRollouts
 	fs.nextFW = max(fs.nextFW, data.MaxFirmwareID+1)
 	for i := range data.Firmware {
 		f := data.Firmware[i]

@@ -7,6 +7,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -266,18 +267,33 @@ func (s *Service) CreateRollout(ctx context.Context, spec RolloutSpec, by string
 	if r.Total == 0 {
 		return Rollout{}, ErrNoDevices
 	}
+	var id uint64 // from the database in cluster mode
+	if fs.clustered() {
+		fs.stepMu.Lock()
+		defer fs.stepMu.Unlock()
+		var err error
+		if id, err = fs.rc.NextRolloutID(ctx); err != nil {
+			return Rollout{}, errors.Join(ErrUnavailable, err)
+		}
+	}
 	fs.mu.Lock()
-	defer fs.mu.Unlock()
 	r.ID = fs.nextRO
+	if id != 0 {
+		r.ID = id
+	}
 	if fs.store != nil {
 		if err := fs.store.SaveRollout(ctx, r.Rollout); err != nil {
+			fs.mu.Unlock()
 			return Rollout{}, err
 		}
 	}
-	fs.nextRO++
+	fs.nextRO = max(fs.nextRO, r.ID) + 1
 	fs.rollouts[r.ID] = r
+	v := r.view()
+	fs.mu.Unlock()
+	s.noteChange(ctx, ChangeRollout, r.ID)
 	s.log.Info("rollout created", "rollout", r.ID, "firmware_id", fw.ID, "version", fw.Version, "devices", r.Total, "by", by)
-	return r.view(), nil
+	return v, nil
 }
 
 // view copies r for callers (fs.mu held).
@@ -365,6 +381,15 @@ const (
 // ControlRollout pauses, resumes or aborts a rollout.
 func (s *Service) ControlRollout(ctx context.Context, id uint64, action, by string) (Rollout, error) {
 	fs := &s.fw
+	if fs.clustered() {
+		// Start from the stored rollout; the change is stored only if no
+		// other node changed it meanwhile.
+		fs.stepMu.Lock()
+		defer fs.stepMu.Unlock()
+		if err := s.syncRolloutsLocked(ctx); err != nil {
+			return Rollout{}, errors.Join(ErrUnavailable, err)
+		}
+	}
 	fs.mu.Lock()
 	r, ok := fs.rollouts[id]
 	if !ok {
@@ -378,6 +403,10 @@ func (s *Service) ControlRollout(ctx context.Context, id uint64, action, by stri
 		r.State, r.Reason = RolloutPaused, "paused by "+by
 	case action == ActionResume && r.State == RolloutPaused:
 		r.State, r.Reason, r.FailWaveOK = RolloutRunning, "", r.Wave
+	case action == ActionAbort && !r.finished() && fs.clustered():
+		// The database cancels the devices, with the rollout's row; they
+		// are read back after.
+		r.State, r.Reason = RolloutAborted, "aborted by "+by
 	case action == ActionAbort && !r.finished():
 		r.State, r.Reason = RolloutAborted, "aborted by "+by
 		for _, t := range r.targets {
@@ -396,6 +425,18 @@ func (s *Service) ControlRollout(ctx context.Context, id uint64, action, by stri
 	r.UpdatedAt = now
 	view := r.view()
 	fs.mu.Unlock()
+	if fs.clustered() {
+		// Memory takes the change from the database, when it is stored.
+		fs.mu.Lock()
+		r.Rollout = prev
+		fs.mu.Unlock()
+		if err := s.controlClustered(ctx, view, prev); err != nil {
+			return Rollout{}, err
+		}
+		s.log.Info("rollout "+action, "rollout", id, "by", by)
+		v, _ := s.RolloutByID(id)
+		return v, nil
+	}
 	if err := s.saveRollout(ctx, view); err != nil {
 		fs.mu.Lock()
 		r.Rollout = prev
@@ -535,6 +576,17 @@ func (s *Service) RolloutStep(ctx context.Context) error {
 	fs := &s.fw
 	fs.stepMu.Lock()
 	defer fs.stepMu.Unlock()
+	if fs.clustered() {
+		// This node's device changes go out, the others' come in; only
+		// the driving node goes on.
+		err := s.flushRollouts(ctx)
+		if serr := s.syncRolloutsLocked(ctx); err == nil {
+			err = serr
+		}
+		if err != nil || !s.driving() {
+			return err
+		}
+	}
 	now := s.now()
 	ts := now.UTC().Truncate(time.Millisecond)
 	var starts []*rollout
@@ -570,29 +622,32 @@ func (s *Service) RolloutStep(ctx context.Context) error {
 	}
 	fs.mu.Unlock()
 	for _, r := range starts {
-		v, err := s.startWave(ctx, r, ts)
+		v, stored, err := s.startWave(ctx, r, ts)
 		if err != nil {
 			return err
 		}
-		changed = append(changed, v)
+		if !stored {
+			changed = append(changed, v)
+		}
 	}
 	for _, v := range changed {
-		if err := s.saveRollout(ctx, v); err != nil {
+		if err := s.saveStepChange(ctx, v); err != nil {
 			return err
 		}
 	}
 	return s.flushRollouts(ctx)
 }
 
-// startWave adds r's next wave, or finishes r when no device is left.
-func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (Rollout, error) {
+// startWave adds r's next wave, or finishes r when no device is left;
+// stored says whether it stored the change (a wave in cluster mode).
+func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (v Rollout, stored bool, err error) {
 	fs := &s.fw
 	if !r.parsed {
 		if err := r.parse(s); err != nil {
 			fs.mu.Lock()
 			defer fs.mu.Unlock()
 			r.State, r.Reason, r.UpdatedAt = RolloutPaused, "filter: "+err.Error(), ts
-			return r.view(), nil
+			return r.view(), false, nil
 		}
 	}
 	ns := ts.UnixNano()
@@ -608,7 +663,7 @@ func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (Roll
 	if r.State != RolloutRunning {
 		v := r.view()
 		fs.mu.Unlock()
-		return v, nil
+		return v, false, nil
 	}
 	limit := r.waveLimit(r.Wave + 1)
 	var wave []RolloutDevice
@@ -630,16 +685,27 @@ func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (Roll
 		v := r.view()
 		fs.mu.Unlock()
 		s.log.Info("rollout done", "rollout", r.ID, "reason", r.Reason)
-		return v, nil
+		return v, false, nil
 	}
+	next := r.view()
+	next.Wave++
+	next.UpdatedAt = ts
 	fs.mu.Unlock()
 	// The wave's rows are stored before any device is offered the firmware.
-	if st := fs.store; st != nil {
+	if fs.clustered() {
+		// With the wave number, if no other node changed the rollout.
+		ok, err := s.startWaveClustered(ctx, next, wave)
+		if err != nil || !ok {
+			fs.mu.Lock()
+			defer fs.mu.Unlock()
+			return r.view(), true, err
+		}
+	} else if st := fs.store; st != nil {
 		fs.storeMu.Lock()
 		err := saveChunks(ctx, st, wave)
 		fs.storeMu.Unlock()
 		if err != nil {
-			return Rollout{}, err
+			return Rollout{}, false, err
 		}
 	}
 	fs.mu.Lock()
@@ -654,7 +720,7 @@ func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (Roll
 	}
 	fs.targets.Store(true)
 	s.log.Info("rollout wave started", "rollout", r.ID, "wave", r.Wave, "devices", len(wave))
-	return r.view(), nil
+	return r.view(), fs.clustered(), nil
 }
 
 // saveChunks stores ds in bounded statements.
@@ -687,7 +753,12 @@ func (s *Service) flushRollouts(ctx context.Context) error {
 	fs.dirty = map[*target]struct{}{}
 	fs.mu.Unlock()
 	fs.storeMu.Lock()
-	err := saveChunks(ctx, fs.store, out)
+	var err error
+	if fs.clustered() {
+		err = fs.rc.MergeRolloutDevices(ctx, out) // a stored final state stays
+	} else {
+		err = saveChunks(ctx, fs.store, out)
+	}
 	fs.storeMu.Unlock()
 	if err != nil {
 		fs.mu.Lock()

@@ -48,6 +48,13 @@ type Options struct {
 	// mode, cluster.go): IDs and registrations are settled there, and
 	// memory is refreshed from it.
 	Cluster ClusterStore
+	// ClusterRollouts, in cluster mode, is where rollouts are settled
+	// between the nodes (rollout_cluster.go); set with Cluster.
+	ClusterRollouts RolloutCluster
+	// RolloutDriver, in cluster mode, says whether this node drives the
+	// rollouts (starts waves, pauses, fails stalled devices): the
+	// cluster's leader (rollout_cluster.go). Nil: it does.
+	RolloutDriver func() bool
 }
 
 // PushEvent describes one accepted push.
@@ -63,6 +70,9 @@ type PushEvent struct {
 	ConfigVersion  int64
 	DesiredVersion int64
 	ConfigError    string
+	// FirmwareChanged: this push moved the device to Firmware (cluster
+	// mode tells the other nodes, which read the device back).
+	FirmwareChanged bool
 }
 
 // Service is the fleet.
@@ -349,6 +359,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 	}
 	var cmds []protocol.Command
 	var cmdChanges []DeviceCommand
+	var moved bool // to another firmware
 	st := StateRecord{
 		DeviceID: d.id, Firmware: firmware, LastSeen: now, Seq: p.Seq,
 		AppliedVersion: p.ConfigVersion, ConfigError: p.ConfigError, State: p.RawState,
@@ -366,6 +377,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 		} else if newProfile != nil {
 			newProfile.release()
 		}
+		moved = d.firmware != firmware
 		d.firmware = firmware
 		if ok {
 			d.pushTAT = tat
@@ -397,7 +409,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 	prof := pe.get()
 	if s.opts.OnPush != nil {
 		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State,
-			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError})
+			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: moved})
 	}
 	resp := protocol.PushResponse{PushInterval: prof.PushInterval, Commands: cmds}
 	if err := s.saveCommands(ctx, cmdChanges); err != nil {

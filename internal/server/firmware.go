@@ -29,17 +29,13 @@ type firmwareFiles struct {
 	dir         string
 	max         int64
 	downloadMax time.Duration
-	// clustered: rollouts live in one server's memory, so cluster mode
-	// starts none (docs/firmware.md).
+	// clustered: cluster mode (docs/cluster.md).
 	clustered bool
 	// shared: in cluster mode, --firmware-dir was set: the operator says
 	// every node sees the same directory (docs/cluster.md). Without it a
 	// node's upload would land on its own disk only, and is refused.
 	shared bool
 }
-
-var errRolloutCluster = &apiError{status: http.StatusConflict, code: "not_in_cluster",
-	msg: "rollouts run on a single server; cluster mode does not start them (docs/firmware.md)"}
 
 var errFirmwareLocal = &apiError{status: http.StatusConflict, code: "not_in_cluster",
 	msg: "in cluster mode a firmware file uploaded to one node would be on its disk only: register the artifact by URL, or give every node --firmware-dir on storage they share (docs/cluster.md)"}
@@ -294,9 +290,6 @@ func (a *api) createRollout(r *http.Request) (any, error) {
 	by, err := changedBy(r)
 	if err != nil {
 		return nil, err
-	}
-	if a.fw.clustered {
-		return nil, errRolloutCluster
 	}
 	spec := fleet.DefaultRolloutSpec()
 	if err := decodeStrict(r, "rollout: ", &spec); err != nil {

@@ -146,10 +146,6 @@ func (h *Handler) deleteFirmware(w http.ResponseWriter, r *http.Request, s *sess
 }
 
 func (h *Handler) createRollout(w http.ResponseWriter, r *http.Request, s *session) {
-	if h.opts.Cluster != nil {
-		h.render(w, r, http.StatusConflict, "error", s, page{Title: "Not done", Data: "Rollouts run on a single server; cluster mode does not start them."})
-		return
-	}
 	spec := fleet.DefaultRolloutSpec()
 	var errs []error
 	num := func(name string, dst *int) {

@@ -33,6 +33,7 @@ type Store interface {
 type Cluster interface {
 	Store
 	fleet.ClusterStore
+	fleet.RolloutCluster
 	// OnChange sets what runs after each commit that wrote change log rows.
 	OnChange(func())
 	// TryLeader says whether this node leads, taking the leader lock when

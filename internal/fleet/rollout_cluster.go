@@ -1,0 +1,284 @@
+package fleet
+
+// Rollouts in cluster mode (docs/firmware.md#rollouts-in-a-cluster): every
+// node keeps every unfinished rollout in memory, as a single server does,
+// so that a push costs no database read; the database is the truth.
+//
+//   - Device reports change the memory of the node that took the push;
+//     every node writes its changes at each step (MergeRolloutDevices: a
+//     stored final state stays, so a report counts once whichever node took
+//     it) and reads back what the others wrote (RolloutDevicesWritten).
+//   - One node drives (the cluster's leader, RolloutDriver): it starts
+//     waves, pauses a rollout whose wave fails, fails stalled devices and
+//     finishes rollouts. Every change of a rollout row is conditional
+//     (SaveRolloutIf: only if the stored rollout is still in the state and
+//     wave the change started from), so that two nodes that both believe
+//     they drive, for a moment after a leader change, never advance a wave
+//     twice; a wave's device rows are written in the same transaction.
+//   - Pause, resume and abort from any node are the same conditional
+//     writes; a change log entry (ChangeRollout) makes the others read the
+//     rollout back at once.
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// RolloutCluster is what rollouts need from a database several nodes
+// share; the PostgreSQL adapter implements it next to ClusterStore.
+type RolloutCluster interface {
+	// NextRolloutID hands out a rollout ID no node has used.
+	NextRolloutID(ctx context.Context) (uint64, error)
+	// SaveRolloutIf stores r if the stored rollout is still in state
+	// prevState at wave prevWave, with wave (the devices of a wave r
+	// starts) in the same transaction; a rollout stored as aborted also
+	// has its devices still pending or downloading canceled there. ok is
+	// false, and nothing is written, when the stored rollout changed.
+	SaveRolloutIf(ctx context.Context, r Rollout, prevState string, prevWave int, wave []RolloutDevice) (ok bool, err error)
+	// MergeRolloutDevices upserts ds: a stored final state (verified,
+	// failed, canceled) stays; otherwise a final state, or a report at
+	// least as new as the stored one, replaces it.
+	MergeRolloutDevices(ctx context.Context, ds []RolloutDevice) error
+	// SyncRollouts reads the rollouts not finished, those of known, and
+	// those with an ID above after.
+	SyncRollouts(ctx context.Context, known []uint64, after uint64) ([]Rollout, error)
+	// RolloutDevicesWritten reads the devices of rollouts written at or
+	// after since (the database's clock, unix ms), and that clock now.
+	RolloutDevicesWritten(ctx context.Context, rollouts []uint64, since int64) ([]RolloutDevice, int64, error)
+}
+
+// ChangeRollout: a rollout created, started a wave, paused, resumed,
+// aborted or finished: read the rollouts back. (A number of its own, apart
+// from the kinds of cluster.go.)
+const ChangeRollout ChangeKind = 21
+
+// rereadWindow is how far back each read of rollout devices reaches
+// before the last one: a write that took its time when it began is read
+// even if it committed after the last read.
+const rereadWindow = 10 * time.Second
+
+// errRolloutRace is a pause, resume or abort that another node's change
+// of the same rollout overtook.
+var errRolloutRace = fmt.Errorf("%w: another node changed it meanwhile; read it again and retry", ErrRolloutState)
+
+// clustered reports whether rollouts run in cluster mode.
+func (fs *firmwareState) clustered() bool { return fs.rc != nil }
+
+// driving says whether this node drives the rollouts.
+func (s *Service) driving() bool {
+	return s.fw.rc == nil || s.opts.RolloutDriver == nil || s.opts.RolloutDriver()
+}
+
+// SyncRollouts reads back, in cluster mode, the rollouts and the rollout
+// devices other nodes changed (change log entries of kind ChangeRollout).
+func (s *Service) SyncRollouts(ctx context.Context) error {
+	if !s.fw.clustered() {
+		return nil
+	}
+	s.fw.stepMu.Lock()
+	defer s.fw.stepMu.Unlock()
+	return s.syncRolloutsLocked(ctx)
+}
+
+// syncRolloutsLocked is SyncRollouts with fs.stepMu held.
+func (s *Service) syncRolloutsLocked(ctx context.Context) error {
+	fs := &s.fw
+	fs.mu.Lock()
+	var known []uint64
+	var after uint64
+	for id, r := range fs.rollouts {
+		if !r.finished() {
+			known = append(known, id)
+		}
+		after = max(after, id)
+	}
+	fs.mu.Unlock()
+	stored, err := fs.rc.SyncRollouts(ctx, known, after)
+	if err != nil {
+		return err
+	}
+	var full, active []uint64 // rollouts to read whole (new, or a new wave), and all unfinished
+	var finishing []Rollout   // finished by another node
+	fs.mu.Lock()
+	for _, sr := range stored {
+		r := fs.rollouts[sr.ID]
+		if r == nil {
+			fw := fs.artifacts[sr.FirmwareID]
+			if fw == nil {
+				continue // its artifact is read back with its change log entry
+			}
+			r = &rollout{Rollout: sr, fw: fw, targets: map[uint64]*target{}, count: map[string]int{}}
+			fs.rollouts[sr.ID] = r
+			if !r.finished() {
+				full = append(full, sr.ID)
+				active = append(active, sr.ID)
+			}
+			continue
+		}
+		if r.finished() {
+			if sr.finished() {
+				continue
+			}
+			// This node finished it, but another node's change (a pause)
+			// was stored first: it is not finished.
+			r.Rollout, r.Counts = sr, nil
+			for id, t := range r.targets {
+				if !terminal(t.State) {
+					fs.byDevice[id] = t
+					fs.targets.Store(true)
+				}
+			}
+			full = append(full, sr.ID)
+			active = append(active, sr.ID)
+			continue
+		}
+		if sr.finished() {
+			finishing = append(finishing, sr)
+			continue
+		}
+		wave := r.Wave
+		r.Rollout = sr
+		active = append(active, sr.ID)
+		if r.Wave != wave {
+			full = append(full, sr.ID)
+		}
+	}
+	fs.mu.Unlock()
+	// A rollout another node finished: its devices as stored (an abort
+	// canceled some), then its counts from them.
+	for _, sr := range finishing {
+		ds, err := fs.store.RolloutDevices(ctx, sr.ID)
+		if err != nil {
+			return err
+		}
+		fs.adoptDevices(ds)
+		fs.mu.Lock()
+		if r := fs.rollouts[sr.ID]; r != nil && !r.finished() {
+			r.Rollout = sr
+			s.finishLocked(r)
+		}
+		fs.mu.Unlock()
+	}
+	for _, id := range full {
+		ds, err := fs.store.RolloutDevices(ctx, id)
+		if err != nil {
+			return err
+		}
+		fs.adoptDevices(ds)
+	}
+	if len(active) == 0 {
+		return nil
+	}
+	ds, now, err := fs.rc.RolloutDevicesWritten(ctx, active, fs.readSince)
+	if err != nil {
+		return err
+	}
+	fs.adoptDevices(ds)
+	fs.readSince = now - rereadWindow.Milliseconds()
+	return nil
+}
+
+// adoptDevices takes stored rollout devices into memory: a stored final
+// state wins, a final state in memory (being written) stays, otherwise the
+// newer report wins.
+func (fs *firmwareState) adoptDevices(ds []RolloutDevice) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	recount := map[*rollout]bool{}
+	for _, d := range ds {
+		r := fs.rollouts[d.RolloutID]
+		if r == nil || r.finished() {
+			continue
+		}
+		t := r.targets[d.DeviceID]
+		if t == nil {
+			t = &target{RolloutDevice: d, r: r}
+			r.add(t)
+			if !terminal(d.State) {
+				fs.byDevice[d.DeviceID] = t
+				fs.targets.Store(true)
+			}
+			recount[r] = true
+			continue
+		}
+		switch {
+		case terminal(d.State):
+			if t.State == d.State && t.Reason == d.Reason {
+				continue
+			}
+		case terminal(t.State), !d.UpdatedAt.After(t.UpdatedAt):
+			continue
+		}
+		if t.State != d.State {
+			r.count[t.State]--
+			r.count[d.State]++
+			recount[r] = true
+			if terminal(d.State) && fs.byDevice[d.DeviceID] == t {
+				delete(fs.byDevice, d.DeviceID)
+			}
+		}
+		t.RolloutDevice = d
+	}
+	for r := range recount {
+		r.waveSize, r.waveFailed = 0, 0
+		for _, t := range r.targets {
+			if t.Wave == r.Wave {
+				r.waveSize++
+				if t.State == DeviceFailed {
+					r.waveFailed++
+				}
+			}
+		}
+	}
+}
+
+// saveStepChange stores a rollout change the engine made (from running at
+// its wave): conditionally in cluster mode, where a change another node
+// made first wins and this one is dropped (the next read brings memory
+// back in step).
+func (s *Service) saveStepChange(ctx context.Context, v Rollout) error {
+	fs := &s.fw
+	if !fs.clustered() {
+		return s.saveRollout(ctx, v)
+	}
+	ok, err := fs.rc.SaveRolloutIf(ctx, v, RolloutRunning, v.Wave, nil)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		s.log.Info("rollout changed by another node first; this node's change is dropped", "rollout", v.ID, "state", v.State)
+		return nil
+	}
+	s.noteChange(ctx, ChangeRollout, v.ID)
+	return nil
+}
+
+// startWaveClustered stores the next wave and r's new wave number in one
+// conditional transaction; ok is false when another node changed r first.
+func (s *Service) startWaveClustered(ctx context.Context, next Rollout, wave []RolloutDevice) (bool, error) {
+	ok, err := s.fw.rc.SaveRolloutIf(ctx, next, RolloutRunning, next.Wave-1, wave)
+	if err != nil || !ok {
+		return false, err
+	}
+	s.noteChange(ctx, ChangeRollout, next.ID)
+	return true, nil
+}
+
+// controlClustered stores an operator's pause, resume or abort of r
+// (prev: the stored rollout it started from) and reads the rollouts back.
+func (s *Service) controlClustered(ctx context.Context, v Rollout, prev Rollout) error {
+	ok, err := s.fw.rc.SaveRolloutIf(ctx, v, prev.State, prev.Wave, nil)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errRolloutRace
+	}
+	s.noteChange(ctx, ChangeRollout, v.ID)
+	// An abort canceled devices in the database: read them back.
+	if err := s.syncRolloutsLocked(ctx); err != nil {
+		s.log.Warn("rollouts: reading back after a change failed", "rollout", v.ID, "err", err)
+	}
+	return nil
+}
