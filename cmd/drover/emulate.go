@@ -38,6 +38,7 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 	fs.StringVar(&cfg.EnrollmentSecret, "secret", env.Var("DROVER_ENROLLMENT_SECRET"), "enrollment secret (default: $DROVER_ENROLLMENT_SECRET)")
 	fs.StringVar(&caFile, "ca-cert", "", "PEM file of the certificate(s) to trust (default: system roots)")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server's certificate")
+	fs.StringVar(&cfg.TLSMaxVersion, "tls-max-version", cfg.TLSMaxVersion, "highest TLS version the devices offer: 1.3 (default) or 1.2 (a resumed TLS 1.2 session needs no key exchange)")
 	fs.StringVar(&cfg.TLSKeyExchange, "tls-key-exchange", cfg.TLSKeyExchange, "TLS key exchange the devices offer, as the agent's flag: classic (X25519 key share, P-256 and P-384 as fallbacks), x25519, p256, hybrid (also post-quantum X25519MLKEM768) or a comma-separated list")
 	fs.IntVar(&cfg.Devices, "devices", cfg.Devices, "devices in the whole fleet (all shards)")
 	fs.StringVar(&shard, "shard", "1/1", "this process's share k/n of the fleet: devices whose index % n == k-1")

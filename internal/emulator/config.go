@@ -43,6 +43,9 @@ type Config struct {
 	// P-256, P-384: no post-quantum key share computed per handshake),
 	// "x25519", "p256" or "hybrid" (also X25519MLKEM768).
 	TLSKeyExchange string
+	// TLSMaxVersion caps the TLS version the devices offer: "1.2" (a
+	// resumed session then needs no key exchange), "1.3" or "" (1.3).
+	TLSMaxVersion string
 
 	Devices int    // the whole fleet
 	Shard   Shard  // this process's share (zero: 1/1)
@@ -165,6 +168,9 @@ func (c *Config) Validate() error {
 		c.TLSKeyExchange = protocol.KeyExchangeClassic
 	}
 	if _, err := protocol.KeyExchangeGroups(c.TLSKeyExchange); err != nil {
+		return err
+	}
+	if _, err := tlsMaxVersion(c.TLSMaxVersion); err != nil {
 		return err
 	}
 	if c.Interval <= 0 || c.Duration < 0 {

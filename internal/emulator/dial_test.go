@@ -69,3 +69,33 @@ func TestKeyExchangeOffered(t *testing.T) {
 		}
 	}
 }
+
+// --tls-max-version 1.2 makes the devices speak TLS 1.2; a version the
+// emulator does not know is refused before anything is sent.
+func TestTLSMaxVersion(t *testing.T) {
+	var tls12 atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS.Version == tls.VersionTLS12 {
+			tls12.Add(1)
+		}
+		w.Write([]byte(`{"device_id":"d","token":"t"}`))
+	}))
+	srv.EnableHTTP2 = false
+	srv.StartTLS()
+	defer srv.Close()
+	for _, v := range []string{"1.2", "1.3"} {
+		tls12.Store(0)
+		cfg := DefaultConfig()
+		cfg.Target, cfg.EnrollmentSecret, cfg.Devices, cfg.Mode, cfg.Loops, cfg.Insecure = srv.URL, "s", 3, ModeBenchmark, 0, true
+		cfg.Conn, cfg.TLSMaxVersion = ConnNew, v
+		run(t, cfg)
+		if want := map[string]int64{"1.2": 3, "1.3": 0}[v]; tls12.Load() != want {
+			t.Fatalf("max %s: %d requests over TLS 1.2, want %d", v, tls12.Load(), want)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Target, cfg.EnrollmentSecret, cfg.TLSMaxVersion = srv.URL, "s", "1.1"
+	if err := cfg.Validate(); err == nil {
+		t.Fatal("TLS 1.1 accepted")
+	}
+}
