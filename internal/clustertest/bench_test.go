@@ -139,12 +139,12 @@ func (l *lab) snapshot(t *testing.T) snapshot {
 			s.deviceReads += l.metric(nd, "drover_cluster_device_reads_total")
 		}
 		s.nodeTicks = append(s.nodeTicks, cpuTicks(nd.cmd.Process.Pid, false))
-		s.nodeBytes = append(s.nodeBytes, nd.host.bytes())
+		s.nodeBytes = append(s.nodeBytes, nd.host.Bytes())
 	}
 	s.pg = treeTicks(l.pg.PID())
 	s.lb = cpuTicks(l.haproxy.Process.Pid, false)
 	s.nats = cpuTicks(l.nats.Process.Pid, false)
-	s.dbBytes, s.natsBytes = l.dbHost.bytes(), l.natsHost.bytes()
+	s.dbBytes, s.natsBytes = l.dbHost.Bytes(), l.natsHost.Bytes()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := l.db(ctx)

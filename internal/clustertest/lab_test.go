@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/netlab"
 	"github.com/drover/drover/internal/store/dbtest"
 )
 
@@ -73,18 +74,10 @@ var skipReason string
 
 // prerequisites names what is missing ("" when nothing).
 func prerequisites() string {
-	var miss []string
-	if os.Geteuid() != 0 {
-		miss = append(miss, "not root (network namespaces need it)")
+	skipReason = netlab.Prerequisites("haproxy", "nats-server", "setpriv")
+	if skipReason != "" {
+		skipReason += " (Debian: iproute2, haproxy, nats-server, util-linux; scripts/test.sh installs them)"
 	}
-	for _, bin := range []string{"ip", "haproxy", "nats-server", "setpriv"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if _, err := os.Stat("/usr/sbin/" + bin); err != nil {
-				miss = append(miss, bin+" not installed (Debian: iproute2, haproxy, nats-server, util-linux; scripts/test.sh installs them)")
-			}
-		}
-	}
-	skipReason = strings.Join(miss, "; ")
 	return skipReason
 }
 
@@ -98,67 +91,14 @@ func need(t testing.TB) {
 	}
 }
 
-func sbin(name string) string {
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	return "/usr/sbin/" + name
-}
-
-// ---- network ----
-
-var (
-	staleNS   = regexp.MustCompile(`(?m)^(dct(\d+)[a-z]-\S+)`)
-	staleLink = regexp.MustCompile(`(?m)^\d+: (dct(\d+)[a-z][bh]\d*)[@:]`)
-)
+func sbin(name string) string { return netlab.Sbin(name) }
 
 // cleanStale removes namespaces, veths and bridges of earlier runs whose
 // process is gone (a run killed before its cleanup).
-func cleanStale() {
-	for _, c := range []struct {
-		list, del []string
-		re        *regexp.Regexp
-	}{
-		{[]string{"netns", "list"}, []string{"netns", "del"}, staleNS},
-		{[]string{"-o", "link"}, []string{"link", "del"}, staleLink},
-	} {
-		out, _ := exec.Command(sbin("ip"), c.list...).Output()
-		for _, m := range c.re.FindAllStringSubmatch(string(out), -1) {
-			if pid, _ := strconv.Atoi(m[2]); syscall.Kill(pid, 0) == syscall.ESRCH {
-				exec.Command(sbin("ip"), append(c.del, m[1])...).Run()
-			}
-		}
-	}
-}
-
-func ipCmd(args ...string) error {
-	out, err := exec.Command(sbin("ip"), args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
+func cleanStale() { netlab.CleanStale("dct") }
 
 // host is one network namespace.
-type host struct {
-	ns   string // namespace name
-	veth string // its veth's end on the bridge (root namespace)
-	ip   string
-}
-
-// exec returns the command prefix that runs a program on h.
-func (h *host) exec() []string { return []string{sbin("ip"), "netns", "exec", h.ns} }
-
-// bytes is what h's veth carried in both directions.
-func (h *host) bytes() int64 {
-	var n int64
-	for _, f := range []string{"rx_bytes", "tx_bytes"} {
-		b, _ := os.ReadFile("/sys/class/net/" + h.veth + "/statistics/" + f)
-		v, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		n += v
-	}
-	return n
-}
+type host = netlab.Host
 
 // ---- the lab ----
 
@@ -173,7 +113,7 @@ type lab struct {
 	pool    *x509.CertPool
 	cluster bool // drover serve has --cluster
 
-	hosts  int
+	nw     *netlab.Net
 	dbHost *host
 	pg     *dbtest.Server
 	dsn    string
@@ -196,28 +136,19 @@ type lab struct {
 func newLab(t testing.TB) *lab {
 	t.Helper()
 	need(t)
-	pid := os.Getpid()
-	l := &lab{t: t, id: fmt.Sprintf("dct%d%c", pid, 'a'+labSeq.Add(1)%26), dir: t.TempDir()}
-	l.net = freeSubnet(pid)
-	l.hostIP = l.net + ".1"
-	br := l.id + "b"
-	t.Cleanup(func() { exec.Command(sbin("ip"), "link", "del", br).Run() })
-	for _, args := range [][]string{
-		{"link", "add", br, "type", "bridge"},
-		{"addr", "add", l.hostIP + "/24", "dev", br},
-		{"link", "set", br, "up"},
-	} {
-		if err := ipCmd(args...); err != nil {
-			t.Fatal(err)
-		}
+	l := &lab{t: t, id: netlab.NewID("dct", int(labSeq.Add(1))), dir: t.TempDir()}
+	nw, err := netlab.New(l.id, "")
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(nw.Close)
+	l.nw, l.net, l.hostIP = nw, nw.Subnet, nw.HostIP
 	help, _ := exec.Command(droverBin, "serve", "--help").CombinedOutput()
 	l.cluster = bytes.Contains(help, []byte("-cluster"))
 	l.makeCert()
 
-	var err error
 	l.dbHost = l.addHost("db", 2)
-	l.pg, err = dbtest.StartPostgres(dbtest.Options{Host: l.dbHost.ip, Clients: l.net + ".0/24", Wrap: l.dbHost.exec()})
+	l.pg, err = dbtest.StartPostgres(dbtest.Options{Host: l.dbHost.IP, Clients: l.net + ".0/24", Wrap: l.dbHost.Exec()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,42 +160,15 @@ func newLab(t testing.TB) *lab {
 	return l
 }
 
-// freeSubnet picks a 10.x.y.0/24 no interface of this machine is on.
-func freeSubnet(pid int) string {
-	out, _ := exec.Command(sbin("ip"), "-4", "-o", "addr").Output()
-	for i := 0; ; i++ {
-		n := fmt.Sprintf("10.%d.%d", 200+(pid+i)%50, (pid/50+i)%250)
-		if !bytes.Contains(out, []byte(" "+n+".")) {
-			return n
-		}
-	}
-}
-
 // addHost makes namespace <id>-<name> with address <net>.<octet>.
 func (l *lab) addHost(name string, octet int) *host {
 	l.t.Helper()
-	if l.hosts++; l.hosts > maxHosts {
+	if l.nw.Hosts() >= maxHosts {
 		l.t.Fatalf("more than %d hosts", maxHosts)
 	}
-	h := &host{ns: l.id + "-" + name, veth: fmt.Sprintf("%sh%d", l.id, l.hosts), ip: fmt.Sprintf("%s.%d", l.net, octet)}
-	peer := fmt.Sprintf("%sp%d", l.id, l.hosts)
-	l.t.Cleanup(func() {
-		exec.Command(sbin("ip"), "link", "del", h.veth).Run() // both ends
-		exec.Command(sbin("ip"), "netns", "del", h.ns).Run()
-	})
-	for _, args := range [][]string{
-		{"netns", "add", h.ns},
-		{"link", "add", h.veth, "type", "veth", "peer", "name", peer},
-		{"link", "set", peer, "netns", h.ns},
-		{"link", "set", h.veth, "master", l.id + "b", "up"},
-		{"-n", h.ns, "addr", "add", h.ip + "/24", "dev", peer},
-		{"-n", h.ns, "link", "set", peer, "up"},
-		{"-n", h.ns, "link", "set", "lo", "up"},
-		{"-n", h.ns, "route", "add", "default", "via", l.hostIP},
-	} {
-		if err := ipCmd(args...); err != nil {
-			l.t.Fatal(err)
-		}
+	h, err := l.nw.AddHost(name, octet)
+	if err != nil {
+		l.t.Fatal(err)
 	}
 	return h
 }
@@ -307,7 +211,7 @@ func (l *lab) makeCert() {
 func (l *lab) startNATS() {
 	l.t.Helper()
 	h := l.natsHost
-	args := append(h.exec(), sbin("nats-server"), "-a", h.ip, "-p", "4222", "-js", "-sd", filepath.Join(l.dir, "nats"))
+	args := append(h.Exec(), sbin("nats-server"), "-a", h.IP, "-p", "4222", "-js", "-sd", filepath.Join(l.dir, "nats"))
 	cmd := exec.Command(args[0], args[1:]...)
 	log := &logBuf{}
 	cmd.Stdout, cmd.Stderr = log, log
@@ -320,26 +224,13 @@ func (l *lab) startNATS() {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	l.nats, l.natsURL = cmd, "nats://"+h.ip+":4222"
-	if err := waitTCP(h.ip+":4222", 30*time.Second); err != nil {
+	l.nats, l.natsURL = cmd, "nats://"+h.IP+":4222"
+	if err := waitTCP(h.IP+":4222", 30*time.Second); err != nil {
 		l.t.Fatalf("nats-server: %v\n%s", err, log)
 	}
 }
 
-func waitTCP(addr string, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+func waitTCP(addr string, limit time.Duration) error { return netlab.WaitTCP(addr, limit) }
 
 // ---- nodes ----
 
@@ -388,7 +279,7 @@ func (l *lab) startNodes(n int) {
 	for i := range n {
 		name := fmt.Sprintf("n%d", i+1)
 		nd := &node{name: name, host: l.addHost(name, 11+i), data: filepath.Join(l.dir, name)}
-		nd.url = "https://" + nd.host.ip + ":8443"
+		nd.url = "https://" + nd.host.IP + ":8443"
 		l.nodes = append(l.nodes, nd)
 	}
 	for _, nd := range l.nodes {
@@ -400,7 +291,7 @@ func (l *lab) startNodes(n int) {
 // start (re)starts nd and waits until it is ready.
 func (l *lab) start(nd *node) {
 	l.t.Helper()
-	args := append(nd.host.exec(), droverBin, "serve", "--data-dir", nd.data, "--listen", nd.host.ip+":8443",
+	args := append(nd.host.Exec(), droverBin, "serve", "--data-dir", nd.data, "--listen", nd.host.IP+":8443",
 		"--db", l.dsn, "--persistence", "write-through", "--node-name", nd.name,
 		"--tls-cert", l.cert, "--tls-key", l.key, "--enrollment-secret", secret, "--admin-token", adminToken,
 		"--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0",
@@ -462,7 +353,7 @@ func (l *lab) haproxyConfig() string {
 		sm := serverLine.FindStringSubmatch(m)
 		var out strings.Builder
 		for _, nd := range l.nodes {
-			fmt.Fprintf(&out, "%sserver %s %s:8443%s\n", sm[1], nd.name, nd.host.ip, sm[2])
+			fmt.Fprintf(&out, "%sserver %s %s:8443%s\n", sm[1], nd.name, nd.host.IP, sm[2])
 		}
 		return out.String()
 	})

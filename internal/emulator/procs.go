@@ -30,12 +30,82 @@ type Procs struct {
 // emulate with the same fleet), copies their result streams to p.Sink and
 // merges them. cfg must be validated; cfg.Progress sees the children's sum.
 func RunProcs(ctx context.Context, cfg Config, p Procs) (*results.Merged, error) {
-	procs, sink := p.N, p.Sink
+	stderr := p.Stderr
+	if stderr == nil {
+		stderr = func(string) {}
+	}
+	var (
+		mu   sync.Mutex
+		cmds []*exec.Cmd
+	)
+	return RunShards(ctx, cfg, Shards{
+		N:    p.N,
+		Sink: p.Sink,
+		Start: func(_ int, sh Shard) (io.ReadCloser, error) {
+			cmd := exec.Command(p.Command[0], append(slices.Clone(p.Command[1:]), "--shard="+sh.String())...)
+			cmd.Env = p.Env
+			cmd.Stderr = &prefixWriter{out: stderr, prefix: "[shard " + sh.String() + "] "}
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				return nil, err
+			}
+			if err := cmd.Start(); err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			cmds = append(cmds, cmd)
+			mu.Unlock()
+			return &procStream{ReadCloser: stdout, cmd: cmd}, nil
+		},
+		Stop: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range cmds {
+				c.Process.Signal(syscall.SIGINT)
+			}
+		},
+		Abort: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range cmds {
+				c.Process.Kill()
+			}
+		},
+	})
+}
+
+// procStream is a child's stdout; Close waits for the child.
+type procStream struct {
+	io.ReadCloser
+	cmd *exec.Cmd
+}
+
+func (p *procStream) Close() error { return p.cmd.Wait() }
+
+// Shards is where RunShards runs the shards of a fleet: child processes
+// (RunProcs) or load machines (internal/perf's workers).
+type Shards struct {
+	N int // shards; the i-th (1-based) runs cfg.Shard.Sub(i, N)
+	// Start starts the i-th shard and returns its result stream (JSON
+	// lines). The stream ends when the shard has ended; Close then
+	// returns the shard's own failure (nil: none).
+	Start func(i int, sh Shard) (io.ReadCloser, error)
+	// Stop asks every started shard to end early and write its summary
+	// (ctx ended); nil: none.
+	Stop func()
+	// Abort ends every started shard at once (a shard failed to start);
+	// nil: none.
+	Abort func()
+	Sink  io.Writer // every record of every shard, as read (nil: none)
+}
+
+// RunShards runs cfg's shard split over s.N shards started by s.Start,
+// copies their result streams to s.Sink and merges them exactly. cfg
+// must be validated; cfg.Progress sees the shards' sum once a second.
+func RunShards(ctx context.Context, cfg Config, s Shards) (*results.Merged, error) {
+	procs, sink := s.N, s.Sink
 	if sink == nil {
 		sink = io.Discard
-	}
-	if p.Stderr == nil {
-		p.Stderr = func(string) {}
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = func(Progress) {}
@@ -46,30 +116,22 @@ func RunProcs(ctx context.Context, cfg Config, p Procs) (*results.Merged, error)
 		agg    = newAggregator(procs)
 		wg     sync.WaitGroup
 		errs   = make([]error, procs)
-		cmds   []*exec.Cmd
 	)
 	start := time.Now()
 	for i := 1; i <= procs; i++ {
 		sh := cfg.Shard.Sub(i, procs)
-		cmd := exec.Command(p.Command[0], append(slices.Clone(p.Command[1:]), "--shard="+sh.String())...)
-		cmd.Env = p.Env
-		cmd.Stderr = &prefixWriter{out: p.Stderr, prefix: "[shard " + sh.String() + "] "}
-		stdout, err := cmd.StdoutPipe()
+		out, err := s.Start(i, sh)
 		if err != nil {
-			return nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			for _, c := range cmds {
-				c.Process.Kill()
-				c.Wait()
+			if s.Abort != nil {
+				s.Abort()
 			}
+			wg.Wait()
 			return nil, fmt.Errorf("starting shard %s: %w", sh, err)
 		}
-		cmds = append(cmds, cmd)
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			sc := bufio.NewScanner(stdout)
+			sc := bufio.NewScanner(out)
 			sc.Buffer(make([]byte, 1<<20), 64<<20)
 			for sc.Scan() {
 				line := make([]byte, len(sc.Bytes()), len(sc.Bytes())+1)
@@ -84,17 +146,18 @@ func RunProcs(ctx context.Context, cfg Config, p Procs) (*results.Merged, error)
 				outMu.Unlock()
 				agg.add(i-1, line)
 			}
-			if err := cmd.Wait(); err != nil && errs[i-1] == nil {
+			if err := sc.Err(); err != nil && errs[i-1] == nil {
+				errs[i-1] = fmt.Errorf("shard %s: %w", sh, err)
+			}
+			if err := out.Close(); err != nil && errs[i-1] == nil {
 				errs[i-1] = fmt.Errorf("shard %s: %w", sh, err)
 			}
 		}(i)
 	}
-	stopSig := context.AfterFunc(ctx, func() {
-		for _, c := range cmds {
-			c.Process.Signal(syscall.SIGINT)
-		}
-	})
-	defer stopSig()
+	if s.Stop != nil {
+		stopSig := context.AfterFunc(ctx, s.Stop)
+		defer stopSig()
+	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	tick := time.NewTicker(time.Second)
