@@ -110,7 +110,7 @@ func TestMigrateUsesTheConfigFile(t *testing.T) {
 
 // Help is asked for: stdout, exit 0. A wrong invocation: stderr, exit 2.
 func TestHelpAndUsageErrors(t *testing.T) {
-	for _, c := range []string{"serve", "migrate", "user", "agent", "emulate", "report", "perf run", "perf fleet", "perf size", "perf report", "perf compare", "perf summary"} {
+	for _, c := range []string{"serve", "migrate", "user", "agent", "emulate", "report", "perf run", "perf fleet", "perf size", "perf report", "perf compare", "perf summary", "perf worker"} {
 		var out, errOut bytes.Buffer
 		args := append(strings.Fields(c), "--help")
 		if code := run(context.Background(), args, testEnv(nil, &out, &errOut, nil)); code != 0 || out.Len() == 0 || errOut.Len() != 0 {
@@ -134,6 +134,31 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		if code := run(context.Background(), args, testEnv(nil, io.Discard, &errOut, nil)); code != 2 || errOut.Len() == 0 {
 			t.Errorf("drover %q: exit %d, stderr %q", args, code, errOut.String())
 		}
+	}
+}
+
+// A load machine's worker refuses to start without its shared secret, and
+// the coordinator refuses --workers without it: usage errors (exit 2).
+func TestPerfWorkerNeedsToken(t *testing.T) {
+	short := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(short, []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"perf", "worker", "--listen", "127.0.0.1:0"},
+		{"perf", "worker", "--listen", "127.0.0.1:0", "--token", "short"},
+		{"perf", "worker", "--listen", "127.0.0.1:0", "--token-file", short},
+		{"perf", "worker", "--token", "a-long-enough-token-0123"},
+		{"perf", "run", "--url", "http://127.0.0.1:1", "--enrollment-secret", "s", "--workers", "127.0.0.1:2", "Stab-2-2"},
+		{"perf", "run", "--workers", "127.0.0.1:2", "--worker-token", "a-long-enough-token-0123", "Stab-2-2"},
+	} {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), args, testEnv(nil, io.Discard, &errOut, nil)); code != 2 || errOut.Len() == 0 {
+			t.Errorf("drover %q: exit %d, stderr %q", args, code, errOut.String())
+		}
+	}
+	if code := run(context.Background(), []string{"perf", "worker", "--listen", "127.0.0.1:0", "--token-file", "/nonexistent/token"}, testEnv(nil, io.Discard, io.Discard, nil)); code == 0 {
+		t.Error("a worker with an unreadable token file started")
 	}
 }
 

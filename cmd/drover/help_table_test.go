@@ -15,7 +15,7 @@ func TestEveryCommandHelpAndBadFlag(t *testing.T) {
 	for _, c := range commands {
 		names = append(names, c.name)
 	}
-	for _, sub := range []string{"list", "run", "fleet", "report", "compare", "size", "summary"} {
+	for _, sub := range []string{"list", "run", "fleet", "report", "compare", "size", "summary", "worker"} {
 		names = append(names, "perf "+sub)
 	}
 	var perfHelp bytes.Buffer

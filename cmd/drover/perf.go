@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,6 +36,8 @@ commands:
   summary DIR...                a Markdown index of results (verdicts, figures, environments, breaking points)
   size --devices N --interval S [--from DIR]
                                 whether this machine carries a fleet
+  worker --listen ADDR --token-file F
+                                a load machine: runs the share of a test that run --workers gives it
 
 Run 'drover perf <command> --help' for a command's flags. docs/perf.md explains the tests.
 `)
@@ -75,6 +79,8 @@ Run 'drover perf <command> --help' for a command's flags. docs/perf.md explains 
 		return perfSize(args[1:], env)
 	case "summary":
 		return perfSummary(args[1:], env)
+	case "worker":
+		return perfWorker(ctx, args[1:], env)
 	case "-h", "--help", "help":
 		usage(stdout)
 		return nil
@@ -142,7 +148,10 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	out := fs.String("out", "perf-results", "directory for the protocols (NAME.md, NAME.html, NAME.json)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	fs.Var(&userNotes, "note", "a note for the protocol's Notes (repeatable)")
-	secretFiles := command.DefineSecretFiles(fs, "enrollment-secret", "admin-token", "metrics-token")
+	workers := fs.String("workers", "", "load machines running `drover perf worker`, host:port separated by commas: the fleet is split over them (needs --url)")
+	workerToken := fs.String("worker-token", "", "the workers' shared secret (drover perf worker --token)")
+	fs.DurationVar(&o.WorkerTimeout, "worker-timeout", 30*time.Second, "a load machine that sends nothing for this long fails the test")
+	secretFiles := command.DefineSecretFiles(fs, "enrollment-secret", "admin-token", "metrics-token", "worker-token")
 	if err := command.Load(fs, args, env); err != nil {
 		return err
 	}
@@ -151,6 +160,19 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	}
 	if fs.NArg() == 0 {
 		return command.Usagef("name at least one preset (drover perf list)")
+	}
+	if *workers != "" {
+		o.Workers = strings.Split(*workers, ",")
+		if err := checkToken(*workerToken, "--worker-token"); err != nil {
+			return err
+		}
+		o.WorkerToken = *workerToken
+		if o.URL == "" {
+			return command.Usagef("--workers: load machines need a server they can reach: give its --url")
+		}
+		if o.WorkerTimeout <= 0 {
+			return command.Usagef("--worker-timeout must be positive")
+		}
 	}
 	if *memory != "" {
 		b, err := humanize.ParseBytes(*memory)
@@ -196,7 +218,7 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 		quoted = append(quoted, shellQuote(a))
 	}
 	o.Command = strings.Join(quoted, " ")
-	for _, secret := range []string{o.EnrollmentSecret, o.AdminToken, o.MetricsToken} {
+	for _, secret := range []string{o.EnrollmentSecret, o.AdminToken, o.MetricsToken, o.WorkerToken} {
 		if secret != "" {
 			o.Command = strings.ReplaceAll(o.Command, shellQuote(secret), "***")
 		}
@@ -336,5 +358,65 @@ func perfSize(args []string, env command.Env) error {
 		return err
 	}
 	s.Write(env.Stdout)
+	return nil
+}
+
+// checkToken refuses a missing or short shared secret; name is its
+// flag's name for messages.
+func checkToken(value, name string) error {
+	if len(value) < perf.MinTokenLength {
+		return command.Usagef("%s or %s-file is required: a shared secret of at least %d characters (the workers refuse requests without it)", name, name, perf.MinTokenLength)
+	}
+	return nil
+}
+
+// perfWorker is `drover perf worker`: a load machine.
+func perfWorker(ctx context.Context, args []string, env command.Env) error {
+	fs := flag.NewFlagSet("drover perf worker", flag.ContinueOnError)
+	listen := fs.String("listen", "", "address to listen on for the coordinator, e.g. 0.0.0.0:7070")
+	token := fs.String("token", "", "the shared secret the coordinator sends (drover perf run --worker-token)")
+	secretFiles := command.DefineSecretFiles(fs, "token")
+	workDir := fs.String("work-dir", "", "where the fleet's credentials are kept during a test (default: the system's temp dir)")
+	sources := fs.String("source-addrs", "", "local addresses to connect from, e.g. 10.0.0.5-10.0.0.8")
+	if err := command.Load(fs, args, env); err != nil {
+		return err
+	}
+	if err := secretFiles.Read(); err != nil {
+		return err
+	}
+	if err := command.NoArgs(fs); err != nil {
+		return err
+	}
+	if *listen == "" {
+		return command.Usagef("--listen is required")
+	}
+	if err := checkToken(*token, "--token"); err != nil {
+		return err
+	}
+	cfg := perf.WorkerConfig{Token: *token, WorkDir: *workDir, Version: buildinfo.Version(), Logf: func(f string, a ...any) {
+		fmt.Fprintf(env.Stderr, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(f, a...))
+	}}
+	if *sources != "" {
+		var err error
+		if cfg.SourceAddrs, err = emulator.ParseSourceAddrs(*sources); err != nil {
+			return command.Usage(err)
+		}
+	}
+	w, err := perf.NewWorker(cfg)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: w, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(env.Stderr, "drover perf worker listening on %s\n", ln.Addr())
+	stop := context.AfterFunc(ctx, func() { srv.Close() })
+	defer stop()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
 	return nil
 }

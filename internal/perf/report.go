@@ -114,6 +114,9 @@ func protocol(r *Result, charts bool) *doc {
 		t.row("extra server flags", "`"+strings.Join(r.Setup.ServerArgs, " ")+"`")
 	}
 	d.tab(t)
+	if len(e.LoadMachines) > 0 {
+		loadMachinesSection(d, e.LoadMachines)
+	}
 
 	switch p.Kind {
 	case stability:
@@ -704,4 +707,17 @@ func loopTimeNote(r *Result, c *Calc) string {
 	scheduled := float64(p.Devices) * c.TotalSec / float64(p.LoopTime)
 	return fmt.Sprintf("The real loop time (%s s) differs from the set loop time (%d s): %s pushes were performed of about %s the total time held; total time / (performed pushes / devices) counts every push the test did not perform: %s. Each device pushes at its fixed times (its registration happens in its first push's slot and shifts nothing), so with whole loops and every push performed the two are equal.",
 		fx(c.RealLoopTime, 0), p.LoopTime, gi(int(c.Performed)), gi(int(scheduled)), strings.Join(why, "; "))
+}
+
+// loadMachinesSection names the load machines a test's fleet was split
+// over, with each one's share and costs (the last part's).
+func loadMachinesSection(d *doc, ms []loadMachine) {
+	d.h("Load machines")
+	d.p("The emulated fleet was split over %d load machines (`drover perf worker`), started together; every figure of this protocol is the exact merge of their results (counts add up, latency histograms merge).", len(ms))
+	t := newTable("address", "host", "CPU", "cores / threads", "RAM / MiB", "shard", "devices", "emulator CPU avg / max (cores)", "emulator RSS / MiB", "clock offset / ms")
+	for _, m := range ms {
+		t.row(m.Addr, m.Host, m.CPUModel, fmt.Sprintf("%d / %d", m.Cores, m.Threads), fx(m.RAMMiB, 0), m.Shard, gi(m.Devices),
+			fx(m.CPUAvg, 2)+" / "+fx(m.CPUMax, 2), fx(m.RSSMiB, 1), fx(m.ClockOffsetMs, 1))
+	}
+	d.tab(t)
 }

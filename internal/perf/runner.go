@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,15 @@ type Options struct {
 	MemoryBytes int64
 	EnvLabel    string
 
+	// Workers are load machines (`drover perf worker` at host:port) that
+	// run the emulated fleet split between them instead of this process;
+	// WorkerToken is their shared secret; a worker that sends nothing for
+	// WorkerTimeout (default 30 s) fails the test.
+	Workers       []string
+	WorkerToken   string
+	WorkerTimeout time.Duration
+	pool          *loadPool
+
 	Override    override
 	Conn        emulator.ConnMode // default: new connection per request
 	SourceAddrs []net.IP          // default for a local server: 127.0.0.1-127.0.0.8
@@ -86,6 +96,17 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	}
 	if p.Kind == peak && p.Mode == peakFull && o.URL != "" && o.AdminToken == "" {
 		return nil, errors.New(p.Name + " changes the configuration profile during the test: give --admin-token")
+	}
+	if len(o.Workers) > 0 {
+		if o.URL == "" {
+			return nil, errors.New("load machines (--workers) need a server they can reach: give its --url")
+		}
+		if p.Kind == rollout {
+			return nil, errors.New(p.Name + ": a rollout test runs on one load machine (its downloads are watched live); drop --workers")
+		}
+		if o.pool, err = newLoadPool(ctx, o.Workers, o.WorkerToken, o.WorkerTimeout); err != nil {
+			return nil, err
+		}
 	}
 	if o.Persistence == "" {
 		o.Persistence = "write-through"
@@ -200,6 +221,7 @@ type target struct {
 	review             *logReview
 	logFile            string
 	logOffset          int64
+	pool               *loadPool     // load machines; nil: this process
 	info               *serverInfo   // remote: GET /api/v1/server answered (nil: not available)
 	seed               string        // the emulated fleet's identity seed
 	interval           time.Duration // overload test: the push interval offering OverloadFactor × capacity
@@ -221,6 +243,10 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	}
 	defer t.close()
 	t.describe(r)
+	if t.pool != nil {
+		r.Env.Emulator = t.pool.describe()
+		defer func() { r.Env.LoadMachines = slices.Clone(t.pool.machines) }()
+	}
 	if r.Setup.Target == "" || !r.Setup.Local {
 		r.Setup.Target = t.url
 	}
@@ -373,7 +399,7 @@ func registerFleet(ctx context.Context, p Preset, t *target, o Options) (opFigur
 	prog.name = p.Name + " registration"
 	cfg.Mode, cfg.Loops, cfg.Workers, cfg.Conn = emulator.ModeBenchmark, 0, 64, emulator.ConnKeepAlive
 	cfg.CredentialsFile = t.credentials
-	sum, err := emulator.Run(ctx, cfg, nil)
+	sum, err := t.emulate(ctx, cfg, nil, 0)
 	if sum == nil {
 		return opFigures{}, fmt.Errorf("registering the fleet: %w", err)
 	}
@@ -398,11 +424,7 @@ func measureCapacity(ctx context.Context, p Preset, t *target, o Options) (*capa
 	cfg, prog := emuConfig(p, t, o)
 	prog.name = p.Name + " capacity"
 	cfg.Mode, cfg.Loops, cfg.CredentialsFile = emulator.ModeBenchmark, 1<<30, t.credentials
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := time.AfterFunc(capacityTime, cancel)
-	defer stop.Stop()
-	sum, err := emulator.Run(cctx, cfg, nil)
+	sum, err := t.emulate(ctx, cfg, nil, capacityTime)
 	if sum == nil {
 		return nil, fmt.Errorf("measuring the capacity: %w", err)
 	}
@@ -452,7 +474,7 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 			reg := cfg
 			reg.Loops, reg.Duration = 0, 0
 			reg.Progress, reg.Warn = nil, nil
-			pre, err2 := emulator.Run(ctx, reg, nil)
+			pre, err2 := t.emulate(ctx, reg, nil, 0)
 			if err2 != nil {
 				return nil, nil, fmt.Errorf("registering the fleet before the storm: %w", err2)
 			}
@@ -470,30 +492,23 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 	}
 	sink := newSeriesSink(start, width)
 	if cfg.Mode == emulator.ModeFleet {
-		sum, err := emulator.Run(ctx, cfg, sink)
+		sum, err := t.emulate(ctx, cfg, sink, 0)
 		return sum, sink.points(), err
 	}
 	// A closed loop's duration ends by cancellation, not by a context
-	// deadline: once a deadline has passed, dials fail at once while the
-	// context may not yet report it, and the emulator would count those
-	// failures as dropped requests. Cancelled in-flight requests count as
-	// aborted.
+	// deadline (emulateFor).
 	dur := cfg.Duration
 	cfg.Duration = 0
-	dctx, dcancel := context.WithCancel(ctx)
-	defer dcancel()
-	if dur > 0 {
-		t := time.AfterFunc(dur, dcancel)
-		defer t.Stop()
-	}
-	sum, err := emulator.Run(dctx, cfg, sink)
-	if dctx.Err() != nil && ctx.Err() == nil {
-		err = nil // the test's own duration
-		if sum != nil {
-			sum.Err = ""
-		}
-	}
+	sum, err := t.emulate(ctx, cfg, sink, dur)
 	return sum, sink.points(), err
+}
+
+// emulate runs the emulator here, or split over the load machines.
+func (t *target) emulate(ctx context.Context, cfg emulator.Config, sink io.Writer, stopAfter time.Duration) (*results.Summary, error) {
+	if t.pool != nil {
+		return t.pool.run(ctx, cfg, sink, stopAfter)
+	}
+	return emulateFor(ctx, cfg, sink, stopAfter)
 }
 
 // progress prints a line every so often.
@@ -540,7 +555,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // --- the server under test ---
 
 func openTarget(ctx context.Context, p Preset, handlers int, o Options) (*target, error) {
-	t := &target{}
+	t := &target{pool: o.pool}
 	if o.URL == "" {
 		ls, err := startLocal(ctx, p, handlers, o)
 		if err != nil {

@@ -21,16 +21,16 @@ type seriesSink struct {
 	width   int64 // seconds per bucket
 	buf     []byte
 	buckets []*bucket
-	pos     float64 // where the next record starts, seconds since start; <0: no record yet
+	pos     map[string]float64 // by shard: where its next record starts, seconds since start
 }
 
 type bucket struct {
-	dur       float64
+	dur       map[string]float64 // seconds covered, by shard
 	push, reg results.Op
 }
 
 func newSeriesSink(start time.Time, width time.Duration) *seriesSink {
-	return &seriesSink{start: start.Unix(), width: max(1, int64(width/time.Second)), pos: -1}
+	return &seriesSink{start: start.Unix(), width: max(1, int64(width/time.Second)), pos: map[string]float64{}}
 }
 
 func (s *seriesSink) Write(p []byte) (int, error) {
@@ -60,11 +60,13 @@ func (s *seriesSink) record(line []byte) {
 	// (each covers the time since the previous one), so a tick that came
 	// late does not put two records in one bucket and none in the next, as
 	// placing them by their whole second would.
-	if s.pos < 0 {
-		s.pos = float64(iv.TS - s.start)
+	// Shards (load machines) each send their own records, side by side.
+	pos, ok := s.pos[iv.Shard]
+	if !ok {
+		pos = float64(iv.TS - s.start)
 	}
-	mid := s.pos + iv.Dur/2
-	s.pos += iv.Dur
+	mid := pos + iv.Dur/2
+	s.pos[iv.Shard] = pos + iv.Dur
 	idx := max(int64(mid), 0) / s.width
 	for idx >= maxBuckets {
 		s.halve()
@@ -74,7 +76,10 @@ func (s *seriesSink) record(line []byte) {
 		s.buckets = append(s.buckets, &bucket{})
 	}
 	b := s.buckets[idx]
-	b.dur += iv.Dur
+	if b.dur == nil {
+		b.dur = map[string]float64{}
+	}
+	b.dur[iv.Shard] += iv.Dur
 	b.push.Merge(iv.Ops[results.OpPush])
 	b.reg.Merge(iv.Ops[results.OpRegister])
 }
@@ -86,7 +91,12 @@ func (s *seriesSink) halve() {
 		b := s.buckets[i]
 		if i+1 < len(s.buckets) {
 			o := s.buckets[i+1]
-			b.dur += o.dur
+			for k, v := range o.dur {
+				if b.dur == nil {
+					b.dur = map[string]float64{}
+				}
+				b.dur[k] += v
+			}
 			b.push.Merge(&o.push)
 			b.reg.Merge(&o.reg)
 		}
@@ -101,7 +111,10 @@ func (s *seriesSink) points() []point {
 	defer s.mu.Unlock()
 	var pts []point
 	for i, b := range s.buckets {
-		d := b.dur
+		var d float64 // the shards ran side by side: the longest one's time
+		for _, v := range b.dur {
+			d = max(d, v)
+		}
 		if d <= 0 {
 			d = float64(s.width)
 		}

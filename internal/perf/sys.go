@@ -26,7 +26,10 @@ type environment struct {
 	GoVersion     string  `json:"go_version"`
 	DroverVersion string  `json:"drover_version"`
 	Emulator      string  `json:"emulator"` // where the emulator ran
-	OpenFiles     uint64  `json:"open_files,omitempty"`
+	// LoadMachines are the workers the emulated fleet was split over
+	// (--workers); none: the drover perf process.
+	LoadMachines []loadMachine `json:"load_machines,omitempty"`
+	OpenFiles    uint64        `json:"open_files,omitempty"`
 	// The server's cgroup limits: CPUs (quota / period) and memory; 0: none.
 	CPULimit    float64 `json:"cpu_limit,omitempty"`
 	MemLimitMiB float64 `json:"memory_limit_mib,omitempty"`
