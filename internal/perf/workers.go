@@ -96,23 +96,28 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 // Close removes the worker's directory (the credentials of its fleets).
 func (w *Worker) Close() error { return os.RemoveAll(w.dir) }
 
-// workerInfo describes a load machine.
+// machineInfo describes a load machine.
+type machineInfo struct {
+	Host       string  `json:"host"`
+	CPUModel   string  `json:"cpu_model"`
+	Cores      int     `json:"cores"`
+	Threads    int     `json:"threads"`
+	RAMMiB     float64 `json:"ram_mib"`
+	GOMAXPROCS int     `json:"gomaxprocs"`
+	Version    string  `json:"version,omitempty"`
+}
+
+// workerInfo is a worker's answer to /v1/info and its first record.
 type workerInfo struct {
-	Type       string    `json:"type,omitempty"`
-	Host       string    `json:"host"`
-	CPUModel   string    `json:"cpu_model"`
-	Cores      int       `json:"cores"`
-	Threads    int       `json:"threads"`
-	RAMMiB     float64   `json:"ram_mib"`
-	GOMAXPROCS int       `json:"gomaxprocs"`
-	Version    string    `json:"version"`
-	Time       time.Time `json:"time"` // the worker's clock when it answered
+	Type string `json:"type,omitempty"`
+	machineInfo
+	Time time.Time `json:"time"` // the worker's clock when it answered
 }
 
 func (w *Worker) info() workerInfo {
 	h := hostinfo.ReadHost()
-	return workerInfo{Host: h.Name, CPUModel: h.CPUModel, Cores: h.Cores, Threads: h.Threads, RAMMiB: mib(h.RAMBytes),
-		GOMAXPROCS: runtime.GOMAXPROCS(0), Version: w.cfg.Version, Time: time.Now().UTC()}
+	return workerInfo{machineInfo: machineInfo{Host: h.Name, CPUModel: h.CPUModel, Cores: h.Cores, Threads: h.Threads, RAMMiB: mib(h.RAMBytes),
+		GOMAXPROCS: runtime.GOMAXPROCS(0), Version: w.cfg.Version}, Time: time.Now().UTC()}
 }
 
 // workerJob is one shard of a fleet for a worker.
@@ -322,14 +327,8 @@ func (f *flushWriter) Write(p []byte) (int, error) {
 
 // loadMachine is one load machine of a test, in the protocol.
 type loadMachine struct {
-	Addr       string  `json:"addr"`
-	Host       string  `json:"host"`
-	CPUModel   string  `json:"cpu_model"`
-	Cores      int     `json:"cores"`
-	Threads    int     `json:"threads"`
-	RAMMiB     float64 `json:"ram_mib"`
-	GOMAXPROCS int     `json:"gomaxprocs"`
-	Version    string  `json:"version,omitempty"`
+	Addr string `json:"addr"`
+	machineInfo
 	// ClockOffsetMs is the worker's clock minus the coordinator's when it
 	// was asked (half the round trip's precision).
 	ClockOffsetMs float64 `json:"clock_offset_ms"`
@@ -380,8 +379,7 @@ func newLoadPool(ctx context.Context, addrs []string, token string, timeout time
 		}
 		rtt := time.Since(sent)
 		off := in.Time.Sub(sent.Add(rtt / 2))
-		p.machines = append(p.machines, loadMachine{Addr: a, Host: in.Host, CPUModel: in.CPUModel, Cores: in.Cores,
-			Threads: in.Threads, RAMMiB: in.RAMMiB, GOMAXPROCS: in.GOMAXPROCS, Version: in.Version, ClockOffsetMs: ms(off)})
+		p.machines = append(p.machines, loadMachine{Addr: a, machineInfo: in.machineInfo, ClockOffsetMs: ms(off)})
 	}
 	return p, nil
 }
