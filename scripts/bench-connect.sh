@@ -7,12 +7,18 @@
 # from several connload processes, each from its own loopback source
 # address and below the 20,000 open files a process may have here.
 # Usage: scripts/bench-connect.sh [-p processes] [-n connections per process]
-#   [-b brokers: any of mosquitto,nats or none; default mosquitto,nats] [-L: no latency runs]
+#   [-N nodes] [-b brokers: any of mosquitto,nats or none; default mosquitto,nats] [-L: no latency runs]
 #   (DROVER=path uses that drover binary instead of building one)
+# -N 2 or more: that many `drover serve --cluster` nodes on a fresh database of the
+# local PostgreSQL and the local NATS (docs/cluster.md), each below the 20,000 files
+# a process may open; connection process p connects to node p mod N, commands are
+# sent to node 1, so most reach their devices through another node. Figures are
+# summed over the nodes.
+#   scripts/bench-connect.sh -N 7 -p 7 -n 14300 -b none    # 100,100 connections
 set -euo pipefail
-procs=3 per=5000 brokers=mosquitto,nats lat=1
-while getopts p:n:b:L o; do
-  case $o in p) procs=$OPTARG;; n) per=$OPTARG;; b) brokers=$OPTARG;; L) lat=0;; *) exit 2;; esac
+procs=3 per=5000 brokers=mosquitto,nats lat=1 nodes=1
+while getopts p:n:N:b:L o; do
+  case $o in p) procs=$OPTARG;; n) per=$OPTARG;; N) nodes=$OPTARG;; b) brokers=$OPTARG;; L) lat=0;; *) exit 2;; esac
 done
 total=$((procs * per))
 export PATH=$PATH:/usr/local/go/bin
@@ -29,37 +35,52 @@ now() { date +%s%N; }
 # DROVER=binary measures a server built elsewhere (e.g. an older commit).
 (cd "$top" && if [ -n "${DROVER:-}" ]; then cp "$DROVER" "$work/drover"; else go build -o "$work/drover" ./cmd/drover; fi && go build -o "$work/benchprep" ./tools/benchprep && go build -o "$work/connload" ./tools/connload)
 port=$(freeport) dport=$(freeport)
-"$work/drover" serve --debug-listen 127.0.0.1:$dport --quota-push-rate 0 --quota-history-samples 0 --quota-history-bytes 0 --data-dir "$work/data" \
+noquota="--quota-push-rate 0 --quota-history-samples 0 --quota-history-bytes 0"
+cluster=() spids=() urls=()
+if [ "$nodes" -gt 1 ]; then
+  psql -qX -h 127.0.0.1 -U postgres -d postgres -c "DROP DATABASE IF EXISTS drover_connect" -c "CREATE DATABASE drover_connect" >/dev/null
+  cluster=(--cluster --db "postgres://postgres@127.0.0.1:5432/drover_connect?sslmode=disable" --nats-url nats://127.0.0.1:4222 --node-name n1)
+fi
+"$work/drover" serve --debug-listen 127.0.0.1:$dport $noquota --data-dir "$work/data" "${cluster[@]}" \
   --listen 127.0.0.1:$port --log-level warn >"$work/serve.out" 2>"$work/serve.log" &
-spid=$!; pids+=($spid); waitport $port
+spid=$!; pids+=($spid) spids+=($spid) urls+=(https://127.0.0.1:$port) dports=($dport); waitport $port
 secret=$(python3 -c "import json;print(json.load(open('$work/data/secrets.json'))['enrollment_secret'])")
 admin=$(python3 -c "import json;print(json.load(open('$work/data/secrets.json'))['admin_token'])")
 url=https://127.0.0.1:$port ca=$work/data/tls/cert.pem
+for n in $(seq 2 "$nodes"); do
+  nport=$(freeport) ndport=$(freeport); dports+=($ndport)
+  cluster[${#cluster[@]}-1]=n$n
+  "$work/drover" serve --debug-listen 127.0.0.1:$ndport $noquota --data-dir "$work/data$n" "${cluster[@]}" --tls-cert $ca --tls-key "$work/data/tls/key.pem" \
+    --enrollment-secret "$secret" --admin-token "$admin" --listen 127.0.0.1:$nport --log-level warn >"$work/serve$n.out" 2>"$work/serve$n.log" &
+  pids+=($!) spids+=($!) urls+=(https://127.0.0.1:$nport); waitport $nport
+done
 "$work/benchprep" -url $url -secret "$secret" -n 1000 -out "$work/k.txt" -prefix k 2>/dev/null
 "$work/benchprep" -url $url -secret "$secret" -n $((total - 1000)) -out "$work/a.txt" -prefix a 2>/dev/null
 cat "$work/k.txt" "$work/a.txt" >"$work/tokens.txt"
 api() { curl -s --cacert $ca -H "Authorization: Bearer $admin" "$@"; }
 api $url/api/v1/labels/assign -d '{"label":"k","filter":{"q":"k-"}}' >/dev/null
-conns() { api $url/metrics | awk '/^drover_device_connections / {print $2}'; }
-gostat() { api $url/metrics | awk '/^go_goroutines / {g=$2} /^go_memstats_heap_inuse_bytes / {h=$2} /^go_memstats_stack_inuse_bytes / {s=$2} END {printf "%d %.0f %.0f\n", g, h, s}'; }
+conns() { for u in "${urls[@]}"; do api $u/metrics | awk '/^drover_device_connections / {print $2}'; done | awk '{s+=$1} END {print s+0}'; }
+gostat() { for u in "${urls[@]}"; do api $u/metrics; done | awk '/^go_goroutines / {g+=$2} /^go_memstats_heap_inuse_bytes / {h+=$2} /^go_memstats_stack_inuse_bytes / {s+=$2} END {printf "%d %.0f %.0f\n", g, h, s}'; }
+rssall() { local t=0; for p in "${spids[@]}"; do t=$((t + $(rss $p))); done; echo $t; }
 
 sleep 2
-before=$(rss $spid); read -r g0 h0 s0 <<<"$(gostat)"
+before=$(rssall); read -r g0 h0 s0 <<<"$(gostat)"
 for p in $(seq 0 $((procs - 1))); do
-  "$work/connload" -url $url -ca $ca -tokens "$work/tokens.txt" -from $((p * per)) -n $per -source 127.0.0.$((p + 2)) \
+  "$work/connload" -url "${urls[$((p % nodes))]}" -ca $ca -tokens "$work/tokens.txt" -from $((p * per)) -n $per -source 127.0.0.$((p + 2)) \
     >"$work/got.$p" 2>"$work/load.$p" & pids+=($!)
 done
 for _ in $(seq 600); do [ "$(conns)" = "$total" ] && break; sleep 1; done
 sleep 5
-after=$(rss $spid); read -r g1 h1 s1 <<<"$(gostat)"
+after=$(rssall); read -r g1 h1 s1 <<<"$(gostat)"
 held=$(conns)
-echo "connections: $held of $total over $procs processes (127.0.0.2..127.0.0.$((procs + 1)))"
+echo "connections: $held of $total over $procs processes (127.0.0.2..127.0.0.$((procs + 1))) to $nodes server process(es)"
 echo "server RSS: $before KiB before, $after KiB after: $(( (after - before) * 1024 / held )) bytes per idle connection"
 echo "server Go: goroutines $g0 -> $g1; heap in use $(( (h1 - h0) / held )) B, stacks $(( (s1 - s0) / held )) B per connection"
 # The handshakes' garbage is still on the heap until a collection: force
 # one (the heap profile's gc=1; HEAP_OUT=file keeps the profile), then again.
 curl -s "http://127.0.0.1:$dport/debug/pprof/heap?gc=1" -o "${HEAP_OUT:-$work/heap.pprof}"
-sleep 5; after2=$(rss $spid); read -r g2 h2 s2 <<<"$(gostat)"
+for d in "${dports[@]:1}"; do curl -s "http://127.0.0.1:$d/debug/pprof/heap?gc=1" -o /dev/null; done
+sleep 5; after2=$(rssall); read -r g2 h2 s2 <<<"$(gostat)"
 echo "after a GC: server RSS $after2 KiB: $(( (after2 - before) * 1024 / held )) bytes per idle connection; heap in use $(( (h2 - h0) / held )) B, stacks $(( (s2 - s0) / held )) B per connection"
 
 first=$(head -1 "$work/tokens.txt" | cut -d. -f1)
@@ -77,7 +98,7 @@ latency "1 device" "{\"kind\":\"reboot\",\"device_id\":\"$first\"}" 1
 latency "1,000 devices (label)" '{"kind":"reboot","label":"k"}' 1000
 latency "all $total devices" '{"kind":"reboot","filter":{}}' $total
 fi
-echo "server RSS after the commands: $(rss $spid) KiB"
+echo "server RSS after the commands: $(rssall) KiB"
 for p in "${pids[@]:1}"; do kill $p 2>/dev/null || true; done
 
 # The brokers, MQTT over TLS with the server's certificate, the same number
