@@ -404,9 +404,8 @@ func TestCluster(t *testing.T) {
 		wg.Wait()
 	})
 
-	t.Run("commands and node-local firmware files are refused", func(t *testing.T) {
+	t.Run("node-local firmware files are refused", func(t *testing.T) {
 		for _, c := range []struct{ method, path, body string }{
-			{"POST", "/api/v1/commands", `{"kind":"reboot","device_id":"1"}`},
 			{"POST", "/api/v1/firmware?device_type=ICR-3241&version=6.4.0", "firmware bytes"},
 		} {
 			st, body := a.do(c.method, c.path, adminToken, c.body)

@@ -54,6 +54,35 @@ type ClusterStore interface {
 	// LoadEnrollment reads the enrollment tokens and preauthorized machine
 	// IDs (Tokens and Preauthorized of the TrustState).
 	LoadEnrollment(ctx context.Context) (TrustState, error)
+	ClusterCommands
+}
+
+// ClusterCommands is what remote commands need in cluster mode
+// (commands_cluster.go): the database holds every per-device command's
+// state, and nodes change it only with conditional statements.
+type ClusterCommands interface {
+	// NextJobID hands out a job ID no node has used.
+	NextJobID(ctx context.Context) (uint64, error)
+	// ReadJobs reads the stored jobs among ids, with their counts by state
+	// if counts.
+	ReadJobs(ctx context.Context, ids []uint64, counts bool) ([]JobRecord, error)
+	// QueuedDevices lists at most limit devices with a queued command of
+	// the job, with IDs above after, in ID order.
+	QueuedDevices(ctx context.Context, jobID, after uint64, limit int) ([]uint64, error)
+	// CommandsOnPush, in one transaction, records results (delivered
+	// commands only: each once) and claims at most claim queued commands
+	// of active, unexpired jobs for the device, marking them delivered at
+	// now; two nodes never claim the same one. It returns the claimed
+	// jobs (ID, kind, args, timeout) and whether queued ones remain.
+	CommandsOnPush(ctx context.Context, deviceID uint64, results []DeviceCommand, claim int, now time.Time) ([]JobRecord, bool, error)
+	// FinishDelivered moves delivered commands to their state in cmds
+	// (expired), each only if still delivered; it returns how many moved.
+	FinishDelivered(ctx context.Context, cmds []DeviceCommand) (int64, error)
+	// SetJobState moves a job to state to if its state is one of from.
+	SetJobState(ctx context.Context, id uint64, from []JobState, to JobState) (bool, error)
+	// DeliveredCommands lists at most limit delivered commands whose
+	// delivery plus their job's timeout lies before before, oldest first.
+	DeliveredCommands(ctx context.Context, before time.Time, limit int) ([]DeviceCommand, error)
 }
 
 // ChangeKind says what a change log entry names.
@@ -71,6 +100,10 @@ const (
 	// ChangeFirmware: a firmware artifact added or deleted: read the
 	// artifacts back.
 	ChangeFirmware ChangeKind = 6
+	// ChangeJob: a remote command job made, paused, resumed, cancelled or
+	// done, or given a batch of devices: read the job back and its queued
+	// devices past those this node read.
+	ChangeJob ChangeKind = 8
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -198,6 +231,8 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 		return s.reloadFirmware(ctx)
 	case ChangeRollout:
 		return s.SyncRollouts(ctx)
+	case ChangeJob:
+		return s.refreshJob(ctx, c.ID)
 	}
 	return nil
 }

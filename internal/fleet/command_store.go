@@ -16,7 +16,10 @@ type CommandStore interface {
 	// SaveJob inserts or replaces a job by ID.
 	SaveJob(ctx context.Context, j JobRecord) error
 	// AddDeviceCommands inserts per-device commands (present ones are
-	// kept) and replaces their job's record, in one transaction.
+	// kept) and stores their job's progress (Total, Creating, Cursor,
+	// LastID; the whole record if the job is not stored yet: a stored
+	// state stays, so a pause or cancel meanwhile is never undone), in one
+	// transaction.
 	AddDeviceCommands(ctx context.Context, j JobRecord, cmds []DeviceCommand) error
 	// SaveDeviceCommands replaces per-device commands, in one transaction.
 	SaveDeviceCommands(ctx context.Context, cmds []DeviceCommand) error

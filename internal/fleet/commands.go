@@ -145,7 +145,14 @@ type job struct {
 	counts   [numCommandStates]atomic.Int64
 	creating atomic.Bool
 	stop     chan struct{} // closed when cancelled: creation stops
+	stopped  sync.Once
+	// seen (cluster mode, the change log's goroutine): this node holds the
+	// job's queued devices up to this device ID (commands_cluster.go).
+	seen uint64
 }
+
+// halt closes stop once: the job's creation stops.
+func (j *job) halt() { j.stopped.Do(func() { close(j.stop) }) }
 
 func (j *job) jobState() JobState { return JobState(j.state.Load()) }
 
@@ -275,6 +282,14 @@ func (s *Service) loadCommands(ctx context.Context, cs CommandStore) error {
 			j.move(dc.State, CmdCancelled)
 			continue
 		}
+		if s.opts.Cluster != nil {
+			// The database tracks delivered ones; memory holds which
+			// devices have queued ones (commands_cluster.go).
+			j.seen = max(j.seen, dc.DeviceID)
+			if dc.State != CmdQueued {
+				continue
+			}
+		}
 		d.mu.Lock()
 		enqueue(d, &devCmd{job: j, state: dc.State, queuedAt: dc.QueuedAt.UnixNano(), deliveredAt: unixNano(dc.DeliveredAt)})
 		d.mu.Unlock()
@@ -316,7 +331,7 @@ func newJob(r JobRecord) *job {
 	j.state.Store(uint32(r.State))
 	j.creating.Store(r.Creating)
 	if r.State == JobCancelled {
-		close(j.stop)
+		j.halt()
 	}
 	return j
 }
@@ -359,17 +374,9 @@ func (s *Service) matching(f Filter, after, last uint64) []uint64 {
 	return ids
 }
 
-// ErrCommandsNotInCluster refuses commands in cluster mode: a job's
-// queues live in the memory of the node that made it, and a device pushing
-// to another node would never get them (docs/cluster.md).
-var ErrCommandsNotInCluster = errors.New("remote commands run on a single server; cluster mode does not send them (docs/cluster.md)")
-
 // SendCommand makes a job of spec for the target and queues it; a bulk
 // job's per-device commands are queued in the background (Job.Creating).
 func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (Job, error) {
-	if s.opts.Cluster != nil {
-		return Job{}, ErrCommandsNotInCluster
-	}
 	if err := spec.Validate(); err != nil {
 		return Job{}, err
 	}
@@ -378,6 +385,12 @@ func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (
 	var ids []uint64
 	if t.Filter == nil {
 		d := s.get(t.DeviceID)
+		if d == nil && s.opts.Cluster != nil { // registered on another node a moment ago?
+			if err := s.refreshDevice(ctx, t.DeviceID); err != nil {
+				return Job{}, errors.Join(ErrUnavailable, err)
+			}
+			d = s.get(t.DeviceID)
+		}
 		if d == nil {
 			return Job{}, ErrNotFound
 		}
@@ -397,16 +410,27 @@ func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (
 	}
 	rec.Total, rec.Creating = len(ids), true
 	c := &s.cmds
+	var clusterID uint64
+	if s.opts.Cluster != nil { // IDs from the database: other nodes make jobs too
+		id, err := s.opts.Cluster.NextJobID(ctx)
+		if err != nil {
+			return Job{}, errors.Join(ErrUnavailable, err)
+		}
+		clusterID = id
+	}
 	c.mu.Lock()
 	c.init()
 	rec.ID = c.next
+	if clusterID != 0 {
+		rec.ID = clusterID
+	}
 	if c.store != nil {
 		if err := c.store.SaveJob(ctx, rec); err != nil {
 			c.mu.Unlock()
 			return Job{}, err
 		}
 	}
-	c.next++
+	c.next = max(c.next, rec.ID) + 1
 	j := newJob(rec)
 	c.jobs[rec.ID] = j
 	c.mu.Unlock()
@@ -503,6 +527,8 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 	j.rec.Cursor, j.rec.Creating = rec.Cursor, rec.Creating
 	j.mu.Unlock()
 	j.creating.Store(!last)
+	// Cluster mode: the other nodes read the batch's devices back.
+	s.noteChange(ctx, ChangeJob, j.rec.ID)
 	return nil
 }
 
@@ -587,6 +613,9 @@ func (s *Service) HasCommands(id uint64) bool {
 // commands whose result is overdue, and marks finished jobs done. The
 // server calls it periodically.
 func (s *Service) SweepCommands(ctx context.Context) error {
+	if s.opts.Cluster != nil {
+		return s.sweepCluster(ctx)
+	}
 	c := &s.cmds
 	c.mu.Lock()
 	var live []*job
@@ -688,6 +717,9 @@ var ErrJobState = errors.New("the job is not in a state that allows this")
 
 // PauseJob holds a job's queued commands (pause true) or releases them.
 func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, error) {
+	if s.opts.Cluster != nil {
+		return s.pauseCluster(ctx, id, pause)
+	}
 	j := s.job(id)
 	if j == nil {
 		return Job{}, ErrNotFound
@@ -711,6 +743,9 @@ func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, err
 // CancelJob cancels a job's commands not yet delivered; delivered ones
 // still report.
 func (s *Service) CancelJob(ctx context.Context, id uint64) (Job, error) {
+	if s.opts.Cluster != nil {
+		return s.cancelCluster(ctx, id)
+	}
 	j := s.job(id)
 	if j == nil {
 		return Job{}, ErrNotFound
@@ -724,7 +759,7 @@ func (s *Service) CancelJob(ctx context.Context, id uint64) (Job, error) {
 	if err := s.setJobState(ctx, j, JobCancelled); err != nil {
 		return Job{}, err
 	}
-	close(j.stop)
+	j.halt()
 	s.cmds.wg.Wait() // creation stops at its next batch
 	if err := s.finishQueued(ctx, j, CmdCancelled, s.now()); err != nil {
 		return Job{}, err
@@ -767,6 +802,9 @@ func (s *Service) Jobs(limit int) []Job {
 	if limit > 0 && len(all) > limit {
 		all = all[:limit]
 	}
+	if s.opts.Cluster != nil {
+		return s.clusterJobs(all)
+	}
 	out := make([]Job, len(all))
 	for i, j := range all {
 		out[i] = j.view()
@@ -776,6 +814,9 @@ func (s *Service) Jobs(limit int) []Job {
 
 // Job returns one job.
 func (s *Service) Job(id uint64) (Job, error) {
+	if s.opts.Cluster != nil {
+		return s.clusterJob(id)
+	}
 	j := s.job(id)
 	if j == nil {
 		return Job{}, ErrNotFound
@@ -788,7 +829,9 @@ func (s *Service) Job(id uint64) (Job, error) {
 // where only pending ones are kept.
 func (s *Service) JobCommands(ctx context.Context, q CommandQuery) ([]DeviceCommand, error) {
 	if q.JobID != 0 && s.job(q.JobID) == nil {
-		return nil, ErrNotFound
+		if _, err := s.Job(q.JobID); err != nil { // cluster mode: made on another node a moment ago?
+			return nil, err
+		}
 	}
 	if q.DeviceID != 0 && s.get(q.DeviceID) == nil {
 		return nil, ErrNotFound
@@ -862,8 +905,22 @@ func (c *commands) notifyDevice(id uint64) {
 }
 
 // Authenticate returns the ID of the device a token belongs to, if the
-// device may push (ErrUnauthorized, or an admission error, otherwise).
-func (s *Service) Authenticate(token string) (uint64, error) {
+// device may push (ErrUnauthorized, or an admission error, otherwise). In
+// cluster mode a token memory refuses is checked against the database
+// first, as a push's is.
+func (s *Service) Authenticate(ctx context.Context, token string) (uint64, error) {
+	id, err := s.authenticate(token)
+	if errors.Is(err, ErrUnauthorized) {
+		if ok, cerr := s.checkStored(ctx, token); cerr != nil {
+			return 0, cerr
+		} else if ok {
+			return s.authenticate(token)
+		}
+	}
+	return id, err
+}
+
+func (s *Service) authenticate(token string) (uint64, error) {
 	d, hash, ok := s.deviceForToken(token)
 	if !ok {
 		return 0, ErrUnauthorized

@@ -360,6 +360,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 	var cmds []protocol.Command
 	var cmdChanges []DeviceCommand
 	var moved bool // to another firmware
+	claim := false
 	st := StateRecord{
 		DeviceID: d.id, Firmware: firmware, LastSeen: now, Seq: p.Seq,
 		AppliedVersion: p.ConfigVersion, ConfigError: p.ConfigError, State: p.RawState,
@@ -390,7 +391,11 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 		if s.states == nil {
 			d.state = string(p.RawState)
 		}
-		if d.cmds != nil || len(p.Results) > 0 {
+		if s.opts.Cluster != nil {
+			// Cluster mode: the database settles delivery (after the
+			// push is stored, below); memory only says whether to ask.
+			claim = d.cmds != nil
+		} else if d.cmds != nil || len(p.Results) > 0 {
 			cmds, cmdChanges = s.commandsOnPush(d, p.Results, nowNS)
 		}
 	} else if newProfile != nil {
@@ -410,6 +415,9 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 	if s.opts.OnPush != nil {
 		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State,
 			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: moved})
+	}
+	if claim || (s.opts.Cluster != nil && len(p.Results) > 0) {
+		cmds = s.clusterCommandsOnPush(ctx, d, p.Results, claim, now)
 	}
 	resp := protocol.PushResponse{PushInterval: prof.PushInterval, Commands: cmds}
 	if err := s.saveCommands(ctx, cmdChanges); err != nil {

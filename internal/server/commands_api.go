@@ -165,7 +165,7 @@ func (a *api) jobState(id uint64) string {
 }
 
 // commandLoop expires overdue commands and closes finished jobs until ctx
-// ends.
+// ends; in cluster mode on the leader only.
 func (s *Server) commandLoop(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -174,6 +174,9 @@ func (s *Server) commandLoop(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if s.node != nil && !s.node.Leader() {
+			continue // cluster mode: the leader alone sweeps (docs/commands.md)
 		}
 		if err := s.fleet.SweepCommands(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("command sweep failed", "err", err)

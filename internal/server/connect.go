@@ -215,7 +215,7 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, rt, errNoBearer)
 		return
 	}
-	id, err := a.fleet.Authenticate(token)
+	id, err := a.fleet.Authenticate(r.Context(), token)
 	if err != nil {
 		a.fail(w, rt, err)
 		return

@@ -154,8 +154,6 @@ func answerError(err error) *apiError {
 		return errCancelled
 	case errors.Is(err, fleet.ErrOverloaded):
 		return errWritesPending
-	case errors.Is(err, fleet.ErrCommandsNotInCluster):
-		return &apiError{status: http.StatusConflict, code: "not_in_cluster", msg: err.Error()}
 	case errors.Is(err, fleet.ErrEnrollment):
 		return errEnrollment
 	case errors.Is(err, fleet.ErrUnauthorized):

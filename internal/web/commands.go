@@ -62,7 +62,7 @@ func (h *Handler) sendCommand(w http.ResponseWriter, r *http.Request, s *session
 	}
 	j, err := h.fleet.SendCommand(r.Context(), spec, t)
 	switch {
-	case errors.Is(err, fleet.ErrInvalid), errors.Is(err, fleet.ErrNotFound), errors.Is(err, fleet.ErrCommandsNotInCluster):
+	case errors.Is(err, fleet.ErrInvalid), errors.Is(err, fleet.ErrNotFound):
 		h.flash(s, "Command not sent: "+err.Error())
 	case err != nil:
 		h.serverError(w, r, s, err)

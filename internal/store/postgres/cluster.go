@@ -76,6 +76,10 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_rollout_ids', m) FROM (SELECT coalesce(max(id), 0) AS m FROM rollouts) x
 			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_rollout_ids)`)
 	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_job_ids', m) FROM (SELECT coalesce(max(id), 0) AS m FROM command_jobs) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_job_ids)`)
+	}
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("postgres: cluster sequences: %w", err)

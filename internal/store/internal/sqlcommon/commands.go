@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,7 +43,51 @@ func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?, "
 
 // LoadCommands implements fleet.CommandStore.
 func (a *Aux) LoadCommands(ctx context.Context, each func(fleet.DeviceCommand) error) ([]fleet.JobRecord, error) {
-	rows, err := a.R.QueryContext(ctx, `SELECT `+jobCols+` FROM command_jobs ORDER BY id`)
+	jobs, err := a.jobs(ctx, `SELECT `+jobCols+` FROM command_jobs ORDER BY id`,
+		`SELECT job_id, state, count(*) FROM device_commands GROUP BY job_id, state`)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := a.R.QueryContext(ctx, `SELECT `+devCmdCols+` FROM device_commands WHERE state IN ('queued', 'delivered')`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		c, err := scanDevCmd(rows)
+		if err != nil {
+			return nil, err
+		}
+		if err := each(c); err != nil {
+			return nil, err
+		}
+	}
+	return jobs, rows.Err()
+}
+
+// ReadJobs reads the jobs of ids that are stored, in ID order, with
+// their counts by state if counts (cluster mode: the database holds the
+// cluster's counts; fleet.ClusterStore).
+func (a *Aux) ReadJobs(ctx context.Context, ids []uint64, counts bool) ([]fleet.JobRecord, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	in := make([]string, len(ids))
+	for i, id := range ids {
+		in[i] = strconv.FormatUint(id, 10)
+	}
+	list := strings.Join(in, ", ")
+	cq := ""
+	if counts {
+		cq = `SELECT job_id, state, count(*) FROM device_commands WHERE job_id IN (` + list + `) GROUP BY job_id, state`
+	}
+	return a.jobs(ctx, `SELECT `+jobCols+` FROM command_jobs WHERE id IN (`+list+`) ORDER BY id`, cq)
+}
+
+// jobs reads the jobs query q selects and fills their counts from counts
+// (job_id, state, count rows; "": none).
+func (a *Aux) jobs(ctx context.Context, q, counts string) ([]fleet.JobRecord, error) {
+	rows, err := a.R.QueryContext(ctx, q)
 	if err != nil {
 		return nil, err
 	}
@@ -72,10 +117,10 @@ func (a *Aux) LoadCommands(ctx context.Context, each func(fleet.DeviceCommand) e
 		index[j.ID] = len(jobs)
 		jobs = append(jobs, j)
 	}
-	if err := closeRows(rows); err != nil {
-		return nil, err
+	if err := closeRows(rows); err != nil || counts == "" {
+		return jobs, err
 	}
-	rows, err = a.R.QueryContext(ctx, `SELECT job_id, state, count(*) FROM device_commands GROUP BY job_id, state`)
+	rows, err = a.R.QueryContext(ctx, counts)
 	if err != nil {
 		return nil, err
 	}
@@ -92,24 +137,7 @@ func (a *Aux) LoadCommands(ctx context.Context, each func(fleet.DeviceCommand) e
 			jobs[i].Counts[st] = n
 		}
 	}
-	if err := closeRows(rows); err != nil {
-		return nil, err
-	}
-	rows, err = a.R.QueryContext(ctx, `SELECT `+devCmdCols+` FROM device_commands WHERE state IN ('queued', 'delivered')`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		c, err := scanDevCmd(rows)
-		if err != nil {
-			return nil, err
-		}
-		if err := each(c); err != nil {
-			return nil, err
-		}
-	}
-	return jobs, rows.Err()
+	return jobs, closeRows(rows)
 }
 
 func closeRows(rows *sql.Rows) error {
@@ -138,13 +166,18 @@ func scanDevCmd(rows *sql.Rows) (fleet.DeviceCommand, error) {
 	return c, nil
 }
 
-func (a *Aux) saveJob(ctx context.Context, tx *sql.Tx, j fleet.JobRecord) error {
+// saveJob inserts j or, when stored, replaces the columns update names
+// (none: all).
+func (a *Aux) saveJob(ctx context.Context, tx *sql.Tx, j fleet.JobRecord, update ...string) error {
 	args, err := jobArgs(j)
 	if err != nil {
 		return err
 	}
 	cols := strings.Split(strings.ReplaceAll(jobCols, " ", ""), ",")
-	_, err = tx.ExecContext(ctx, a.D.q(`INSERT INTO command_jobs (`+jobCols+`) VALUES (`+placeholders(len(cols))+`)`+a.D.upsert("id", cols[1:]...)), args...)
+	if len(update) == 0 {
+		update = cols[1:]
+	}
+	_, err = tx.ExecContext(ctx, a.D.q(`INSERT INTO command_jobs (`+jobCols+`) VALUES (`+placeholders(len(cols))+`)`+a.D.upsert("id", update...)), args...)
 	return err
 }
 
@@ -153,7 +186,9 @@ func (a *Aux) SaveJob(ctx context.Context, j fleet.JobRecord) error {
 	return a.tx(ctx, func(tx *sql.Tx) error { return a.saveJob(ctx, tx, j) })
 }
 
-// AddDeviceCommands implements fleet.CommandStore.
+// AddDeviceCommands implements fleet.CommandStore: a stored job keeps its
+// state (a pause or cancel meanwhile, from another node in cluster mode);
+// only its progress is written.
 func (a *Aux) AddDeviceCommands(ctx context.Context, j fleet.JobRecord, cmds []fleet.DeviceCommand) error {
 	return a.tx(ctx, func(tx *sql.Tx) error {
 		if len(cmds) > 0 {
@@ -168,7 +203,7 @@ func (a *Aux) AddDeviceCommands(ctx context.Context, j fleet.JobRecord, cmds []f
 				}
 			}
 		}
-		return a.saveJob(ctx, tx, j)
+		return a.saveJob(ctx, tx, j, "total", "creating", "cursor_id", "last_id")
 	})
 }
 
