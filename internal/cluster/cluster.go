@@ -591,6 +591,9 @@ type Status struct {
 	// DeviceReads counts devices this node read back from the database
 	// (change log entries, tokens memory refused, registrations).
 	DeviceReads uint64 `json:"device_reads"`
+	// CommandQueries counts pushes that asked the database about remote
+	// commands (one queued for the device, or results).
+	CommandQueries uint64 `json:"command_queries"`
 }
 
 // Status returns the node's status.
@@ -598,7 +601,7 @@ func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.Node, Leader: n.leader.Load(), NATS: n.natsUp.Load(), Applied: n.applied.Load(),
 		States: n.stateRecs.Load(), Lag: time.Duration(n.lagNS.Load()), SummariesViaDB: n.viaDB.Load()}
 	if fl := n.fl.Load(); fl != nil {
-		st.DeviceReads = fl.ClusterDeviceReads()
+		st.DeviceReads, st.CommandQueries = fl.ClusterDeviceReads(), fl.ClusterCommandQueries()
 	}
 	if e := n.pollErr.Load(); e != nil {
 		st.ChangeLogErr = *e

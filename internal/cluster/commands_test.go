@@ -117,6 +117,22 @@ func TestClusterCommands(t *testing.T) {
 				t.Fatalf("delivered again on %s", n.name)
 			}
 		}
+		// Nothing queued any more: pushes ask the database nothing about
+		// commands, on any node.
+		var before []float64
+		for _, n := range nodes {
+			before = append(before, n.metric("drover_cluster_command_queries_total"))
+		}
+		for range 3 {
+			for _, n := range nodes {
+				n.pushWith(d.Token, "")
+			}
+		}
+		for i, n := range nodes {
+			if got := n.metric("drover_cluster_command_queries_total") - before[i]; got != 0 {
+				t.Errorf("3 pushes without a command on %s asked the database %v times, want 0", n.name, got)
+			}
+		}
 		if v := c.job(j.ID); v.Counts["delivered"] != 1 || v.Counts["queued"] != 0 || v.State != "active" {
 			t.Fatalf("job on C after delivery on B: %+v", v)
 		}

@@ -64,6 +64,7 @@ func (s *Service) clusterCommandsOnPush(ctx context.Context, d *device, results 
 		recs[i] = DeviceCommand{JobID: r.ID, DeviceID: d.id, State: to, FinishedAt: now.UTC(), ExitCode: r.ExitCode, Error: r.Error,
 			Output: r.Output, StartedOn: r.StartedAt, FinishedOn: r.FinishedAt}
 	}
+	s.cluster.commandQueries.Add(1)
 	jobs, more, err := s.opts.Cluster.CommandsOnPush(ctx, d.id, recs, n, now)
 	if err != nil {
 		s.log.Warn("push: commands in the database failed; none sent", "device", d.id, "err", err)
