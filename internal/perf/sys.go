@@ -1,13 +1,14 @@
 package perf
 
 import (
-	"bufio"
 	"errors"
+	"fmt"
 	"io"
-	"math"
 	"runtime"
-	"strconv"
-	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/drover/drover/internal/hostinfo"
 )
@@ -85,95 +86,49 @@ type metrics struct {
 	SyncStates map[string]float64
 }
 
-// parseMetrics reads the Prometheus text format for the few series perf
-// uses; anything else is skipped.
+// parseMetrics reads the Prometheus text format (expfmt, the parser of
+// Prometheus itself) and keeps the few series perf uses.
 func parseMetrics(r io.Reader) (metrics, error) {
 	m := metrics{SyncStates: map[string]float64{}}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	var have int
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return m, fmt.Errorf("metrics: %w", err)
+	}
+	first := func(name string) (float64, bool) {
+		if f := families[name]; f != nil && len(f.Metric) > 0 {
+			return sampleValue(f.Metric[0]), true
 		}
-		name, labels, value, ok := splitSample(line)
-		if !ok {
-			continue
-		}
-		switch name {
-		case "process_resident_memory_bytes":
-			m.RSS, have = int64(value), have|1
-		case "process_cpu_seconds_total":
-			m.CPUSecs, have = value, have|2
-		case "process_start_time_seconds":
-			m.StartTime = value
-		case "drover_devices":
-			if s := labelValue(labels, "sync_state"); s != "" {
-				m.SyncStates[s] = value
+		return 0, false
+	}
+	rss, ok1 := first("process_resident_memory_bytes")
+	cpu, ok2 := first("process_cpu_seconds_total")
+	if !ok1 || !ok2 {
+		return m, errors.New("metrics: no process_resident_memory_bytes or process_cpu_seconds_total (is this a Drover server on Linux?)")
+	}
+	m.RSS, m.CPUSecs = int64(rss), cpu
+	m.StartTime, _ = first("process_start_time_seconds")
+	if f := families["drover_devices"]; f != nil {
+		for _, s := range f.Metric {
+			for _, l := range s.Label {
+				if l.GetName() == "sync_state" && l.GetValue() != "" {
+					m.SyncStates[l.GetValue()] = sampleValue(s)
+				}
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return m, err
-	}
-	if have != 3 {
-		return m, errors.New("metrics: no process_resident_memory_bytes or process_cpu_seconds_total (is this a Drover server on Linux?)")
 	}
 	return m, nil
 }
 
-// splitSample splits `name{labels} value [timestamp]`.
-func splitSample(line string) (name, labels string, value float64, ok bool) {
-	rest := line
-	if i := strings.IndexByte(line, '{'); i >= 0 {
-		j := strings.LastIndexByte(line, '}')
-		if j < i {
-			return "", "", 0, false
-		}
-		name, labels, rest = line[:i], line[i+1:j], line[j+1:]
-	} else {
-		sp := strings.IndexAny(line, " \t")
-		if sp < 0 {
-			return "", "", 0, false
-		}
-		name, rest = line[:sp], line[sp:]
+// sampleValue is the value of a gauge, counter or untyped sample.
+func sampleValue(s *dto.Metric) float64 {
+	switch {
+	case s.Gauge != nil:
+		return s.Gauge.GetValue()
+	case s.Counter != nil:
+		return s.Counter.GetValue()
+	case s.Untyped != nil:
+		return s.Untyped.GetValue()
 	}
-	f := strings.Fields(rest)
-	if len(f) == 0 {
-		return "", "", 0, false
-	}
-	v, err := strconv.ParseFloat(f[0], 64)
-	if err != nil || math.IsNaN(v) {
-		return "", "", 0, false
-	}
-	return name, labels, v, true
-}
-
-func labelValue(labels, key string) string {
-	for labels != "" {
-		k, rest, ok := strings.Cut(labels, "=")
-		if !ok || len(rest) < 2 || rest[0] != '"' {
-			return ""
-		}
-		end := 1
-		for end < len(rest) && rest[end] != '"' {
-			if rest[end] == '\\' {
-				end++
-			}
-			end++
-		}
-		if end >= len(rest) {
-			return ""
-		}
-		if strings.TrimSpace(k) == key {
-			v, err := strconv.Unquote(rest[:end+1])
-			if err != nil {
-				return ""
-			}
-			return v
-		}
-		labels = strings.TrimPrefix(strings.TrimSpace(rest[end+1:]), ",")
-	}
-	return ""
+	return 0
 }

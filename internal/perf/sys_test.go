@@ -32,6 +32,7 @@ process_cpu_seconds_total 12.5
 process_start_time_seconds 1.7e+09
 drover_devices{sync_state="in_sync"} 990
 drover_devices{sync_state="pending"} 10
+drover_devices{a="x,y",sync_state="w\"q"} 3
 drover_pushes_total{outcome="accepted"} 1e+06
 go_gc_duration_seconds{quantile="0.5"} NaN
 `
@@ -45,7 +46,10 @@ go_gc_duration_seconds{quantile="0.5"} NaN
 	if _, err := parseMetrics(strings.NewReader("up 1\n")); err == nil {
 		t.Error("no process metrics: want an error")
 	}
-	if v := labelValue(`a="x,y",sync_state="w\"q"`, "sync_state"); v != `w"q` {
-		t.Errorf("label %q", v)
+	if v := m.SyncStates[`w"q`]; v != 3 {
+		t.Errorf("label with an escaped quote: %v", m.SyncStates)
+	}
+	if _, err := parseMetrics(strings.NewReader("process_cpu_seconds_total 1\nprocess_resident_memory_bytes{ 2\n")); err == nil {
+		t.Error("broken exposition: want an error")
 	}
 }
