@@ -3,6 +3,8 @@ package perf
 import (
 	"strings"
 	"testing"
+
+	"github.com/drover/drover/internal/logcat"
 )
 
 func TestLogReviewGroupsByLevelAndMessage(t *testing.T) {
@@ -66,5 +68,26 @@ func TestParseLogLineText(t *testing.T) {
 	}
 	if r := parseLogLine([]byte("just some words")); r.Level != "" {
 		t.Errorf("prose parsed as %+v", r)
+	}
+}
+
+// The protocol quotes the log catalogue's entry of every warning and error
+// it saw, with its count over all parts; a message the catalogue does not
+// know is named as such.
+func TestProtocolQuotesLogCatalogue(t *testing.T) {
+	r := seedStab()
+	r.Parts[0].Log.Groups = append(r.Parts[0].Log.Groups,
+		logGroup{Level: "ERROR", Msg: "store commit failed", Count: 3},
+		logGroup{Level: "WARN", Msg: "something new", Count: 1})
+	md := markdownOf(r)
+	e, ok := logcat.Lookup("ERROR", "store commit failed")
+	if !ok {
+		t.Fatal("store commit failed is not catalogued")
+	}
+	for _, want := range []string{"| store-commit-failed |", "`store-commit-failed` \"store commit failed\", 3 times: " + e.Means,
+		"Costs: " + e.Costs, "Do: " + e.Do, "`overloaded` \"overloaded\", 2 times", "| not catalogued |", "Not in the log catalogue", "something new"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the protocol lacks %q", want)
+		}
 	}
 }

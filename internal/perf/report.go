@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/logcat"
 	"github.com/drover/drover/internal/render"
 )
 
@@ -526,8 +527,15 @@ func logSection(d *doc, r *Result) {
 		d.p("The server log was not reviewed (a running server: give `--server-log FILE` to review it).")
 		return
 	}
-	t := newTable("part", "level", "message", "count", "first", "last")
+	t := newTable("part", "level", "message", "count", "first", "last", "catalogue")
 	lines := 0
+	type seen struct {
+		e     logcat.Entry
+		count int
+	}
+	var quoted []*seen
+	byKey := map[string]*seen{}
+	var unknown []string
 	for _, part := range r.Parts {
 		lines += part.Log.Lines
 		for _, g := range part.Log.Groups {
@@ -538,7 +546,18 @@ func logSection(d *doc, r *Result) {
 			if !g.Last.IsZero() {
 				last = g.Last.UTC().Format("15:04:05")
 			}
-			t.row(partName(r, part), g.Level, g.Msg, gi(g.Count), first, last)
+			key := "not catalogued"
+			if e, ok := logcat.Lookup(g.Level, g.Msg); ok {
+				key = e.Key
+				if byKey[key] == nil {
+					byKey[key] = &seen{e: e}
+					quoted = append(quoted, byKey[key])
+				}
+				byKey[key].count += g.Count
+			} else {
+				unknown = append(unknown, g.Msg)
+			}
+			t.row(partName(r, part), g.Level, g.Msg, gi(g.Count), first, last, key)
 		}
 	}
 	if len(t.rows) == 0 {
@@ -547,6 +566,17 @@ func logSection(d *doc, r *Result) {
 	}
 	d.p("%s log lines reviewed; warnings and errors grouped by level and message:", gi(lines))
 	d.tab(t)
+	if len(quoted) > 0 {
+		d.p("What they mean, from the log catalogue (docs/log-catalogue.md):")
+		var items []string
+		for _, q := range quoted {
+			items = append(items, fmt.Sprintf("%s `%s` %q, %s times: %s Costs: %s Do: %s", q.e.Level, q.e.Key, q.e.Msg, gi(q.count), q.e.Means, q.e.Costs, q.e.Do))
+		}
+		d.list(items...)
+	}
+	if len(unknown) > 0 {
+		d.p("Not in the log catalogue (another server version, or a crash's output): %s.", strings.Join(unknown, "; "))
+	}
 }
 
 func chartSections(d *doc, r *Result) {
