@@ -2,12 +2,14 @@ package perf
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/drover/drover/internal/emulator"
 )
@@ -38,13 +40,21 @@ func serverCounter(t *testing.T, base, token, name, outcome string) int64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("%s/metrics: HTTP %d, %v", base, resp.StatusCode, err)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s/metrics: HTTP %d", base, resp.StatusCode)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if n, labels, v, ok := splitSample(line); ok && n == name && labelValue(labels, "outcome") == outcome {
-			return int64(v)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := families[name]; f != nil {
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return int64(sampleValue(m))
+				}
+			}
 		}
 	}
 	return 0
