@@ -404,17 +404,9 @@ func TestCluster(t *testing.T) {
 		wg.Wait()
 	})
 
-	t.Run("node-local firmware files are refused", func(t *testing.T) {
-		for _, c := range []struct{ method, path, body string }{
-			{"POST", "/api/v1/firmware?device_type=ICR-3241&version=6.4.0", "firmware bytes"},
-		} {
-			st, body := a.do(c.method, c.path, adminToken, c.body)
-			if st != 409 || !strings.Contains(string(body), `"not_in_cluster"`) {
-				t.Errorf("%s %s in cluster mode: %d %s, want 409 not_in_cluster", c.method, c.path, st, body)
-			}
-		}
-		// A firmware artifact by URL is the way; added on A and on B at
-		// the same moment, they get two IDs, and every node lists both.
+	t.Run("firmware artifacts by URL get IDs from the database", func(t *testing.T) {
+		// Firmware artifacts by URL (files: TestClusterRollout) added on
+		// A and on B at the same moment, they get two IDs, and every node lists both.
 		add := func(n *node, version string) uint64 {
 			req, _ := http.NewRequest("POST", n.base+"/api/v1/firmware", strings.NewReader(fmt.Sprintf(
 				`{"device_type":"ICR-3241","version":%q,"sha256":%q,"size":1000,"url":"https://files.example/fw.bin"}`, version, strings.Repeat("ab", 32))))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/dbtest"
 )
 
@@ -53,14 +54,7 @@ func (d *fwDevice) push(t *testing.T, n *node, report string) *offer {
 	return pr.FirmwareUpdate
 }
 
-type rolloutView struct {
-	ID     uint64         `json:"id"`
-	State  string         `json:"state"`
-	Reason string         `json:"reason"`
-	Wave   int            `json:"wave"`
-	Total  int            `json:"total"`
-	Counts map[string]int `json:"counts"`
-}
+type rolloutView = fleet.Rollout
 
 // getRollout reads rollout id on n; one n has not read back yet (404) is
 // the zero view.
@@ -96,8 +90,9 @@ func TestClusterRollout(t *testing.T) {
 	srv := dbtest.Need(t, dbtest.Postgres, pg)
 	dsn := srv.NewDB(t)
 	nats := startNATS(t)
-	fwDir := t.TempDir() // the storage every node shares (--firmware-dir)
-	extra := []string{"--firmware-dir", fwDir, "--rollout-interval", "200ms"}
+	// Each node has its own firmware directory: files travel through
+	// the database.
+	extra := []string{"--rollout-interval", "200ms"}
 	nodes := []*node{startNode(t, "a", dsn, nats.url(), extra...)}
 	var leader *node
 	within(t, 10*time.Second, "a leads", func() bool { return leads(t, nodes[0]) })
@@ -142,7 +137,8 @@ func TestClusterRollout(t *testing.T) {
 		}
 	}
 
-	// A firmware file uploaded to A is served by C (shared directory).
+	// A firmware file uploaded to A is served by C (which fetches it
+	// from the database once, and checks it).
 	img := []byte(strings.Repeat("cluster-firmware-", 4000))
 	sum := sha256.Sum256(img)
 	req, _ := http.NewRequest("POST", a.base+"/api/v1/firmware?device_type=ICR-3241&version=7.0.0", strings.NewReader(string(img)))
@@ -158,6 +154,36 @@ func TestClusterRollout(t *testing.T) {
 	}
 	if resp.StatusCode != 201 || json.Unmarshal(body, &fw) != nil {
 		t.Fatalf("upload on a: %d %s", resp.StatusCode, body)
+	}
+
+	// A file whose database copy is damaged is not served.
+	bad := []byte(strings.Repeat("damaged-firmware-", 1000))
+	badSum := sha256.Sum256(bad)
+	req, _ = http.NewRequest("POST", a.base+"/api/v1/firmware?device_type=ICR-3241&version=6.9.9", strings.NewReader(string(bad)))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	if resp, err = a.client.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var badFW struct {
+		ID uint64 `json:"id"`
+	}
+	if resp.StatusCode != 201 || json.Unmarshal(body, &badFW) != nil {
+		t.Fatalf("upload on a: %d %s", resp.StatusCode, body)
+	}
+	if _, err := db.Exec(ctx, `UPDATE firmware_blobs SET data = overlay(data placing 'X'::bytea from 10) WHERE sha256 = $1`, hex.EncodeToString(badSum[:])); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 5*time.Second, "b knows the damaged artifact", func() bool {
+		st, _ := b.do("GET", fmt.Sprintf("/api/v1/firmware/%d", badFW.ID), adminToken, "")
+		return st == 200
+	})
+	if st, body := b.do("GET", fmt.Sprintf("/api/v1/firmware/%d/file", badFW.ID), adminToken, ""); st != 503 {
+		t.Fatalf("damaged file from b: %d %s, want 503", st, body)
+	}
+	if st, body := a.do("GET", fmt.Sprintf("/api/v1/firmware/%d/file", badFW.ID), adminToken, ""); st != 200 || body[9] == 'X' {
+		t.Fatalf("the uploading node's own copy: %d", st)
 	}
 
 	// Created on B, which does not drive: every node shows it.

@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/drover/drover/internal/access"
@@ -29,16 +31,28 @@ type firmwareFiles struct {
 	dir         string
 	max         int64
 	downloadMax time.Duration
-	// clustered: cluster mode (docs/cluster.md).
-	clustered bool
-	// shared: in cluster mode, --firmware-dir was set: the operator says
-	// every node sees the same directory (docs/cluster.md). Without it a
-	// node's upload would land on its own disk only, and is refused.
-	shared bool
+	// blobs, in cluster mode, is the shared database's copy of every
+	// uploaded file: the directory is then this node's cache of it
+	// (docs/firmware.md#firmware-files-in-a-cluster); nil otherwise.
+	blobs firmwareBlobs
+	// fetching: files being fetched from blobs, by SHA-256 (one fetch
+	// per file however many devices ask).
+	fetchMu  sync.Mutex
+	fetching map[string]*blobFetch
 }
 
-var errFirmwareLocal = &apiError{status: http.StatusConflict, code: "not_in_cluster",
-	msg: "in cluster mode a firmware file uploaded to one node would be on its disk only: register the artifact by URL, or give every node --firmware-dir on storage they share (docs/cluster.md)"}
+// firmwareBlobs keeps uploaded firmware files in the shared database
+// (store.Cluster).
+type firmwareBlobs interface {
+	PutFirmwareBlob(ctx context.Context, sum string, r io.Reader) error
+	GetFirmwareBlob(ctx context.Context, sum string, w io.Writer) (int64, error)
+	DeleteFirmwareBlob(ctx context.Context, sum string) error
+}
+
+type blobFetch struct {
+	done chan struct{}
+	err  error
+}
 
 var errFirmwareTooLarge = &apiError{status: http.StatusRequestEntityTooLarge, code: "body_too_large", msg: "the firmware file exceeds -firmware-max-size", outcome: outInvalid}
 
@@ -174,9 +188,6 @@ func (a *api) storeFirmware(ctx context.Context, meta fleet.Firmware, want strin
 	if err := probe.Check(); err != nil {
 		return fleet.Firmware{}, err
 	}
-	if a.fw.clustered && !a.fw.shared {
-		return fleet.Firmware{}, errFirmwareLocal
-	}
 	if length > a.fw.max {
 		return fleet.Firmware{}, errFirmwareTooLarge
 	}
@@ -187,7 +198,7 @@ func (a *api) storeFirmware(ctx context.Context, meta fleet.Firmware, want strin
 	meta.SHA256, meta.Size = sum, size
 	if want != "" && !strings.EqualFold(want, sum) {
 		err = badField("sha256 mismatch: the uploaded file's is " + sum)
-	} else {
+	} else if err = a.fw.share(ctx, sum); err == nil {
 		meta, err = a.fleet.AddFirmware(ctx, meta)
 	}
 	if err != nil {
@@ -207,6 +218,93 @@ func (a *api) removeFile(sum string) {
 	if err := os.Remove(filepath.Join(a.fw.dir, sum+".bin")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		a.log.Warn("removing a firmware file failed", "sha256", sum, "err", err)
 	}
+	if a.fw.blobs != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := a.fw.blobs.DeleteFirmwareBlob(ctx, sum); err != nil {
+			a.log.Warn("removing a firmware file from the database failed", "sha256", sum, "err", err)
+		}
+	}
+}
+
+// share, in cluster mode, copies the uploaded file of sum into the
+// database, for the other nodes.
+func (ff *firmwareFiles) share(ctx context.Context, sum string) error {
+	if ff.blobs == nil {
+		return nil
+	}
+	f, err := os.Open(filepath.Join(ff.dir, sum+".bin"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return ff.blobs.PutFirmwareBlob(ctx, sum, f)
+}
+
+// open opens the stored file of f; in cluster mode a node that lacks it
+// fetches it from the database first (once, whoever asks meanwhile
+// waits), checking its size and SHA-256 before it is put in place.
+func (ff *firmwareFiles) open(ctx context.Context, f fleet.Firmware) (*os.File, error) {
+	path := filepath.Join(ff.dir, f.FileName())
+	file, err := os.Open(path)
+	if err == nil || ff.blobs == nil || !errors.Is(err, os.ErrNotExist) {
+		return file, err
+	}
+	ff.fetchMu.Lock()
+	bf := ff.fetching[f.SHA256]
+	if bf == nil {
+		if ff.fetching == nil {
+			ff.fetching = map[string]*blobFetch{}
+		}
+		bf = &blobFetch{done: make(chan struct{})}
+		ff.fetching[f.SHA256] = bf
+		go func() {
+			bf.err = ff.fetch(f)
+			ff.fetchMu.Lock()
+			delete(ff.fetching, f.SHA256)
+			ff.fetchMu.Unlock()
+			close(bf.done)
+		}()
+	}
+	ff.fetchMu.Unlock()
+	select {
+	case <-bf.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if bf.err != nil {
+		return nil, bf.err
+	}
+	return os.Open(path)
+}
+
+// fetch copies f's file from the database into the directory.
+func (ff *firmwareFiles) fetch(f fleet.Firmware) error {
+	ctx, cancel := context.WithTimeout(context.Background(), ff.downloadMax)
+	defer cancel()
+	if err := os.MkdirAll(ff.dir, 0o750); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(ff.dir, ".fetch-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename: nothing
+	h := sha256.New()
+	n, err := ff.blobs.GetFirmwareBlob(ctx, f.SHA256, io.MultiWriter(tmp, h))
+	if err == nil && (n != f.Size || hex.EncodeToString(h.Sum(nil)) != f.SHA256) {
+		err = fmt.Errorf("the database's copy of firmware %d does not match its size and SHA-256 (%d bytes)", f.ID, n)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(ff.dir, f.FileName()))
+	}
+	return err
 }
 
 func (a *api) deleteFirmware(r *http.Request) (any, error) {
@@ -265,7 +363,7 @@ func (a *api) firmwareFile(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, f.URL, http.StatusFound)
 		return
 	}
-	file, err := os.Open(filepath.Join(a.fw.dir, f.FileName()))
+	file, err := a.fw.open(r.Context(), f)
 	if err != nil {
 		a.fail(w, rt, &apiError{status: http.StatusServiceUnavailable, code: "unavailable", msg: "the firmware file cannot be read; retry later",
 			retryAfter: 60, log: "firmware file missing", cause: err})

@@ -203,7 +203,10 @@ func (s *Server) buildHandler(context.Context) error {
 		metricsToken: []byte(s.cfg.MetricsToken),
 		backend:      backendOf(s.cfg.Persistence, s.cfg.dbDSN()), persistence: s.cfg.Persistence,
 		regLimit: newRegLimiter(s.cfg.registerLimits()),
-		fw:       firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax, clustered: s.cfg.Cluster, shared: s.cfg.FirmwareDir != ""},
+		fw:       firmwareFiles{dir: s.cfg.firmwareDir(), max: s.cfg.FirmwareMaxSize, downloadMax: s.cfg.FirmwareDownloadMax},
+	}
+	if s.cstore != nil {
+		a.fw.blobs = s.cstore // uploads shared through the database
 	}
 	if s.cfg.NodeName != "" {
 		a.node = []string{s.cfg.NodeName}

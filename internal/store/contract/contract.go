@@ -7,6 +7,7 @@ package contract
 
 import (
 	"context"
+	"io"
 	"time"
 
 	"github.com/drover/drover/internal/access"
@@ -34,6 +35,13 @@ type Cluster interface {
 	Store
 	fleet.ClusterStore
 	fleet.RolloutCluster
+	// PutFirmwareBlob stores an uploaded firmware file under its SHA-256
+	// (in one transaction; content stored already is kept),
+	// GetFirmwareBlob writes it out, DeleteFirmwareBlob forgets it: the
+	// nodes' shared copy (docs/firmware.md).
+	PutFirmwareBlob(ctx context.Context, sum string, r io.Reader) error
+	GetFirmwareBlob(ctx context.Context, sum string, w io.Writer) (int64, error)
+	DeleteFirmwareBlob(ctx context.Context, sum string) error
 	// OnChange sets what runs after each commit that wrote change log rows.
 	OnChange(func())
 	// TryLeader says whether this node leads, taking the leader lock when

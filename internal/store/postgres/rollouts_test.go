@@ -9,6 +9,18 @@ import (
 	"github.com/drover/drover/internal/store/dbtest"
 )
 
+// clusterStore opens a fresh database as node "a" of a cluster, closed
+// when t ends.
+func clusterStore(t *testing.T) *Store {
+	t.Helper()
+	s, err := OpenCluster(context.Background(), dbtest.Need(t, dbtest.Postgres, server).NewDB(t), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // The cluster's rollout writes: a rollout row changes only from the state
 // and wave the change started from (a wave starts once), a wave's rows go
 // with it, device reports merge (a stored final state stays, the newer
@@ -16,12 +28,7 @@ import (
 // and the read-back returns what was written since.
 func TestRolloutClusterWrites(t *testing.T) {
 	ctx := context.Background()
-	dsn := dbtest.Need(t, dbtest.Postgres, server).NewDB(t)
-	s, err := OpenCluster(ctx, dsn, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := clusterStore(t)
 	id, err := s.NextRolloutID(ctx)
 	if err != nil {
 		t.Fatal(err)
