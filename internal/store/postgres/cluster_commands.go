@@ -58,7 +58,7 @@ const claimCommands = `WITH c AS (
 		WHERE dc.device_id = $1 AND dc.state = 'queued' AND j.state = 'active' AND j.expires_at > $2
 		ORDER BY dc.job_id LIMIT $3 FOR UPDATE OF dc SKIP LOCKED)
 	UPDATE device_commands d SET state = 'delivered', delivered_at = $2 FROM c, command_jobs j
-	WHERE d.job_id = c.job_id AND d.device_id = $1 AND j.id = d.job_id
+	WHERE d.job_id = c.job_id AND d.device_id = $1 AND d.state = 'queued' AND j.id = d.job_id
 	RETURNING j.id, j.kind, j.args, j.timeout`
 
 // CommandsOnPush implements fleet.ClusterStore: one pipeline, one implicit
