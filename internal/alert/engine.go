@@ -3,6 +3,7 @@ package alert
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,7 +27,10 @@ type Options struct {
 	CheckEvery time.Duration // offline and reboot-expiry checks (default 30 s)
 	Retention  time.Duration // cleared events and sync history kept this long (0: forever)
 	HTTPClient *http.Client  // for webhooks (default: 10 s timeout)
-	Retry      Retry         // notification retries
+	// SMTPRootCAs verify the SMTP relay's certificate (nil: the system's
+	// roots).
+	SMTPRootCAs *x509.CertPool
+	Retry       Retry // notification retries
 	// Hook, when set, starts passing pushes to the engine once New
 	// returns; give Hook.OnPush to fleet.Options.OnPush.
 	Hook *Hook

@@ -3,22 +3,22 @@ package alert
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net"
 	"net/http"
 	"net/mail"
-	"net/smtp"
 	"net/textproto"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	gomail "github.com/wneessen/go-mail"
 )
 
 // Retry is the notification retry policy: waits double from First up to
@@ -70,8 +70,9 @@ type SMTPSettings struct {
 	From     string `json:"from"`
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
-	// TLS: "starttls" (default: STARTTLS when the server offers it),
-	// "tls" (implicit TLS, usually port 465) or "none".
+	// TLS: "starttls" (default: STARTTLS, required: a relay that does not
+	// offer it gets no message), "tls" (implicit TLS, usually port 465) or
+	// "none" (plain text, no STARTTLS: only when asked for explicitly).
 	TLS string `json:"tls,omitempty"`
 }
 
@@ -314,11 +315,15 @@ func (n *notifier) email(ctx context.Context, to string, batch []Event) error {
 		return errors.New("SMTP is not configured (alert settings)")
 	}
 	rcpts := strings.Split(to, ", ")
-	msg := composeMail(cfg.From, rcpts, batch, n.e.now())
-	return sendMail(ctx, cfg, rcpts, msg)
+	msg, err := composeMail(cfg.From, rcpts, batch, n.e.now())
+	if err != nil {
+		return err
+	}
+	return sendMail(ctx, cfg, n.e.opts.SMTPRootCAs, msg)
 }
 
-func composeMail(from string, to []string, batch []Event, now time.Time) []byte {
+// composeMail is the message of a batch of events: plain UTF-8 text.
+func composeMail(from string, to []string, batch []Event, now time.Time) (*gomail.Msg, error) {
 	var raised, cleared int
 	for _, ev := range batch {
 		if ev.State == Raised {
@@ -332,19 +337,7 @@ func composeMail(from string, to []string, batch []Event, now time.Time) []byte 
 	if len(batch) > 1 {
 		subject = fmt.Sprintf("[Drover] %d alerts raised, %d cleared", raised, cleared)
 	}
-	var id [12]byte
-	rand.Read(id[:])
-	var b bytes.Buffer
-	hdr := func(k, v string) { fmt.Fprintf(&b, "%s: %s\r\n", k, v) }
-	hdr("From", from)
-	hdr("To", strings.Join(to, ", "))
-	hdr("Subject", mime.QEncoding.Encode("utf-8", subject))
-	hdr("Date", now.Format(time.RFC1123Z))
-	hdr("Message-ID", "<"+hex.EncodeToString(id[:])+"@drover>")
-	hdr("MIME-Version", "1.0")
-	hdr("Content-Type", "text/plain; charset=utf-8")
-	hdr("Content-Transfer-Encoding", "8bit")
-	b.WriteString("\r\n")
+	var b strings.Builder
 	for _, ev := range batch {
 		when := ev.RaisedAt
 		if ev.ClearedAt != nil {
@@ -357,68 +350,62 @@ func composeMail(from string, to []string, batch []Event, now time.Time) []byte 
 		}
 		b.WriteString("\r\n")
 	}
-	// A line holding only "." would end DATA early; textproto's dot writer
-	// escapes it, so nothing else is needed here.
-	return b.Bytes()
+	m := gomail.NewMsg(gomail.WithCharset(gomail.CharsetUTF8), gomail.WithEncoding(gomail.NoEncoding))
+	if err := m.From(from); err != nil {
+		return nil, permanent{fmt.Errorf("from: %w", err)}
+	}
+	if err := m.To(to...); err != nil {
+		return nil, permanent{fmt.Errorf("to: %w", err)}
+	}
+	m.Subject(subject)
+	m.SetDateWithValue(now)
+	m.SetMessageID()
+	m.SetBodyString(gomail.TypeTextPlain, b.String())
+	return m, nil
 }
 
-func sendMail(ctx context.Context, cfg SMTPSettings, to []string, msg []byte) error {
-	host, _, _ := net.SplitHostPort(cfg.Addr)
-	d := net.Dialer{Timeout: 10 * time.Second}
-	var conn net.Conn
-	var err error
-	tlsCfg := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-	if cfg.TLS == "tls" {
-		conn, err = (&tls.Dialer{NetDialer: &d, Config: tlsCfg}).DialContext(ctx, "tcp", cfg.Addr)
-	} else {
-		conn, err = d.DialContext(ctx, "tcp", cfg.Addr)
-	}
+// sendMail sends msg through the relay of cfg with
+// github.com/wneessen/go-mail. STARTTLS is required unless cfg.TLS is
+// "none": a relay that does not offer it (or whose offer was stripped on
+// the way) gets no message in plain text.
+func sendMail(ctx context.Context, cfg SMTPSettings, roots *x509.CertPool, msg *gomail.Msg) error {
+	host, portStr, _ := net.SplitHostPort(cfg.Addr)
+	port, err := strconv.Atoi(portStr)
 	if err != nil {
-		return err
+		return permanent{fmt.Errorf("addr %q: %w", cfg.Addr, err)}
 	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(60 * time.Second))
-	c, err := smtp.NewClient(conn, host)
-	if err != nil {
-		return smtpErr(err)
+	opts := []gomail.Option{
+		gomail.WithTimeout(60 * time.Second), gomail.WithHELO("drover"),
+		gomail.WithTLSConfig(&tls.Config{ServerName: host, MinVersion: tls.VersionTLS12, RootCAs: roots}),
 	}
-	defer c.Close()
-	if err := c.Hello("drover"); err != nil {
-		return smtpErr(err)
-	}
-	if ok, _ := c.Extension("STARTTLS"); ok && cfg.TLS == "starttls" {
-		if err := c.StartTLS(tlsCfg); err != nil {
-			return smtpErr(err)
-		}
+	switch cfg.TLS {
+	case "tls":
+		opts = append(opts, gomail.WithSSL())
+	case "none":
+		opts = append(opts, gomail.WithTLSPortPolicy(gomail.NoTLS))
+	default:
+		opts = append(opts, gomail.WithTLSPortPolicy(gomail.TLSMandatory))
 	}
 	if cfg.Username != "" {
-		if err := c.Auth(smtp.PlainAuth("", cfg.Username, cfg.Password, host)); err != nil {
-			return smtpErr(err)
-		}
+		opts = append(opts, gomail.WithSMTPAuth(gomail.SMTPAuthPlain), gomail.WithUsername(cfg.Username), gomail.WithPassword(cfg.Password))
 	}
-	if err := c.Mail(cfg.From); err != nil {
-		return smtpErr(err)
-	}
-	for _, r := range to {
-		if err := c.Rcpt(r); err != nil {
-			return smtpErr(err)
-		}
-	}
-	w, err := c.Data()
+	opts = append(opts, gomail.WithPort(port)) // after the TLS policy, which picks a port of its own
+	c, err := gomail.NewClient(host, opts...)
 	if err != nil {
+		return permanent{err}
+	}
+	if err := c.DialAndSendWithContext(ctx, msg); err != nil {
 		return smtpErr(err)
 	}
-	if _, err := w.Write(msg); err != nil {
-		return err
-	}
-	if err := w.Close(); err != nil {
-		return smtpErr(err)
-	}
-	return c.Quit()
+	return nil
 }
 
 // smtpErr makes 5xx answers permanent.
 func smtpErr(err error) error {
+	var se *gomail.SendError
+	if errors.As(err, &se) && se.ErrorCode() >= 500 {
+		return permanent{err}
+	}
 	var te *textproto.Error
 	if errors.As(err, &te) && te.Code >= 500 {
 		return permanent{err}

@@ -3,8 +3,15 @@ package alert_test
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -121,11 +128,16 @@ func TestWebhookRetriesWithBackoff(t *testing.T) {
 	mu.Unlock()
 }
 
-// smtpServer is a minimal SMTP server that records one message per session.
+// smtpServer is a minimal SMTP server that records one message per
+// session. It offers STARTTLS (a certificate for 127.0.0.1 that roots
+// trust) unless made with newPlainSMTPServer.
 type smtpServer struct {
-	ln   net.Listener
-	mu   sync.Mutex
-	msgs []smtpMsg
+	ln    net.Listener
+	mu    sync.Mutex
+	msgs  []smtpMsg
+	tls   *tls.Config
+	roots *x509.CertPool
+	tlsUp int // sessions that switched to TLS
 }
 
 type smtpMsg struct {
@@ -135,6 +147,27 @@ type smtpMsg struct {
 }
 
 func newSMTPServer(t *testing.T) *smtpServer {
+	s := newPlainSMTPServer(t)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "smtp test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	s.roots = x509.NewCertPool()
+	s.roots.AddCert(cert)
+	s.tls = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	return s
+}
+
+func newPlainSMTPServer(t *testing.T) *smtpServer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +202,22 @@ func (s *smtpServer) serve(c net.Conn) {
 		switch {
 		case strings.HasPrefix(cmd, "EHLO"), strings.HasPrefix(cmd, "HELO"):
 			say("250-test")
+			if _, secure := c.(*tls.Conn); s.tls != nil && !secure {
+				say("250-STARTTLS")
+			}
 			say("250 8BITMIME")
+		case cmd == "STARTTLS" && s.tls != nil:
+			say("220 go ahead")
+			tc := tls.Server(c, s.tls)
+			if err := tc.Handshake(); err != nil {
+				return
+			}
+			c, r = tc, bufio.NewReader(tc)
+			s.mu.Lock()
+			s.tlsUp++
+			s.mu.Unlock()
+		case cmd == "NOOP", cmd == "RSET":
+			say("250 ok")
 		case strings.HasPrefix(cmd, "MAIL FROM:"):
 			from, _, _ := strings.Cut(strings.TrimSpace(line)[10:], " ")
 			m.from = strings.Trim(from, "<>")
@@ -206,7 +254,7 @@ func (s *smtpServer) serve(c net.Conn) {
 
 func TestEmailOverSMTP(t *testing.T) {
 	srv := newSMTPServer(t)
-	e := newEnv(t, nil, alert.Options{Retry: alert.Retry{First: 20 * time.Millisecond, Attempts: 3}})
+	e := newEnv(t, nil, alert.Options{Retry: alert.Retry{First: 20 * time.Millisecond, Attempts: 3}, SMTPRootCAs: srv.roots})
 	run(t, e)
 	e.register("a", "ICR")
 	e.rule(alert.Rule{Name: "hot", Kind: alert.TemperatureAbove, Threshold: 80, Email: []string{"Ops <ops@example.com>", "noc@example.com"}})
@@ -230,6 +278,9 @@ func TestEmailOverSMTP(t *testing.T) {
 		return len(srv.msgs) == 1
 	})
 	m := srv.msgs[0]
+	if srv.tlsUp != 1 {
+		t.Errorf("%d session(s) switched to TLS, want 1 (STARTTLS)", srv.tlsUp)
+	}
 	if m.from != "drover@example.com" || strings.Join(m.to, ",") != "ops@example.com,noc@example.com" {
 		t.Fatalf("envelope %q -> %q", m.from, m.to)
 	}
@@ -240,4 +291,37 @@ func TestEmailOverSMTP(t *testing.T) {
 	if v, _ := e.store.Setting(e.ctx, "smtp"); !strings.Contains(v, srv.ln.Addr().String()) {
 		t.Fatalf("SMTP settings not stored: %q", v)
 	}
+}
+
+// STARTTLS is required: a relay that does not offer it (or whose offer a
+// man in the middle stripped) gets no message in plain text, and the
+// delivery fails visibly; tls "none", given explicitly, sends plain text.
+func TestEmailRequiresSTARTTLS(t *testing.T) {
+	srv := newPlainSMTPServer(t)
+	e := newEnv(t, nil, alert.Options{Retry: alert.Retry{First: 20 * time.Millisecond, Attempts: 2}})
+	run(t, e)
+	e.register("a", "ICR")
+	e.rule(alert.Rule{Name: "hot", Kind: alert.TemperatureAbove, Threshold: 80, Email: []string{"ops@example.com"}})
+	if _, err := e.eng.SetSMTP(e.ctx, alert.SMTPSettings{Addr: srv.ln.Addr().String(), From: "drover@example.com"}); err != nil {
+		t.Fatal(err)
+	}
+	e.push("a", 0, `{"temperature":90}`)
+	waitFor(t, "failed e-mail", func() bool {
+		d := e.eng.Deliveries()
+		return len(d) == 1 && d[0].State == alert.Failed && strings.Contains(strings.ToLower(d[0].LastError), "starttls")
+	})
+	srv.mu.Lock()
+	if len(srv.msgs) != 0 {
+		t.Fatalf("a message went out without STARTTLS: %+v", srv.msgs)
+	}
+	srv.mu.Unlock()
+	if _, err := e.eng.SetSMTP(e.ctx, alert.SMTPSettings{Addr: srv.ln.Addr().String(), From: "drover@example.com", TLS: "none"}); err != nil {
+		t.Fatal(err)
+	}
+	e.push("a", 0, `{"temperature":20}`)
+	waitFor(t, "plain e-mail with tls none", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.msgs) == 1 && strings.Contains(srv.msgs[0].data, "cleared: hot on device 1")
+	})
 }
