@@ -20,6 +20,7 @@ import (
 	"github.com/drover/drover/cmd/internal/command"
 	"github.com/drover/drover/internal/emulator"
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/render"
 	"github.com/drover/drover/internal/report"
 )
 
@@ -366,13 +367,13 @@ func formatProgress(p emulator.Progress) string {
 			fmt.Fprintf(&b, " late %d", p.Push.Late)
 		}
 		if p.PushP99 > 0 {
-			fmt.Fprintf(&b, " | p99 %s", report.Dur(p.PushP99))
+			fmt.Fprintf(&b, " | p99 %s", render.Duration(p.PushP99))
 		}
 	}
 	if p.Concurrency > 0 {
 		fmt.Fprintf(&b, " | workers %d", p.Concurrency)
 	}
-	fmt.Fprintf(&b, " | in flight %d | cpu %.2f rss %s", p.Inflight, p.CPU, report.Bytes(p.RSS))
+	fmt.Fprintf(&b, " | in flight %d | cpu %.2f rss %s", p.Inflight, p.CPU, render.BinaryBytes(p.RSS))
 	return b.String()
 }
 

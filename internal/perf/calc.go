@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sort"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // grade is a band of a utilisation scale: values below Below get Label;
@@ -350,7 +352,7 @@ func computeFleet(r *Result, c *Calc) {
 	add("rejected pushes (an error status, or 503/429 retried later)", group(rejected), "0", rejected == 0)
 	dropped := sumMap(push.Dropped) + push.Skipped + push.Unregistered + push.Aborted
 	add("dropped pushes (no answer, not sent, or cut off)", group(dropped), "0", dropped == 0)
-	add("p99 latency from the intended send time", fx(push.LatencyMs.P99, 1)+" ms", fx(fleetMaxP99Ms, 0)+" ms",
+	add("p99 latency from the intended send time", render.Fixed(push.LatencyMs.P99, 1)+" ms", render.Fixed(fleetMaxP99Ms, 0)+" ms",
 		push.Accepted > 0 && push.LatencyMs.P99 <= fleetMaxP99Ms)
 	rates := completeSeconds(part.Series, p.Duration.Seconds())
 	if len(rates) > 0 {
@@ -359,10 +361,10 @@ func computeFleet(r *Result, c *Calc) {
 		c.MedianPerSec = median(sorted)
 		c.MinPerSec = sorted[0]
 	}
-	add("lowest accepted pushes per second / median second", fmt.Sprintf("%s / %s = %s", fx(c.MinPerSec, 0), fx(c.MedianPerSec, 0), fx(safeDiv(c.MinPerSec, c.MedianPerSec), 3)),
-		"≥ "+fx(fleetMinRateOfMedian, 1), len(rates) > 0 && c.MinPerSec >= fleetMinRateOfMedian*c.MedianPerSec)
+	add("lowest accepted pushes per second / median second", fmt.Sprintf("%s / %s = %s", render.Fixed(c.MinPerSec, 0), render.Fixed(c.MedianPerSec, 0), render.Fixed(safeDiv(c.MinPerSec, c.MedianPerSec), 3)),
+		"≥ "+render.Fixed(fleetMinRateOfMedian, 1), len(rates) > 0 && c.MinPerSec >= fleetMinRateOfMedian*c.MedianPerSec)
 	c.BytesPerDev = part.After.RSSMiB * (1 << 20) / float64(max(p.Devices, 1))
-	measured := fx(c.BytesPerDev, 0) + " bytes (" + fx(part.After.RSSMiB, 1) + " MiB)"
+	measured := render.Fixed(c.BytesPerDev, 0) + " bytes (" + render.Fixed(part.After.RSSMiB, 1) + " MiB)"
 	judged := c.BytesPerDev
 	// A scaled run judges its RSS projected to the full fleet: the empty
 	// server's RSS plus the growth per device times the full fleet.
@@ -371,9 +373,9 @@ func computeFleet(r *Result, c *Calc) {
 		judged = (part.Empty.RSSMiB + grow*float64(full.Devices)) * (1 << 20) / float64(full.Devices)
 		c.ProjectedDevices, c.ProjectedBytesPerDev = full.Devices, judged
 		measured += fmt.Sprintf("; projected to %s devices (empty server %s MiB + growth × devices): %s bytes",
-			gi(full.Devices), fx(part.Empty.RSSMiB, 1), fx(judged, 0))
+			gi(full.Devices), render.Fixed(part.Empty.RSSMiB, 1), render.Fixed(judged, 0))
 	}
-	add("server RSS at the end per device", measured, fx(fleetMaxBytesPerDev, 0)+" bytes",
+	add("server RSS at the end per device", measured, render.Fixed(fleetMaxBytesPerDev, 0)+" bytes",
 		part.After.RSSMiB > 0 && judged <= fleetMaxBytesPerDev)
 }
 
@@ -400,9 +402,9 @@ func computeOverload(r *Result, c *Calc) {
 	}
 	c.P99Ms = part.Push.LatencyMs.P99
 	c.Checks = append(c.Checks, check{"accepted pushes per second (median second) / capacity",
-		fmt.Sprintf("%s / %s = %s (offered %s/s; lowest second %s)", fx(c.MedianPerSec, 0), fx(capa.PerSec, 0),
-			fx(safeDiv(c.MedianPerSec, capa.PerSec), 3), fx(capa.Offered, 0), fx(c.MinPerSec, 0)),
-		"≥ " + fx(overloadMinOfCapacity, 1), len(rates) > 0 && c.MedianPerSec >= overloadMinOfCapacity*capa.PerSec})
+		fmt.Sprintf("%s / %s = %s (offered %s/s; lowest second %s)", render.Fixed(c.MedianPerSec, 0), render.Fixed(capa.PerSec, 0),
+			render.Fixed(safeDiv(c.MedianPerSec, capa.PerSec), 3), render.Fixed(capa.Offered, 0), render.Fixed(c.MinPerSec, 0)),
+		"≥ " + render.Fixed(overloadMinOfCapacity, 1), len(rates) > 0 && c.MedianPerSec >= overloadMinOfCapacity*capa.PerSec})
 	var total, most int64
 	values := 0
 	for k, n := range part.Push.RetryAfter {
@@ -414,13 +416,13 @@ func computeOverload(r *Result, c *Calc) {
 		values++
 	}
 	none := part.Push.RetryAfter["none"]
-	measured := fmt.Sprintf("%s answers, %d values (%s); most common %s", group(total), values, mapText(part.Push.RetryAfter), fx(100*safeDiv(float64(most), float64(total)), 1)+" %")
+	measured := fmt.Sprintf("%s answers, %d values (%s); most common %s", group(total), values, mapText(part.Push.RetryAfter), render.Fixed(100*safeDiv(float64(most), float64(total)), 1)+" %")
 	ok := none == 0 && (total == 0 || (values >= 2 && float64(most) <= overloadMaxSameRetry*float64(total)))
 	if total == 0 && none == 0 {
 		measured = "no 503 or 429 answer"
 	}
 	c.Checks = append(c.Checks, check{"Retry-After of the 503/429 answers spread", measured,
-		fmt.Sprintf("every one has a Retry-After; ≥ 2 values, none on more than %s %%", fx(100*overloadMaxSameRetry, 0)), ok})
+		fmt.Sprintf("every one has a Retry-After; ≥ 2 values, none on more than %s %%", render.Fixed(100*overloadMaxSameRetry, 0)), ok})
 }
 
 // completeSeconds is the accepted pushes per second of the series buckets

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // figures are the three numbers the version comparison looks at.
@@ -89,7 +91,7 @@ func Compare(w io.Writer, prevName string, prev []*Result, curName string, cur [
 		if math.IsNaN(v) {
 			return "—"
 		}
-		return fx(v, prec)
+		return render.Fixed(v, prec)
 	}
 	pct := func(v, p float64) float64 {
 		if math.IsNaN(v) || math.IsNaN(p) || p == 0 {

@@ -206,10 +206,3 @@ func (c *chart) svg() string {
 		Standalone: true, Width: 900, Height: 240}
 	return rc.SVG() + "\n"
 }
-
-func trimZeros(s string) string {
-	if strings.Contains(s, ".") {
-		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
-	}
-	return s
-}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sort"
 	"strings"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // envName is a result's environment: its --env-label, else its host and,
@@ -18,7 +20,7 @@ func envName(r *Result) string {
 		n = "?"
 	}
 	if r.Env.CPULimit > 0 || r.Env.MemLimitMiB > 0 {
-		n += fmt.Sprintf(" (%s CPU, %s MiB)", fx(r.Env.cpus(), 2), fx(r.Env.ram(), 0))
+		n += fmt.Sprintf(" (%s CPU, %s MiB)", render.Fixed(r.Env.cpus(), 2), render.Fixed(r.Env.ram(), 0))
 	}
 	return n
 }
@@ -91,7 +93,7 @@ func environmentsSection(b *strings.Builder, rs []*Result) {
 				}
 			}
 		}
-		fmt.Fprintf(b, "| %s | %s | %d / %d | %s | %s | %s |\n", mdCell(g.env), mdCell(e.CPUModel), e.Cores, e.Threads, fx(e.RAMMiB, 0), mdCell(limits), mdCell(strings.Join(tests, ", ")))
+		fmt.Fprintf(b, "| %s | %s | %d / %d | %s | %s | %s |\n", mdCell(g.env), mdCell(e.CPUModel), e.Cores, e.Threads, render.Fixed(e.RAMMiB, 0), mdCell(limits), mdCell(strings.Join(tests, ", ")))
 	}
 
 	b.WriteString("\n## Benchmark table\n\nAs the seed reports': server RSS after the largest stability test, its KiB per device, the lowest SSL benchmark's pushes/s (any benchmark's without SSL ones), each as % of the previous version in the same environment (100 % is success; 101–120 % of resources and 80–99 % of throughput are acceptable).\n\n")
@@ -101,13 +103,13 @@ func environmentsSection(b *strings.Builder, rs []*Result) {
 		if math.IsNaN(v) {
 			return "—"
 		}
-		return fx(v, prec)
+		return render.Fixed(v, prec)
 	}
 	pct := func(v, p float64, ok bool) string {
 		if !ok || math.IsNaN(v) || math.IsNaN(p) || p == 0 {
 			return "—"
 		}
-		return fx(pctOfPrevious(v, p), 0)
+		return render.Fixed(pctOfPrevious(v, p), 0)
 	}
 	for _, g := range groups {
 		f := figuresOf(g.rs)
@@ -199,9 +201,9 @@ func peakSection(b *strings.Builder, groups []*envGroup) {
 			for _, t := range bp.Threads {
 				mark := "no drops"
 				if bp.Broke[t] {
-					mark = "drops, " + fx(bp.ErrPct[t], 3) + " % error-or-retried"
+					mark = "drops, " + render.Fixed(bp.ErrPct[t], 3) + " % error-or-retried"
 				}
-				cells = append(cells, fmt.Sprintf("%d: %s/s (%s)", t, fx(bp.Rate[t], 0), mark))
+				cells = append(cells, fmt.Sprintf("%d: %s/s (%s)", t, render.Fixed(bp.Rate[t], 0), mark))
 			}
 			lines = append(lines, fmt.Sprintf("| %s | %s | Peak%s | %s | %s |\n", mdCell(g.version), mdCell(g.env), bp.Mode, strings.Join(cells, "; "), bp.text()))
 		}

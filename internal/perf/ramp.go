@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/drover/drover/internal/emulator/results"
+	"github.com/drover/drover/internal/render"
 )
 
 // RampRun is an emulator ramp (`drover emulate --mode ramp`): closed loop
@@ -85,7 +86,7 @@ func rampSection(b *strings.Builder, ramps []RampRun) {
 			} else if r.Outcome.BreakingConcurrency == 0 || s.Workers < r.Outcome.BreakingConcurrency {
 				lastClean = s.Workers
 			}
-			cells = append(cells, fmt.Sprintf("%d: %s/s%s", s.Workers, fx(s.Rate, 0), mark))
+			cells = append(cells, fmt.Sprintf("%d: %s/s%s", s.Workers, render.Fixed(s.Rate, 0), mark))
 		}
 		begins := "no drops up to the last step"
 		if bc := r.Outcome.BreakingConcurrency; bc > 0 {
@@ -95,7 +96,7 @@ func rampSection(b *strings.Builder, ramps []RampRun) {
 			}
 		}
 		if r.Outcome.BestConcurrency > 0 {
-			begins += fmt.Sprintf("; best clean step %d workers at %s/s", r.Outcome.BestConcurrency, fx(r.Outcome.BestRate, 0))
+			begins += fmt.Sprintf("; best clean step %d workers at %s/s", r.Outcome.BestConcurrency, render.Fixed(r.Outcome.BestRate, 0))
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", mdCell(filepath.Base(r.File)), mdCell(r.Host), mdCell(r.Version), mdCell(r.Target), mdCell(strings.Join(cells, "; ")), mdCell(begins))
 	}

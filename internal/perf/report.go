@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,24 +21,6 @@ func htmlProtocol(r *Result) string { return protocol(r, true).html() }
 func group(n int64) string { return render.Group(n) }
 
 func gi(n int) string { return group(int64(n)) }
-
-// fx writes v with prec decimals and grouped thousands.
-func fx(v float64, prec int) string {
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return "—"
-	}
-	s := strconv.FormatFloat(math.Abs(v), 'f', prec, 64)
-	ip, fp, _ := strings.Cut(s, ".")
-	n, _ := strconv.ParseInt(ip, 10, 64)
-	out := group(n)
-	if fp != "" {
-		out += "." + fp
-	}
-	if v < 0 && strings.Trim(s, "0.") != "" {
-		out = "-" + out
-	}
-	return out
-}
 
 func yesNo(b bool) string {
 	if b {
@@ -73,7 +54,7 @@ func protocol(r *Result, charts bool) *doc {
 		loops = gi(p.Loops)
 	}
 	if p.Duration > 0 {
-		minutes = trimZeros(fx(p.Minutes(), 2))
+		minutes = render.TrimZeros(render.Fixed(p.Minutes(), 2))
 	}
 	hs := "as configured"
 	if len(p.Handlers) > 0 && r.Setup.Local {
@@ -93,7 +74,7 @@ func protocol(r *Result, charts bool) *doc {
 	t.row("host", e.Host)
 	t.row("CPU", e.CPUModel)
 	t.row("CPU cores / threads", fmt.Sprintf("%d / %d", e.Cores, e.Threads))
-	t.row("RAM / MiB", fx(e.RAMMiB, 0))
+	t.row("RAM / MiB", render.Fixed(e.RAMMiB, 0))
 	if e.Cgroup != "" {
 		t.row("server limits", e.Cgroup)
 	}
@@ -142,7 +123,7 @@ func protocol(r *Result, charts bool) *doc {
 		t.row("RAM utilisation note", orNA(c.RAMGrade != "", c.RAMGrade))
 		t.row("CPU utilisation note", c.CPUGrade)
 	}
-	t.row("push errors (%)", fx(c.PushErrPct, 3))
+	t.row("push errors (%)", render.Fixed(c.PushErrPct, 3))
 	t.row("crashes / restarts", gi(c.Crashes))
 	t.row("Verdict", "**"+c.Verdict+"**")
 	d.tab(t)
@@ -158,11 +139,11 @@ func protocol(r *Result, charts bool) *doc {
 	t = newTable("threshold", "value")
 	switch p.Kind {
 	case stability:
-		t.row("push errors (error-or-retried / performed) at most", fx(th.MaxPushErrorPct, 3)+" %")
+		t.row("push errors (error-or-retried / performed) at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
 		t.row("crashes and restarts", "0")
-		t.row("OS RAM utilisation after the test at most", fx(th.MaxRAMPct, 0)+" %")
-		t.row("server RSS growth over the second half at most", fx(th.MaxLeakPct, 0)+" %")
+		t.row("OS RAM utilisation after the test at most", render.Fixed(th.MaxRAMPct, 0)+" %")
+		t.row("server RSS growth over the second half at most", render.Fixed(th.MaxLeakPct, 0)+" %")
 		t.row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
 		t.row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
 	case fleet, overload, rollout:
@@ -172,12 +153,12 @@ func protocol(r *Result, charts bool) *doc {
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
 		t.row("crashes and restarts", "0")
 	case benchmark:
-		t.row("push errors at most", fx(th.MaxPushErrorPct, 3)+" %")
+		t.row("push errors at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
 		t.row("crashes and restarts", "0")
 	case peak:
 		t.row("FAILED", "a crash, a restart or ERROR entries in the server log")
-		t.row("LIMIT REACHED", fmt.Sprintf("dropped, resent or deferred (503/429) requests, or less than %s %% accepted", fx(th.MinAcceptedPct, 0)))
+		t.row("LIMIT REACHED", fmt.Sprintf("dropped, resent or deferred (503/429) requests, or less than %s %% accepted", render.Fixed(th.MinAcceptedPct, 0)))
 		t.row("PASSED", "none of these at this thread count")
 	}
 	d.tab(t)
@@ -248,10 +229,10 @@ func gradeText(gs []grade) string {
 	lo := 0.0
 	for _, g := range gs {
 		if g.Below == 0 {
-			parts = append(parts, fmt.Sprintf("≥ %s %%: %s", fx(lo, 0), g.Label))
+			parts = append(parts, fmt.Sprintf("≥ %s %%: %s", render.Fixed(lo, 0), g.Label))
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("< %s %%: %s", fx(g.Below, 0), g.Label))
+		parts = append(parts, fmt.Sprintf("< %s %%: %s", render.Fixed(g.Below, 0), g.Label))
 		lo = g.Below
 	}
 	return strings.Join(parts, "; ")
@@ -266,38 +247,38 @@ func stabilitySections(d *doc, r *Result, c *Calc) {
 	d.h("Resources")
 	t := newTable("", "", "value")
 	t.row("HW specs", "CPU cores / threads", fmt.Sprintf("%d / %d", r.Env.Cores, r.Env.Threads))
-	t.row("", "RAM / MiB", fx(r.Env.RAMMiB, 0))
+	t.row("", "RAM / MiB", render.Fixed(r.Env.RAMMiB, 0))
 	if r.Env.CPULimit > 0 {
-		t.row("", "server CPU limit (cgroup), CPUs", fx(r.Env.CPULimit, 2))
+		t.row("", "server CPU limit (cgroup), CPUs", render.Fixed(r.Env.CPULimit, 2))
 	}
 	if r.Env.MemLimitMiB > 0 {
-		t.row("", "server memory limit (cgroup), MiB", fx(r.Env.MemLimitMiB, 0))
+		t.row("", "server memory limit (cgroup), MiB", render.Fixed(r.Env.MemLimitMiB, 0))
 	}
-	t.row("Pre-test", "available MiB OS", orNA(machine, fx(part.Before.AvailMiB, 0)))
-	t.row("", "used MiB OS", orNA(machine, fx(part.Before.UsedMiB, 0)))
-	t.row("", "drover RSS (MiB)", fx(c.RSSBefore, 1))
-	t.row("Post-test", "available MiB OS", orNA(part.After.Machine, fx(part.After.AvailMiB, 0)))
-	t.row("", "used MiB OS", orNA(part.After.Machine, fx(part.After.UsedMiB, 0)))
-	t.row("", "drover RSS (MiB)", fx(c.RSSAfter, 1))
-	t.row("", "avg load 15", orNA(part.After.Machine, fx(c.Load15, 2)))
-	t.row("", "avg load 15 / CPU core", orNA(part.After.Machine, fx(c.LoadPerCore, 2)))
-	t.row("", "drover CPU, avg / max (% of the CPU threads it may use)", fx(c.CPUAvgPct, 2)+" / "+fx(c.CPUMaxPct, 2))
+	t.row("Pre-test", "available MiB OS", orNA(machine, render.Fixed(part.Before.AvailMiB, 0)))
+	t.row("", "used MiB OS", orNA(machine, render.Fixed(part.Before.UsedMiB, 0)))
+	t.row("", "drover RSS (MiB)", render.Fixed(c.RSSBefore, 1))
+	t.row("Post-test", "available MiB OS", orNA(part.After.Machine, render.Fixed(part.After.AvailMiB, 0)))
+	t.row("", "used MiB OS", orNA(part.After.Machine, render.Fixed(part.After.UsedMiB, 0)))
+	t.row("", "drover RSS (MiB)", render.Fixed(c.RSSAfter, 1))
+	t.row("", "avg load 15", orNA(part.After.Machine, render.Fixed(c.Load15, 2)))
+	t.row("", "avg load 15 / CPU core", orNA(part.After.Machine, render.Fixed(c.LoadPerCore, 2)))
+	t.row("", "drover CPU, avg / max (% of the CPU threads it may use)", render.Fixed(c.CPUAvgPct, 2)+" / "+render.Fixed(c.CPUMaxPct, 2))
 	d.tab(t)
 
 	d.h("Results")
 	t = newTable("", "", "value")
-	t.row("Test numbers", "processed loops", fx(c.ProcessedLoops, 2))
-	t.row("", "total time / s", fx(c.TotalSec, 0))
-	t.row("", "real loop time / s", fx(c.RealLoopTime, 0))
-	t.row("", "estimated data-pushes", fx(c.EstPushes, 0))
+	t.row("Test numbers", "processed loops", render.Fixed(c.ProcessedLoops, 2))
+	t.row("", "total time / s", render.Fixed(c.TotalSec, 0))
+	t.row("", "real loop time / s", render.Fixed(c.RealLoopTime, 0))
+	t.row("", "estimated data-pushes", render.Fixed(c.EstPushes, 0))
 	t.row("", "performed pushes", group(c.Performed))
 	t.row("", "accepted pushes", group(c.Accepted))
-	t.row("", "estimated avg req/s", fx(c.EstReqPerSec, 2))
-	t.row("", "rough avg req/s", fx(c.RoughReqPerSec, 2))
+	t.row("", "estimated avg req/s", render.Fixed(c.EstReqPerSec, 2))
+	t.row("", "rough avg req/s", render.Fixed(c.RoughReqPerSec, 2))
 	t.row("", "push latency p50 / p99 / max (ms, from the intended send time)", latencyText(part.Push.LatencyMs))
 	t.row("", "late sends (more than 100 ms behind schedule)", group(part.Push.Late))
 	t.row("Errors", "data errors / retries", group(c.ErrOrRetried))
-	t.row("", "push errors (%)", fx(c.PushErrPct, 3))
+	t.row("", "push errors (%)", render.Fixed(c.PushErrPct, 3))
 	t.row("", "crashes", gi(c.Crashes))
 	t.row("", "log entries (warnings + errors)", gi(c.LogWarnings+c.LogErrors))
 	d.tab(t)
@@ -305,13 +286,13 @@ func stabilitySections(d *doc, r *Result, c *Calc) {
 
 	d.h("Calculations")
 	t = newTable("item", "value", "formula")
-	t.row("RSS increase MiB", fx(c.RSSIncMiB, 1), "RSS after − RSS before")
-	t.row("RSS increase %", fx(c.RSSIncPct, 2), "increase / RSS before")
-	t.row("MiB per device", fx(c.MiBPerDevice, 4), "increase / devices")
-	t.row("KiB per device", fx(c.KiBPerDevice, 2), "increase × 1024 / devices")
-	t.row("RAM utilisation %", orNA(c.RAMGrade != "", fx(c.RAMUtilPct, 2)), "OS used memory after / RAM")
+	t.row("RSS increase MiB", render.Fixed(c.RSSIncMiB, 1), "RSS after − RSS before")
+	t.row("RSS increase %", render.Fixed(c.RSSIncPct, 2), "increase / RSS before")
+	t.row("MiB per device", render.Fixed(c.MiBPerDevice, 4), "increase / devices")
+	t.row("KiB per device", render.Fixed(c.KiBPerDevice, 2), "increase × 1024 / devices")
+	t.row("RAM utilisation %", orNA(c.RAMGrade != "", render.Fixed(c.RAMUtilPct, 2)), "OS used memory after / RAM")
 	t.row("max safe # of devices", orNA(c.RAMGrade != "", gi(c.MaxSafe)), "devices / RAM utilisation")
-	t.row("RSS growth over the second half %", fx(c.LeakPct, 2), "RSS at the end / RSS at max(½ duration, 1.5 loops) − 1")
+	t.row("RSS growth over the second half %", render.Fixed(c.LeakPct, 2), "RSS at the end / RSS at max(½ duration, 1.5 loops) − 1")
 	d.tab(t)
 }
 
@@ -326,14 +307,14 @@ func overloadSection(d *doc, r *Result, c *Calc) {
 	capa := part.Capacity
 	d.h("Capacity and overload")
 	t := newTable("phase", "value")
-	t.row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), fx(part.Register.ElapsedSec, 1)))
+	t.row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), render.Fixed(part.Register.ElapsedSec, 1)))
 	t.row("capacity: pushes back to back", fmt.Sprintf("%d workers, %s s: %s accepted, %s/s; rejected %s, dropped %s, retried %s",
-		capa.Workers, fx(capa.Seconds, 1), group(capa.Push.Accepted), fx(capa.PerSec, 0), mapText(capa.Push.Rejected), mapText(capa.Push.Dropped), group(capa.Push.Retried)))
+		capa.Workers, render.Fixed(capa.Seconds, 1), group(capa.Push.Accepted), render.Fixed(capa.PerSec, 0), mapText(capa.Push.Rejected), mapText(capa.Push.Dropped), group(capa.Push.Retried)))
 	t.row("overload: offered open loop", fmt.Sprintf("%s pushes/s (%s × capacity): %s devices, each every %s ms, for %s",
-		fx(capa.Offered, 0), fx(overloadFactor, 1), gi(r.Preset.Devices), fx(capa.IntervalMs, 0), fmtDuration(r.Preset.Duration)))
-	t.row("overload: accepted", fmt.Sprintf("%s pushes; median second %s/s, lowest %s/s", group(part.Push.Accepted), fx(c.MedianPerSec, 0), fx(c.MinPerSec, 0)))
+		render.Fixed(capa.Offered, 0), render.Fixed(overloadFactor, 1), gi(r.Preset.Devices), render.Fixed(capa.IntervalMs, 0), fmtDuration(r.Preset.Duration)))
+	t.row("overload: accepted", fmt.Sprintf("%s pushes; median second %s/s, lowest %s/s", group(part.Push.Accepted), render.Fixed(c.MedianPerSec, 0), render.Fixed(c.MinPerSec, 0)))
 	t.row("overload: latency from the intended send p50 / p99 / max (ms)", latencyText(part.Push.LatencyMs))
-	t.row("overload: server RSS before / after (MiB)", fx(part.Before.RSSMiB, 1)+" / "+fx(part.After.RSSMiB, 1))
+	t.row("overload: server RSS before / after (MiB)", render.Fixed(part.Before.RSSMiB, 1)+" / "+render.Fixed(part.After.RSSMiB, 1))
 	d.tab(t)
 	opBreakdown(d, r)
 }
@@ -344,7 +325,7 @@ func fleetSection(d *doc, r *Result, c *Calc) {
 	if len(r.Parts) > 0 {
 		reg := r.Parts[0].Register
 		d.p("Before the test the fleet registered (not measured, kept-alive connections): %s devices in %s s, %s rejected, %s dropped.",
-			group(reg.Accepted), fx(reg.ElapsedSec, 1), group(sumMap(reg.Rejected)), group(sumMap(reg.Dropped)))
+			group(reg.Accepted), render.Fixed(reg.ElapsedSec, 1), group(sumMap(reg.Rejected)), group(sumMap(reg.Dropped)))
 	}
 }
 
@@ -377,7 +358,7 @@ func ChecksText(r *Result) []string {
 }
 
 func latencyText(l latency) string {
-	return fx(l.P50, 1) + " / " + fx(l.P99, 1) + " / " + fx(l.Max, 1)
+	return render.Fixed(l.P50, 1) + " / " + render.Fixed(l.P99, 1) + " / " + render.Fixed(l.Max, 1)
 }
 
 func opBreakdown(d *doc, r *Result) {
@@ -435,8 +416,8 @@ func rowSections(d *doc, r *Result, c *Calc) {
 		if dt := part.After.At.Sub(part.Before.At).Seconds(); dt > 0 {
 			cpu = (part.After.CPUSecs - part.Before.CPUSecs) / dt * 100
 		}
-		t.row(partName(r, part), fx(part.Before.RSSMiB, 1), fx(part.After.RSSMiB, 1), fx(cpu, 0),
-			orNA(part.After.Machine, fx(part.After.UsedMiB, 0)), orNA(part.After.Machine, fx(part.After.Load15, 2)), fx(part.Emulator.CPUAvg, 2))
+		t.row(partName(r, part), render.Fixed(part.Before.RSSMiB, 1), render.Fixed(part.After.RSSMiB, 1), render.Fixed(cpu, 0),
+			orNA(part.After.Machine, render.Fixed(part.After.UsedMiB, 0)), orNA(part.After.Machine, render.Fixed(part.After.Load15, 2)), render.Fixed(part.Emulator.CPUAvg, 2))
 	}
 	d.tab(t)
 
@@ -449,7 +430,7 @@ func rowSections(d *doc, r *Result, c *Calc) {
 	for i, row := range c.Rows {
 		h := handlersText(r, row.Handlers)
 		_ = i
-		t.row(h, fx(row.ElapsedSec, 2), group(row.Pushes), fx(row.PushesPerSec, 2), fx(row.P50, 1)+" / "+fx(row.P99, 1), fx(row.ErrPct, 3), yesNo(row.Broke))
+		t.row(h, render.Fixed(row.ElapsedSec, 2), group(row.Pushes), render.Fixed(row.PushesPerSec, 2), render.Fixed(row.P50, 1)+" / "+render.Fixed(row.P99, 1), render.Fixed(row.ErrPct, 3), yesNo(row.Broke))
 	}
 	d.tab(t)
 	opBreakdown(d, r)
@@ -473,19 +454,19 @@ func rowSections(d *doc, r *Result, c *Calc) {
 		t = newTable("handler threads", "pushes / s", fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), "rec. max # devs (20 %, 0.6.0)", "safe max # devs (80 %)")
 		for _, row := range c.Rows {
 			h := handlersText(r, row.Handlers)
-			t.row(h, fx(row.PushesPerSec, 2), gi(row.Ideal), gi(row.Rec020), gi(row.Safe080))
+			t.row(h, render.Fixed(row.PushesPerSec, 2), gi(row.Ideal), gi(row.Rec020), gi(row.Safe080))
 		}
 		d.tab(t)
 		if p.SSL {
 			d.p("Sizing rule applied: %s. Lowest SSL throughput of this test: %s pushes/s → ideal max %s devices, **safe max %s devices** at a %d s push interval.",
-				rule080.Text, fx(c.Lowest, 2), gi(c.Ideal080), gi(c.Safe080), p.LoopTime)
+				rule080.Text, render.Fixed(c.Lowest, 2), gi(c.Ideal080), gi(c.Safe080), p.LoopTime)
 		} else {
 			d.p("Without TLS the 0.8.0 rule does not apply (it takes the lowest SSL throughput); the table gives both rules per row: %s; and 80 %% of the row's ideal.", rule060.Text)
 		}
 	} else {
 		t = newTable("item", "value", "formula")
 		for _, row := range c.Rows {
-			t.row(what+" / s", fx(row.PushesPerSec, 2), "accepted / elapsed")
+			t.row(what+" / s", render.Fixed(row.PushesPerSec, 2), "accepted / elapsed")
 			if p.Mode != peakRegister {
 				t.row(fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), gi(row.Ideal), "pushes/s × loop time")
 			}
@@ -513,7 +494,7 @@ func floatMapText(m map[string]float64) string {
 	sort.Strings(keys)
 	var parts []string
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %s", k, fx(m[k], 0)))
+		parts = append(parts, fmt.Sprintf("%s %s", k, render.Fixed(m[k], 0)))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -610,7 +591,7 @@ func chartSections(d *doc, r *Result) {
 				return ys
 			}
 			th.add("capacity", line(capa.PerSec))
-			th.add(fx(overloadMinOfCapacity, 1)+" × capacity", line(overloadMinOfCapacity*capa.PerSec))
+			th.add(render.Fixed(overloadMinOfCapacity, 1)+" × capacity", line(overloadMinOfCapacity*capa.PerSec))
 		}
 		if r.Preset.Kind == fleet {
 			if c := Compute(r); c.MedianPerSec > 0 {
@@ -668,7 +649,7 @@ func notes(r *Result, c *Calc) []string {
 			"Scaled runs (`--scale F`) keep the loop time and the duration: F × the devices and F × the pushes per second.")
 	case overload:
 		n = append(n,
-			fmt.Sprintf("Issue 11's overload test: the devices register first (not measured); then %d workers push back to back for %s (a new connection per push, as the test's connections): the capacity is their accepted pushes per second. Then the fleet offers %s × that, open loop (each device once per interval at its own phase), for the duration; the emulator retries 503/429 answers after their Retry-After plus up to half again of random jitter (at most 5 retries), as the agent does.", p.Threads, fmtDuration(capacityTime), fx(overloadFactor, 1)),
+			fmt.Sprintf("Issue 11's overload test: the devices register first (not measured); then %d workers push back to back for %s (a new connection per push, as the test's connections): the capacity is their accepted pushes per second. Then the fleet offers %s × that, open loop (each device once per interval at its own phase), for the duration; the emulator retries 503/429 answers after their Retry-After plus up to half again of random jitter (at most 5 retries), as the agent does.", p.Threads, fmtDuration(capacityTime), render.Fixed(overloadFactor, 1)),
 			"Accepted per second: the median of the chart's buckets wholly inside the overload phase. Retry-After spread: every 503/429 answer of the overload phase counted by its Retry-After value.")
 	case benchmark:
 		n = append(n, fmt.Sprintf("Elapsed time runs from the first push to the last answer of the %d loops; registration is before it and not counted. Pushes/s = accepted pushes / elapsed (devices × loops / elapsed when all are accepted).", p.Loops),
@@ -709,7 +690,7 @@ func notes(r *Result, c *Calc) []string {
 // performed; otherwise the note says which pushes are missing.
 func loopTimeNote(r *Result, c *Calc) string {
 	p := r.Preset
-	if p.LoopTime <= 0 || c.RealLoopTime <= 0 || fx(c.RealLoopTime, 0) == fx(float64(p.LoopTime), 0) {
+	if p.LoopTime <= 0 || c.RealLoopTime <= 0 || render.Fixed(c.RealLoopTime, 0) == render.Fixed(float64(p.LoopTime), 0) {
 		return ""
 	}
 	var aborted, skipped, unreg int64
@@ -729,14 +710,14 @@ func loopTimeNote(r *Result, c *Calc) string {
 		why = append(why, gi(int(unreg))+" not sent because the device's registration failed")
 	}
 	if loops := c.TotalSec / float64(p.LoopTime); math.Abs(loops-math.Round(loops)) > 0.01 {
-		why = append(why, fmt.Sprintf("the total time holds %s loops, not a whole number (the last loop is partial)", fx(loops, 2)))
+		why = append(why, fmt.Sprintf("the total time holds %s loops, not a whole number (the last loop is partial)", render.Fixed(loops, 2)))
 	}
 	if len(why) == 0 {
 		why = append(why, "pushes sent late (the emulator or the server could not keep up)")
 	}
 	scheduled := float64(p.Devices) * c.TotalSec / float64(p.LoopTime)
 	return fmt.Sprintf("The real loop time (%s s) differs from the set loop time (%d s): %s pushes were performed of about %s the total time held; total time / (performed pushes / devices) counts every push the test did not perform: %s. Each device pushes at its fixed times (its registration happens in its first push's slot and shifts nothing), so with whole loops and every push performed the two are equal.",
-		fx(c.RealLoopTime, 0), p.LoopTime, gi(int(c.Performed)), gi(int(scheduled)), strings.Join(why, "; "))
+		render.Fixed(c.RealLoopTime, 0), p.LoopTime, gi(int(c.Performed)), gi(int(scheduled)), strings.Join(why, "; "))
 }
 
 // loadMachinesSection names the load machines a test's fleet was split
@@ -746,8 +727,8 @@ func loadMachinesSection(d *doc, ms []loadMachine) {
 	d.p("The emulated fleet was split over %d load machines (`drover perf worker`), started together; every figure of this protocol is the exact merge of their results (counts add up, latency histograms merge).", len(ms))
 	t := newTable("address", "host", "CPU", "cores / threads", "RAM / MiB", "shard", "devices", "emulator CPU avg / max (cores)", "emulator RSS / MiB", "clock offset / ms")
 	for _, m := range ms {
-		t.row(m.Addr, m.Host, m.CPUModel, fmt.Sprintf("%d / %d", m.Cores, m.Threads), fx(m.RAMMiB, 0), m.Shard, gi(m.Devices),
-			fx(m.CPUAvg, 2)+" / "+fx(m.CPUMax, 2), fx(m.RSSMiB, 1), fx(m.ClockOffsetMs, 1))
+		t.row(m.Addr, m.Host, m.CPUModel, fmt.Sprintf("%d / %d", m.Cores, m.Threads), render.Fixed(m.RAMMiB, 0), m.Shard, gi(m.Devices),
+			render.Fixed(m.CPUAvg, 2)+" / "+render.Fixed(m.CPUMax, 2), render.Fixed(m.RSSMiB, 1), render.Fixed(m.ClockOffsetMs, 1))
 	}
 	d.tab(t)
 }

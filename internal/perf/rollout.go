@@ -284,9 +284,9 @@ func computeRollout(r *Result, c *Calc) {
 	grow := f.RSSMaxMiB - part.Before.RSSMiB
 	add("server RSS growth during the rollout (the file is streamed, not copied)",
 		fmt.Sprintf("%s MiB (%s → peak %s MiB; artifact %s MiB × %d downloads at once would be %s MiB)",
-			fx(grow, 1), fx(part.Before.RSSMiB, 1), fx(f.RSSMaxMiB, 1), gi(r.Preset.Rollout.ArtifactMiB), r.Preset.Rollout.MaxDownloads,
+			render.Fixed(grow, 1), render.Fixed(part.Before.RSSMiB, 1), render.Fixed(f.RSSMaxMiB, 1), gi(r.Preset.Rollout.ArtifactMiB), r.Preset.Rollout.MaxDownloads,
 			gi(r.Preset.Rollout.ArtifactMiB*r.Preset.Rollout.MaxDownloads)),
-		"≤ "+fx(limit, 0)+" MiB", f.RSSMaxMiB > 0 && grow <= limit)
+		"≤ "+render.Fixed(limit, 0)+" MiB", f.RSSMaxMiB > 0 && grow <= limit)
 }
 
 // rolloutSection is a rollout test's criteria and figures.
@@ -300,12 +300,12 @@ func rolloutSection(d *doc, r *Result, c *Calc) {
 	s := r.Preset.Rollout
 	d.h("Rollout")
 	t := newTable("item", "value")
-	t.row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), fx(part.Register.ElapsedSec, 1)))
-	t.row("artifact", fmt.Sprintf("%s bytes of random data, uploaded in %s s", group(f.ArtifactBytes), fx(f.UploadSec, 1)))
+	t.row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), render.Fixed(part.Register.ElapsedSec, 1)))
+	t.row("artifact", fmt.Sprintf("%s bytes of random data, uploaded in %s s", group(f.ArtifactBytes), render.Fixed(f.UploadSec, 1)))
 	t.row("rollout", fmt.Sprintf("waves %s, at most %d downloads at once; %s devices matched", strings.Join(s.Waves, ", "), s.MaxDownloads, gi(f.Total)))
-	t.row("emulated link", fmt.Sprintf("%s/s per device, %s %% of download attempts cut and resumed", bytesText(float64(s.LinkBps)), fx(s.FailRate*100, 1)))
+	t.row("emulated link", fmt.Sprintf("%s/s per device, %s %% of download attempts cut and resumed", bytesText(float64(s.LinkBps)), render.Fixed(s.FailRate*100, 1)))
 	dur := f.EndSec - f.StartSec
-	t.row("rollout time", fx(dur, 1)+" s, from its start to "+orNA(f.State != "", f.State))
+	t.row("rollout time", render.Fixed(dur, 1)+" s, from its start to "+orNA(f.State != "", f.State))
 	if dl := f.Downloads; dl != nil {
 		t.row("downloads", fmt.Sprintf("%s started, %s complete, %s cut, %s resumed, %s failed, %s installed; at most %s at once",
 			group(dl.Started), group(dl.Completed), group(dl.Interrupted), group(dl.Resumed), group(dl.Failed), group(dl.Installed), group(dl.MaxActive)))
@@ -315,7 +315,7 @@ func rolloutSection(d *doc, r *Result, c *Calc) {
 		if dl.Time != nil && dl.Time.Count() > 0 {
 			l := dl.Time.Stats()
 			t.row("download time, offer to complete file p50 / p99 / max (s)", fmt.Sprintf("%s / %s / %s",
-				fx(l.P50.Seconds(), 1), fx(l.P99.Seconds(), 1), fx(l.Max.Seconds(), 1)))
+				render.Fixed(l.P50.Seconds(), 1), render.Fixed(l.P99.Seconds(), 1), render.Fixed(l.Max.Seconds(), 1)))
 		}
 	}
 	peak := 0.0
@@ -323,14 +323,14 @@ func rolloutSection(d *doc, r *Result, c *Calc) {
 		peak = max(peak, pt.BytesPerSec)
 	}
 	t.row("bytes served per second, peak (5 s average)", bytesText(peak)+"/s")
-	t.row("server CPU during the rollout, average", fx(f.CPUAvgPct, 1)+" % of one core")
-	t.row("server RSS before / peak during the rollout (MiB)", fx(part.Before.RSSMiB, 1)+" / "+fx(f.RSSMaxMiB, 1))
+	t.row("server CPU during the rollout, average", render.Fixed(f.CPUAvgPct, 1)+" % of one core")
+	t.row("server RSS before / peak during the rollout (MiB)", render.Fixed(part.Before.RSSMiB, 1)+" / "+render.Fixed(f.RSSMaxMiB, 1))
 	t.row("push errors during the test", fmt.Sprintf("%s rejected, %s dropped, %s retried", group(sumMap(part.Push.Rejected)),
 		group(sumMap(part.Push.Dropped)), group(part.Push.Retried)))
 	d.tab(t)
 	wt := newTable("wave", "started / s", "ended / s", "time / s", "verified at its end (all waves)", "failed (all waves)")
 	for _, w := range f.Waves {
-		wt.row(gi(w.Wave), fx(w.StartSec-f.StartSec, 1), fx(w.EndSec-f.StartSec, 1), fx(w.EndSec-w.StartSec, 1), gi(w.Verified), gi(w.Failed))
+		wt.row(gi(w.Wave), render.Fixed(w.StartSec-f.StartSec, 1), render.Fixed(w.EndSec-f.StartSec, 1), render.Fixed(w.EndSec-w.StartSec, 1), gi(w.Verified), gi(w.Failed))
 	}
 	d.p("Times from the rollout's start; a wave ends when the next starts (or the rollout ends).")
 	d.tab(wt)

@@ -5,6 +5,8 @@ import (
 	"io"
 	"math"
 	"strings"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // Sizing is whether a machine carries a fleet, from measured results.
@@ -113,30 +115,30 @@ func Size(rs []*Result, devices int, interval float64, ssl bool) (Sizing, error)
 		s.Advice = append(s.Advice,
 			fmt.Sprintf("lengthen the push interval to at least %.0f s, or", math.Ceil(float64(devices)/s.SafeCapacity)),
 			fmt.Sprintf("keep at most %s devices at %g s on this machine, or", gi(int(s.SafeCapacity*interval)), interval),
-			fmt.Sprintf("give the server about %s× the CPU (more or faster cores)", fx(1/s.CPUHeadroom, 2)))
+			fmt.Sprintf("give the server about %s× the CPU (more or faster cores)", render.Fixed(1/s.CPUHeadroom, 2)))
 		if ssl && s.NoSSLRate > lowest {
-			s.Advice = append(s.Advice, fmt.Sprintf("or terminate TLS in front of Drover: without TLS this machine measured %s pushes/s", fx(s.NoSSLRate, 2)))
+			s.Advice = append(s.Advice, fmt.Sprintf("or terminate TLS in front of Drover: without TLS this machine measured %s pushes/s", render.Fixed(s.NoSSLRate, 2)))
 		}
 	}
 	if !s.MemoryOK {
 		need := (s.ProjectedMiB - s.BaseRSSMiB) / 0.8
-		s.Advice = append(s.Advice, fmt.Sprintf("add memory: the fleet needs about %s MiB available for the server's growth, %s MiB were", fx(need, 0), fx(s.AvailableMiB, 0)))
+		s.Advice = append(s.Advice, fmt.Sprintf("add memory: the fleet needs about %s MiB available for the server's growth, %s MiB were", render.Fixed(need, 0), render.Fixed(s.AvailableMiB, 0)))
 	}
 	return s, nil
 }
 
 // Write prints the sizing.
 func (s Sizing) Write(w io.Writer) {
-	fmt.Fprintf(w, "Fleet: %s devices pushing every %g s = %s pushes/s needed.\n\n", gi(s.Devices), s.Interval, fx(s.NeedReqPerSec, 2))
+	fmt.Fprintf(w, "Fleet: %s devices pushing every %g s = %s pushes/s needed.\n\n", gi(s.Devices), s.Interval, render.Fixed(s.NeedReqPerSec, 2))
 	fmt.Fprintf(w, "Throughput: lowest measured %s pushes/s (%s); safe capacity 80 %% = %s pushes/s → headroom %s× — %s\n",
-		fx(s.Measured, 2), s.ThroughputOf, fx(s.SafeCapacity, 2), fx(s.CPUHeadroom, 2), okText(s.ThroughputOK))
+		render.Fixed(s.Measured, 2), s.ThroughputOf, render.Fixed(s.SafeCapacity, 2), render.Fixed(s.CPUHeadroom, 2), okText(s.ThroughputOK))
 	if s.MemoryOf != "" {
 		h := "∞"
 		if !math.IsInf(s.MemoryHeadroom, 1) {
-			h = fx(s.MemoryHeadroom, 2) + "×"
+			h = render.Fixed(s.MemoryHeadroom, 2) + "×"
 		}
 		fmt.Fprintf(w, "Memory: server RSS %s MiB + %s KiB/device (%s) → %s MiB projected; %s MiB were available beside the server → headroom %s — %s\n",
-			fx(s.BaseRSSMiB, 1), fx(s.KiBPerDevice, 2), s.MemoryOf, fx(s.ProjectedMiB, 0), fx(s.AvailableMiB, 0), h, okText(s.MemoryOK))
+			render.Fixed(s.BaseRSSMiB, 1), render.Fixed(s.KiBPerDevice, 2), s.MemoryOf, render.Fixed(s.ProjectedMiB, 0), render.Fixed(s.AvailableMiB, 0), h, okText(s.MemoryOK))
 	}
 	verdict := "this machine carries the fleet"
 	if !s.Carries {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/drover/drover/internal/render"
 )
 
 // Summary writes a Markdown index of results: one row per test with its
@@ -21,19 +23,19 @@ func Summary(w io.Writer, rs []*Result, ramps ...RampRun) error {
 		switch r.Preset.Kind {
 		case stability:
 			fig = fmt.Sprintf("%s devices, RSS %s → %s MiB (%s KiB/device), RAM utilisation %s %%, rough %s req/s, push errors %s %%",
-				gi(r.Preset.Devices), fx(c.RSSBefore, 1), fx(c.RSSAfter, 1), fx(c.KiBPerDevice, 2), fx(c.RAMUtilPct, 2), fx(c.RoughReqPerSec, 2), fx(c.PushErrPct, 3))
+				gi(r.Preset.Devices), render.Fixed(c.RSSBefore, 1), render.Fixed(c.RSSAfter, 1), render.Fixed(c.KiBPerDevice, 2), render.Fixed(c.RAMUtilPct, 2), render.Fixed(c.RoughReqPerSec, 2), render.Fixed(c.PushErrPct, 3))
 		case fleet:
 			fig = fmt.Sprintf("%s devices every %d s: p99 %s ms from the intended send time, median %s accepted/s (lowest %s), RSS %s bytes/device",
-				gi(r.Preset.Devices), r.Preset.LoopTime, fx(c.P99Ms, 1), fx(c.MedianPerSec, 0), fx(c.MinPerSec, 0), fx(c.BytesPerDev, 0))
+				gi(r.Preset.Devices), r.Preset.LoopTime, render.Fixed(c.P99Ms, 1), render.Fixed(c.MedianPerSec, 0), render.Fixed(c.MinPerSec, 0), render.Fixed(c.BytesPerDev, 0))
 		case overload:
 			if len(r.Parts) > 0 && r.Parts[0].Capacity != nil {
 				capa := r.Parts[0].Capacity
-				fig = fmt.Sprintf("capacity %s pushes/s, offered %s/s: accepted %s/s (median second), %s × capacity", fx(capa.PerSec, 0), fx(capa.Offered, 0), fx(c.MedianPerSec, 0), fx(safeDiv(c.MedianPerSec, capa.PerSec), 2))
+				fig = fmt.Sprintf("capacity %s pushes/s, offered %s/s: accepted %s/s (median second), %s × capacity", render.Fixed(capa.PerSec, 0), render.Fixed(capa.Offered, 0), render.Fixed(c.MedianPerSec, 0), render.Fixed(safeDiv(c.MedianPerSec, capa.PerSec), 2))
 			}
 		case benchmark:
 			var rates []string
 			for _, row := range c.Rows {
-				rates = append(rates, fmt.Sprintf("%s: %s", handlersText(r, row.Handlers), fx(row.PushesPerSec, 2)))
+				rates = append(rates, fmt.Sprintf("%s: %s", handlersText(r, row.Handlers), render.Fixed(row.PushesPerSec, 2)))
 			}
 			fig = "pushes/s by handler threads — " + strings.Join(rates, ", ")
 			if c.Safe080 > 0 {
@@ -45,7 +47,7 @@ func Summary(w io.Writer, rs []*Result, ramps ...RampRun) error {
 				unit = "registrations/s"
 			}
 			for _, row := range c.Rows {
-				fig = fmt.Sprintf("%s %s at %d threads, error-or-retried %s %%", fx(row.PushesPerSec, 2), unit, r.Preset.Threads, fx(row.ErrPct, 3))
+				fig = fmt.Sprintf("%s %s at %d threads, error-or-retried %s %%", render.Fixed(row.PushesPerSec, 2), unit, r.Preset.Threads, render.Fixed(row.ErrPct, 3))
 			}
 		}
 		base := r.FileBase()

@@ -2,7 +2,9 @@ package render
 
 import (
 	"fmt"
+	"math"
 	"testing"
+	"time"
 )
 
 func TestTicks(t *testing.T) {
@@ -49,6 +51,22 @@ func TestFormat(t *testing.T) {
 	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", -1234567: "-1,234,567"} {
 		if got := Group(n); got != want {
 			t.Errorf("Group(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestNumberFormatters(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{Fixed(12345.678, 2), "12,345.68"}, {Fixed(-0.001, 2), "0.00"}, {Fixed(-1234.5, 1), "-1,234.5"}, {Fixed(math.NaN(), 1), "—"},
+		{TrimZeros("2.50"), "2.5"}, {TrimZeros("3.00"), "3"}, {TrimZeros("300"), "300"},
+		{Rate(0), "0"}, {Rate(1234.4), "1234"}, {Rate(12.34), "12.3"}, {Rate(1.234), "1.23"},
+		{Duration(0), "0"}, {Duration(1500 * time.Microsecond), "1.50ms"}, {Duration(250 * time.Microsecond), "250µs"},
+		{Duration(12500 * time.Millisecond), "12.5s"}, {Duration(245 * time.Second), "4m05s"}, {Duration(123 * time.Minute), "2h03m"},
+		{BinaryBytes(512), "512 B"}, {BinaryBytes(1536), "1.5 KiB"}, {BinaryBytes(2 << 20), "2.0 MiB"}, {BinaryBytes(5 << 29), "2.50 GiB"},
+		{DecimalBytes(999), "999 B"}, {DecimalBytes(1500), "1.5 kB"}, {DecimalBytes(24.7e9), "24.7 GB"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
 		}
 	}
 }

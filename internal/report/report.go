@@ -5,7 +5,6 @@ package report
 import (
 	"fmt"
 	"io"
-	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,7 +67,7 @@ func build(m *results.Merged) *doc {
 	}
 	if sum != nil {
 		d.meta = append(d.meta, [2]string{"started", sum.Started.UTC().Format(time.RFC3339)})
-		d.meta = append(d.meta, [2]string{"wall time", Dur(sum.Ended.Sub(sum.Started))})
+		d.meta = append(d.meta, [2]string{"wall time", render.Duration(sum.Ended.Sub(sum.Started))})
 	}
 	if len(m.Missing) > 0 {
 		d.warnings = append(d.warnings, fmt.Sprintf("shards %s have no summary (still running, or killed): totals are incomplete", strings.Join(m.Missing, ", ")))
@@ -119,11 +118,11 @@ func modeText(st *results.Start) string {
 	switch st.Mode {
 	case "fleet":
 		return fmt.Sprintf("fleet (open loop): each device pushes every %s at its own phase, for %s; at most %d in flight per shard",
-			Dur(secs(st.Interval)), Dur(secs(st.Duration)), st.MaxInflight)
+			render.Duration(secs(st.Interval)), render.Duration(secs(st.Duration)), st.MaxInflight)
 	case "benchmark":
 		s := fmt.Sprintf("benchmark (closed loop): %d workers, %d immediate loops over all devices", st.Workers, st.Loops)
 		if st.Duration > 0 {
-			s += ", limited to " + Dur(secs(st.Duration))
+			s += ", limited to " + render.Duration(secs(st.Duration))
 		}
 		return s
 	case "ramp":
@@ -198,7 +197,7 @@ func outcomes(sum *results.Summary, names []string) section {
 	for _, n := range names {
 		o := sum.Ops[n]
 		t.rows = append(t.rows, []string{n, num(o.Done()), num(o.Accepted), num(o.RejectedTotal()), num(o.DroppedTotal()),
-			num(o.Aborted), num(o.Retried), Dur(o.Elapsed()), Rate(o.Rate()), Rate(o.AcceptedRate())})
+			num(o.Aborted), num(o.Retried), render.Duration(o.Elapsed()), render.Rate(o.Rate()), render.Rate(o.AcceptedRate())})
 		var det []string
 		if len(o.Rejected) > 0 {
 			det = append(det, "rejected by status "+kv(o.Rejected))
@@ -257,7 +256,7 @@ func latencies(sum *results.Summary, names []string, st *results.Start) section 
 }
 
 func latRow(name string, s results.LatStats) []string {
-	return []string{name, num(s.Count), Dur(s.Mean), Dur(s.P50), Dur(s.P90), Dur(s.P99), Dur(s.P999), Dur(s.Max)}
+	return []string{name, num(s.Count), render.Duration(s.Mean), render.Duration(s.P50), render.Duration(s.P90), render.Duration(s.P99), render.Duration(s.P999), render.Duration(s.Max)}
 }
 
 // perSecond describes the spread of per-second push rates.
@@ -280,9 +279,9 @@ func perSecond(m *results.Merged) (section, bool) {
 	sort.Float64s(rates)
 	sort.Slice(p99s, func(i, j int) bool { return p99s[i] < p99s[j] })
 	t := table{head: []string{"per second", "min", "median", "max"}, right: []bool{false, true, true, true}}
-	t.rows = append(t.rows, []string{"pushes done/s", Rate(rates[0]), Rate(rates[len(rates)/2]), Rate(rates[len(rates)-1])})
+	t.rows = append(t.rows, []string{"pushes done/s", render.Rate(rates[0]), render.Rate(rates[len(rates)/2]), render.Rate(rates[len(rates)-1])})
 	if len(p99s) > 0 {
-		t.rows = append(t.rows, []string{"push p99", Dur(p99s[0]), Dur(p99s[len(p99s)/2]), Dur(p99s[len(p99s)-1])})
+		t.rows = append(t.rows, []string{"push p99", render.Duration(p99s[0]), render.Duration(p99s[len(p99s)/2]), render.Duration(p99s[len(p99s)-1])})
 	}
 	return section{title: "Per second", tables: []table{t}, notes: []string{fmt.Sprintf("Over %d whole seconds with pushes.", len(rates))}}, true
 }
@@ -307,8 +306,8 @@ func ramp(m *results.Merged) section {
 		if st.Broke {
 			broke = "yes"
 		}
-		t.rows = append(t.rows, []string{strconv.Itoa(st.Index + 1), strconv.Itoa(st.Concurrency), Rate(st.Rate(results.OpPush)), Rate(acc),
-			Dur(l.P50), Dur(l.P99), Dur(l.Max), num(o.DroppedTotal() + o.Aborted), num(o.Retried), num(o.Rejected5xx()), broke})
+		t.rows = append(t.rows, []string{strconv.Itoa(st.Index + 1), strconv.Itoa(st.Concurrency), render.Rate(st.Rate(results.OpPush)), render.Rate(acc),
+			render.Duration(l.P50), render.Duration(l.P99), render.Duration(l.Max), num(o.DroppedTotal() + o.Aborted), num(o.Retried), num(o.Rejected5xx()), broke})
 	}
 	var notes []string
 	if r := m.Summary.Ramp; r != nil {
@@ -318,7 +317,7 @@ func ramp(m *results.Merged) section {
 			notes = append(notes, "No breaking point: "+r.Reason+".")
 		}
 		if r.BestConcurrency > 0 {
-			notes = append(notes, fmt.Sprintf("Best step without drops, retries or 5xx: %d workers, %s accepted pushes/s.", r.BestConcurrency, Rate(r.BestRate)))
+			notes = append(notes, fmt.Sprintf("Best step without drops, retries or 5xx: %d workers, %s accepted pushes/s.", r.BestConcurrency, render.Rate(r.BestRate)))
 		}
 	}
 	return section{title: "Ramp", tables: []table{t}, notes: notes}
@@ -340,7 +339,7 @@ func downloads(sum *results.Summary) section {
 	}
 	if dl.Time != nil && dl.Time.Count() > 0 {
 		l := dl.Time.Stats()
-		notes = append(notes, fmt.Sprintf("Offer to complete file: p50 %s, p99 %s, max %s.", Dur(l.P50), Dur(l.P99), Dur(l.Max)))
+		notes = append(notes, fmt.Sprintf("Offer to complete file: p50 %s, p99 %s, max %s.", render.Duration(l.P50), render.Duration(l.P99), render.Duration(l.Max)))
 	}
 	return section{title: "Firmware downloads", tables: []table{t}, notes: notes}
 }
@@ -365,7 +364,7 @@ func resources(sum *results.Summary, st *results.Start) section {
 		{"CPU, average", fmt.Sprintf("%.2f cores", r.CPUAvg)},
 		{"cores it may use", coresText(r, st)},
 		{"CPU, busiest second", fmt.Sprintf("%.2f cores", r.CPUMax)},
-		{"resident memory, most", Bytes(r.RSSMax)},
+		{"resident memory, most", render.BinaryBytes(r.RSSMax)},
 		{"machine CPU busy, average", fmt.Sprintf("%.0f%%", r.MachineBusy*100)},
 	}
 	var notes []string
@@ -389,8 +388,8 @@ func shards(m *results.Merged) section {
 	}
 	for _, s := range m.Shards {
 		p := s.Op(results.OpPush)
-		t.rows = append(t.rows, []string{s.Shard, num(p.Accepted), num(p.Errors()), Rate(p.Rate()), Dur(p.Latency.Quantile(0.99)),
-			fmt.Sprintf("%.2f", s.Resources.CPUAvg), Bytes(s.Resources.RSSMax), strconv.Itoa(len(s.Warnings))})
+		t.rows = append(t.rows, []string{s.Shard, num(p.Accepted), num(p.Errors()), render.Rate(p.Rate()), render.Duration(p.Latency.Quantile(0.99)),
+			fmt.Sprintf("%.2f", s.Resources.CPUAvg), render.BinaryBytes(s.Resources.RSSMax), strconv.Itoa(len(s.Warnings))})
 	}
 	return section{title: "Shards", tables: []table{t}, notes: []string{"Totals above add the shards' counters and merge their histograms exactly."}}
 }
@@ -398,59 +397,6 @@ func shards(m *results.Merged) section {
 // --- formatting ---
 
 func num(n int64) string { return strconv.FormatInt(n, 10) }
-
-// Rate formats a per-second rate.
-func Rate(r float64) string {
-	switch {
-	case r == 0:
-		return "0"
-	case r >= 100:
-		return strconv.FormatFloat(math.Round(r), 'f', 0, 64)
-	case r >= 10:
-		return strconv.FormatFloat(r, 'f', 1, 64)
-	}
-	return strconv.FormatFloat(r, 'f', 2, 64)
-}
-
-// Dur formats a duration with 3 significant digits.
-func Dur(d time.Duration) string {
-	if d == 0 {
-		return "0"
-	}
-	f := func(v float64, unit string) string {
-		switch {
-		case v >= 100:
-			return strconv.FormatFloat(v, 'f', 0, 64) + unit
-		case v >= 10:
-			return strconv.FormatFloat(v, 'f', 1, 64) + unit
-		}
-		return strconv.FormatFloat(v, 'f', 2, 64) + unit
-	}
-	switch a := d.Abs(); {
-	case a < time.Millisecond:
-		return f(float64(d)/float64(time.Microsecond), "µs")
-	case a < time.Second:
-		return f(float64(d)/float64(time.Millisecond), "ms")
-	case a < time.Minute:
-		return f(d.Seconds(), "s")
-	case a < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	}
-	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-}
-
-// Bytes formats a byte count in binary units.
-func Bytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}
 
 // --- text and Markdown ---
 

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/emulator/results"
+
+	"github.com/drover/drover/internal/render"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata fixtures and golden files")
@@ -173,7 +175,7 @@ func firstDiff(a, b string) string {
 	return "lengths differ"
 }
 
-func itoa(i int) string { return Rate(float64(i)) }
+func itoa(i int) string { return render.Rate(float64(i)) }
 
 func clip(s string) string {
 	if len(s) > 200 {
@@ -202,7 +204,7 @@ func TestReportContent(t *testing.T) {
 	var txt, html bytes.Buffer
 	Text(&txt, m)
 	HTML(&html, m)
-	if !regexp.MustCompile(`(?m)^push +` + Rate(float64(push.Done())) + ` +` + Rate(float64(push.Accepted)) + ` `).MatchString(txt.String()) {
+	if !regexp.MustCompile(`(?m)^push +` + render.Rate(float64(push.Done())) + ` +` + render.Rate(float64(push.Accepted)) + ` `).MatchString(txt.String()) {
 		t.Errorf("text lacks the push totals %d/%d:\n%s", push.Done(), push.Accepted, txt.String())
 	}
 	for _, want := range []string{"503: 2", "timeout: 1", "!!! WARNING: shard 2/2: EMULATOR IS THE BOTTLENECK", "send lag", "2: 1/2, 2/2", "loadgen-1 ×1, loadgen-2 ×1"} {
@@ -233,11 +235,11 @@ func TestReportContent(t *testing.T) {
 func TestFormatting(t *testing.T) {
 	for d, want := range map[time.Duration]string{0: "0", 1500 * time.Nanosecond: "1.50µs", 12345 * time.Microsecond: "12.3ms",
 		2 * time.Second: "2.00s", 125 * time.Second: "2m05s", 3*time.Hour + 4*time.Minute: "3h04m"} {
-		if got := Dur(d); got != want {
-			t.Errorf("Dur(%v) = %q, want %q", d, got, want)
+		if got := render.Duration(d); got != want {
+			t.Errorf("render.Duration(%v) = %q, want %q", d, got, want)
 		}
 	}
-	if Rate(1234.5) != "1235" || Rate(12.34) != "12.3" || Rate(1.234) != "1.23" || Bytes(3<<20) != "3.0 MiB" {
-		t.Error(Rate(1234.5), Rate(12.34), Rate(1.234), Bytes(3<<20))
+	if render.Rate(1234.5) != "1235" || render.Rate(12.34) != "12.3" || render.Rate(1.234) != "1.23" || render.BinaryBytes(3<<20) != "3.0 MiB" {
+		t.Error(render.Rate(1234.5), render.Rate(12.34), render.Rate(1.234), render.BinaryBytes(3<<20))
 	}
 }

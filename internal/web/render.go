@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -179,16 +178,7 @@ func humanBytes(v any) string {
 	case float64:
 		f = x
 	}
-	units := []string{"B", "kB", "MB", "GB", "TB", "PB"}
-	i := 0
-	for math.Abs(f) >= 1000 && i < len(units)-1 {
-		f /= 1000
-		i++
-	}
-	if i == 0 {
-		return strconv.FormatFloat(f, 'f', 0, 64) + " B"
-	}
-	return strconv.FormatFloat(f, 'f', 1, 64) + " " + units[i]
+	return render.DecimalBytes(f)
 }
 
 func percent(a, b int) float64 {
