@@ -118,7 +118,7 @@ type Progress struct {
 	Push, Reg   results.Counts
 	PushRate    float64 // operations finished per second in the last interval
 	RegRate     float64
-	PushP99     time.Duration // last interval
+	PushP99     time.Duration // last interval (shards: the slowest shard's)
 	Inflight    int
 	Concurrency int
 	CPU         float64 // emulator cores busy

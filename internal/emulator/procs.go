@@ -194,12 +194,15 @@ type aggregator struct {
 	push     results.Counts
 	reg      results.Counts
 	last     []results.Interval
+	p99      []time.Duration // each shard's last second's push p99
 	prevDone int64
 	prevReg  int64
 	prevT    time.Time
 }
 
-func newAggregator(n int) *aggregator { return &aggregator{last: make([]results.Interval, n)} }
+func newAggregator(n int) *aggregator {
+	return &aggregator{last: make([]results.Interval, n), p99: make([]time.Duration, n)}
+}
 
 func (a *aggregator) add(child int, line []byte) {
 	var iv results.Interval
@@ -210,6 +213,9 @@ func (a *aggregator) add(child int, line []byte) {
 	defer a.mu.Unlock()
 	if op := iv.Ops[results.OpPush]; op != nil {
 		a.push.Add(op.Counts)
+		if op.Latency.Count() > 0 {
+			a.p99[child] = op.Latency.Quantile(0.99)
+		}
 	}
 	if op := iv.Ops[results.OpRegister]; op != nil {
 		a.reg.Add(op.Counts)
@@ -233,7 +239,8 @@ func (a *aggregator) progress(cfg Config, start time.Time, final bool) Progress 
 	if p.PushRate == 0 && p.RegRate > 0 {
 		p.Phase = "register"
 	}
-	for _, iv := range a.last {
+	for i, iv := range a.last {
+		p.PushP99 = max(p.PushP99, a.p99[i]) // the slowest shard's
 		p.Inflight += iv.Inflight
 		p.Concurrency += iv.Concurrency
 		p.CPU += iv.CPU

@@ -191,3 +191,32 @@ func TestWorkerRefusesWithoutToken(t *testing.T) {
 		t.Errorf("a coordinator with the wrong token: %v, want HTTP 401", err)
 	}
 }
+
+// Interrupting the coordinator stops every load machine's shard early,
+// and their summaries still come: the figures so far, merged.
+func TestWorkersStopEarlyWithSummaries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	srv := startRunning(t, "")
+	pool, err := newLoadPool(context.Background(), []string{startWorker(t), startWorker(t)}, testWorkerToken, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := emulator.DefaultConfig()
+	cfg.Target, cfg.EnrollmentSecret, cfg.Devices = "http://"+srv.HTTPAddr(), "perf-secret", 100
+	cfg.Mode, cfg.Interval, cfg.Duration = emulator.ModeFleet, time.Second, time.Minute
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(6*time.Second, cancel)
+	start := time.Now()
+	sum, err := pool.run(ctx, cfg, nil, 0)
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("stopping took %s", d)
+	}
+	if sum == nil {
+		t.Fatalf("no summary after an interrupt: %v", err)
+	}
+	if sum.Op("push").Accepted == 0 || len(pool.machines) != 2 || pool.machines[0].Started == "" || pool.machines[1].Started == "" {
+		t.Errorf("after an interrupt: push %+v, machines %+v (err %v)", sum.Op("push").Counts, pool.machines, err)
+	}
+}
