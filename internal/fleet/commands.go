@@ -149,6 +149,10 @@ type job struct {
 	// seen (cluster mode, the change log's goroutine): this node holds the
 	// job's queued devices up to this device ID (commands_cluster.go).
 	seen uint64
+	// Cluster mode: local says this node queues the job's commands;
+	// progress is when this node last saw a batch queued (unix ns).
+	local    atomic.Bool
+	progress atomic.Int64
 }
 
 // halt closes stop once: the job's creation stops.
@@ -296,6 +300,12 @@ func (s *Service) loadCommands(ctx context.Context, cs CommandStore) error {
 	}
 	c.store = cs
 	for _, j := range c.jobs {
+		if s.opts.Cluster != nil {
+			// Another node may be queueing it right now: the leader's
+			// sweep takes over a creation that stalled (creationStall).
+			j.progress.Store(s.now().UnixNano())
+			continue
+		}
 		if j.rec.Creating && j.jobState() != JobCancelled {
 			f, err := s.jobFilter(j.rec)
 			if err != nil {
@@ -461,8 +471,10 @@ func describeFilter(v url.Values) string {
 func (s *Service) startCreating(j *job, ids []uint64) {
 	c := &s.cmds
 	c.wg.Add(1)
+	j.local.Store(true)
 	go func() {
 		defer c.wg.Done()
+		defer j.local.Store(false)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go func() {
@@ -527,6 +539,7 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 	j.rec.Cursor, j.rec.Creating = rec.Cursor, rec.Creating
 	j.mu.Unlock()
 	j.creating.Store(!last)
+	j.progress.Store(s.now().UnixNano())
 	// Cluster mode: the other nodes read the batch's devices back.
 	s.noteChange(ctx, ChangeJob, j.rec.ID)
 	return nil

@@ -25,6 +25,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -37,6 +38,10 @@ const (
 	clusterReadTimeout = 5 * time.Second
 	queuedPage         = 10000 // devices read back per query
 	overduePage        = 10000 // delivered commands the sweep reads at once
+	// creationStall is how long a job may be creating without a batch
+	// queued before the leader's sweep takes its creation over (the node
+	// queueing it died, or restarted).
+	creationStall = time.Minute
 )
 
 // clusterCommandsOnPush records a push's results and, when memory holds a
@@ -102,6 +107,7 @@ func (s *Service) refreshJob(ctx context.Context, id uint64) error {
 		return err
 	}
 	j := s.adoptJob(recs[0], true)
+	j.progress.Store(s.now().UnixNano())
 	if st := j.jobState(); st != JobActive && st != JobPaused {
 		return nil
 	}
@@ -154,6 +160,7 @@ func (s *Service) adoptJob(rec JobRecord, withState bool) *job {
 	j := c.jobs[rec.ID]
 	if j == nil {
 		j = newJob(rec)
+		j.progress.Store(s.now().UnixNano())
 		c.jobs[rec.ID] = j
 		c.next = max(c.next, rec.ID+1)
 		c.mu.Unlock()
@@ -352,6 +359,8 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 			_, err = s.cmds.store.FinishQueued(ctx, r.ID, CmdCancelled, now)
 		case (r.State == JobActive || r.State == JobPaused) && !r.Creating && queued > 0 && now.After(r.ExpiresAt):
 			_, err = s.cmds.store.FinishQueued(ctx, r.ID, CmdExpired, now)
+		case r.Creating && (r.State == JobActive || r.State == JobPaused):
+			err = s.takeOver(r)
 		case r.State == JobActive && !r.Creating && queued == 0 && delivered == 0:
 			var moved bool
 			if moved, err = cs.SetJobState(ctx, r.ID, []JobState{JobActive}, JobDone); moved {
@@ -369,4 +378,33 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// takeOver continues the creation of a stored job no node has queued a
+// batch of for creationStall, past its stored cursor (the node queueing
+// it died or restarted; commands already queued are kept, the store
+// inserts each once).
+func (s *Service) takeOver(r JobRecord) error {
+	j := s.adoptJob(r, true)
+	if j.local.Load() || s.now().UnixNano()-j.progress.Load() < int64(creationStall) {
+		return nil
+	}
+	f, err := s.jobFilter(r)
+	if err != nil {
+		return fmt.Errorf("job %d: %w", r.ID, err)
+	}
+	ids := s.matching(f, r.Cursor, r.LastID)
+	total := 0
+	for st, n := range r.Counts {
+		j.counts[st].Store(int64(n))
+		total += n
+	}
+	j.mu.Lock()
+	j.rec.Cursor, j.rec.LastID, j.rec.Creating, j.rec.Total = r.Cursor, r.LastID, true, total+len(ids)
+	j.mu.Unlock()
+	j.creating.Store(true)
+	j.progress.Store(s.now().UnixNano())
+	s.log.Info("cluster: continuing a job's creation that stalled", "job", r.ID, "devices", len(ids))
+	s.startCreating(j, ids)
+	return nil
 }

@@ -167,4 +167,43 @@ func TestClusterCommandsSweep(t *testing.T) {
 			t.Fatalf("cancel of a done job on %s: %v", n.name, err)
 		}
 	}
+
+	// A bulk job whose node died after its first batch (one device of
+	// three queued): the sweep takes its creation over once it stalled
+	// for a minute, and the devices get their commands on any node.
+	id, err := a.st.NextJobID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := now().UTC()
+	stalled := fleet.JobRecord{ID: id, Kind: "ping", Args: []string{"10.0.0.1"}, Timeout: 10, Target: "devices q=m-sweep", Filter: "q=m-sweep",
+		State: fleet.JobActive, CreatedAt: at, ExpiresAt: at.Add(time.Hour), Total: 3, Creating: true, Cursor: ids[0], LastID: ids[2]}
+	if err := a.st.AddDeviceCommands(ctx, stalled, []fleet.DeviceCommand{{JobID: id, DeviceID: ids[0], State: fleet.CmdQueued, QueuedAt: at}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.st.NoteChange(ctx, fleet.ChangeJob, id); err != nil {
+		t.Fatal(err)
+	}
+	b.follow(t)
+	if err := b.f.SweepCommands(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.f.WaitCommands()
+	if j, err := b.f.Job(id); err != nil || !j.Creating || j.Counts["queued"] != 1 {
+		t.Fatalf("taken over before it stalled: %+v %v", j, err)
+	}
+	clock.Add(int64(2 * time.Minute))
+	if err := b.f.SweepCommands(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.f.WaitCommands()
+	a.follow(t)
+	if j, err := a.f.Job(id); err != nil || j.Creating || j.Counts["queued"] != 3 || j.Total != 3 {
+		t.Fatalf("after the takeover: %+v %v", j, err)
+	}
+	for i, n := range []*clusterFleet{a, b, a} {
+		if cmds := push(n, i); len(cmds) != 1 || cmds[0].ID != id {
+			t.Fatalf("device %d on %s after the takeover: %+v", ids[i], n.name, cmds)
+		}
+	}
 }
