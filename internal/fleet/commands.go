@@ -692,6 +692,13 @@ func (s *Service) finishQueued(ctx context.Context, j *job, state CommandState, 
 			return err
 		}
 	}
+	s.unqueue(j, func() { j.move(CmdQueued, state) })
+	return nil
+}
+
+// unqueue drops j's queued commands from every device's queue, calling
+// dropped for each.
+func (s *Service) unqueue(j *job, dropped func()) {
 	s.each(func(d *device) {
 		if d.cmds == nil {
 			return
@@ -700,14 +707,13 @@ func (s *Service) finishQueued(ctx context.Context, j *job, state CommandState, 
 			if dc.job != j || dc.state != CmdQueued {
 				return false
 			}
-			j.move(CmdQueued, state)
+			dropped()
 			return true
 		})
 		if len(d.cmds.q) == 0 {
 			d.cmds = nil
 		}
 	})
-	return nil
 }
 
 func (s *Service) setJobState(ctx context.Context, j *job, st JobState) error {

@@ -108,7 +108,8 @@ func (s *Service) refreshJob(ctx context.Context, id uint64) error {
 	}
 	j := s.adoptJob(recs[0], true)
 	j.progress.Store(s.now().UnixNano())
-	if st := j.jobState(); st != JobActive && st != JobPaused {
+	if st := j.jobState(); (st != JobActive && st != JobPaused) || s.now().After(recs[0].ExpiresAt) {
+		s.unqueue(j, func() {}) // nothing of it will be delivered: memory forgets it
 		return nil
 	}
 	now := s.now().UnixNano()
@@ -270,12 +271,16 @@ func (s *Service) cancelCluster(ctx context.Context, id uint64) (Job, error) {
 		return Job{}, errors.Join(ErrUnavailable, err)
 	}
 	if moved {
-		if j := s.job(id); j != nil {
+		j := s.job(id)
+		if j != nil {
 			j.apply(JobCancelled)
 		}
 		if _, err := s.cmds.store.FinishQueued(ctx, id, CmdCancelled, s.now()); err != nil {
 			s.noteChange(ctx, ChangeJob, id)
 			return Job{}, errors.Join(ErrUnavailable, err) // cancelled; the sweep cancels the rest
+		}
+		if j != nil {
+			s.unqueue(j, func() {})
 		}
 	}
 	return s.jobChanged(ctx, id, moved, JobCancelled)
@@ -356,15 +361,17 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 		queued, delivered := r.Counts[CmdQueued], r.Counts[CmdDelivered]
 		switch {
 		case r.State == JobCancelled && queued > 0: // queued by a creation that had not stopped yet
-			_, err = s.cmds.store.FinishQueued(ctx, r.ID, CmdCancelled, now)
+			err = s.finishCluster(ctx, r, CmdCancelled, now)
 		case (r.State == JobActive || r.State == JobPaused) && !r.Creating && queued > 0 && now.After(r.ExpiresAt):
-			_, err = s.cmds.store.FinishQueued(ctx, r.ID, CmdExpired, now)
+			err = s.finishCluster(ctx, r, CmdExpired, now)
 		case r.Creating && (r.State == JobActive || r.State == JobPaused):
 			err = s.takeOver(r)
 		case r.State == JobActive && !r.Creating && queued == 0 && delivered == 0:
 			var moved bool
 			if moved, err = cs.SetJobState(ctx, r.ID, []JobState{JobActive}, JobDone); moved {
-				s.adoptJob(r, false).apply(JobDone)
+				j := s.adoptJob(r, false)
+				j.apply(JobDone)
+				s.unqueue(j, func() {})
 				s.noteChange(ctx, ChangeJob, r.ID)
 			}
 		default:
@@ -406,5 +413,16 @@ func (s *Service) takeOver(r JobRecord) error {
 	j.progress.Store(s.now().UnixNano())
 	s.log.Info("cluster: continuing a job's creation that stalled", "job", r.ID, "devices", len(ids))
 	s.startCreating(j, ids)
+	return nil
+}
+
+// finishCluster moves a stored job's queued commands to state (expired or
+// cancelled); every node then forgets them (the change log entry).
+func (s *Service) finishCluster(ctx context.Context, r JobRecord, state CommandState, now time.Time) error {
+	if _, err := s.cmds.store.FinishQueued(ctx, r.ID, state, now); err != nil {
+		return err
+	}
+	s.unqueue(s.adoptJob(r, false), func() {})
+	s.noteChange(ctx, ChangeJob, r.ID)
 	return nil
 }

@@ -136,8 +136,12 @@ func TestClusterCommandsSweep(t *testing.T) {
 			t.Fatalf("after the job's expiry, on %s: %+v", n.name, j)
 		}
 	}
+	queries := b.f.ClusterCommandQueries()
 	if cmds := push(b, 2); len(cmds) != 0 {
 		t.Fatalf("an expired command delivered: %+v", cmds)
+	}
+	if q := b.f.ClusterCommandQueries() - queries; q != 0 {
+		t.Fatalf("B still held device 2's expired command: its push asked the database %d times", q)
 	}
 	// Device 0's result is overdue: its timeout, two push intervals and
 	// a minute. Expired once; the late result is not recorded.
