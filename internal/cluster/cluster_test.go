@@ -288,12 +288,21 @@ func within(t *testing.T, limit time.Duration, what string, cond func() bool) ti
 // every node within 1 s.
 const converge = time.Second
 
+// startCluster starts a fresh database, a nats-server and the named nodes
+// on them.
+func startCluster(t *testing.T, names ...string) (dsn string, nats *natsServer, nodes []*node) {
+	t.Helper()
+	dsn = dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
+	nats = startNATS(t)
+	for _, name := range names {
+		nodes = append(nodes, startNode(t, name, dsn, nats.url()))
+	}
+	return dsn, nats, nodes
+}
+
 func TestCluster(t *testing.T) {
-	srv := dbtest.Need(t, dbtest.Postgres, pg)
-	dsn := srv.NewDB(t)
-	nats := startNATS(t)
-	a := startNode(t, "a", dsn, nats.url())
-	b := startNode(t, "b", dsn, nats.url())
+	dsn, nats, ab := startCluster(t, "a", "b")
+	a, b := ab[0], ab[1]
 
 	t.Run("register on A, push on B", func(t *testing.T) {
 		r := a.mustRegister("m-ab")

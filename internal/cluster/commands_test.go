@@ -17,8 +17,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-
-	"github.com/drover/drover/internal/store/dbtest"
 )
 
 type jobView struct {
@@ -92,13 +90,8 @@ func count(ids []string, id string) int {
 }
 
 func TestClusterCommands(t *testing.T) {
-	srv := dbtest.Need(t, dbtest.Postgres, pg)
-	dsn := srv.NewDB(t)
-	nats := startNATS(t)
-	a := startNode(t, "a", dsn, nats.url())
-	b := startNode(t, "b", dsn, nats.url())
-	c := startNode(t, "c", dsn, nats.url())
-	nodes := []*node{a, b, c}
+	_, nats, nodes := startCluster(t, "a", "b", "c")
+	a, b, c := nodes[0], nodes[1], nodes[2]
 
 	t.Run("queued on A, delivered on B, result on C recorded once", func(t *testing.T) {
 		d := a.mustRegister("m-cmd-1")
