@@ -44,6 +44,7 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 	fs.IntVar(&cfg.Devices, "devices", cfg.Devices, "devices in the whole fleet (all shards)")
 	fs.StringVar(&shard, "shard", "1/1", "this process's share k/n of the fleet: devices whose index % n == k-1")
 	fs.StringVar(&cfg.Seed, "seed", cfg.Seed, "identity seed: machine IDs derive from it and the device index")
+	fs.StringVar(&cfg.MachineIDs, "machine-ids", emulator.MachineIDsRandom, "machine IDs: random (hashed from the seed and the index) or sequential (a prefix from the seed, then the index zero-padded); both 32 characters")
 	fs.StringVar(&mode, "mode", string(cfg.Mode), "load model: fleet (open loop, one push per interval per device), benchmark (closed loop, workers × loops), ramp (closed loop, rising workers until drops or retries), connect (every device holds its persistent connection for --duration; --command-rate measures command delivery)")
 	fs.Float64Var(&cfg.CommandRate, "command-rate", 0, "connect: commands per second (whole fleet) sent through the operator API to random connected devices; the time until the device is told is op \"command\"")
 	fs.StringVar(&cfg.AdminToken, "admin-token", env.Var("DROVER_ADMIN_TOKEN"), "connect: operator token for --command-rate (default: $DROVER_ADMIN_TOKEN; --server-dir takes secrets.json's admin_token)")

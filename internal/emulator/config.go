@@ -50,6 +50,11 @@ type Config struct {
 	Devices int    // the whole fleet
 	Shard   Shard  // this process's share (zero: 1/1)
 	Seed    string // identity seed
+	// MachineIDs is how machine IDs derive from the seed and the device
+	// index: MachineIDsRandom (hashed; "" too) or MachineIDsSequential
+	// (a zero-padded counter after a prefix from the seed); both 32
+	// characters.
+	MachineIDs string
 
 	Mode     Mode
 	Conn     ConnMode      // auto: new in fleet mode, keepalive otherwise
@@ -146,6 +151,13 @@ func (c *Config) Validate() error {
 	case ModeFleet, ModeBenchmark, ModeRamp, ModeConnect:
 	default:
 		return fmt.Errorf("mode %q: want fleet, benchmark, ramp or connect", c.Mode)
+	}
+	switch c.MachineIDs {
+	case "":
+		c.MachineIDs = MachineIDsRandom
+	case MachineIDsRandom, MachineIDsSequential:
+	default:
+		return fmt.Errorf("machine IDs %q: want random or sequential", c.MachineIDs)
 	}
 	if c.Mode == ModeConnect && c.Duration == 0 {
 		c.Duration = time.Minute

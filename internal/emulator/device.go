@@ -39,7 +39,7 @@ func newDevice(id identity, idx int) *device {
 	h := id.hash(idx, 2)
 	return &device{
 		idx:        idx,
-		machineID:  MachineID(id.seed, idx),
+		machineID:  id.machineID(idx),
 		cpu:        float32(5 + h%30),
 		temp:       float32(38 + (h>>8)%12),
 		rx:         (h >> 16) % (1 << 30),

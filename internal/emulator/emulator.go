@@ -129,6 +129,9 @@ func newEngine(cfg Config) (*engine, error) {
 		cfg: cfg, id: newIdentity(cfg.Seed), tr: tr, tpl: tpl,
 		push: newOpStats(), reg: newOpStats(), warned: map[string]bool{},
 	}
+	if cfg.MachineIDs == MachineIDsSequential {
+		e.id.seqPrefix = sequentialPrefix(cfg.Seed)
+	}
 	if cfg.Mode == ModeConnect {
 		e.conn, e.cmd = newOpStats(), newOpStats()
 	}

@@ -60,11 +60,43 @@ func (s Shard) indexes(devices int) []int {
 type identity struct {
 	seed     string
 	seedHash uint64
+	// seqPrefix is set for sequential machine IDs (Config.MachineIDs).
+	seqPrefix string
 }
 
 func newIdentity(seed string) identity {
 	h := sha256.Sum256([]byte("drover-emulator\x00" + seed))
 	return identity{seed: seed, seedHash: binary.LittleEndian.Uint64(h[:8])}
+}
+
+// Machine ID kinds (Config.MachineIDs).
+const (
+	// MachineIDsRandom is MachineID: hashed, in no order, 32 hex digits.
+	MachineIDsRandom = "random"
+	// MachineIDsSequential is SequentialMachineID: a counter, in index order.
+	MachineIDsSequential = "sequential"
+)
+
+// sequentialPrefix is the seed's part of a sequential machine ID.
+func sequentialPrefix(seed string) string {
+	h := sha256.Sum256([]byte("drover-emulator-sequential\x00" + seed))
+	return hex.EncodeToString(h[:4])
+}
+
+// SequentialMachineID returns the sequential machine ID of device index i:
+// 8 hex digits from the seed (so that runs with other seeds do not collide),
+// then i as 24 zero-padded decimal digits — 32 characters like MachineID,
+// sorting in index order.
+func SequentialMachineID(seed string, i int) string {
+	return identity{seed: seed, seqPrefix: sequentialPrefix(seed)}.machineID(i)
+}
+
+// machineID is device i's machine ID of the identity's kind.
+func (id identity) machineID(i int) string {
+	if id.seqPrefix != "" {
+		return fmt.Sprintf("%s%024d", id.seqPrefix, i)
+	}
+	return MachineID(id.seed, i)
 }
 
 // MachineID returns the machine ID of device index i: 32 hex digits, like
