@@ -142,6 +142,7 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	fs.DurationVar(&o.Override.Duration, "duration", 0, "replace the duration (stability, peak)")
 	fs.IntVar(&o.Override.LoopTime, "loop-time", 0, "replace the loop time (push interval) in seconds")
 	fs.IntVar(&o.Override.Threads, "threads", 0, "replace the number of emulator threads")
+	fs.IntVar(&o.Override.Repeats, "repeats", 0, "replace a registrar test's runs per cell (Registrar-1M: 2)")
 	handlers := fs.String("handlers", "", "replace the server handler threads of a benchmark, e.g. 1,2")
 	conn := fs.String("conn", "new", "emulator connections: new (per request, as agents do), resume or keepalive")
 	sources := fs.String("source-addrs", "", "local addresses to connect from, e.g. 127.0.0.1-127.0.0.8 (default for a started server)")

@@ -102,6 +102,9 @@ type Calc struct {
 	Ideal080, Safe080 int
 	Lowest            float64
 
+	// registrar test (issue 16.5), one cell per persistence × handlers × machine IDs
+	Cells []registrarCell
+
 	// fleet test (issue 11 point 1)
 	Checks       []check
 	MedianPerSec float64 // accepted pushes per second, median of the complete seconds
@@ -153,7 +156,7 @@ func Compute(r *Result) Calc {
 	p := r.Preset
 	for _, part := range r.Parts {
 		op := part.Push
-		if p.Kind == peak && p.Mode == peakRegister {
+		if (p.Kind == peak && p.Mode == peakRegister) || p.Kind == registrar {
 			op = part.Register
 		}
 		c.Performed += op.Performed()
@@ -178,6 +181,8 @@ func Compute(r *Result) Calc {
 		computeOverload(r, &c)
 	case rollout:
 		computeRollout(r, &c)
+	case registrar:
+		computeRegistrar(r, &c)
 	default:
 		computeRows(r, &c)
 	}
@@ -199,7 +204,7 @@ func Compute(r *Result) Calc {
 		fail("no request was performed")
 	}
 	switch p.Kind {
-	case stability, benchmark:
+	case stability, benchmark, registrar:
 		if c.PushErrPct > th.MaxPushErrorPct {
 			fail("push errors %.3f %% exceed %.3g %%", c.PushErrPct, th.MaxPushErrorPct)
 		}

@@ -58,6 +58,7 @@ type Preset struct {
 	LoopTime int           `json:"loop_time_s"`        // device push interval in seconds
 	Mode     peakMode      `json:"peak_mode,omitempty"`
 	Rollout  *rolloutSpec  `json:"rollout,omitempty"`
+	Repeats  int           `json:"repeats,omitempty"` // Registrar: runs of each cell
 	Note     string        `json:"note,omitempty"`
 }
 
@@ -118,6 +119,7 @@ func presets() []Preset {
 	ps = append(ps, Preset{Name: "Rollout-10k", Kind: rollout, SSL: true, Devices: 10_000, Threads: 2000, Duration: 45 * time.Minute,
 		LoopTime: 30, Rollout: &rolloutSpec{ArtifactMiB: 16, Waves: []string{"1%", "10%", "100%"}, MaxDownloads: 1000, LinkBps: 512 << 10, FailRate: 0.05},
 		Note: "issue 15.5: a 16 MiB firmware to every device in three waves, at most 1,000 downloads at once, 512 KiB/s per device, 5 % of download attempts cut and resumed"})
+	ps = append(ps, registrarPresetDef())
 	return ps
 }
 
@@ -142,6 +144,7 @@ type override struct {
 	LoopTime int           // replaces loop time, seconds
 	Handlers []int         // replaces server handler threads
 	Threads  int           // replaces emulator threads
+	Repeats  int           // replaces a registrar test's runs per cell
 }
 
 // Apply returns p changed by o, and a description of the changes ("" when
@@ -161,7 +164,7 @@ func (o override) Apply(p Preset) (Preset, string, error) {
 		}
 		notes = append(notes, fmt.Sprintf("scale %g", o.Scale))
 	}
-	if o.Devices < 0 || o.Duration < 0 || o.LoopTime < 0 || o.Threads < 0 {
+	if o.Devices < 0 || o.Duration < 0 || o.LoopTime < 0 || o.Threads < 0 || o.Repeats < 0 {
 		return p, "", fmt.Errorf("overrides must be positive")
 	}
 	if o.Devices > 0 {
@@ -178,6 +181,12 @@ func (o override) Apply(p Preset) (Preset, string, error) {
 	}
 	if o.Threads > 0 {
 		p.Threads = o.Threads
+	}
+	if o.Repeats > 0 {
+		if p.Kind != registrar {
+			return p, "", fmt.Errorf("%s: only a registrar test repeats its runs", p.Name)
+		}
+		p.Repeats = o.Repeats
 	}
 	if len(o.Handlers) > 0 {
 		for _, h := range o.Handlers {
@@ -198,6 +207,9 @@ func (o override) Apply(p Preset) (Preset, string, error) {
 	}
 	if p.Threads != orig.Threads {
 		notes = append(notes, fmt.Sprintf("%d emulator threads instead of %d", p.Threads, orig.Threads))
+	}
+	if p.Repeats != orig.Repeats {
+		notes = append(notes, fmt.Sprintf("%d run(s) per cell instead of %d", p.Repeats, orig.Repeats))
 	}
 	if fmt.Sprint(p.Handlers) != fmt.Sprint(orig.Handlers) {
 		notes = append(notes, fmt.Sprintf("handler threads %s instead of %s", joinInts(p.Handlers), joinInts(orig.Handlers)))

@@ -9,8 +9,8 @@ import (
 
 func TestPresetsAreTheMatrix(t *testing.T) {
 	ps := presets()
-	if len(ps) != 7+8+9+3 {
-		t.Fatalf("%d presets, want 27", len(ps))
+	if len(ps) != 7+8+9+4 {
+		t.Fatalf("%d presets, want 28", len(ps))
 	}
 	want := map[string]struct {
 		devices, threads int
@@ -26,6 +26,7 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 		FleetPreset:     {1_000_000, 15000, 10, false}, // issue 11's fleet test
 		"Overload-1.5x": {100_000, 64, 1, false},       // issue 11's overload test
 		"Rollout-10k":   {10_000, 2000, 45, true},      // issue 15.5
+		RegistrarPreset: {1_000_000, 8, 0, false},      // issue 16.5
 	}
 	for _, m := range []string{"R", "D", "F"} {
 		for _, n := range []string{"64", "256", "1024"} {

@@ -110,6 +110,8 @@ func protocol(r *Result, charts bool) *doc {
 		overloadSection(d, r, &c)
 	case rollout:
 		rolloutSection(d, r, &c)
+	case registrar:
+		registrarSections(d, r, &c)
 	default:
 		rowSections(d, r, &c)
 	}
@@ -152,6 +154,10 @@ func protocol(r *Result, charts bool) *doc {
 		}
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
 		t.row("crashes and restarts", "0")
+	case registrar:
+		t.row("registration errors at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
+		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.row("crashes and restarts", "0")
 	case benchmark:
 		t.row("push errors at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
 		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
@@ -188,6 +194,8 @@ func kindName(p Preset) string {
 		return "overload test"
 	case rollout:
 		return "rollout test"
+	case registrar:
+		return "registrar test"
 	default:
 		return "peak test (" + p.Note + ")"
 	}
@@ -382,6 +390,9 @@ func opBreakdown(d *doc, r *Result) {
 }
 
 func partName(r *Result, part resultPart) string {
+	if part.Persistence != "" {
+		return registrarPartName(part)
+	}
 	if part.HandlerThreads > 0 && len(r.Parts) == 1 {
 		return fmt.Sprintf("%s, %d handler thread(s)", r.Preset.Name, part.HandlerThreads)
 	}
@@ -654,6 +665,8 @@ func notes(r *Result, c *Calc) []string {
 	case benchmark:
 		n = append(n, fmt.Sprintf("Elapsed time runs from the first push to the last answer of the %d loops; registration is before it and not counted. Pushes/s = accepted pushes / elapsed (devices × loops / elapsed when all are accepted).", p.Loops),
 			"Each handler-thread count is a fresh server (`--threads N`, Go's GOMAXPROCS) with a fresh database.")
+	case registrar:
+		n = append(n, registrarNotes(r)...)
 	case peak:
 		switch p.Mode {
 		case peakRegister:

@@ -44,7 +44,10 @@ type setup struct {
 // resultPart is one run of the emulator against one server setting: a test has
 // one part, a benchmark one per handler-thread count.
 type resultPart struct {
-	HandlerThreads int                `json:"handler_threads"` // 0: as the server was configured
+	HandlerThreads int                `json:"handler_threads"`       // 0: as the server was configured
+	Persistence    string             `json:"persistence,omitempty"` // registrar test: this run's server
+	MachineIDs     string             `json:"machine_ids,omitempty"` // registrar test: sequential or random
+	Repeat         int                `json:"repeat,omitempty"`      // registrar test: 1 for a cell's first run
 	Started        time.Time          `json:"started"`
 	Ended          time.Time          `json:"ended"`
 	Push           opFigures          `json:"push"`

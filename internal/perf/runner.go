@@ -65,6 +65,7 @@ type Options struct {
 	WorkerToken   string
 	WorkerTimeout time.Duration
 	pool          *loadPool
+	machineIDs    string // the emulator's machine-ID kind ("": random); the registrar test sets it per run
 
 	Override    override
 	Conn        emulator.ConnMode // default: new connection per request
@@ -150,7 +151,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	handlers := []int{0}
 	if o.URL == "" && len(p.Handlers) > 0 {
 		switch {
-		case p.Kind == benchmark:
+		case p.Kind == benchmark || p.Kind == registrar:
 			handlers = p.Handlers
 		case len(p.Handlers) == 1:
 			handlers = p.Handlers // one server with that many threads
@@ -164,6 +165,9 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 		}
 	}
 	defer func() { r.Ended = time.Now().UTC() }()
+	if p.Kind == registrar {
+		return r, runRegistrar(ctx, r, p, handlers, o)
+	}
 	for _, h := range handlers {
 		part, err := runPart(ctx, r, p, h, o)
 		r.Parts = append(r.Parts, part)
@@ -378,7 +382,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func emuConfig(p Preset, t *target, o Options) (emulator.Config, *progress) {
 	cfg := emulator.DefaultConfig()
 	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Insecure = t.url, t.secret, t.caPEM, o.Insecure && t.local == nil
-	cfg.Devices, cfg.Seed = p.Devices, t.seed
+	cfg.Devices, cfg.Seed, cfg.MachineIDs = p.Devices, t.seed, o.machineIDs
 	cfg.Conn, cfg.SourceAddrs, cfg.Workers = o.Conn, o.SourceAddrs, p.Threads
 	prog := &progress{w: o.Progress, every: o.ProgressEvery, name: p.Name}
 	cfg.Progress = prog.show
@@ -457,6 +461,8 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 	case benchmark:
 		cfg.Mode = emulator.ModeBenchmark
 		cfg.Loops = p.Loops
+	case registrar:
+		cfg.Mode, cfg.Loops = emulator.ModeBenchmark, 0 // register only
 	case peak:
 		cfg.Mode = emulator.ModeBenchmark
 		cfg.Duration = p.Duration

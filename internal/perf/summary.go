@@ -41,6 +41,8 @@ func Summary(w io.Writer, rs []*Result, ramps ...RampRun) error {
 			if c.Safe080 > 0 {
 				fig += fmt.Sprintf("; safe max %s devices at %d s", gi(c.Safe080), r.Preset.LoopTime)
 			}
+		case registrar:
+			fig = registrarFigure(&c)
 		case peak:
 			unit := "pushes/s"
 			if r.Preset.Mode == peakRegister {
