@@ -91,7 +91,7 @@ func (t Token) Live(now time.Time) bool {
 
 // Entry is one row of the audit log.
 type Entry struct {
-	ID         uint64          `json:"id"`
+	ID         uint64          `json:"id,string"`
 	At         time.Time       `json:"at"`
 	Actor      string          `json:"actor"`      // user name, or "admin-token"
 	Credential string          `json:"credential"` // "password", "token:NAME", "admin-token", "local" (drover user)

@@ -29,7 +29,7 @@ type deviceView struct {
 	AppliedVersion int64           `json:"applied_version"`
 	DesiredVersion int64           `json:"desired_version"`
 	ConfigError    string          `json:"config_error"`
-	ProfileID      uint64          `json:"profile_id"`
+	ProfileID      uint64          `json:"profile_id,string"`
 	LastSeen       *time.Time      `json:"last_seen"`
 	State          json.RawMessage `json:"state"`
 }

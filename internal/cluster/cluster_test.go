@@ -345,7 +345,7 @@ func TestCluster(t *testing.T) {
 		st, body := a.do("GET", "/api/v1/profiles", adminToken, "")
 		var ps struct {
 			Profiles []struct {
-				ID uint64 `json:"id"`
+				ID uint64 `json:"id,string"`
 			} `json:"profiles"`
 		}
 		if st != 200 || json.Unmarshal(body, &ps) != nil || len(ps.Profiles) == 0 {
@@ -378,7 +378,7 @@ func TestCluster(t *testing.T) {
 		}
 		var ps struct {
 			Profiles []struct {
-				ID uint64 `json:"id"`
+				ID uint64 `json:"id,string"`
 			} `json:"profiles"`
 		}
 		within(t, converge, "two profiles on A", func() bool {
@@ -429,7 +429,7 @@ func TestCluster(t *testing.T) {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			var f struct {
-				ID uint64 `json:"id"`
+				ID uint64 `json:"id,string"`
 			}
 			if resp.StatusCode != 201 || json.Unmarshal(body, &f) != nil {
 				t.Errorf("firmware by URL on %s: %d %s", n.name, resp.StatusCode, body)

@@ -150,7 +150,7 @@ func TestClusterRollout(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	var fw struct {
-		ID uint64 `json:"id"`
+		ID uint64 `json:"id,string"`
 	}
 	if resp.StatusCode != 201 || json.Unmarshal(body, &fw) != nil {
 		t.Fatalf("upload on a: %d %s", resp.StatusCode, body)
@@ -167,7 +167,7 @@ func TestClusterRollout(t *testing.T) {
 	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	var badFW struct {
-		ID uint64 `json:"id"`
+		ID uint64 `json:"id,string"`
 	}
 	if resp.StatusCode != 201 || json.Unmarshal(body, &badFW) != nil {
 		t.Fatalf("upload on a: %d %s", resp.StatusCode, body)

@@ -116,7 +116,7 @@ type Device struct {
 	AppliedVersion int64           `json:"applied_version"`
 	DesiredVersion int64           `json:"desired_version"`
 	ConfigError    string          `json:"config_error,omitempty"`
-	ProfileID      uint64          `json:"profile_id"`
+	ProfileID      uint64          `json:"profile_id,string"`
 	PushInterval   int             `json:"push_interval"`
 	State          json.RawMessage `json:"state,omitempty"`
 	Admission      string          `json:"admission"`

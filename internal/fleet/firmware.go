@@ -55,7 +55,7 @@ type FirmwareData struct {
 
 // Firmware is one uploaded (or referenced) firmware image.
 type Firmware struct {
-	ID         uint64 `json:"id"`
+	ID         uint64 `json:"id,string"`
 	DeviceType string `json:"device_type"`
 	Version    string `json:"version"`
 	SHA256     string `json:"sha256"` // lower-case hex

@@ -14,7 +14,7 @@ import (
 
 // Label is a name operators attach to many devices at once.
 type Label struct {
-	ID      uint16 `json:"id"`
+	ID      uint16 `json:"id,string"`
 	Name    string `json:"name"`
 	Devices int    `json:"devices"` // devices carrying it (Labels only)
 }

@@ -98,7 +98,7 @@ func (p ProfilePolicy) Check() error {
 type ProfileLink struct {
 	DeviceType string    `json:"device_type"`
 	Firmware   string    `json:"firmware"`
-	ProfileID  uint64    `json:"profile_id"`
+	ProfileID  uint64    `json:"profile_id,string"`
 	CreatedAt  time.Time `json:"created_at"`
 	// Limited: linked because the device type's creations were used up
 	// (false: because of mode join).

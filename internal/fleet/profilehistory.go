@@ -17,7 +17,7 @@ import (
 
 // ProfileRevision is one stored version of a profile.
 type ProfileRevision struct {
-	ProfileID    uint64          `json:"profile_id"`
+	ProfileID    uint64          `json:"profile_id,string"`
 	Rev          int             `json:"rev"` // 1, 2, … per profile
 	Version      int64           `json:"version"`
 	Config       json.RawMessage `json:"config"`

@@ -164,7 +164,7 @@ type HistoryQuery struct {
 // (device type, firmware). Version grows by one with every change; a device
 // is in sync when it reports this version applied.
 type Profile struct {
-	ID           uint64          `json:"id"`
+	ID           uint64          `json:"id,string"`
 	DeviceType   string          `json:"device_type"`
 	Firmware     string          `json:"firmware"`
 	Version      int64           `json:"version"`

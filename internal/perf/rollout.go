@@ -178,7 +178,7 @@ func driveRollout(ctx context.Context, p Preset, t *target, o Options, start tim
 	up := time.Now()
 	q := url.Values{"device_type": {cfg.DeviceType}, "version": {"perf-" + t.seed}}
 	var fw struct {
-		ID uint64 `json:"id"`
+		ID uint64 `json:"id,string"`
 	}
 	// Random bytes streamed into the request: no copy of the artifact here.
 	if _, err := t.apiDo(ctx, http.MethodPost, "/api/v1/firmware?"+q.Encode(), "application/octet-stream", io.LimitReader(rand.Reader, size), &fw); err != nil {

@@ -182,7 +182,7 @@ func TestAuditOfChanges(t *testing.T) {
 		t.Fatalf("cancel: %d %v", st, out)
 	}
 	type entry struct {
-		ID                                        uint64
+		ID                                        uint64 `json:",string"`
 		Actor, Credential, Remote, Action, Object string
 		Before, After                             map[string]any
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -12,8 +13,9 @@ import (
 // its path and query parameters, who may call it and its error body.
 // Built from the table, so that it cannot list a route the server lacks or
 // miss one it has; TestOpenAPIMatchesHandlers checks it against the real
-// handlers. Answer bodies are described in docs/operations.md and
-// docs/protocol.md, not here.
+// handlers. The answer bodies of the main operations (answers,
+// openapi_schema.go) have schemas made from their Go types; the others are
+// described in docs/operations.md and docs/protocol.md.
 func openAPI(table []route) map[string]any {
 	paths := map[string]any{}
 	for _, rt := range table {
@@ -66,7 +68,11 @@ func operation(rt route) map[string]any {
 	for _, name := range rt.query {
 		params = append(params, map[string]any{"name": name, "in": "query", "required": false, "schema": map[string]any{"type": "string"}})
 	}
-	ok := map[string]any{"description": "success", "content": map[string]any{"application/json": map[string]any{}}}
+	body := map[string]any{}
+	if v, ok := answers[rt.method+" "+rt.path]; ok {
+		body["schema"] = schemaOf(reflect.TypeOf(v))
+	}
+	ok := map[string]any{"description": "success", "content": map[string]any{"application/json": body}}
 	if slices.Contains(rt.query, "format") {
 		ok["content"].(map[string]any)["text/csv"] = map[string]any{}
 	}
