@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -229,6 +230,41 @@ func TestEmulateProcs(t *testing.T) {
 	}
 }
 
+// --machine-ids sequential registers devices under the counter IDs, which
+// the server accepts; the saved credentials show them in index order.
+func TestEmulateSequentialMachineIDs(t *testing.T) {
+	srv := servertest.Start(t, servertest.Options{HTTP: true})
+	cred := filepath.Join(t.TempDir(), "cred.jsonl")
+	var stdout, stderr bytes.Buffer
+	err := emulate(context.Background(), []string{"--target", srv.HTTPURL, "--secret", srv.EnrollmentSecret, "--mode", "benchmark",
+		"--devices", "6", "--workers", "2", "--loops", "0", "--seed", "seq-test", "--machine-ids", "sequential", "--credentials", cred,
+		"--out=", "--progress", "none"}, testEnv(nil, &stdout, &stderr, nil))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if n := srv.Metric("drover_registrations_total", map[string]string{"outcome": "new"}); n != 6 {
+		t.Fatalf("server registered %v devices, want 6", n)
+	}
+	b, err := os.ReadFile(cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var c struct {
+			I         int    `json:"i"`
+			MachineID string `json:"machine_id"`
+		}
+		if err := json.Unmarshal([]byte(line), &c); err != nil || c.MachineID != emulator.SequentialMachineID("seq-test", c.I) {
+			t.Fatalf("credential %s: %v, want machine ID %s", line, err, emulator.SequentialMachineID("seq-test", c.I))
+		}
+		ids[c.MachineID] = true
+	}
+	if len(ids) != 6 {
+		t.Fatalf("%d distinct machine IDs saved, want 6", len(ids))
+	}
+}
+
 // One process: the summary printed comes from the values the run
 // produced, and equals what `drover report` makes of the stream file.
 func TestEmulateSummaryMatchesReport(t *testing.T) {
@@ -262,16 +298,17 @@ func TestEmulateFlags(t *testing.T) {
 		}
 	}
 	for args, want := range map[string]string{
-		"":                                       "--target is required",
-		"--target http://x --mode fast":          "mode",
-		"--target http://x --conn pooled":        "conn",
-		"--target http://x --shard 3/2":          "shard",
-		"--target http://x --source-addrs bogus": "source-addrs",
-		"--target ftp://x":                       "scheme",
-		"--target http://x --procs 0":            "procs",
-		"--target http://x --template /nonexist": "template",
-		"--target http://x --progress fancy":     "progress",
-		"--target http://x stray":                "unexpected argument",
+		"":                                                           "--target is required",
+		"--target http://x --mode fast":                              "mode",
+		"--target http://x --conn pooled":                            "conn",
+		"--target http://x --machine-ids serial":                     "machine IDs",
+		"--target http://x --shard 3/2":                              "shard",
+		"--target http://x --source-addrs bogus":                     "source-addrs",
+		"--target ftp://x":                                           "scheme",
+		"--target http://x --procs 0":                                "procs",
+		"--target http://x --template /nonexist":                     "template",
+		"--target http://x --progress fancy":                         "progress",
+		"--target http://x stray":                                    "unexpected argument",
 		"--target http://x --mode ramp --ramp-max 5000 --devices 10": "ramp max",
 	} {
 		err := emulate(context.Background(), strings.Fields(args+" --out="), env)

@@ -38,6 +38,11 @@ func TestRegistrarCells(t *testing.T) {
 	if c.Verdict != passed || c.Accepted != 4000 {
 		t.Errorf("verdict %s %v, accepted %d", c.Verdict, c.Reasons, c.Accepted)
 	}
+	var sum strings.Builder
+	r.Command = "drover perf run Registrar-1M"
+	if err := Summary(&sum, []*Result{r}); err != nil || !strings.Contains(sum.String(), "memory/1/sequential: 900 (spread 22.2 %)") {
+		t.Errorf("summary %v:\n%s", err, sum.String())
+	}
 	if _, _, err := (override{Repeats: 3}).Apply(presets()[0]); err == nil {
 		t.Error("--repeats accepted for a preset that is not a registrar test")
 	}

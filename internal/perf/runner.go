@@ -259,6 +259,9 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	}
 
 	t.seed = "perf-" + strings.ToLower(p.Name) + "-" + strconv.FormatInt(time.Now().Unix(), 36)
+	if p.Kind == registrar { // runs follow each other within a second: each its own sequential-ID prefix
+		t.seed += "-" + randomToken()[:8]
+	}
 	if p.Kind == fleet || p.Kind == overload || p.Kind == rollout {
 		sleepCtx(ctx, time.Second)
 		if empty, err := t.snapshot(); err == nil {
