@@ -42,12 +42,25 @@ func (r Retry) withDefaults() Retry {
 	return r
 }
 
+// IDList is a list of IDs, written as decimal strings like every ID of
+// the API.
+type IDList []uint64
+
+// MarshalJSON writes the IDs as strings.
+func (l IDList) MarshalJSON() ([]byte, error) {
+	out := make([]string, len(l))
+	for i, id := range l {
+		out[i] = strconv.FormatUint(id, 10)
+	}
+	return json.Marshal(out)
+}
+
 // Delivery is one notification: a batch of events sent to one destination.
 type Delivery struct {
 	ID          uint64     `json:"id,string"`
 	Channel     string     `json:"channel"` // webhook or email
 	Target      string     `json:"target"`  // URL or recipients
-	EventIDs    []uint64   `json:"event_ids"`
+	EventIDs    IDList     `json:"event_ids"`
 	State       string     `json:"state"` // sending, retrying, delivered, failed
 	Attempts    int        `json:"attempts"`
 	LastError   string     `json:"last_error,omitempty"`

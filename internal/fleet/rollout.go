@@ -7,6 +7,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -115,11 +116,48 @@ type Rollout struct {
 	By         string    `json:"by,omitempty"`
 }
 
+// MarshalJSON writes the rollout's id and firmware_id as decimal strings,
+// like every ID of the API.
+func (r Rollout) MarshalJSON() ([]byte, error) {
+	type plain Rollout
+	return json.Marshal(struct {
+		plain
+		ID         string `json:"id"`
+		FirmwareID string `json:"firmware_id"`
+	}{plain(r), strconv.FormatUint(r.ID, 10), strconv.FormatUint(r.FirmwareID, 10)})
+}
+
+// UnmarshalJSON reads id and firmware_id as strings or numbers (rollouts
+// stored before IDs became strings keep numbers).
+func (r *Rollout) UnmarshalJSON(b []byte) error {
+	type plain Rollout
+	v := struct {
+		*plain
+		ID         json.Number `json:"id"`
+		FirmwareID json.Number `json:"firmware_id"`
+	}{plain: (*plain)(r)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	var err1, err2 error
+	r.ID, err1 = parseIDNumber(v.ID)
+	r.FirmwareID, err2 = parseIDNumber(v.FirmwareID)
+	return errors.Join(err1, err2)
+}
+
+// parseIDNumber is an ID given as a JSON number or decimal string ("" is 0).
+func parseIDNumber(n json.Number) (uint64, error) {
+	if n == "" {
+		return 0, nil
+	}
+	return strconv.ParseUint(string(n), 10, 64)
+}
+
 func (r *Rollout) finished() bool { return r.State == RolloutAborted || r.State == RolloutDone }
 
 // RolloutDevice is one device's place in a rollout.
 type RolloutDevice struct {
-	RolloutID uint64    `json:"rollout_id"`
+	RolloutID uint64    `json:"rollout_id,string"`
 	DeviceID  uint64    `json:"device_id,string"`
 	Wave      int       `json:"wave"`
 	State     string    `json:"state"`

@@ -37,7 +37,7 @@ type rolloutSpec struct {
 
 // rolloutFigures is what a rollout test measured.
 type rolloutFigures struct {
-	ID            uint64         `json:"id"`
+	ID            uint64         `json:"id,string"`
 	ArtifactBytes int64          `json:"artifact_bytes"`
 	UploadSec     float64        `json:"upload_s"`
 	StartSec      float64        `json:"start_s"` // since the part started
@@ -110,7 +110,7 @@ func (t *target) apiDo(ctx context.Context, method, path, ctype string, body io.
 }
 
 type rolloutState struct {
-	ID     uint64         `json:"id"`
+	ID     uint64         `json:"id,string"`
 	State  string         `json:"state"`
 	Reason string         `json:"reason"`
 	Wave   int            `json:"wave"`

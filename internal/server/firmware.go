@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -390,8 +391,17 @@ func (a *api) createRollout(r *http.Request) (any, error) {
 		return nil, err
 	}
 	spec := fleet.DefaultRolloutSpec()
-	if err := decodeStrict(r, "rollout: ", &spec); err != nil {
+	in := struct {
+		*fleet.RolloutSpec
+		FirmwareID json.Number `json:"firmware_id"` // a decimal string, as firmware answers give it, or a number
+	}{RolloutSpec: &spec}
+	if err := decodeStrict(r, "rollout: ", &in); err != nil {
 		return nil, err
+	}
+	if in.FirmwareID != "" {
+		if spec.FirmwareID, err = strconv.ParseUint(string(in.FirmwareID), 10, 64); err != nil {
+			return nil, badField("rollout: firmware_id must be a firmware ID")
+		}
 	}
 	ro, err := a.fleet.CreateRollout(r.Context(), spec, by)
 	if err != nil {

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -37,7 +38,7 @@ func TestAPITimesAreRFC3339UTC(t *testing.T) {
 // everyGETAnswer is the 200 answer of every GET route of openapi.json
 // (but /metrics, files and the device connection), by "GET path", from a
 // server with a device that pushed, was blocked and approved, carries a
-// label and got a command, and an enrollment token.
+// label and got a command, an enrollment token, and a rollout.
 func everyGETAnswer(t *testing.T) map[string]any {
 	s := servertest.Start(t, servertest.Options{})
 	c := &client{t: t, s: s, url: s.URL}
@@ -52,6 +53,15 @@ func everyGETAnswer(t *testing.T) map[string]any {
 		t.Fatalf("label: %d %v", st, out)
 	}
 	c.do("POST", "/api/v1/commands", s.AdminToken, map[string]any{"device_id": id, "command": "reboot"})
+	// Firmware and a rollout of it, created with the ID the upload gave.
+	resp, b := c.raw("POST", "/api/v1/firmware?device_type=ICR-3241&version=7.0.0", s.AdminToken, bytes.Repeat([]byte("fw"), 1000), nil)
+	var fw struct{ ID string }
+	if resp.StatusCode != 201 || json.Unmarshal(b, &fw) != nil || fw.ID == "" {
+		t.Fatalf("firmware upload: %d %s", resp.StatusCode, b)
+	}
+	if st, _, out := c.do("POST", "/api/v1/rollouts", s.AdminToken, map[string]any{"firmware_id": fw.ID, "waves": []string{"100%"}}); st != 201 {
+		t.Fatalf("rollout of firmware %s: %d %v", fw.ID, st, out)
+	}
 	_, body := c.raw("GET", "/api/v1/openapi.json", "", nil, nil)
 	var doc struct {
 		Paths map[string]map[string]json.RawMessage `json:"paths"`
