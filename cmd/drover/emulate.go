@@ -86,11 +86,8 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 			"be set as DROVER_<NAME> in the environment or as <name> in the --config file.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	secretFiles := command.DefineSecretFiles(fs, "secret", "admin-token")
+	command.DefineSecretFiles(fs, "secret", "admin-token")
 	if err := command.Load(fs, args, env); err != nil {
-		return err
-	}
-	if err := secretFiles.Read(); err != nil {
 		return err
 	}
 	if err := command.NoArgs(fs); err != nil {

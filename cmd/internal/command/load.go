@@ -74,7 +74,7 @@ func Load(fs *flag.FlagSet, args []string, env Env, shared ...string) error {
 	if err := errors.Join(errs...); err != nil {
 		return Usage(err)
 	}
-	return nil
+	return readSecretFiles(fs)
 }
 
 // Parse parses args into fs: requested help goes to env.Stdout and

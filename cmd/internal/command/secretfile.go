@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 )
 
 // SecretFiles defines NAME-file on fs for each named string flag already
 // defined there: a file holding the secret on one line, which keeps it out
-// of the process list and the environment. After Load, Read fills the
-// flags from their files.
+// of the process list and the environment. Load fills the flags from their
+// files (Read) once flags, environment and config file are read.
 type SecretFiles struct {
 	fs    *flag.FlagSet
 	files map[string]*string
@@ -23,11 +24,32 @@ func DefineSecretFiles(fs *flag.FlagSet, names ...string) *SecretFiles {
 	for _, n := range names {
 		s.files[n] = fs.String(n+"-file", "", "file holding --"+n+" (one line), instead of the flag")
 	}
+	secretFilesMu.Lock()
+	secretFilesOf[fs] = s
+	secretFilesMu.Unlock()
 	return s
 }
 
-// Read sets each flag whose file is named from the file's one line. A
-// flag that already holds another value is a usage error: give one.
+var (
+	secretFilesMu sync.Mutex
+	secretFilesOf = map[*flag.FlagSet]*SecretFiles{}
+)
+
+// readSecretFiles is Read for the SecretFiles of fs, if any; Load calls it.
+func readSecretFiles(fs *flag.FlagSet) error {
+	secretFilesMu.Lock()
+	s := secretFilesOf[fs]
+	delete(secretFilesOf, fs)
+	secretFilesMu.Unlock()
+	if s == nil {
+		return nil
+	}
+	return s.Read()
+}
+
+// Read sets each flag whose file is named from the file's one line (Load
+// does it; calling it again changes nothing). A flag that already holds
+// another value is a usage error: give one.
 func (s *SecretFiles) Read() error {
 	for _, n := range s.names {
 		file := *s.files[n]
