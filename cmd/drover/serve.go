@@ -19,6 +19,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.HTTPListen, "http-listen", c.HTTPListen, "plain-HTTP listen address, for deployments behind a TLS terminator (empty: none)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain (empty: self-signed ECDSA certificate generated in data-dir/tls); SIGHUP reloads it")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of -tls-cert")
+	fs.DurationVar(&c.TLSCertCheck, "tls-cert-check", c.TLSCertCheck, "how often -tls-cert and -tls-key are checked for a change and reloaded without SIGHUP (0: only on SIGHUP)")
 	fs.StringVar(&c.ACMEDomains, "acme-domains", c.ACMEDomains, "comma-separated host names whose certificates come from ACME (Let's Encrypt), obtained at the first handshake and renewed before they expire; other names and bare addresses get the -tls-cert or self-signed one (empty: off; docs/operations.md, ACME)")
 	fs.StringVar(&c.ACMEDirectoryURL, "acme-directory-url", c.ACMEDirectoryURL, "ACME directory (Let's Encrypt staging: https://acme-staging-v02.api.letsencrypt.org/directory; a private ACME CA)")
 	fs.StringVar(&c.ACMECacheDir, "acme-cache-dir", c.ACMECacheDir, "where ACME account key and certificates are kept (empty: data-dir/acme)")

@@ -18,11 +18,14 @@ import (
 // Config is everything `drover serve` can be told; cmd/drover fills it
 // from flags, DROVER_* environment and the config file.
 type Config struct {
-	DataDir          string
-	Listen           string
-	HTTPListen       string
-	TLSCert          string
-	TLSKey           string
+	DataDir    string
+	Listen     string
+	HTTPListen string
+	TLSCert    string
+	TLSKey     string
+	// TLSCertCheck is how often TLSCert and TLSKey are checked for a change
+	// and reloaded (0: only on SIGHUP).
+	TLSCertCheck     time.Duration
 	DB               string
 	Persistence      string
 	FlushInterval    time.Duration
@@ -124,6 +127,7 @@ func DefaultConfig() Config {
 		Persistence:         "write-through",
 		TLSKeyExchange:      KeyExchangeClassic, // docs/performance.md, "TLS handshake CPU"
 		FlushInterval:       5 * time.Second,
+		TLSCertCheck:        time.Minute,
 		ACMEDirectoryURL:    "https://acme-v02.api.letsencrypt.org/directory",
 		PushInterval:        200,
 		HistoryRetention:    7 * 24 * time.Hour,

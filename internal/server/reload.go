@@ -1,12 +1,15 @@
 package server
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"time"
 )
 
 // Reload applies what can change while the server runs: the TLS
@@ -33,6 +36,12 @@ func (s *Server) Reload(cfg Config) error {
 		dir := filepath.Join(s.cfg.DataDir, "tls")
 		certPath, keyPath = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	}
+	return s.loadCert(certPath, keyPath)
+}
+
+// loadCert reads a certificate and key and serves them on new
+// connections; on error the certificate in use stays.
+func (s *Server) loadCert(certPath, keyPath string) error {
 	cert, err := tls.LoadX509KeyPair(certPath, keyPath)
 	if err != nil {
 		return fmt.Errorf("tls: %w", err)
@@ -67,4 +76,41 @@ func restartNeeded(cur, next Config) []string {
 		}
 	}
 	return out
+}
+
+// watchCertFiles reloads -tls-cert and -tls-key when either file changes
+// (size or modification time, checked every interval), so that a renewed
+// certificate (certbot, cert-manager) is served without SIGHUP. A pair
+// that does not load (one file replaced, the other not yet) is tried again
+// at the next change or check.
+func (s *Server) watchCertFiles(ctx context.Context, interval time.Duration) {
+	if interval <= 0 || s.httpsLn == nil || s.cfg.TLSCert == "" {
+		return
+	}
+	stamp := func() string {
+		var b strings.Builder
+		for _, p := range []string{s.cfg.TLSCert, s.cfg.TLSKey} {
+			if fi, err := os.Stat(p); err == nil {
+				fmt.Fprintf(&b, "%d/%d;", fi.Size(), fi.ModTime().UnixNano())
+			}
+		}
+		return b.String()
+	}
+	last := stamp()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if now := stamp(); now != last {
+			if err := s.loadCert(s.cfg.TLSCert, s.cfg.TLSKey); err != nil {
+				s.log.Warn("tls: changed certificate files do not load; the old certificate stays in use", "err", err)
+				continue
+			}
+			last = now
+		}
+	}
 }

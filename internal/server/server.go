@@ -455,6 +455,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	pruneCtx, stopPrune := context.WithCancel(context.Background())
 	go s.pruneLoop(pruneCtx)
+	go s.watchCertFiles(pruneCtx, s.cfg.TLSCertCheck)
 	rolloutCtx, stopRollouts := context.WithCancel(context.Background())
 	rolloutsDone := make(chan struct{})
 	go func() {
