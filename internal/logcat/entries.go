@@ -71,6 +71,10 @@ var entries = []Entry{
 		Means: "On SIGHUP the new settings or TLS certificate could not be applied (`err`: e.g. an unreadable or mismatched key).",
 		Costs: "The old certificate and settings stay; an expiring certificate is not replaced.",
 		Do:    "Fix the certificate files (`err`) and send SIGHUP again before the old certificate expires."},
+	{Key: "tls-cert-files-not-loaded", Level: "WARN", Msg: "tls: changed certificate files do not load; the old certificate stays in use", Area: "Configuration",
+		Means: "`--tls-cert` or `--tls-key` changed on disk (checked every `--tls-cert-check`), but the pair does not load (`err`: e.g. a half-written file, or a key that does not match the certificate).",
+		Costs: "The old certificate stays in use; an expiring certificate is not replaced. The check repeats every `--tls-cert-check` and logs again until the files load.",
+		Do:    "Write the certificate and key so that they match (replace both, e.g. by renaming complete files into place); the next check picks them up, or send SIGHUP."},
 	// ---- fleet ----
 	{Key: "device-labels-not-deleted", Level: "WARN", Msg: "device labels not deleted", Area: "Fleet",
 		Means: "A device was deleted but its label assignments could not be removed from the label store.",
