@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
 // envName is a result's environment: its --env-label, else its host and,
@@ -93,7 +94,7 @@ func environmentsSection(b *strings.Builder, rs []*Result) {
 				}
 			}
 		}
-		fmt.Fprintf(b, "| %s | %s | %d / %d | %s | %s | %s |\n", mdCell(g.env), mdCell(e.CPUModel), e.Cores, e.Threads, render.Fixed(e.RAMMiB, 0), mdCell(limits), mdCell(strings.Join(tests, ", ")))
+		fmt.Fprintf(b, "| %s | %s | %d / %d | %s | %s | %s |\n", doc.Cell(g.env), doc.Cell(e.CPUModel), e.Cores, e.Threads, render.Fixed(e.RAMMiB, 0), doc.Cell(limits), doc.Cell(strings.Join(tests, ", ")))
 	}
 
 	b.WriteString("\n## Benchmark table\n\nAs the seed reports': server RSS after the largest stability test, its KiB per device, the lowest SSL benchmark's pushes/s (any benchmark's without SSL ones), each as % of the previous version in the same environment (100 % is success; 101–120 % of resources and 80–99 % of throughput are acceptable).\n\n")
@@ -114,7 +115,7 @@ func environmentsSection(b *strings.Builder, rs []*Result) {
 	for _, g := range groups {
 		f := figuresOf(g.rs)
 		p, ok := prev[g.env]
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", mdCell(g.version), mdCell(g.env),
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", doc.Cell(g.version), doc.Cell(g.env),
 			val(f.RSSMiB, 1), pct(f.RSSMiB, p.RSSMiB, ok), val(f.KiBPerDevice, 2), pct(f.KiBPerDevice, p.KiBPerDevice, ok),
 			val(f.PushesPerSec, 2), pct(f.PushesPerSec, p.PushesPerSec, ok))
 		prev[g.env] = f
@@ -205,7 +206,7 @@ func peakSection(b *strings.Builder, groups []*envGroup) {
 				}
 				cells = append(cells, fmt.Sprintf("%d: %s/s (%s)", t, render.Fixed(bp.Rate[t], 0), mark))
 			}
-			lines = append(lines, fmt.Sprintf("| %s | %s | Peak%s | %s | %s |\n", mdCell(g.version), mdCell(g.env), bp.Mode, strings.Join(cells, "; "), bp.text()))
+			lines = append(lines, fmt.Sprintf("| %s | %s | Peak%s | %s | %s |\n", doc.Cell(g.version), doc.Cell(g.env), bp.Mode, strings.Join(cells, "; "), bp.text()))
 		}
 	}
 	if len(lines) == 0 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
 // RampRun is an emulator ramp (`drover emulate --mode ramp`): closed loop
@@ -98,6 +99,6 @@ func rampSection(b *strings.Builder, ramps []RampRun) {
 		if r.Outcome.BestConcurrency > 0 {
 			begins += fmt.Sprintf("; best clean step %d workers at %s/s", r.Outcome.BestConcurrency, render.Fixed(r.Outcome.BestRate, 0))
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", mdCell(filepath.Base(r.File)), mdCell(r.Host), mdCell(r.Version), mdCell(r.Target), mdCell(strings.Join(cells, "; ")), mdCell(begins))
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", doc.Cell(filepath.Base(r.File)), doc.Cell(r.Host), doc.Cell(r.Version), doc.Cell(r.Target), doc.Cell(strings.Join(cells, "; ")), doc.Cell(begins))
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/drover/drover/internal/emulator"
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
 // registrar is issue 16 point 5, the seed's registrar tables: registrations
@@ -117,27 +118,27 @@ func computeRegistrar(r *Result, c *Calc) {
 
 // registrarSections is the registrar test's protocol: the seed's table,
 // then each run.
-func registrarSections(d *doc, r *Result, c *Calc) {
-	d.h("Registrar")
-	t := newTable("persistence", "handler threads", "machine IDs", "registrations / s, each run", "median", "min – max (spread)", "server CPU / registration (µs)", "errors")
+func registrarSections(d *doc.Doc, r *Result, c *Calc) {
+	d.Heading("Registrar")
+	t := doc.NewTable("persistence", "handler threads", "machine IDs", "registrations / s, each run", "median", "min – max (spread)", "server CPU / registration (µs)", "errors")
 	for _, cell := range c.Cells {
 		runs := make([]string, len(cell.Rates))
 		for i, v := range cell.Rates {
 			runs[i] = render.Fixed(v, 0)
 		}
-		t.row(cell.Persistence, handlersText(r, cell.Handlers), cell.MachineIDs, strings.Join(runs, " / "), render.Fixed(cell.Median, 0),
+		t.Row(cell.Persistence, handlersText(r, cell.Handlers), cell.MachineIDs, strings.Join(runs, " / "), render.Fixed(cell.Median, 0),
 			render.Fixed(cell.Min, 0)+" – "+render.Fixed(cell.Max, 0)+" ("+render.Fixed(cell.SpreadPct, 1)+" %)", render.Fixed(cell.CPUUs, 1), group(cell.Errors))
 	}
-	d.tab(t)
+	d.Table(t)
 
-	d.h("Resources")
-	t = newTable("run", "elapsed time / s", "accepted registrations", "registrations / s", "p50 / p99 latency (ms)", "server RSS after (MiB)", "emulator CPU (cores)")
+	d.Heading("Resources")
+	t = doc.NewTable("run", "elapsed time / s", "accepted registrations", "registrations / s", "p50 / p99 latency (ms)", "server RSS after (MiB)", "emulator CPU (cores)")
 	for _, part := range r.Parts {
 		op := part.Register
-		t.row(partName(r, part), render.Fixed(op.ElapsedSec, 2), group(op.Accepted), render.Fixed(pushesPerSec(op.Accepted, op.ElapsedSec), 0),
+		t.Row(partName(r, part), render.Fixed(op.ElapsedSec, 2), group(op.Accepted), render.Fixed(pushesPerSec(op.Accepted, op.ElapsedSec), 0),
 			render.Fixed(op.LatencyMs.P50, 1)+" / "+render.Fixed(op.LatencyMs.P99, 1), render.Fixed(part.After.RSSMiB, 1), render.Fixed(part.Emulator.CPUAvg, 2))
 	}
-	d.tab(t)
+	d.Table(t)
 	opBreakdown(d, r)
 }
 

@@ -9,13 +9,14 @@ import (
 
 	"github.com/drover/drover/internal/logcat"
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
 // markdownOf renders r's protocol as markdownOf.
-func markdownOf(r *Result) string { return protocol(r, false).markdown() }
+func markdownOf(r *Result) string { return protocol(r, false).Markdown() }
 
 // htmlProtocol renders r's protocol as a self-contained HTML page with charts.
-func htmlProtocol(r *Result) string { return protocol(r, true).html() }
+func htmlProtocol(r *Result) string { return protocol(r, true).HTML() }
 
 // group writes an integer with thousands separators.
 func group(n int64) string { return render.Group(n) }
@@ -38,17 +39,17 @@ func orNA(ok bool, s string) string {
 	return s
 }
 
-func protocol(r *Result, charts bool) *doc {
+func protocol(r *Result, charts bool) *doc.Doc {
 	c := Compute(r)
 	p := r.Preset
-	d := &doc{title: "Drover performance protocol: " + r.Title()}
-	d.p("Verdict: **%s** — %s, %s to %s.", c.Verdict, kindName(p), stamp(r.Started), stamp(r.Ended))
+	d := doc.New("Drover performance protocol: "+r.Title(), style)
+	d.Paraf("Verdict: **%s** — %s, %s to %s.", c.Verdict, kindName(p), stamp(r.Started), stamp(r.Ended))
 	if r.Changes != "" {
-		d.p("This is a **scaled-down** run (%s): a quick look, not a protocol of the %s test itself.", r.Changes, p.Name)
+		d.Paraf("This is a **scaled-down** run (%s): a quick look, not a protocol of the %s test itself.", r.Changes, p.Name)
 	}
 
-	d.h("Test specs")
-	t := newTable("ID", "SSL?", "# of devices", "push/work threads", "# of loops", "# of minutes", "loop time / s", "notes")
+	d.Heading("Test specs")
+	t := doc.NewTable("ID", "SSL?", "# of devices", "push/work threads", "# of loops", "# of minutes", "loop time / s", "notes")
 	loops, minutes := "N/A", "N/A"
 	if p.Loops > 0 {
 		loops = gi(p.Loops)
@@ -62,40 +63,40 @@ func protocol(r *Result, charts bool) *doc {
 	} else if r.Setup.Local {
 		hs = "one per CPU"
 	}
-	t.row(p.Name, yesNo(p.SSL), gi(p.Devices), fmt.Sprintf("%d/%s", p.Threads, hs), loops, minutes, gi(p.LoopTime), specNote(p))
-	d.tab(t)
+	t.Row(p.Name, yesNo(p.SSL), gi(p.Devices), fmt.Sprintf("%d/%s", p.Threads, hs), loops, minutes, gi(p.LoopTime), specNote(p))
+	d.Table(t)
 
-	d.h("Environment")
+	d.Heading("Environment")
 	e := r.Env
-	t = newTable("item", "value")
+	t = doc.NewTable("item", "value")
 	if e.Label != "" {
-		t.row("environment", e.Label)
+		t.Row("environment", e.Label)
 	}
-	t.row("host", e.Host)
-	t.row("CPU", e.CPUModel)
-	t.row("CPU cores / threads", fmt.Sprintf("%d / %d", e.Cores, e.Threads))
-	t.row("RAM / MiB", render.Fixed(e.RAMMiB, 0))
+	t.Row("host", e.Host)
+	t.Row("CPU", e.CPUModel)
+	t.Row("CPU cores / threads", fmt.Sprintf("%d / %d", e.Cores, e.Threads))
+	t.Row("RAM / MiB", render.Fixed(e.RAMMiB, 0))
 	if e.Cgroup != "" {
-		t.row("server limits", e.Cgroup)
+		t.Row("server limits", e.Cgroup)
 	}
 	if e.Source != "" {
-		t.row("described by", e.Source)
+		t.Row("described by", e.Source)
 	}
-	t.row("kernel", e.Kernel)
-	t.row("OS", e.OS)
-	t.row("Go / Drover", e.GoVersion+" / "+e.DroverVersion)
-	t.row("server", r.Setup.Target)
-	t.row("backend / persistence", r.Setup.Backend+" / "+r.Setup.Persistence)
-	t.row("TLS", yesNo(r.Setup.TLS))
-	t.row("emulator connections", connName(r.Setup.Conn, r.Setup.TLS))
-	t.row("emulator", e.Emulator)
+	t.Row("kernel", e.Kernel)
+	t.Row("OS", e.OS)
+	t.Row("Go / Drover", e.GoVersion+" / "+e.DroverVersion)
+	t.Row("server", r.Setup.Target)
+	t.Row("backend / persistence", r.Setup.Backend+" / "+r.Setup.Persistence)
+	t.Row("TLS", yesNo(r.Setup.TLS))
+	t.Row("emulator connections", connName(r.Setup.Conn, r.Setup.TLS))
+	t.Row("emulator", e.Emulator)
 	if e.OpenFiles > 0 {
-		t.row("open files limit", group(int64(e.OpenFiles)))
+		t.Row("open files limit", group(int64(e.OpenFiles)))
 	}
 	if len(r.Setup.ServerArgs) > 0 {
-		t.row("extra server flags", "`"+strings.Join(r.Setup.ServerArgs, " ")+"`")
+		t.Row("extra server flags", "`"+strings.Join(r.Setup.ServerArgs, " ")+"`")
 	}
-	d.tab(t)
+	d.Table(t)
 	if len(e.LoadMachines) > 0 {
 		loadMachinesSection(d, e.LoadMachines)
 	}
@@ -116,69 +117,69 @@ func protocol(r *Result, charts bool) *doc {
 		rowSections(d, r, &c)
 	}
 
-	d.h("Log analysis")
+	d.Heading("Log analysis")
 	logSection(d, r)
 
-	d.h("Summary")
-	t = newTable("item", "value")
+	d.Heading("Summary")
+	t = doc.NewTable("item", "value")
 	if p.Kind == stability || p.Kind == fleet {
-		t.row("RAM utilisation note", orNA(c.RAMGrade != "", c.RAMGrade))
-		t.row("CPU utilisation note", c.CPUGrade)
+		t.Row("RAM utilisation note", orNA(c.RAMGrade != "", c.RAMGrade))
+		t.Row("CPU utilisation note", c.CPUGrade)
 	}
-	t.row("push errors (%)", render.Fixed(c.PushErrPct, 3))
-	t.row("crashes / restarts", gi(c.Crashes))
-	t.row("Verdict", "**"+c.Verdict+"**")
-	d.tab(t)
+	t.Row("push errors (%)", render.Fixed(c.PushErrPct, 3))
+	t.Row("crashes / restarts", gi(c.Crashes))
+	t.Row("Verdict", "**"+c.Verdict+"**")
+	d.Table(t)
 
-	d.h("Verdict")
+	d.Heading("Verdict")
 	if len(c.Reasons) == 0 {
-		d.p("**%s**: every threshold below was met.", c.Verdict)
+		d.Paraf("**%s**: every threshold below was met.", c.Verdict)
 	} else {
-		d.p("**%s**:", c.Verdict)
-		d.list(c.Reasons...)
+		d.Paraf("**%s**:", c.Verdict)
+		d.List(c.Reasons...)
 	}
 	th := r.Thresholds
-	t = newTable("threshold", "value")
+	t = doc.NewTable("threshold", "value")
 	switch p.Kind {
 	case stability:
-		t.row("push errors (error-or-retried / performed) at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
-		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
-		t.row("crashes and restarts", "0")
-		t.row("OS RAM utilisation after the test at most", render.Fixed(th.MaxRAMPct, 0)+" %")
-		t.row("server RSS growth over the second half at most", render.Fixed(th.MaxLeakPct, 0)+" %")
-		t.row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
-		t.row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
+		t.Row("push errors (error-or-retried / performed) at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
+		t.Row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.Row("crashes and restarts", "0")
+		t.Row("OS RAM utilisation after the test at most", render.Fixed(th.MaxRAMPct, 0)+" %")
+		t.Row("server RSS growth over the second half at most", render.Fixed(th.MaxLeakPct, 0)+" %")
+		t.Row("RAM utilisation grades (OS used / RAM)", gradeText(th.RAMGrades))
+		t.Row("CPU utilisation grades (server CPU, % of all CPU threads)", gradeText(th.CPUGrades))
 	case fleet, overload, rollout:
 		for _, ch := range c.Checks {
-			t.row(ch.Name, ch.Limit)
+			t.Row(ch.Name, ch.Limit)
 		}
-		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
-		t.row("crashes and restarts", "0")
+		t.Row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.Row("crashes and restarts", "0")
 	case registrar:
-		t.row("registration errors at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
-		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
-		t.row("crashes and restarts", "0")
+		t.Row("registration errors at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
+		t.Row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.Row("crashes and restarts", "0")
 	case benchmark:
-		t.row("push errors at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
-		t.row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
-		t.row("crashes and restarts", "0")
+		t.Row("push errors at most", render.Fixed(th.MaxPushErrorPct, 3)+" %")
+		t.Row("ERROR entries in the server log at most", gi(th.MaxLogErrors))
+		t.Row("crashes and restarts", "0")
 	case peak:
-		t.row("FAILED", "a crash, a restart or ERROR entries in the server log")
-		t.row("LIMIT REACHED", fmt.Sprintf("dropped, resent or deferred (503/429) requests, or less than %s %% accepted", render.Fixed(th.MinAcceptedPct, 0)))
-		t.row("PASSED", "none of these at this thread count")
+		t.Row("FAILED", "a crash, a restart or ERROR entries in the server log")
+		t.Row("LIMIT REACHED", fmt.Sprintf("dropped, resent or deferred (503/429) requests, or less than %s %% accepted", render.Fixed(th.MinAcceptedPct, 0)))
+		t.Row("PASSED", "none of these at this thread count")
 	}
-	d.tab(t)
+	d.Table(t)
 
 	if charts {
-		d.h("Charts")
+		d.Heading("Charts")
 		if p.Kind == rollout && len(r.Parts) > 0 {
 			rolloutCharts(d, r.Parts[0].Rollout)
 		}
 		chartSections(d, r)
 	}
 
-	d.h("Notes")
-	d.list(notes(r, &c)...)
+	d.Heading("Notes")
+	d.List(notes(r, &c)...)
 	return d
 }
 
@@ -246,108 +247,108 @@ func gradeText(gs []grade) string {
 	return strings.Join(parts, "; ")
 }
 
-func stabilitySections(d *doc, r *Result, c *Calc) {
+func stabilitySections(d *doc.Doc, r *Result, c *Calc) {
 	var part resultPart
 	if len(r.Parts) > 0 {
 		part = r.Parts[0]
 	}
 	machine := part.Before.Machine
-	d.h("Resources")
-	t := newTable("", "", "value")
-	t.row("HW specs", "CPU cores / threads", fmt.Sprintf("%d / %d", r.Env.Cores, r.Env.Threads))
-	t.row("", "RAM / MiB", render.Fixed(r.Env.RAMMiB, 0))
+	d.Heading("Resources")
+	t := doc.NewTable("", "", "value")
+	t.Row("HW specs", "CPU cores / threads", fmt.Sprintf("%d / %d", r.Env.Cores, r.Env.Threads))
+	t.Row("", "RAM / MiB", render.Fixed(r.Env.RAMMiB, 0))
 	if r.Env.CPULimit > 0 {
-		t.row("", "server CPU limit (cgroup), CPUs", render.Fixed(r.Env.CPULimit, 2))
+		t.Row("", "server CPU limit (cgroup), CPUs", render.Fixed(r.Env.CPULimit, 2))
 	}
 	if r.Env.MemLimitMiB > 0 {
-		t.row("", "server memory limit (cgroup), MiB", render.Fixed(r.Env.MemLimitMiB, 0))
+		t.Row("", "server memory limit (cgroup), MiB", render.Fixed(r.Env.MemLimitMiB, 0))
 	}
-	t.row("Pre-test", "available MiB OS", orNA(machine, render.Fixed(part.Before.AvailMiB, 0)))
-	t.row("", "used MiB OS", orNA(machine, render.Fixed(part.Before.UsedMiB, 0)))
-	t.row("", "drover RSS (MiB)", render.Fixed(c.RSSBefore, 1))
-	t.row("Post-test", "available MiB OS", orNA(part.After.Machine, render.Fixed(part.After.AvailMiB, 0)))
-	t.row("", "used MiB OS", orNA(part.After.Machine, render.Fixed(part.After.UsedMiB, 0)))
-	t.row("", "drover RSS (MiB)", render.Fixed(c.RSSAfter, 1))
-	t.row("", "avg load 15", orNA(part.After.Machine, render.Fixed(c.Load15, 2)))
-	t.row("", "avg load 15 / CPU core", orNA(part.After.Machine, render.Fixed(c.LoadPerCore, 2)))
-	t.row("", "drover CPU, avg / max (% of the CPU threads it may use)", render.Fixed(c.CPUAvgPct, 2)+" / "+render.Fixed(c.CPUMaxPct, 2))
-	d.tab(t)
+	t.Row("Pre-test", "available MiB OS", orNA(machine, render.Fixed(part.Before.AvailMiB, 0)))
+	t.Row("", "used MiB OS", orNA(machine, render.Fixed(part.Before.UsedMiB, 0)))
+	t.Row("", "drover RSS (MiB)", render.Fixed(c.RSSBefore, 1))
+	t.Row("Post-test", "available MiB OS", orNA(part.After.Machine, render.Fixed(part.After.AvailMiB, 0)))
+	t.Row("", "used MiB OS", orNA(part.After.Machine, render.Fixed(part.After.UsedMiB, 0)))
+	t.Row("", "drover RSS (MiB)", render.Fixed(c.RSSAfter, 1))
+	t.Row("", "avg load 15", orNA(part.After.Machine, render.Fixed(c.Load15, 2)))
+	t.Row("", "avg load 15 / CPU core", orNA(part.After.Machine, render.Fixed(c.LoadPerCore, 2)))
+	t.Row("", "drover CPU, avg / max (% of the CPU threads it may use)", render.Fixed(c.CPUAvgPct, 2)+" / "+render.Fixed(c.CPUMaxPct, 2))
+	d.Table(t)
 
-	d.h("Results")
-	t = newTable("", "", "value")
-	t.row("Test numbers", "processed loops", render.Fixed(c.ProcessedLoops, 2))
-	t.row("", "total time / s", render.Fixed(c.TotalSec, 0))
-	t.row("", "real loop time / s", render.Fixed(c.RealLoopTime, 0))
-	t.row("", "estimated data-pushes", render.Fixed(c.EstPushes, 0))
-	t.row("", "performed pushes", group(c.Performed))
-	t.row("", "accepted pushes", group(c.Accepted))
-	t.row("", "estimated avg req/s", render.Fixed(c.EstReqPerSec, 2))
-	t.row("", "rough avg req/s", render.Fixed(c.RoughReqPerSec, 2))
-	t.row("", "push latency p50 / p99 / max (ms, from the intended send time)", latencyText(part.Push.LatencyMs))
-	t.row("", "late sends (more than 100 ms behind schedule)", group(part.Push.Late))
-	t.row("Errors", "data errors / retries", group(c.ErrOrRetried))
-	t.row("", "push errors (%)", render.Fixed(c.PushErrPct, 3))
-	t.row("", "crashes", gi(c.Crashes))
-	t.row("", "log entries (warnings + errors)", gi(c.LogWarnings+c.LogErrors))
-	d.tab(t)
+	d.Heading("Results")
+	t = doc.NewTable("", "", "value")
+	t.Row("Test numbers", "processed loops", render.Fixed(c.ProcessedLoops, 2))
+	t.Row("", "total time / s", render.Fixed(c.TotalSec, 0))
+	t.Row("", "real loop time / s", render.Fixed(c.RealLoopTime, 0))
+	t.Row("", "estimated data-pushes", render.Fixed(c.EstPushes, 0))
+	t.Row("", "performed pushes", group(c.Performed))
+	t.Row("", "accepted pushes", group(c.Accepted))
+	t.Row("", "estimated avg req/s", render.Fixed(c.EstReqPerSec, 2))
+	t.Row("", "rough avg req/s", render.Fixed(c.RoughReqPerSec, 2))
+	t.Row("", "push latency p50 / p99 / max (ms, from the intended send time)", latencyText(part.Push.LatencyMs))
+	t.Row("", "late sends (more than 100 ms behind schedule)", group(part.Push.Late))
+	t.Row("Errors", "data errors / retries", group(c.ErrOrRetried))
+	t.Row("", "push errors (%)", render.Fixed(c.PushErrPct, 3))
+	t.Row("", "crashes", gi(c.Crashes))
+	t.Row("", "log entries (warnings + errors)", gi(c.LogWarnings+c.LogErrors))
+	d.Table(t)
 	opBreakdown(d, r)
 
-	d.h("Calculations")
-	t = newTable("item", "value", "formula")
-	t.row("RSS increase MiB", render.Fixed(c.RSSIncMiB, 1), "RSS after − RSS before")
-	t.row("RSS increase %", render.Fixed(c.RSSIncPct, 2), "increase / RSS before")
-	t.row("MiB per device", render.Fixed(c.MiBPerDevice, 4), "increase / devices")
-	t.row("KiB per device", render.Fixed(c.KiBPerDevice, 2), "increase × 1024 / devices")
-	t.row("RAM utilisation %", orNA(c.RAMGrade != "", render.Fixed(c.RAMUtilPct, 2)), "OS used memory after / RAM")
-	t.row("max safe # of devices", orNA(c.RAMGrade != "", gi(c.MaxSafe)), "devices / RAM utilisation")
-	t.row("RSS growth over the second half %", render.Fixed(c.LeakPct, 2), "RSS at the end / RSS at max(½ duration, 1.5 loops) − 1")
-	d.tab(t)
+	d.Heading("Calculations")
+	t = doc.NewTable("item", "value", "formula")
+	t.Row("RSS increase MiB", render.Fixed(c.RSSIncMiB, 1), "RSS after − RSS before")
+	t.Row("RSS increase %", render.Fixed(c.RSSIncPct, 2), "increase / RSS before")
+	t.Row("MiB per device", render.Fixed(c.MiBPerDevice, 4), "increase / devices")
+	t.Row("KiB per device", render.Fixed(c.KiBPerDevice, 2), "increase × 1024 / devices")
+	t.Row("RAM utilisation %", orNA(c.RAMGrade != "", render.Fixed(c.RAMUtilPct, 2)), "OS used memory after / RAM")
+	t.Row("max safe # of devices", orNA(c.RAMGrade != "", gi(c.MaxSafe)), "devices / RAM utilisation")
+	t.Row("RSS growth over the second half %", render.Fixed(c.LeakPct, 2), "RSS at the end / RSS at max(½ duration, 1.5 loops) − 1")
+	d.Table(t)
 }
 
 // overloadSection is an overload test's capacity phase and criteria
 // (issue 11 point 4).
-func overloadSection(d *doc, r *Result, c *Calc) {
+func overloadSection(d *doc.Doc, r *Result, c *Calc) {
 	checksTable(d, "Overload test criteria", c)
 	if len(r.Parts) == 0 || r.Parts[0].Capacity == nil {
 		return
 	}
 	part := r.Parts[0]
 	capa := part.Capacity
-	d.h("Capacity and overload")
-	t := newTable("phase", "value")
-	t.row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), render.Fixed(part.Register.ElapsedSec, 1)))
-	t.row("capacity: pushes back to back", fmt.Sprintf("%d workers, %s s: %s accepted, %s/s; rejected %s, dropped %s, retried %s",
+	d.Heading("Capacity and overload")
+	t := doc.NewTable("phase", "value")
+	t.Row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), render.Fixed(part.Register.ElapsedSec, 1)))
+	t.Row("capacity: pushes back to back", fmt.Sprintf("%d workers, %s s: %s accepted, %s/s; rejected %s, dropped %s, retried %s",
 		capa.Workers, render.Fixed(capa.Seconds, 1), group(capa.Push.Accepted), render.Fixed(capa.PerSec, 0), mapText(capa.Push.Rejected), mapText(capa.Push.Dropped), group(capa.Push.Retried)))
-	t.row("overload: offered open loop", fmt.Sprintf("%s pushes/s (%s × capacity): %s devices, each every %s ms, for %s",
+	t.Row("overload: offered open loop", fmt.Sprintf("%s pushes/s (%s × capacity): %s devices, each every %s ms, for %s",
 		render.Fixed(capa.Offered, 0), render.Fixed(overloadFactor, 1), gi(r.Preset.Devices), render.Fixed(capa.IntervalMs, 0), fmtDuration(r.Preset.Duration)))
-	t.row("overload: accepted", fmt.Sprintf("%s pushes; median second %s/s, lowest %s/s", group(part.Push.Accepted), render.Fixed(c.MedianPerSec, 0), render.Fixed(c.MinPerSec, 0)))
-	t.row("overload: latency from the intended send p50 / p99 / max (ms)", latencyText(part.Push.LatencyMs))
-	t.row("overload: server RSS before / after (MiB)", render.Fixed(part.Before.RSSMiB, 1)+" / "+render.Fixed(part.After.RSSMiB, 1))
-	d.tab(t)
+	t.Row("overload: accepted", fmt.Sprintf("%s pushes; median second %s/s, lowest %s/s", group(part.Push.Accepted), render.Fixed(c.MedianPerSec, 0), render.Fixed(c.MinPerSec, 0)))
+	t.Row("overload: latency from the intended send p50 / p99 / max (ms)", latencyText(part.Push.LatencyMs))
+	t.Row("overload: server RSS before / after (MiB)", render.Fixed(part.Before.RSSMiB, 1)+" / "+render.Fixed(part.After.RSSMiB, 1))
+	d.Table(t)
 	opBreakdown(d, r)
 }
 
 // fleetSection is a fleet test's criteria (issue 11 point 1).
-func fleetSection(d *doc, r *Result, c *Calc) {
+func fleetSection(d *doc.Doc, r *Result, c *Calc) {
 	checksTable(d, "Fleet test criteria", c)
 	if len(r.Parts) > 0 {
 		reg := r.Parts[0].Register
-		d.p("Before the test the fleet registered (not measured, kept-alive connections): %s devices in %s s, %s rejected, %s dropped.",
+		d.Paraf("Before the test the fleet registered (not measured, kept-alive connections): %s devices in %s s, %s rejected, %s dropped.",
 			group(reg.Accepted), render.Fixed(reg.ElapsedSec, 1), group(sumMap(reg.Rejected)), group(sumMap(reg.Dropped)))
 	}
 }
 
-func checksTable(d *doc, title string, c *Calc) {
-	d.h(title)
-	t := newTable("criterion", "measured", "limit", "result")
+func checksTable(d *doc.Doc, title string, c *Calc) {
+	d.Heading(title)
+	t := doc.NewTable("criterion", "measured", "limit", "result")
 	for _, ch := range c.Checks {
 		res := "pass"
 		if !ch.OK {
 			res = "**FAIL**"
 		}
-		t.row(ch.Name, ch.Measured, ch.Limit, res)
+		t.Row(ch.Name, ch.Measured, ch.Limit, res)
 	}
-	d.tab(t)
+	d.Table(t)
 }
 
 // ChecksText is a fleet or overload test's criteria as plain lines, for
@@ -369,8 +370,8 @@ func latencyText(l latency) string {
 	return render.Fixed(l.P50, 1) + " / " + render.Fixed(l.P99, 1) + " / " + render.Fixed(l.Max, 1)
 }
 
-func opBreakdown(d *doc, r *Result) {
-	t := newTable("part", "operation", "accepted", "rejected", "dropped", "retried", "aborted at the end", "skipped / unregistered", "configs received")
+func opBreakdown(d *doc.Doc, r *Result) {
+	t := doc.NewTable("part", "operation", "accepted", "rejected", "dropped", "retried", "aborted at the end", "skipped / unregistered", "configs received")
 	for _, part := range r.Parts {
 		name := partName(r, part)
 		for _, o := range []struct {
@@ -380,12 +381,12 @@ func opBreakdown(d *doc, r *Result) {
 			if o.op.Performed() == 0 && o.op.Aborted == 0 {
 				continue
 			}
-			t.row(name, o.n, group(o.op.Accepted), mapText(o.op.Rejected), mapText(o.op.Dropped), group(o.op.Retried),
+			t.Row(name, o.n, group(o.op.Accepted), mapText(o.op.Rejected), mapText(o.op.Dropped), group(o.op.Retried),
 				group(o.op.Aborted), group(o.op.Skipped)+" / "+group(o.op.Unregistered), group(o.op.ConfigsSeen))
 		}
 	}
-	if len(t.rows) > 0 {
-		d.tab(t)
+	if len(t.Rows) > 0 {
+		d.Table(t)
 	}
 }
 
@@ -418,32 +419,32 @@ func mapText(m map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
-func rowSections(d *doc, r *Result, c *Calc) {
+func rowSections(d *doc.Doc, r *Result, c *Calc) {
 	p := r.Preset
-	d.h("Resources")
-	t := newTable("part", "RSS before (MiB)", "RSS after (MiB)", "server CPU avg (% of one core)", "OS used MiB after", "load 15 after", "emulator CPU (cores)")
+	d.Heading("Resources")
+	t := doc.NewTable("part", "RSS before (MiB)", "RSS after (MiB)", "server CPU avg (% of one core)", "OS used MiB after", "load 15 after", "emulator CPU (cores)")
 	for _, part := range r.Parts {
 		cpu := 0.0
 		if dt := part.After.At.Sub(part.Before.At).Seconds(); dt > 0 {
 			cpu = (part.After.CPUSecs - part.Before.CPUSecs) / dt * 100
 		}
-		t.row(partName(r, part), render.Fixed(part.Before.RSSMiB, 1), render.Fixed(part.After.RSSMiB, 1), render.Fixed(cpu, 0),
+		t.Row(partName(r, part), render.Fixed(part.Before.RSSMiB, 1), render.Fixed(part.After.RSSMiB, 1), render.Fixed(cpu, 0),
 			orNA(part.After.Machine, render.Fixed(part.After.UsedMiB, 0)), orNA(part.After.Machine, render.Fixed(part.After.Load15, 2)), render.Fixed(part.Emulator.CPUAvg, 2))
 	}
-	d.tab(t)
+	d.Table(t)
 
-	d.h("Results")
+	d.Heading("Results")
 	what := "pushes"
 	if p.Kind == peak && p.Mode == peakRegister {
 		what = "registrations"
 	}
-	t = newTable("handler threads", "elapsed time / s", "accepted "+what, what+" / s", "p50 / p99 latency (ms)", "errors (%)", "drops or retries")
+	t = doc.NewTable("handler threads", "elapsed time / s", "accepted "+what, what+" / s", "p50 / p99 latency (ms)", "errors (%)", "drops or retries")
 	for i, row := range c.Rows {
 		h := handlersText(r, row.Handlers)
 		_ = i
-		t.row(h, render.Fixed(row.ElapsedSec, 2), group(row.Pushes), render.Fixed(row.PushesPerSec, 2), render.Fixed(row.P50, 1)+" / "+render.Fixed(row.P99, 1), render.Fixed(row.ErrPct, 3), yesNo(row.Broke))
+		t.Row(h, render.Fixed(row.ElapsedSec, 2), group(row.Pushes), render.Fixed(row.PushesPerSec, 2), render.Fixed(row.P50, 1)+" / "+render.Fixed(row.P99, 1), render.Fixed(row.ErrPct, 3), yesNo(row.Broke))
 	}
-	d.tab(t)
+	d.Table(t)
 	opBreakdown(d, r)
 	if p.Kind == peak && p.Mode == peakFull {
 		var changes int
@@ -452,38 +453,38 @@ func rowSections(d *doc, r *Result, c *Calc) {
 			changes += part.ConfigChanges
 			seen += part.Push.ConfigsSeen
 		}
-		d.p("Configuration: the profiles were changed %d time(s) during the test; devices received a new configuration %s times and report its version in their next push, which acknowledges it.", changes, group(seen))
+		d.Paraf("Configuration: the profiles were changed %d time(s) during the test; devices received a new configuration %s times and report its version in their next push, which acknowledges it.", changes, group(seen))
 		for _, part := range r.Parts {
 			if len(part.SyncStates) > 0 {
-				d.p("Devices by sync state at the end: %s.", floatMapText(part.SyncStates))
+				d.Paraf("Devices by sync state at the end: %s.", floatMapText(part.SyncStates))
 			}
 		}
 	}
 
-	d.h("Calculations")
+	d.Heading("Calculations")
 	if p.Kind == benchmark {
-		t = newTable("handler threads", "pushes / s", fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), "rec. max # devs (20 %, 0.6.0)", "safe max # devs (80 %)")
+		t = doc.NewTable("handler threads", "pushes / s", fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), "rec. max # devs (20 %, 0.6.0)", "safe max # devs (80 %)")
 		for _, row := range c.Rows {
 			h := handlersText(r, row.Handlers)
-			t.row(h, render.Fixed(row.PushesPerSec, 2), gi(row.Ideal), gi(row.Rec020), gi(row.Safe080))
+			t.Row(h, render.Fixed(row.PushesPerSec, 2), gi(row.Ideal), gi(row.Rec020), gi(row.Safe080))
 		}
-		d.tab(t)
+		d.Table(t)
 		if p.SSL {
-			d.p("Sizing rule applied: %s. Lowest SSL throughput of this test: %s pushes/s → ideal max %s devices, **safe max %s devices** at a %d s push interval.",
+			d.Paraf("Sizing rule applied: %s. Lowest SSL throughput of this test: %s pushes/s → ideal max %s devices, **safe max %s devices** at a %d s push interval.",
 				rule080.Text, render.Fixed(c.Lowest, 2), gi(c.Ideal080), gi(c.Safe080), p.LoopTime)
 		} else {
-			d.p("Without TLS the 0.8.0 rule does not apply (it takes the lowest SSL throughput); the table gives both rules per row: %s; and 80 %% of the row's ideal.", rule060.Text)
+			d.Paraf("Without TLS the 0.8.0 rule does not apply (it takes the lowest SSL throughput); the table gives both rules per row: %s; and 80 %% of the row's ideal.", rule060.Text)
 		}
 	} else {
-		t = newTable("item", "value", "formula")
+		t = doc.NewTable("item", "value", "formula")
 		for _, row := range c.Rows {
-			t.row(what+" / s", render.Fixed(row.PushesPerSec, 2), "accepted / elapsed")
+			t.Row(what+" / s", render.Fixed(row.PushesPerSec, 2), "accepted / elapsed")
 			if p.Mode != peakRegister {
-				t.row(fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), gi(row.Ideal), "pushes/s × loop time")
+				t.Row(fmt.Sprintf("ideal max # devs (× %d s)", p.LoopTime), gi(row.Ideal), "pushes/s × loop time")
 			}
-			t.row("drops, resends or deferrals at "+gi(p.Threads)+" threads", yesNo(row.Broke), "dropped + resent + retried + 503/429 > 0")
+			t.Row("drops, resends or deferrals at "+gi(p.Threads)+" threads", yesNo(row.Broke), "dropped + resent + retried + 503/429 > 0")
 		}
-		d.tab(t)
+		d.Table(t)
 	}
 }
 
@@ -510,16 +511,16 @@ func floatMapText(m map[string]float64) string {
 	return strings.Join(parts, ", ")
 }
 
-func logSection(d *doc, r *Result) {
+func logSection(d *doc.Doc, r *Result) {
 	reviewed := false
 	for _, part := range r.Parts {
 		reviewed = reviewed || part.LogReviewed
 	}
 	if !reviewed {
-		d.p("The server log was not reviewed (a running server: give `--server-log FILE` to review it).")
+		d.Paraf("The server log was not reviewed (a running server: give `--server-log FILE` to review it).")
 		return
 	}
-	t := newTable("part", "level", "message", "count", "first", "last", "catalogue")
+	t := doc.NewTable("part", "level", "message", "count", "first", "last", "catalogue")
 	lines := 0
 	type seen struct {
 		e     logcat.Entry
@@ -549,29 +550,29 @@ func logSection(d *doc, r *Result) {
 			} else {
 				unknown = append(unknown, g.Msg)
 			}
-			t.row(partName(r, part), g.Level, g.Msg, gi(g.Count), first, last, key)
+			t.Row(partName(r, part), g.Level, g.Msg, gi(g.Count), first, last, key)
 		}
 	}
-	if len(t.rows) == 0 {
-		d.p("%s log lines reviewed: no warnings, no errors.", gi(lines))
+	if len(t.Rows) == 0 {
+		d.Paraf("%s log lines reviewed: no warnings, no errors.", gi(lines))
 		return
 	}
-	d.p("%s log lines reviewed; warnings and errors grouped by level and message:", gi(lines))
-	d.tab(t)
+	d.Paraf("%s log lines reviewed; warnings and errors grouped by level and message:", gi(lines))
+	d.Table(t)
 	if len(quoted) > 0 {
-		d.p("What they mean, from the log catalogue (docs/log-catalogue.md):")
+		d.Paraf("What they mean, from the log catalogue (docs/log-catalogue.md):")
 		var items []string
 		for _, q := range quoted {
 			items = append(items, fmt.Sprintf("%s `%s` %q, %s times: %s Costs: %s Do: %s", q.e.Level, q.e.Key, q.e.Msg, gi(q.count), q.e.Means, q.e.Costs, q.e.Do))
 		}
-		d.list(items...)
+		d.List(items...)
 	}
 	if len(unknown) > 0 {
-		d.p("Not in the log catalogue (another server version, or a crash's output): %s.", strings.Join(unknown, "; "))
+		d.Paraf("Not in the log catalogue (another server version, or a crash's output): %s.", strings.Join(unknown, "; "))
 	}
 }
 
-func chartSections(d *doc, r *Result) {
+func chartSections(d *doc.Doc, r *Result) {
 	for _, part := range r.Parts {
 		name := ""
 		if len(r.Parts) > 1 {
@@ -613,15 +614,15 @@ func chartSections(d *doc, r *Result) {
 				th.add("0.8 × median accepted/s", floor)
 			}
 		}
-		d.chartBlock(th)
+		d.Chart(th.chart())
 		lat := &chart{title: "Latency percentiles" + name, unit: "ms", xs: xs}
 		lat.add("p50", p50)
 		lat.add("p90", p90)
 		lat.add("p99", p99)
-		d.chartBlock(lat)
+		d.Chart(lat.chart())
 		ec := &chart{title: "Errors" + name, unit: "rejected, dropped or retried per s", xs: xs}
 		ec.add("errors/s", errs)
-		d.chartBlock(ec)
+		d.Chart(ec.chart())
 		sx := make([]float64, len(part.Samples))
 		rss, cpu := make([]float64, len(sx)), make([]float64, len(sx))
 		for i, s := range part.Samples {
@@ -629,10 +630,10 @@ func chartSections(d *doc, r *Result) {
 		}
 		rc := &chart{title: "Server RSS" + name, unit: "MiB", xs: sx}
 		rc.add("RSS", rss)
-		d.chartBlock(rc)
+		d.Chart(rc.chart())
 		cc := &chart{title: "Server CPU" + name, unit: "% of one core", xs: sx}
 		cc.add("CPU", cpu)
-		d.chartBlock(cc)
+		d.Chart(cc.chart())
 	}
 }
 
@@ -735,13 +736,13 @@ func loopTimeNote(r *Result, c *Calc) string {
 
 // loadMachinesSection names the load machines a test's fleet was split
 // over, with each one's share and costs (the last part's).
-func loadMachinesSection(d *doc, ms []loadMachine) {
-	d.h("Load machines")
-	d.p("The emulated fleet was split over %d load machines (`drover perf worker`), started together; every figure of this protocol is the exact merge of their results (counts add up, latency histograms merge).", len(ms))
-	t := newTable("address", "host", "CPU", "cores / threads", "RAM / MiB", "shard", "devices", "emulator CPU avg / max (cores)", "emulator RSS / MiB", "clock offset / ms")
+func loadMachinesSection(d *doc.Doc, ms []loadMachine) {
+	d.Heading("Load machines")
+	d.Paraf("The emulated fleet was split over %d load machines (`drover perf worker`), started together; every figure of this protocol is the exact merge of their results (counts add up, latency histograms merge).", len(ms))
+	t := doc.NewTable("address", "host", "CPU", "cores / threads", "RAM / MiB", "shard", "devices", "emulator CPU avg / max (cores)", "emulator RSS / MiB", "clock offset / ms")
 	for _, m := range ms {
-		t.row(m.Addr, m.Host, m.CPUModel, fmt.Sprintf("%d / %d", m.Cores, m.Threads), render.Fixed(m.RAMMiB, 0), m.Shard, gi(m.Devices),
+		t.Row(m.Addr, m.Host, m.CPUModel, fmt.Sprintf("%d / %d", m.Cores, m.Threads), render.Fixed(m.RAMMiB, 0), m.Shard, gi(m.Devices),
 			render.Fixed(m.CPUAvg, 2)+" / "+render.Fixed(m.CPUMax, 2), render.Fixed(m.RSSMiB, 1), render.Fixed(m.ClockOffsetMs, 1))
 	}
-	d.tab(t)
+	d.Table(t)
 }

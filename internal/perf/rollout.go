@@ -24,6 +24,7 @@ import (
 	"github.com/drover/drover/internal/emulator"
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
 // rolloutSpec is what a rollout preset rolls out.
@@ -290,7 +291,7 @@ func computeRollout(r *Result, c *Calc) {
 }
 
 // rolloutSection is a rollout test's criteria and figures.
-func rolloutSection(d *doc, r *Result, c *Calc) {
+func rolloutSection(d *doc.Doc, r *Result, c *Calc) {
 	checksTable(d, "Rollout test criteria", c)
 	if len(r.Parts) == 0 || r.Parts[0].Rollout == nil {
 		return
@@ -298,23 +299,23 @@ func rolloutSection(d *doc, r *Result, c *Calc) {
 	part := r.Parts[0]
 	f := part.Rollout
 	s := r.Preset.Rollout
-	d.h("Rollout")
-	t := newTable("item", "value")
-	t.row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), render.Fixed(part.Register.ElapsedSec, 1)))
-	t.row("artifact", fmt.Sprintf("%s bytes of random data, uploaded in %s s", group(f.ArtifactBytes), render.Fixed(f.UploadSec, 1)))
-	t.row("rollout", fmt.Sprintf("waves %s, at most %d downloads at once; %s devices matched", strings.Join(s.Waves, ", "), s.MaxDownloads, gi(f.Total)))
-	t.row("emulated link", fmt.Sprintf("%s/s per device, %s %% of download attempts cut and resumed", bytesText(float64(s.LinkBps)), render.Fixed(s.FailRate*100, 1)))
+	d.Heading("Rollout")
+	t := doc.NewTable("item", "value")
+	t.Row("registration (not measured)", fmt.Sprintf("%s devices in %s s", group(part.Register.Accepted), render.Fixed(part.Register.ElapsedSec, 1)))
+	t.Row("artifact", fmt.Sprintf("%s bytes of random data, uploaded in %s s", group(f.ArtifactBytes), render.Fixed(f.UploadSec, 1)))
+	t.Row("rollout", fmt.Sprintf("waves %s, at most %d downloads at once; %s devices matched", strings.Join(s.Waves, ", "), s.MaxDownloads, gi(f.Total)))
+	t.Row("emulated link", fmt.Sprintf("%s/s per device, %s %% of download attempts cut and resumed", bytesText(float64(s.LinkBps)), render.Fixed(s.FailRate*100, 1)))
 	dur := f.EndSec - f.StartSec
-	t.row("rollout time", render.Fixed(dur, 1)+" s, from its start to "+orNA(f.State != "", f.State))
+	t.Row("rollout time", render.Fixed(dur, 1)+" s, from its start to "+orNA(f.State != "", f.State))
 	if dl := f.Downloads; dl != nil {
-		t.row("downloads", fmt.Sprintf("%s started, %s complete, %s cut, %s resumed, %s failed, %s installed; at most %s at once",
+		t.Row("downloads", fmt.Sprintf("%s started, %s complete, %s cut, %s resumed, %s failed, %s installed; at most %s at once",
 			group(dl.Started), group(dl.Completed), group(dl.Interrupted), group(dl.Resumed), group(dl.Failed), group(dl.Installed), group(dl.MaxActive)))
 		if dur > 0 {
-			t.row("bytes served", fmt.Sprintf("%s bytes, %s/s on average over the rollout", group(dl.Bytes), bytesText(float64(dl.Bytes)/dur)))
+			t.Row("bytes served", fmt.Sprintf("%s bytes, %s/s on average over the rollout", group(dl.Bytes), bytesText(float64(dl.Bytes)/dur)))
 		}
 		if dl.Time != nil && dl.Time.Count() > 0 {
 			l := dl.Time.Stats()
-			t.row("download time, offer to complete file p50 / p99 / max (s)", fmt.Sprintf("%s / %s / %s",
+			t.Row("download time, offer to complete file p50 / p99 / max (s)", fmt.Sprintf("%s / %s / %s",
 				render.Fixed(l.P50.Seconds(), 1), render.Fixed(l.P99.Seconds(), 1), render.Fixed(l.Max.Seconds(), 1)))
 		}
 	}
@@ -322,22 +323,22 @@ func rolloutSection(d *doc, r *Result, c *Calc) {
 	for _, pt := range f.Timeline {
 		peak = max(peak, pt.BytesPerSec)
 	}
-	t.row("bytes served per second, peak (5 s average)", bytesText(peak)+"/s")
-	t.row("server CPU during the rollout, average", render.Fixed(f.CPUAvgPct, 1)+" % of one core")
-	t.row("server RSS before / peak during the rollout (MiB)", render.Fixed(part.Before.RSSMiB, 1)+" / "+render.Fixed(f.RSSMaxMiB, 1))
-	t.row("push errors during the test", fmt.Sprintf("%s rejected, %s dropped, %s retried", group(sumMap(part.Push.Rejected)),
+	t.Row("bytes served per second, peak (5 s average)", bytesText(peak)+"/s")
+	t.Row("server CPU during the rollout, average", render.Fixed(f.CPUAvgPct, 1)+" % of one core")
+	t.Row("server RSS before / peak during the rollout (MiB)", render.Fixed(part.Before.RSSMiB, 1)+" / "+render.Fixed(f.RSSMaxMiB, 1))
+	t.Row("push errors during the test", fmt.Sprintf("%s rejected, %s dropped, %s retried", group(sumMap(part.Push.Rejected)),
 		group(sumMap(part.Push.Dropped)), group(part.Push.Retried)))
-	d.tab(t)
-	wt := newTable("wave", "started / s", "ended / s", "time / s", "verified at its end (all waves)", "failed (all waves)")
+	d.Table(t)
+	wt := doc.NewTable("wave", "started / s", "ended / s", "time / s", "verified at its end (all waves)", "failed (all waves)")
 	for _, w := range f.Waves {
-		wt.row(gi(w.Wave), render.Fixed(w.StartSec-f.StartSec, 1), render.Fixed(w.EndSec-f.StartSec, 1), render.Fixed(w.EndSec-w.StartSec, 1), gi(w.Verified), gi(w.Failed))
+		wt.Row(gi(w.Wave), render.Fixed(w.StartSec-f.StartSec, 1), render.Fixed(w.EndSec-f.StartSec, 1), render.Fixed(w.EndSec-w.StartSec, 1), gi(w.Verified), gi(w.Failed))
 	}
-	d.p("Times from the rollout's start; a wave ends when the next starts (or the rollout ends).")
-	d.tab(wt)
+	d.Paraf("Times from the rollout's start; a wave ends when the next starts (or the rollout ends).")
+	d.Table(wt)
 }
 
 // rolloutCharts draws bytes served per second and devices over the rollout.
-func rolloutCharts(d *doc, f *rolloutFigures) {
+func rolloutCharts(d *doc.Doc, f *rolloutFigures) {
 	if f == nil || len(f.Timeline) == 0 {
 		return
 	}
@@ -348,11 +349,11 @@ func rolloutCharts(d *doc, f *rolloutFigures) {
 	}
 	bc := &chart{title: "Firmware bytes served", unit: "MiB/s", xs: xs}
 	bc.add("received by the devices", bw)
-	d.chartBlock(bc)
+	d.Chart(bc.chart())
 	dc := &chart{title: "Rollout devices", unit: "devices", xs: xs}
 	dc.add("downloading", downloading)
 	dc.add("verified", verified)
-	d.chartBlock(dc)
+	d.Chart(dc.chart())
 }
 
 // bytesText is a byte count with SI prefixes.

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
 // Summary writes a Markdown index of results: one row per test with its
@@ -54,7 +55,7 @@ func Summary(w io.Writer, rs []*Result, ramps ...RampRun) error {
 		}
 		base := r.FileBase()
 		fmt.Fprintf(&b, "| %s | %s | %s | [%s.md](%s.md), [%s.html](%s.html) |\n",
-			mdCell(r.Title()), c.Verdict, mdCell(fig), base, base, base, base)
+			doc.Cell(r.Title()), c.Verdict, doc.Cell(fig), base, base, base, base)
 		if tests[r.Command] == nil {
 			cmds = append(cmds, r.Command)
 		}

@@ -1,7 +1,7 @@
 // Package render is what Drover's reports (internal/report, internal/perf)
 // and dashboard (internal/web) share to present numbers: the one SVG line
 // chart (Chart), "nice" axis ticks (0/20/40/60, not 0/13.7/27.4) and number
-// formatting.
+// formatting. The documents around them are the sub-package doc.
 package render
 
 import (

@@ -1,13 +1,12 @@
 package report
 
 import (
-	"html/template"
-	"io"
 	"math"
 	"runtime"
 
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
 // newChart is one of the report's charts (render.Chart, drawn standalone).
@@ -137,13 +136,10 @@ func nines(q float64, count int64) float64 {
 	return -math.Log10(1 - q)
 }
 
-var page = template.Must(template.New("report").Parse(`<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{{.Title}}</title>
-<style>
-body { font-family: sans-serif; margin: 2em auto; max-width: 960px; color: #222; padding: 0 1em; }
+// style is the report's look: plain text, its own CSS, plots in figures.
+var style = doc.Style{CSS: css, Figures: true}
+
+const css = `body { font-family: sans-serif; margin: 2em auto; max-width: 960px; color: #222; padding: 0 1em; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: .6em 0; font-size: .9em; }
 th, td { padding: .25em .7em; border-bottom: 1px solid #eee; text-align: left; }
@@ -152,69 +148,18 @@ dl.meta { display: grid; grid-template-columns: max-content auto; gap: .2em 1em;
 dl.meta dt { font-weight: bold; } dl.meta dd { margin: 0; }
 .warn { background: #fdecea; border: 2px solid #d62728; color: #8b0000; padding: .6em 1em; margin: .5em 0; font-weight: bold; }
 p.note { font-size: .85em; color: #555; }
-figure { margin: 1em 0; }
-</style>
-</head>
-<body>
-<h1>{{.Title}}</h1>
-<dl class="meta">{{range .Meta}}<dt>{{index . 0}}</dt><dd>{{index . 1}}</dd>{{end}}</dl>
-{{range .Warnings}}<div class="warn">WARNING: {{.}}</div>
-{{end}}{{range .Sections}}<h2>{{.Title}}</h2>
-{{range .Tables}}<table>
-<tr>{{range .Head}}<th{{if .Right}} class="r"{{end}}>{{.Text}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range .}}<td{{if .Right}} class="r"{{end}}>{{.Text}}</td>{{end}}</tr>
-{{end}}</table>
-{{end}}{{range .Notes}}<p class="note">{{.}}</p>
-{{end}}{{end}}{{if .Charts}}<h2>Plots</h2>
-{{range .Charts}}<figure>{{.}}</figure>
-{{end}}{{end}}</body>
-</html>
-`))
+figure { margin: 1em 0; }`
 
-type htmlCell struct {
-	Text  string
-	Right bool
-}
-
-type htmlTable struct {
-	Head []htmlCell
-	Rows [][]htmlCell
-}
-
-type htmlSection struct {
-	Title  string
-	Tables []htmlTable
-	Notes  []string
-}
-
-func renderHTML(w io.Writer, d *doc) error {
-	data := struct {
-		Title    string
-		Meta     [][2]string
-		Warnings []string
-		Sections []htmlSection
-		Charts   []template.HTML
-	}{Title: d.title, Meta: d.meta, Warnings: d.warnings}
-	for _, s := range d.sections {
-		hs := htmlSection{Title: s.title, Notes: s.notes}
-		for _, t := range s.tables {
-			ht := htmlTable{}
-			for i, h := range t.head {
-				ht.Head = append(ht.Head, htmlCell{h, t.right[i]})
-			}
-			for _, r := range t.rows {
-				var row []htmlCell
-				for i, c := range r {
-					row = append(row, htmlCell{c, t.right[i]})
-				}
-				ht.Rows = append(ht.Rows, row)
-			}
-			hs.Tables = append(hs.Tables, ht)
-		}
-		data.Sections = append(data.Sections, hs)
+// plots adds m's charts under "Plots" when withCharts is set.
+func plots(d *doc.Doc, m *results.Merged, withCharts bool) {
+	if !withCharts {
+		return
 	}
-	for _, c := range d.charts {
-		data.Charts = append(data.Charts, template.HTML(c.SVG())) // built from escaped parts
+	cs := charts(m)
+	if len(cs) > 0 {
+		d.Heading("Plots")
 	}
-	return page.Execute(w, data)
+	for _, c := range cs {
+		d.Chart(c)
+	}
 }

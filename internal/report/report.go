@@ -12,94 +12,93 @@ import (
 
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/render"
+	"github.com/drover/drover/internal/render/doc"
 )
 
-// doc is a rendering-neutral report: text, Markdown and HTML render it.
-type doc struct {
-	title    string
-	meta     [][2]string
-	warnings []string
-	sections []section
-	charts   []render.Chart // HTML only
-}
-
-type section struct {
-	title  string
-	tables []table
-	notes  []string
-}
-
-type table struct {
-	head  []string
-	rows  [][]string
-	right []bool // right-aligned columns
-}
-
 // Text renders m as plain text.
-func Text(w io.Writer, m *results.Merged) error { return renderText(w, build(m)) }
+func Text(w io.Writer, m *results.Merged) error { return write(w, build(m, false).Text()) }
 
 // Markdown renders m as Markdown.
-func Markdown(w io.Writer, m *results.Merged) error { return renderMarkdown(w, build(m)) }
+func Markdown(w io.Writer, m *results.Merged) error { return write(w, build(m, false).Markdown()) }
 
 // HTML renders m as a self-contained HTML page with plots.
-func HTML(w io.Writer, m *results.Merged) error {
-	d := build(m)
-	d.charts = charts(m)
-	return renderHTML(w, d)
+func HTML(w io.Writer, m *results.Merged) error { return write(w, build(m, true).HTML()) }
+
+func write(w io.Writer, s string) error {
+	_, err := io.WriteString(w, s)
+	return err
 }
 
-func build(m *results.Merged) *doc {
-	d := &doc{title: "Drover emulator report"}
+// build is m's report; withCharts adds the plots at the end (HTML).
+func build(m *results.Merged, withCharts bool) *doc.Doc {
+	d := doc.New("Drover emulator report", style)
+	var meta [][2]string
 	var st *results.Start
 	if len(m.Starts) > 0 {
 		st = m.Starts[0]
 	}
 	sum := m.Summary
 	if st != nil {
-		d.meta = append(d.meta, [2]string{"run", runIDs(m)})
-		d.meta = append(d.meta, [2]string{"load model", modeText(st)})
-		d.meta = append(d.meta, [2]string{"target", st.Target})
-		d.meta = append(d.meta, [2]string{"connections", connText(st.Conn)})
-		d.meta = append(d.meta, [2]string{"devices", fmt.Sprintf("%d (seed %q)", st.Devices, st.Seed)})
-		d.meta = append(d.meta, [2]string{"shards", shardsText(m)})
-		d.meta = append(d.meta, [2]string{"template", st.Template})
-		d.meta = append(d.meta, [2]string{"emulator", emulatorText(m)})
+		meta = append(meta, [2]string{"run", runIDs(m)})
+		meta = append(meta, [2]string{"load model", modeText(st)})
+		meta = append(meta, [2]string{"target", st.Target})
+		meta = append(meta, [2]string{"connections", connText(st.Conn)})
+		meta = append(meta, [2]string{"devices", fmt.Sprintf("%d (seed %q)", st.Devices, st.Seed)})
+		meta = append(meta, [2]string{"shards", shardsText(m)})
+		meta = append(meta, [2]string{"template", st.Template})
+		meta = append(meta, [2]string{"emulator", emulatorText(m)})
 	}
 	if sum != nil {
-		d.meta = append(d.meta, [2]string{"started", sum.Started.UTC().Format(time.RFC3339)})
-		d.meta = append(d.meta, [2]string{"wall time", render.Duration(sum.Ended.Sub(sum.Started))})
+		meta = append(meta, [2]string{"started", sum.Started.UTC().Format(time.RFC3339)})
+		meta = append(meta, [2]string{"wall time", render.Duration(sum.Ended.Sub(sum.Started))})
 	}
+	d.Meta(meta)
 	if len(m.Missing) > 0 {
-		d.warnings = append(d.warnings, fmt.Sprintf("shards %s have no summary (still running, or killed): totals are incomplete", strings.Join(m.Missing, ", ")))
+		d.Warning(fmt.Sprintf("shards %s have no summary (still running, or killed): totals are incomplete", strings.Join(m.Missing, ", ")))
 	}
 	if sum == nil {
-		d.warnings = append(d.warnings, "no summary record: the run did not finish")
+		d.Warning("no summary record: the run did not finish")
+		plots(d, m, withCharts)
 		return d
 	}
 	if sum.Err != "" {
-		d.warnings = append(d.warnings, "the run ended with an error: "+sum.Err)
+		d.Warning("the run ended with an error: " + sum.Err)
 	}
-	d.warnings = append(d.warnings, sum.Warnings...)
+	for _, w := range sum.Warnings {
+		d.Warning(w)
+	}
 	names := opNames(sum)
 	if len(names) == 0 {
-		d.sections = append(d.sections, section{title: "Outcomes", notes: []string{"No operation was made."}})
+		section(d, "Outcomes", nil, "No operation was made.")
 	} else {
-		d.sections = append(d.sections, outcomes(sum, names), latencies(sum, names, st))
+		outcomes(d, sum, names)
+		latencies(d, sum, names, st)
 	}
-	if s, ok := perSecond(m); ok {
-		d.sections = append(d.sections, s)
-	}
+	perSecond(d, m)
 	if len(m.Steps) > 0 || sum.Ramp != nil {
-		d.sections = append(d.sections, ramp(m))
+		ramp(d, m)
 	}
 	if sum.Downloads != nil {
-		d.sections = append(d.sections, downloads(sum))
+		downloads(d, sum)
 	}
-	d.sections = append(d.sections, conns(sum), resources(sum, st))
+	conns(d, sum)
+	resources(d, sum, st)
 	if len(m.Shards) > 1 {
-		d.sections = append(d.sections, shards(m))
+		shards(d, m)
 	}
+	plots(d, m, withCharts)
 	return d
+}
+
+// section adds a heading, its table (if any), then its notes.
+func section(d *doc.Doc, title string, t *doc.Table, notes ...string) {
+	d.Heading(title)
+	if t != nil {
+		d.Table(t)
+	}
+	for _, n := range notes {
+		d.Note(n)
+	}
 }
 
 func runIDs(m *results.Merged) string {
@@ -188,15 +187,15 @@ func opNames(sum *results.Summary) []string {
 	return names
 }
 
-func outcomes(sum *results.Summary, names []string) section {
-	t := table{
-		head:  []string{"operation", "done", "accepted", "rejected", "dropped", "aborted", "retried", "elapsed", "done/s", "accepted/s"},
-		right: []bool{false, true, true, true, true, true, true, true, true, true},
+func outcomes(d *doc.Doc, sum *results.Summary, names []string) {
+	t := &doc.Table{
+		Head:  []string{"operation", "done", "accepted", "rejected", "dropped", "aborted", "retried", "elapsed", "done/s", "accepted/s"},
+		Right: []bool{false, true, true, true, true, true, true, true, true, true},
 	}
 	var notes []string
 	for _, n := range names {
 		o := sum.Ops[n]
-		t.rows = append(t.rows, []string{n, num(o.Done()), num(o.Accepted), num(o.RejectedTotal()), num(o.DroppedTotal()),
+		t.Rows = append(t.Rows, []string{n, num(o.Done()), num(o.Accepted), num(o.RejectedTotal()), num(o.DroppedTotal()),
 			num(o.Aborted), num(o.Retried), render.Duration(o.Elapsed()), render.Rate(o.Rate()), render.Rate(o.AcceptedRate())})
 		var det []string
 		if len(o.Rejected) > 0 {
@@ -222,7 +221,7 @@ func outcomes(sum *results.Summary, names []string) section {
 		}
 	}
 	notes = append(notes, "Every operation ends once: accepted (2xx), rejected (an HTTP error status, after retries), dropped (no HTTP answer: network error or timeout) or aborted (cut off by the end of the run while waiting to retry). Retries after 503/429 honour Retry-After with backoff and jitter.")
-	return section{title: "Outcomes", tables: []table{t}, notes: notes}
+	section(d, "Outcomes", t, notes...)
 }
 
 func kv(m map[string]int64) string {
@@ -233,17 +232,17 @@ func kv(m map[string]int64) string {
 	return strings.Join(parts, ", ")
 }
 
-func latencies(sum *results.Summary, names []string, st *results.Start) section {
-	t := table{
-		head:  []string{"latency", "count", "mean", "p50", "p90", "p99", "p99.9", "max"},
-		right: []bool{false, true, true, true, true, true, true, true},
+func latencies(d *doc.Doc, sum *results.Summary, names []string, st *results.Start) {
+	t := &doc.Table{
+		Head:  []string{"latency", "count", "mean", "p50", "p90", "p99", "p99.9", "max"},
+		Right: []bool{false, true, true, true, true, true, true, true},
 	}
 	for _, n := range names {
-		t.rows = append(t.rows, latRow(n, sum.Ops[n].Latency.Stats()))
+		t.Rows = append(t.Rows, latRow(n, sum.Ops[n].Latency.Stats()))
 	}
 	var notes []string
 	if sum.SendLag != nil && sum.SendLag.Count() > 0 {
-		t.rows = append(t.rows, latRow("send lag", sum.SendLag.Stats()))
+		t.Rows = append(t.Rows, latRow("send lag", sum.SendLag.Stats()))
 		notes = append(notes, "Send lag is how far behind its schedule each push was sent.")
 	}
 	if st != nil && st.Mode == "fleet" {
@@ -252,7 +251,7 @@ func latencies(sum *results.Summary, names []string, st *results.Start) section 
 		notes = append(notes, "Closed loop: latency counts from each operation's start and includes retry waits; a worker waits for its answer before the next send, so server stalls delay sends instead of showing as latency (coordinated omission): use fleet mode for latency.")
 	}
 	notes = append(notes, "Latency of accepted and rejected operations (dropped ones have none), HdrHistogram, 3 significant digits.")
-	return section{title: "Latency", tables: []table{t}, notes: notes}
+	section(d, "Latency", t, notes...)
 }
 
 func latRow(name string, s results.LatStats) []string {
@@ -260,7 +259,7 @@ func latRow(name string, s results.LatStats) []string {
 }
 
 // perSecond describes the spread of per-second push rates.
-func perSecond(m *results.Merged) (section, bool) {
+func perSecond(d *doc.Doc, m *results.Merged) {
 	var rates []float64
 	var p99s []time.Duration
 	for _, iv := range m.Intervals {
@@ -274,22 +273,22 @@ func perSecond(m *results.Merged) (section, bool) {
 		}
 	}
 	if len(rates) < 2 {
-		return section{}, false
+		return
 	}
 	sort.Float64s(rates)
 	sort.Slice(p99s, func(i, j int) bool { return p99s[i] < p99s[j] })
-	t := table{head: []string{"per second", "min", "median", "max"}, right: []bool{false, true, true, true}}
-	t.rows = append(t.rows, []string{"pushes done/s", render.Rate(rates[0]), render.Rate(rates[len(rates)/2]), render.Rate(rates[len(rates)-1])})
+	t := &doc.Table{Head: []string{"per second", "min", "median", "max"}, Right: []bool{false, true, true, true}}
+	t.Rows = append(t.Rows, []string{"pushes done/s", render.Rate(rates[0]), render.Rate(rates[len(rates)/2]), render.Rate(rates[len(rates)-1])})
 	if len(p99s) > 0 {
-		t.rows = append(t.rows, []string{"push p99", render.Duration(p99s[0]), render.Duration(p99s[len(p99s)/2]), render.Duration(p99s[len(p99s)-1])})
+		t.Rows = append(t.Rows, []string{"push p99", render.Duration(p99s[0]), render.Duration(p99s[len(p99s)/2]), render.Duration(p99s[len(p99s)-1])})
 	}
-	return section{title: "Per second", tables: []table{t}, notes: []string{fmt.Sprintf("Over %d whole seconds with pushes.", len(rates))}}, true
+	section(d, "Per second", t, fmt.Sprintf("Over %d whole seconds with pushes.", len(rates)))
 }
 
-func ramp(m *results.Merged) section {
-	t := table{
-		head:  []string{"step", "workers", "done/s", "accepted/s", "p50", "p99", "max", "dropped", "retried", "5xx", "breaks"},
-		right: []bool{true, true, true, true, true, true, true, true, true, true, false},
+func ramp(d *doc.Doc, m *results.Merged) {
+	t := &doc.Table{
+		Head:  []string{"step", "workers", "done/s", "accepted/s", "p50", "p99", "max", "dropped", "retried", "5xx", "breaks"},
+		Right: []bool{true, true, true, true, true, true, true, true, true, true, false},
 	}
 	for _, st := range m.Steps {
 		o := st.Ops[results.OpPush]
@@ -306,7 +305,7 @@ func ramp(m *results.Merged) section {
 		if st.Broke {
 			broke = "yes"
 		}
-		t.rows = append(t.rows, []string{strconv.Itoa(st.Index + 1), strconv.Itoa(st.Concurrency), render.Rate(st.Rate(results.OpPush)), render.Rate(acc),
+		t.Rows = append(t.Rows, []string{strconv.Itoa(st.Index + 1), strconv.Itoa(st.Concurrency), render.Rate(st.Rate(results.OpPush)), render.Rate(acc),
 			render.Duration(l.P50), render.Duration(l.P99), render.Duration(l.Max), num(o.DroppedTotal() + o.Aborted), num(o.Retried), num(o.Rejected5xx()), broke})
 	}
 	var notes []string
@@ -320,14 +319,14 @@ func ramp(m *results.Merged) section {
 			notes = append(notes, fmt.Sprintf("Best step without drops, retries or 5xx: %d workers, %s accepted pushes/s.", r.BestConcurrency, render.Rate(r.BestRate)))
 		}
 	}
-	return section{title: "Ramp", tables: []table{t}, notes: notes}
+	section(d, "Ramp", t, notes...)
 }
 
 // downloads is the emulated firmware downloads of a rollout.
-func downloads(sum *results.Summary) section {
+func downloads(d *doc.Doc, sum *results.Summary) {
 	dl := sum.Downloads
-	t := table{head: []string{"firmware downloads", "count"}, right: []bool{false, true}}
-	t.rows = [][]string{
+	t := &doc.Table{Head: []string{"firmware downloads", "count"}, Right: []bool{false, true}}
+	t.Rows = [][]string{
 		{"offers acted on", num(dl.Started)}, {"files complete", num(dl.Completed)},
 		{"attempts cut (--download-fail-rate)", num(dl.Interrupted)}, {"attempts resumed (Range)", num(dl.Resumed)},
 		{"reported failed", num(dl.Failed)}, {"installed (reported the new firmware)", num(dl.Installed)},
@@ -341,25 +340,25 @@ func downloads(sum *results.Summary) section {
 		l := dl.Time.Stats()
 		notes = append(notes, fmt.Sprintf("Offer to complete file: p50 %s, p99 %s, max %s.", render.Duration(l.P50), render.Duration(l.P99), render.Duration(l.Max)))
 	}
-	return section{title: "Firmware downloads", tables: []table{t}, notes: notes}
+	section(d, "Firmware downloads", t, notes...)
 }
 
-func conns(sum *results.Summary) section {
+func conns(d *doc.Doc, sum *results.Summary) {
 	c := sum.Conns
-	t := table{head: []string{"connections", "count"}, right: []bool{false, true}}
-	t.rows = [][]string{
+	t := &doc.Table{Head: []string{"connections", "count"}, Right: []bool{false, true}}
+	t.Rows = [][]string{
 		{"requests sent", num(c.Requests)}, {"on a reused connection", num(c.ReusedConns)},
 		{"connections opened", num(c.Dials)}, {"connect errors", num(c.DialErrors)},
 		{"TLS full handshakes", num(c.TLSFull)}, {"TLS resumed handshakes", num(c.TLSResumed)},
 		{"TLS handshake errors", num(c.TLSErrors)}, {"most open at once", num(c.MaxOpen)},
 	}
-	return section{title: "Connections", tables: []table{t}}
+	section(d, "Connections", t)
 }
 
-func resources(sum *results.Summary, st *results.Start) section {
+func resources(d *doc.Doc, sum *results.Summary, st *results.Start) {
 	r := sum.Resources
-	t := table{head: []string{"emulator resources", "value"}, right: []bool{false, true}}
-	t.rows = [][]string{
+	t := &doc.Table{Head: []string{"emulator resources", "value"}, Right: []bool{false, true}}
+	t.Rows = [][]string{
 		{"CPU time", fmt.Sprintf("%.1f s", r.CPUSeconds)},
 		{"CPU, average", fmt.Sprintf("%.2f cores", r.CPUAvg)},
 		{"cores it may use", coresText(r, st)},
@@ -371,7 +370,7 @@ func resources(sum *results.Summary, st *results.Start) section {
 	if push := sum.Op(results.OpPush); push.Done() > 0 && r.CPUSeconds > 0 {
 		notes = append(notes, fmt.Sprintf("%.1f µs of emulator CPU per finished operation (all work of the run included).", r.CPUSeconds*1e6/float64(push.Done()+sum.Op(results.OpRegister).Done())))
 	}
-	return section{title: "Emulator", tables: []table{t}, notes: notes}
+	section(d, "Emulator", t, notes...)
 }
 
 func coresText(r results.Resources, st *results.Start) string {
@@ -381,150 +380,17 @@ func coresText(r results.Resources, st *results.Start) string {
 	return fmt.Sprintf("%d (GOMAXPROCS %d per process)", r.Cores, st.GOMAXPROCS)
 }
 
-func shards(m *results.Merged) section {
-	t := table{
-		head:  []string{"shard", "pushes accepted", "push errors", "push/s", "push p99", "CPU avg", "RSS max", "warnings"},
-		right: []bool{false, true, true, true, true, true, true, true},
+func shards(d *doc.Doc, m *results.Merged) {
+	t := &doc.Table{
+		Head:  []string{"shard", "pushes accepted", "push errors", "push/s", "push p99", "CPU avg", "RSS max", "warnings"},
+		Right: []bool{false, true, true, true, true, true, true, true},
 	}
 	for _, s := range m.Shards {
 		p := s.Op(results.OpPush)
-		t.rows = append(t.rows, []string{s.Shard, num(p.Accepted), num(p.Errors()), render.Rate(p.Rate()), render.Duration(p.Latency.Quantile(0.99)),
+		t.Rows = append(t.Rows, []string{s.Shard, num(p.Accepted), num(p.Errors()), render.Rate(p.Rate()), render.Duration(p.Latency.Quantile(0.99)),
 			fmt.Sprintf("%.2f", s.Resources.CPUAvg), render.BinaryBytes(s.Resources.RSSMax), strconv.Itoa(len(s.Warnings))})
 	}
-	return section{title: "Shards", tables: []table{t}, notes: []string{"Totals above add the shards' counters and merge their histograms exactly."}}
+	section(d, "Shards", t, "Totals above add the shards' counters and merge their histograms exactly.")
 }
-
-// --- formatting ---
 
 func num(n int64) string { return strconv.FormatInt(n, 10) }
-
-// --- text and Markdown ---
-
-func renderText(w io.Writer, d *doc) error {
-	var b strings.Builder
-	b.WriteString(d.title + "\n" + strings.Repeat("=", len(d.title)) + "\n\n")
-	width := 0
-	for _, kv := range d.meta {
-		width = max(width, len(kv[0])+1)
-	}
-	for _, kv := range d.meta {
-		fmt.Fprintf(&b, "%-*s  %s\n", width, kv[0]+":", kv[1])
-	}
-	if len(d.warnings) > 0 {
-		b.WriteString("\n")
-		for _, w := range d.warnings {
-			b.WriteString("!!! WARNING: " + w + "\n")
-		}
-	}
-	for _, s := range d.sections {
-		b.WriteString("\n" + s.title + "\n" + strings.Repeat("-", len([]rune(s.title))) + "\n")
-		for _, t := range s.tables {
-			textTable(&b, t)
-		}
-		for _, n := range s.notes {
-			b.WriteString(wrap(n, 100) + "\n")
-		}
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-func textTable(b *strings.Builder, t table) {
-	widths := make([]int, len(t.head))
-	for i, h := range t.head {
-		widths[i] = len([]rune(h))
-	}
-	for _, r := range t.rows {
-		for i, c := range r {
-			widths[i] = max(widths[i], len([]rune(c)))
-		}
-	}
-	line := func(cells []string) {
-		var parts []string
-		for i, c := range cells {
-			pad := strings.Repeat(" ", widths[i]-len([]rune(c)))
-			if t.right[i] {
-				parts = append(parts, pad+c)
-			} else {
-				parts = append(parts, c+pad)
-			}
-		}
-		b.WriteString(strings.TrimRight(strings.Join(parts, "  "), " ") + "\n")
-	}
-	line(t.head)
-	var rule []string
-	for _, w := range widths {
-		rule = append(rule, strings.Repeat("-", w))
-	}
-	b.WriteString(strings.Join(rule, "  ") + "\n")
-	for _, r := range t.rows {
-		line(r)
-	}
-}
-
-func wrap(s string, width int) string {
-	var out, line []string
-	n := 0
-	for _, word := range strings.Fields(s) {
-		if n > 0 && n+1+len([]rune(word)) > width {
-			out = append(out, strings.Join(line, " "))
-			line, n = nil, 0
-		}
-		if n > 0 {
-			n++
-		}
-		line = append(line, word)
-		n += len([]rune(word))
-	}
-	if len(line) > 0 {
-		out = append(out, strings.Join(line, " "))
-	}
-	return strings.Join(out, "\n")
-}
-
-func renderMarkdown(w io.Writer, d *doc) error {
-	blocks := []string{"# " + d.title}
-	var meta []string
-	for _, kv := range d.meta {
-		meta = append(meta, fmt.Sprintf("- **%s:** %s", kv[0], mdEscape(kv[1])))
-	}
-	blocks = append(blocks, strings.Join(meta, "\n"))
-	for _, w := range d.warnings {
-		blocks = append(blocks, "> **WARNING:** "+mdEscape(w))
-	}
-	for _, s := range d.sections {
-		blocks = append(blocks, "## "+s.title)
-		for _, t := range s.tables {
-			var b strings.Builder
-			b.WriteString("| " + strings.Join(mdCells(t.head), " | ") + " |\n|")
-			for i := range t.head {
-				if t.right[i] {
-					b.WriteString("---:|")
-				} else {
-					b.WriteString("---|")
-				}
-			}
-			for _, r := range t.rows {
-				b.WriteString("\n| " + strings.Join(mdCells(r), " | ") + " |")
-			}
-			blocks = append(blocks, b.String())
-		}
-		for _, n := range s.notes {
-			blocks = append(blocks, mdEscape(n))
-		}
-	}
-	_, err := io.WriteString(w, strings.Join(blocks, "\n\n")+"\n")
-	return err
-}
-
-func mdCells(cells []string) []string {
-	out := make([]string, len(cells))
-	for i, c := range cells {
-		out[i] = mdEscape(c)
-	}
-	return out
-}
-
-var mdReplacer = strings.NewReplacer("|", `\|`, "*", `\*`, "_", `\_`, "<", "&lt;", ">", "&gt;")
-
-func mdEscape(s string) string { return mdReplacer.Replace(s) }
