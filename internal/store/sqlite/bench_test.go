@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -38,26 +40,15 @@ func benchCommitPushes(b *testing.B, batch int) {
 	if err := s.Commit(ctx, &reg); err != nil {
 		b.Fatal(err)
 	}
-	cpu, temp := 12.5, 47.5
-	var uptime int64 = 3600
 	var bt fleet.Batch
 	id := uint64(1)
 	cpu0 := processCPU()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		id = (id*7919 + 13) % devices
-		now := time.Now()
-		bt.States = append(bt.States, fleet.StateRecord{DeviceID: id + 1, Firmware: "f", LastSeen: now, Seq: uint64(i), State: json.RawMessage(benchState)})
-		bt.Samples = append(bt.Samples, fleet.Sample{DeviceID: id + 1, At: now, Seq: uint64(i), CPU: &cpu, Temperature: &temp, Uptime: &uptime})
+		addPush(&bt, id+1, i, "f")
 		if len(bt.States) == batch || i == b.N-1 {
-			// As fleet.WriteThrough commits: with a timeout.
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := s.Commit(cctx, &bt)
-			cancel()
-			if err != nil {
-				b.Fatal(err)
-			}
-			bt.Reset()
+			commitBench(b, s, &bt)
 		}
 	}
 	b.StopTimer()
@@ -73,4 +64,53 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+var (
+	benchCPU, benchTemp       = 12.5, 47.5
+	benchUptime         int64 = 3600
+)
+
+// addPush appends a push of device id (state and sample) to bt.
+func addPush(bt *fleet.Batch, id uint64, seq int, firmware string) {
+	now := time.Now()
+	bt.States = append(bt.States, fleet.StateRecord{DeviceID: id, Firmware: firmware, LastSeen: now, Seq: uint64(seq), State: json.RawMessage(benchState)})
+	bt.Samples = append(bt.Samples, fleet.Sample{DeviceID: id, At: now, Seq: uint64(seq), CPU: &benchCPU, Temperature: &benchTemp, Uptime: &benchUptime})
+}
+
+// commitBench commits bt as fleet.WriteThrough does (with a timeout) and
+// empties it.
+func commitBench(b *testing.B, s *Store, bt *fleet.Batch) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err := s.Commit(ctx, bt)
+	cancel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	bt.Reset()
+}
+
+// benchEnv is the positive integer in $name, or def when it is unset.
+func benchEnv(b *testing.B, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("%s=%q: want a positive count", name, v)
+	}
+	return n
+}
+
+// openCopy opens a durable copy of the database tmpl, closed at the end.
+func openCopy(b *testing.B, tmpl string) *Store {
+	path := filepath.Join(b.TempDir(), "d.db")
+	copyFile(b, tmpl, path)
+	s, err := Open(context.Background(), path, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
 }

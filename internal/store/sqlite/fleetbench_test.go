@@ -29,18 +29,11 @@ func BenchmarkCommitFleet(b *testing.B) {
 	oldRate := mergeRate
 	mergeRate = 0 // merges run inside the pushes' loop here: their cost, not their pace
 	b.Cleanup(func() { mergeRate = oldRate })
-	devices := 100_000
-	if v := os.Getenv("DROVER_BENCH_DEVICES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("DROVER_BENCH_DEVICES=%q: want a positive count", v)
-		}
-		devices = n
-	}
+	devices := benchEnv(b, "DROVER_BENCH_DEVICES", 100_000)
 	ctx := context.Background()
 	tmpl := filepath.Join(os.TempDir(), fmt.Sprintf("drover-bench-fleet-%d.db", devices))
 	if _, err := os.Stat(tmpl); err != nil {
-		buildFleetDB(b, tmpl+".tmp", devices)
+		buildDB(b, tmpl+".tmp", devices, true)
 		if err := os.Rename(tmpl+".tmp", tmpl); err != nil {
 			b.Fatal(err)
 		}
@@ -58,15 +51,7 @@ func BenchmarkCommitFleet(b *testing.B) {
 		logRotateRows, logCheckEvery = n, time.Second
 		defer func() { logRotateRows, logCheckEvery = oldRows, oldEvery }()
 	}
-	path := filepath.Join(b.TempDir(), "d.db")
-	copyFile(b, tmpl, path)
-	s, err := Open(ctx, path, true)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	cpu, temp := 12.5, 47.5
-	var uptime int64 = 3600
+	s := openCopy(b, tmpl)
 	var bt fleet.Batch
 	id := uint64(1)
 	var slowest time.Duration
@@ -75,24 +60,16 @@ func BenchmarkCommitFleet(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		id = (id*7919 + 13) % uint64(devices)
-		now := time.Now()
-		bt.States = append(bt.States, fleet.StateRecord{DeviceID: id + 1, Firmware: "f", LastSeen: now, Seq: uint64(i), State: json.RawMessage(benchState)})
-		bt.Samples = append(bt.Samples, fleet.Sample{DeviceID: id + 1, At: now, Seq: uint64(i), CPU: &cpu, Temperature: &temp, Uptime: &uptime})
+		addPush(&bt, id+1, i, "f")
 		if len(bt.States) == 74 || i == b.N-1 {
 			start := time.Now()
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := s.Commit(cctx, &bt)
-			cancel()
-			if err != nil {
-				b.Fatal(err)
-			}
+			commitBench(b, s, &bt)
 			took := time.Since(start)
 			slowest = max(slowest, took)
 			commits++
 			if took > 100*time.Millisecond {
 				slow++
 			}
-			bt.Reset()
 		}
 	}
 	b.StopTimer()
@@ -110,8 +87,9 @@ func BenchmarkCommitFleet(b *testing.B) {
 	b.ReportMetric(float64(slow)/float64(commits)*100, "%commits>100ms")
 }
 
-// buildFleetDB writes a database of n registered devices, each with a state.
-func buildFleetDB(b *testing.B, path string, n int) {
+// buildDB writes a database of n registered devices, each with a state in
+// the open state-log generation if states, else none (as after registration).
+func buildDB(b *testing.B, path string, n int, states bool) {
 	ctx := context.Background()
 	os.Remove(path)
 	s, err := Open(ctx, path, false)
@@ -124,7 +102,9 @@ func buildFleetDB(b *testing.B, path string, n int) {
 		for i := lo; i < lo+50_000 && i <= n; i++ {
 			bt.Devices = append(bt.Devices, fleet.DeviceRecord{ID: uint64(i), MachineID: fmt.Sprintf("%032x", i*7919), DeviceType: "router",
 				Model: "EMU-R1", Firmware: "7.4.2", Serial: fmt.Sprintf("EMU%08d", i), TokenHash: make([]byte, 32), RegisteredAt: now})
-			bt.States = append(bt.States, fleet.StateRecord{DeviceID: uint64(i), Firmware: "7.4.2", LastSeen: now, Seq: 1, State: json.RawMessage(benchState)})
+			if states {
+				bt.States = append(bt.States, fleet.StateRecord{DeviceID: uint64(i), Firmware: "7.4.2", LastSeen: now, Seq: 1, State: json.RawMessage(benchState)})
+			}
 		}
 		if err := s.Commit(ctx, &bt); err != nil {
 			b.Fatal(err)
