@@ -38,10 +38,28 @@ var nudgeMessage = []byte(`{"type":"push"}`)
 // connPing is how long a connection may be silent before the server pings
 // it (keeps NAT mappings and finds dead peers); connAnswer is how long the
 // device then has to answer, and the limit on any write.
-const (
+// connGrace is how long the server reads once more when connAnswer has
+// passed: on a busy machine the reading goroutine may run only after its
+// deadline, with the pong already received and unread.
+var (
 	connPing   = 2 * time.Minute
 	connAnswer = 30 * time.Second
+	connGrace  = time.Second
 )
+
+// Why a connection ended (drover_device_connections_ended_total); the
+// first reason set wins.
+const (
+	endClosed      uint32 = iota // by the device, or its connection failed
+	endUnanswered                // no pong to the server's ping
+	endReplaced                  // by a newer connection of the device
+	endProtocol                  // a frame the server refuses
+	endWriteFailed               // a nudge, ping or pong could not be written
+	endStopping                  // server shutdown
+)
+
+// endReasons are the metric's labels, indexed by the end constants.
+var endReasons = []string{"closed", "unanswered", "replaced", "protocol", "write_failed", "stopping"}
 
 // WebSocket opcodes and close codes (RFC 6455).
 const (
@@ -69,9 +87,10 @@ type hub struct {
 type deviceConn struct {
 	id      uint64
 	nc      net.Conn
-	wmu     sync.Mutex  // one frame written at a time
-	nudging atomic.Bool // a nudge write is on its way
-	hdr     [14]byte    // frame header being read
+	wmu     sync.Mutex    // one frame written at a time
+	nudging atomic.Bool   // a nudge write is on its way
+	ended   atomic.Uint32 // why the server ended it, plus one; 0: it did not
+	hdr     [14]byte      // frame header being read
 }
 
 func newHub() *hub { return &hub{conns: map[uint64]*deviceConn{}} }
@@ -88,6 +107,7 @@ func (h *hub) add(c *deviceConn) bool {
 	h.conns[c.id] = c
 	h.mu.Unlock()
 	if old != nil {
+		old.end(endReplaced)
 		old.closeWith(closePolicyViolated, "replaced by a newer connection")
 	}
 	return true
@@ -143,6 +163,7 @@ func (h *hub) close() {
 	}
 	h.mu.Unlock()
 	for _, c := range all {
+		c.end(endStopping)
 		c.closeWith(closeGoingAway, "server stopping")
 	}
 }
@@ -155,6 +176,7 @@ func (c *deviceConn) nudge() {
 	go func() {
 		c.nudging.Store(false) // a nudge from now on needs another frame
 		if c.write(opText, nudgeMessage) != nil {
+			c.end(endWriteFailed)
 			c.nc.Close()
 		}
 	}()
@@ -174,6 +196,17 @@ func (c *deviceConn) write(op byte, payload []byte) error {
 	c.nc.SetWriteDeadline(time.Now().Add(connAnswer))
 	_, err := c.nc.Write(b[:n])
 	return err
+}
+
+// end notes why the server ends c, unless a reason is noted already.
+func (c *deviceConn) end(why uint32) { c.ended.CompareAndSwap(0, why+1) }
+
+// reason is why c ended: the noted reason, else endClosed.
+func (c *deviceConn) reason() uint32 {
+	if r := c.ended.Load(); r > 0 {
+		return r - 1
+	}
+	return endClosed
 }
 
 // closeWith sends a close frame and closes the connection; the reading
@@ -249,6 +282,7 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 	c := &deviceConn{id: id, nc: nc}
 	if !a.hub.add(c) {
 		c.closeWith(closeGoingAway, "server stopping")
+		a.m.connectionsEnded.WithLabelValues(endReasons[endStopping]).Inc()
 		return
 	}
 	a.m.connections.Inc()
@@ -262,7 +296,10 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 // (answered), close; data frames are read and dropped. After connPing of
 // silence it pings; no answer within connAnswer ends the connection.
 func (a *api) hold(c *deviceConn) {
-	defer a.m.connections.Dec()
+	defer func() {
+		a.m.connections.Dec()
+		a.m.connectionsEnded.WithLabelValues(endReasons[c.reason()]).Inc()
+	}()
 	defer a.hub.remove(c)
 	defer c.nc.Close()
 	pinged := false
@@ -272,21 +309,36 @@ func (a *api) hold(c *deviceConn) {
 			wait = connAnswer
 		}
 		c.nc.SetReadDeadline(time.Now().Add(wait))
-		if _, err := io.ReadFull(c.nc, c.hdr[:1]); err != nil {
-			var ne net.Error
-			if !pinged && errors.As(err, &ne) && ne.Timeout() {
+		_, err := io.ReadFull(c.nc, c.hdr[:1])
+		var ne net.Error
+		if err != nil && errors.As(err, &ne) && ne.Timeout() {
+			if !pinged {
 				if c.write(opPing, nil) != nil {
+					c.end(endWriteFailed)
 					return
 				}
 				pinged = true
 				continue
 			}
+			// The answer may be here unread (see connGrace).
+			c.nc.SetReadDeadline(time.Now().Add(connGrace))
+			if _, err = io.ReadFull(c.nc, c.hdr[:1]); err != nil {
+				if errors.As(err, &ne) && ne.Timeout() {
+					c.end(endUnanswered)
+				}
+				return
+			}
+		}
+		if err != nil {
 			return
 		}
 		pinged = false
 		c.nc.SetReadDeadline(time.Now().Add(connAnswer)) // the rest of the frame
 		code, reason := c.readFrame()
 		if code != 0 {
+			if code == closeProtocolError || code == closeTooBig {
+				c.end(endProtocol)
+			}
 			c.closeWith(code, reason)
 			return
 		}

@@ -77,6 +77,9 @@ func TestConnectNudgesPingsReplacesAndStops(t *testing.T) {
 		t.Fatal("the older connection was not closed")
 	}
 	waitMetric(t, s, "drover_device_connections", 1)
+	if n := s.Metric("drover_device_connections_ended_total", map[string]string{"reason": "replaced"}); n != 1 {
+		t.Fatalf("connections ended as replaced: %v, want 1", n)
+	}
 	// A device with commands waiting is nudged as it connects.
 	go func() {
 		_, m, err := ws2.Read(context.Background())

@@ -34,6 +34,9 @@ type metrics struct {
 	duration      *prometheus.HistogramVec
 	inflight      prometheus.Gauge
 	connections   prometheus.Gauge // persistent device connections
+	// connectionsEnded counts ended persistent connections by reason
+	// (connect.go's endReasons).
+	connectionsEnded *prometheus.CounterVec
 	// The accept gate's waits (gate.go).
 	acceptHeld, acceptHeldTime prometheus.Counter
 	commitSize                 prometheus.Histogram
@@ -71,6 +74,9 @@ func newMetrics() *metrics {
 	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "drover_device_connections", Help: "Devices holding a persistent connection.",
 	})
+	m.connectionsEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "drover_device_connections_ended_total", Help: "Persistent device connections ended, by reason: closed (by the device, or its connection failed), unanswered (no pong to the server's ping), replaced (by a newer connection of the device), protocol (a frame the server refuses), write_failed, stopping (server shutdown).",
+	}, []string{"reason"})
 	m.acceptHeld = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "drover_accept_held_total", Help: "Times the listeners stopped accepting because --max-busy-connections were busy (gate.go).",
 	})
@@ -107,12 +113,15 @@ func newMetrics() *metrics {
 		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "goversion": bi.GoVersion},
 	})
 	buildInfo.Set(1)
-	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight, m.connections,
+	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight, m.connections, m.connectionsEnded,
 		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers, m.firmwareDownloads, m.auditFailures,
 		m.acceptHeld, m.acceptHeldTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {
 		m.pushes.WithLabelValues(o)
+	}
+	for _, r := range endReasons {
+		m.connectionsEnded.WithLabelValues(r)
 	}
 	for _, o := range []string{outNew, outRenewed, outForbidden, outInvalid, outOverloaded, outUnavailable, outPending, outRateLimited, outRefused} {
 		m.registrations.WithLabelValues(o)

@@ -2,7 +2,9 @@
 // server (WebSocket, as `drover agent --connect`) or to an MQTT broker, for
 // the measurements in docs/performance.md#persistent-connections. Each
 // connection that is told to push (WebSocket) or gets a message (MQTT)
-// prints "got <index> <unix ns>" once it has the command in hand. Run
+// prints "got <index> <unix ns>" once it has the command in hand; stderr
+// says every 2 s "up <open connections> ended <connections ended>" (an
+// ended connection is dialled again, as the agent does). Run
 // several, each from its own loopback source address: one process holds
 // fewer than its open-files limit.
 package main
@@ -42,7 +44,21 @@ func main() {
 	flag.Parse()
 	local := &net.TCPAddr{IP: net.ParseIP(*source)}
 	dialer := &net.Dialer{LocalAddr: local, Timeout: 30 * time.Second}
-	var up atomic.Int64
+	var up, ended atomic.Int64 // connections open now; connections that ended
+	// again holds a connection: dialled again whenever it ends.
+	again := func(what string, i int, hold func() error) {
+		for {
+			err := retry(hold)
+			if _, ok := err.(errDialed); !ok {
+				log.Printf("%s %d: %v", what, i, err) // never set up: give up
+				return
+			}
+			up.Add(-1)
+			ended.Add(1)
+			log.Printf("%s %d ended: %v", what, i, err)
+			time.Sleep(time.Second + time.Duration(rand.Int64N(int64(2*time.Second))))
+		}
+	}
 	out := bufio.NewWriter(os.Stdout)
 	var outMu sync.Mutex
 	got := func(i int) {
@@ -70,9 +86,7 @@ func main() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := retry(func() error { return mqttHold(dialer, tlsConf, *broker, i, &up, got) }); err != nil {
-					log.Printf("mqtt %d: %v", i, err)
-				}
+				again("mqtt", i, func() error { return mqttHold(dialer, tlsConf, *broker, i, &up, got) })
 			}()
 			if i%100 == 99 {
 				time.Sleep(20 * time.Millisecond) // do not flood the accept queue
@@ -90,9 +104,7 @@ func main() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := retry(func() error { return wsHold(hc, *url, lines[i], i, &up, got) }); err != nil {
-					log.Printf("ws %d: %v", i, err)
-				}
+				again("ws", i, func() error { return wsHold(hc, *url, lines[i], i, &up, got) })
 			}()
 			if i%100 == 99 {
 				time.Sleep(20 * time.Millisecond)
@@ -101,7 +113,7 @@ func main() {
 	}
 	go func() {
 		for range time.Tick(2 * time.Second) {
-			fmt.Fprintf(os.Stderr, "up %d\n", up.Load())
+			fmt.Fprintf(os.Stderr, "up %d ended %d\n", up.Load(), ended.Load())
 		}
 	}()
 	wg.Wait()
