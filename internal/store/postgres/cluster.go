@@ -41,7 +41,9 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc, _ := pgx.ParseConfig(dsn)
+	// The pool's connection settings: the DSN less its pool_* settings,
+	// which PostgreSQL would refuse as unknown parameters.
+	cc := s.pool.Config().ConnConfig.Copy()
 	s.cluster = &cluster{node: node, cc: cc, onChange: func() {}}
 	if err := s.cluster.connect(ctx); err != nil {
 		s.Close()

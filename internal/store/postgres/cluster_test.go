@@ -85,3 +85,22 @@ func TestChangesAfterReadsOnlyNewEntries(t *testing.T) {
 		t.Fatalf("PruneChanges: %d %v", n, err)
 	}
 }
+
+// A cluster node's DSN may size its pool (pool_max_conns): the node's own
+// connection (locks) does not pass the pool's settings to PostgreSQL,
+// which would refuse them as unknown parameters.
+func TestOpenClusterPoolSettings(t *testing.T) {
+	dsn := dbtest.Need(t, dbtest.Postgres, server).NewDB(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	s, err := OpenCluster(context.Background(), dsn+sep+"pool_max_conns=7", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if n := s.pool.Config().MaxConns; n != 7 {
+		t.Fatalf("pool of %d connections, want 7", n)
+	}
+}
