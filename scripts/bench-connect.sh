@@ -16,7 +16,7 @@
 # summed over the nodes.
 #   scripts/bench-connect.sh -N 7 -p 7 -n 14300 -b none    # 100,100 connections
 set -euo pipefail
-procs=3 per=5000 brokers=mosquitto,nats lat=1 nodes=1
+procs=3 per=5000 brokers=mosquitto,nats lat=1 nodes=1 fail=0 singles=${SINGLES:-40}
 while getopts p:n:N:b:L o; do
   case $o in p) procs=$OPTARG;; n) per=$OPTARG;; N) nodes=$OPTARG;; b) brokers=$OPTARG;; L) lat=0;; *) exit 2;; esac
 done
@@ -25,7 +25,7 @@ export PATH=$PATH:/usr/local/go/bin
 top=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/drover-connect.XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; if [ -n "${KEEP:-}" ]; then echo "kept $work"; else rm -rf "$work"; fi; }
 trap cleanup EXIT
 freeport() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 waitport() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
@@ -61,6 +61,8 @@ api() { curl -s --cacert $ca -H "Authorization: Bearer $admin" "$@"; }
 api $url/api/v1/labels/assign -d '{"label":"k","filter":{"q":"k-"}}' >/dev/null
 conns() { for u in "${urls[@]}"; do api $u/metrics | awk '/^drover_device_connections / {print $2}'; done | awk '{s+=$1} END {print s+0}'; }
 gostat() { for u in "${urls[@]}"; do api $u/metrics; done | awk '/^go_goroutines / {g+=$2} /^go_memstats_heap_inuse_bytes / {h+=$2} /^go_memstats_stack_inuse_bytes / {s+=$2} END {printf "%d %.0f %.0f\n", g, h, s}'; }
+# Connections the nodes ended, summed, by reason (drover_device_connections_ended_total).
+endedall() { for u in "${urls[@]}"; do api $u/metrics; done | awk -F'[{}" ]+' '/^drover_device_connections_ended_total/ {s[$3]+=$NF} END {for (r in s) if (s[r] > 0) printf "%s %d, ", r, s[r]; print "(others 0)"}'; }
 rssall() { local t=0; for p in "${spids[@]}"; do t=$((t + $(rss $p))); done; echo $t; }
 
 sleep 2
@@ -74,6 +76,11 @@ sleep 5
 after=$(rssall); read -r g1 h1 s1 <<<"$(gostat)"
 held=$(conns)
 echo "connections: $held of $total over $procs processes (127.0.0.2..127.0.0.$((procs + 1))) to $nodes server process(es)"
+echo "held per node: $(for u in "${urls[@]}"; do api $u/metrics | awk '/^drover_device_connections / {printf "%d ", $2}'; done)"
+# connload's last line: connections open, and connections that ended (dialled again).
+echo "clients (open/ended per process): $(for p in $(seq 0 $((procs - 1))); do grep '^up ' "$work/load.$p" | tail -1 | awk '{printf "%d/%d ", $2, $4}'; done)"
+echo "connections the nodes ended: $(endedall)"
+[ "$held" = "$total" ] || { echo "FAIL: the nodes hold $held of $total connections"; fail=1; }
 echo "server RSS: $before KiB before, $after KiB after: $(( (after - before) * 1024 / held )) bytes per idle connection"
 echo "server Go: goroutines $g0 -> $g1; heap in use $(( (h1 - h0) / held )) B, stacks $(( (s1 - s0) / held )) B per connection"
 # The handshakes' garbage is still on the heap until a collection: force
@@ -93,12 +100,31 @@ latency() { # name, body, expected count
   cat "$work"/got.* | awk -v t=$t0 '$3 > t {print ($3 - t) / 1e6}' | sort -n |
     awk -v n="$1" -v want="$3" '{a[NR]=$1} END {printf "%s: %d of %d devices have the command; ms p50 %.1f, p99 %.1f, max %.1f\n", n, NR, want, a[int(NR*0.5)+(NR*0.5>int(NR*0.5))], a[int(NR*0.99)+(NR*0.99>int(NR*0.99))], a[NR]}'
 }
+# SINGLES (default 40) single-device commands, 0.4 s apart, to devices spread
+# over every connload process (so, with -N, over every node; all sent to node
+# 1): each must reach its device within 10 s, and all must be delivered.
+singles() {
+  local k line id t0 lines=() t0s=()
+  for k in $(seq 0 $((singles - 1))); do
+    line=$(( (k % procs) * per + (k * 7919) % per ))
+    id=$(sed -n "$((line + 1))p" "$work/tokens.txt" | cut -d. -f1)
+    t0=$(now); lines+=("$line") t0s+=("$t0")
+    api $url/api/v1/commands -d "{\"kind\":\"reboot\",\"device_id\":\"$id\"}" >/dev/null
+    sleep 0.4
+  done
+  sleep 10
+  for k in "${!lines[@]}"; do
+    cat "$work"/got.* | awk -v i="${lines[$k]}" -v t="${t0s[$k]}" '$2 == i && $3 > t {print ($3 - t) / 1e6; exit}'
+  done | sort -n | awk -v want="$singles" '{a[NR]=$1} END {printf "%d single-device commands over all connections: %d of %d delivered; ms p50 %.1f, p99 %.1f, max %.1f\n", want, NR, want, a[int(NR*0.5)+(NR*0.5>int(NR*0.5))], a[int(NR*0.99)+(NR*0.99>int(NR*0.99))], a[NR]; if (NR < want || a[NR] > 1000) exit 1}' ||
+    { echo "FAIL: not every single-device command was delivered within 1 s"; fail=1; }
+}
 if [ $lat = 1 ]; then
 latency "1 device" "{\"kind\":\"reboot\",\"device_id\":\"$first\"}" 1
+singles
 latency "1,000 devices (label)" '{"kind":"reboot","label":"k"}' 1000
 latency "all $total devices" '{"kind":"reboot","filter":{}}' $total
 fi
-echo "server RSS after the commands: $(rssall) KiB"
+echo "server RSS after the commands: $(rssall) KiB; connections the nodes ended: $(endedall)"
 for p in "${pids[@]:1}"; do kill $p 2>/dev/null || true; done
 
 # The brokers, MQTT over TLS with the server's certificate, the same number
@@ -145,3 +171,4 @@ NATS
   nats-server -c "$work/nats.conf" >"$work/nats.log" 2>&1 & pids+=($!)
   brokerrun nats-mqtt $! $qport
 fi
+exit $fail
