@@ -26,6 +26,39 @@ func envName(r *Result) string {
 	return n
 }
 
+// hardware is what makes two machines of the same host name different
+// environments: CPU model, cores and threads, RAM in whole GiB.
+func hardware(e environment) string {
+	return fmt.Sprintf("%s, %d/%d, %.0f GiB", e.CPUModel, e.Cores, e.Threads, e.RAMMiB/1024)
+}
+
+// envNames names every result's environment (envName). Results without
+// --env-label that share a host name but not their hardware (a VM rebuilt on
+// another CPU keeps its host name) get the hardware in their names, so that
+// their figures are not compared as one environment's.
+func envNames(rs []*Result) map[*Result]string {
+	kinds := map[string]map[string]bool{}
+	for _, r := range rs {
+		if r.Env.Label != "" {
+			continue
+		}
+		n := envName(r)
+		if kinds[n] == nil {
+			kinds[n] = map[string]bool{}
+		}
+		kinds[n][hardware(r.Env)] = true
+	}
+	names := make(map[*Result]string, len(rs))
+	for _, r := range rs {
+		n := envName(r)
+		if r.Env.Label == "" && len(kinds[n]) > 1 {
+			n += " [" + hardware(r.Env) + "]"
+		}
+		names[r] = n
+	}
+	return names
+}
+
 // envGroup is the results of one Drover version in one environment.
 type envGroup struct {
 	version, env string
@@ -37,9 +70,10 @@ type envGroup struct {
 // order of their earliest test, environments by name.
 func groupResults(rs []*Result) []*envGroup {
 	byKey := map[[2]string]*envGroup{}
+	names := envNames(rs)
 	var out []*envGroup
 	for _, r := range rs {
-		k := [2]string{r.Env.DroverVersion, envName(r)}
+		k := [2]string{r.Env.DroverVersion, names[r]}
 		g := byKey[k]
 		if g == nil {
 			g = &envGroup{version: k[0], env: k[1], first: r}

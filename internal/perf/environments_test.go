@@ -50,6 +50,39 @@ func TestSummaryAcrossEnvironments(t *testing.T) {
 	}
 }
 
+// Unlabelled results of one host name on two different machines (a VM
+// rebuilt on another CPU) are two environments, each with its own hardware
+// and benchmark row; on the same machine they stay one.
+func TestSummarySameHostOtherHardware(t *testing.T) {
+	old, newer, same := seedBench(), seedBench(), seedBench()
+	for _, r := range []*Result{old, newer, same} {
+		r.Env.Label, r.Env.Host, r.Env.Cores, r.Env.Threads, r.Env.RAMMiB = "", "vm", 2, 2, 24105
+		r.Env.CPUModel = "AMD EPYC"
+	}
+	newer.Env.CPUModel, newer.Env.RAMMiB = "Intel Xeon", 24106
+	newer.Started = newer.Started.Add(time.Hour)
+	var out bytes.Buffer
+	if err := Summary(&out, []*Result{old, newer}); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{
+		"| vm [AMD EPYC, 2/2, 24 GiB] | AMD EPYC | 2 / 2 | 24,105 |",
+		"| vm [Intel Xeon, 2/2, 24 GiB] | Intel Xeon | 2 / 2 | 24,106 |",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q:\n%s", want, s)
+		}
+	}
+	out.Reset()
+	if err := Summary(&out, []*Result{old, same}); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.Contains(s, "| vm | AMD EPYC | 2 / 2 |") || strings.Contains(s, "[AMD") {
+		t.Errorf("one machine split in two:\n%s", s)
+	}
+}
+
 // PeakD at 64, 256 and 1024 threads: drops begin between 256 and 1024.
 func TestPeakBreakingPoint(t *testing.T) {
 	mk := func(name string, dropped int64) *Result {
