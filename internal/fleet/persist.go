@@ -68,8 +68,17 @@ type WriteThrough struct {
 	observe    CommitObserver
 	timeout    time.Duration
 
+	// interval is the least time from one commit's start to the next's
+	// (WriteThroughOptions.CommitInterval); lastStart is when the last
+	// commit started. now and sleep are the clock (tests replace them).
+	interval  time.Duration
+	lastStart time.Time
+	now       func() time.Time
+	sleep     func(d time.Duration, stop <-chan struct{})
+
 	// window is how long a commit waits for more writes when fewer are
-	// pending than the last commit carried (as PostgreSQL's commit_delay).
+	// pending than the last commit carried (as PostgreSQL's commit_delay);
+	// only without an interval.
 	window   time.Duration
 	lastSize int
 
@@ -78,6 +87,9 @@ type WriteThrough struct {
 	spare   *Batch
 	closing bool
 	wake    chan struct{}
+	// hurry ends a wait for the interval: Close, or half of maxPending
+	// pending.
+	hurry   chan struct{}
 	stopped chan struct{}
 }
 
@@ -87,22 +99,69 @@ type group struct {
 	err  error
 }
 
-// NewWriteThrough starts the committer. maxPending bounds the records
-// waiting for the next commit; beyond it Persist fails with ErrOverloaded.
+// WriteThroughOptions configures NewWriteThroughWith.
+type WriteThroughOptions struct {
+	// MaxPending bounds the records waiting for the next commit; beyond
+	// it Enqueue fails with ErrOverloaded (0: 50,000).
+	MaxPending int
+	// Observe is told about every commit (nil: nobody).
+	Observe CommitObserver
+	// CommitInterval is the least time between the starts of two commits
+	// (0: a commit starts as soon as the previous one ended). Writes that
+	// arrive meanwhile wait and are committed together, so that a server
+	// far from saturated makes fewer, larger commits, each cheaper per
+	// record (docs/performance.md, "Session 8: group-commit pacing"). A
+	// write that finds the last commit started an interval or more ago is
+	// committed at once, and so is everything pending on Close or when
+	// half of MaxPending is pending.
+	CommitInterval time.Duration
+}
+
+// NewWriteThrough starts the committer without a commit interval.
+// maxPending bounds the records waiting for the next commit; beyond it
+// Persist fails with ErrOverloaded.
 func NewWriteThrough(store Store, maxPending int, observe CommitObserver) *WriteThrough {
-	if maxPending <= 0 {
-		maxPending = 50000
+	return NewWriteThroughWith(store, WriteThroughOptions{MaxPending: maxPending, Observe: observe})
+}
+
+// NewWriteThroughWith starts the committer with o.
+func NewWriteThroughWith(store Store, o WriteThroughOptions) *WriteThrough {
+	return newWriteThrough(store, o, time.Now, sleepUnless)
+}
+
+func newWriteThrough(store Store, o WriteThroughOptions, now func() time.Time, sleep func(time.Duration, <-chan struct{})) *WriteThrough {
+	if o.MaxPending <= 0 {
+		o.MaxPending = 50000
 	}
-	if observe == nil {
-		observe = func(int, time.Duration, error) {}
+	if o.Observe == nil {
+		o.Observe = func(int, time.Duration, error) {}
 	}
 	w := &WriteThrough{
-		store: store, maxPending: maxPending, observe: observe, timeout: 30 * time.Second, window: 500 * time.Microsecond,
+		store: store, maxPending: o.MaxPending, observe: o.Observe, timeout: 30 * time.Second, window: 500 * time.Microsecond,
+		interval: max(o.CommitInterval, 0), now: now, sleep: sleep,
 		cur:  &group{b: &Batch{}, done: make(chan struct{})},
-		wake: make(chan struct{}, 1), stopped: make(chan struct{}),
+		wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1), stopped: make(chan struct{}),
 	}
 	go w.run()
 	return w
+}
+
+// sleepUnless sleeps for d or until stop receives.
+func sleepUnless(d time.Duration, stop <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-stop:
+	}
+}
+
+// signal wakes the receiver of c unless a wake-up is already waiting.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
 
 func (w *WriteThrough) Enqueue(fill func(*Batch)) (Ticket, error) {
@@ -111,16 +170,18 @@ func (w *WriteThrough) Enqueue(fill func(*Batch)) (Ticket, error) {
 		w.mu.Unlock()
 		return Ticket{}, ErrClosed
 	}
-	if w.cur.b.Len() >= w.maxPending {
+	before := w.cur.b.Len()
+	if before >= w.maxPending {
 		w.mu.Unlock()
 		return Ticket{}, ErrOverloaded
 	}
 	fill(w.cur.b)
 	g := w.cur
+	half := before < w.maxPending/2 && g.b.Len() >= w.maxPending/2
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	signal(w.wake)
+	if half && w.interval > 0 {
+		signal(w.hurry)
 	}
 	return Ticket{g}, nil
 }
@@ -130,17 +191,16 @@ func (w *WriteThrough) run() {
 	for {
 		<-w.wake
 		for {
-			w.gather()
-			w.mu.Lock()
-			g := w.cur
-			if g.b.Len() == 0 {
-				closing := w.closing
-				w.mu.Unlock()
+			if n, closing := w.pending(); n == 0 {
 				if closing {
 					return
 				}
 				break
 			}
+			w.pace()
+			w.gather()
+			w.mu.Lock()
+			g := w.cur // not empty: only this goroutine takes writes out
 			next := w.spare
 			if next == nil {
 				next = &Batch{}
@@ -150,6 +210,7 @@ func (w *WriteThrough) run() {
 			w.mu.Unlock()
 
 			w.lastSize = g.b.Len()
+			w.lastStart = w.now()
 			g.err = w.commit(g.b)
 			g.b.Reset()
 			w.mu.Lock()
@@ -160,15 +221,39 @@ func (w *WriteThrough) run() {
 	}
 }
 
+// pending is how many records wait for the next commit, and whether Close
+// was called.
+func (w *WriteThrough) pending() (int, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cur.b.Len(), w.closing
+}
+
+// pace waits until the interval since the last commit's start has passed,
+// unless Close was called or half of maxPending is pending. A write that
+// arrives after the committer was idle longer than the interval never waits.
+func (w *WriteThrough) pace() {
+	if w.interval <= 0 || w.lastStart.IsZero() {
+		return
+	}
+	for {
+		n, closing := w.pending()
+		d := w.interval - w.now().Sub(w.lastStart)
+		if d <= 0 || closing || n >= w.maxPending/2 {
+			return
+		}
+		w.sleep(d, w.hurry)
+	}
+}
+
 // gather waits up to window while the pending group is less than half as
 // large as the last commit: under load, writers released by the last commit
 // are about to send their next writes, and one commit for all of them beats
 // one commit for the first and another for the rest. Idle, it never waits.
+// With a commit interval the interval does this, and gather never waits.
 func (w *WriteThrough) gather() {
-	w.mu.Lock()
-	n, closing := w.cur.b.Len(), w.closing
-	w.mu.Unlock()
-	if closing || n == 0 || n*2 >= w.lastSize {
+	n, closing := w.pending()
+	if w.interval > 0 || closing || n == 0 || n*2 >= w.lastSize {
 		return
 	}
 	time.Sleep(w.window)
@@ -187,15 +272,14 @@ func (w *WriteThrough) commit(b *Batch) error {
 	return nil
 }
 
-// Close commits what is pending and stops the committer.
+// Close commits what is pending at once, without waiting for the commit
+// interval, and stops the committer.
 func (w *WriteThrough) Close(ctx context.Context) error {
 	w.mu.Lock()
 	w.closing = true
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
+	signal(w.wake)
+	signal(w.hurry)
 	select {
 	case <-w.stopped:
 		return nil

@@ -56,7 +56,10 @@ type Config struct {
 	// never held.
 	QuotaHold        time.Duration
 	MaxPendingWrites int
-	MaxInflight      int
+	// CommitInterval is write-through's least time between the starts of
+	// two commits (fleet.WriteThroughOptions.CommitInterval; 0: none).
+	CommitInterval time.Duration
+	MaxInflight    int
 	// MaxBusyConns is how many connections may be reading or answering a
 	// request at once; beyond, the listeners stop accepting (gate.go).
 	MaxBusyConns    int
@@ -118,6 +121,14 @@ type Config struct {
 	ACMECACert       string
 }
 
+// DefaultCommitInterval is the default -commit-interval (docs/performance.md,
+// "Session 8: group-commit pacing").
+const DefaultCommitInterval = 5 * time.Millisecond
+
+// MaxCommitInterval is the largest -commit-interval: every write-through
+// request may wait that long for its commit to start.
+const MaxCommitInterval = time.Second
+
 // DefaultConfig is the zero-configuration setup: SQLite under ./drover-data,
 // HTTPS on :8443 with a generated certificate, write-through.
 func DefaultConfig() Config {
@@ -138,6 +149,7 @@ func DefaultConfig() Config {
 		QuotaHistoryBytes:   fleet.DefaultQuotas().HistoryBytes,
 		QuotaHold:           10 * time.Second,
 		MaxPendingWrites:    50000,
+		CommitInterval:      DefaultCommitInterval,
 		MaxInflight:         8192,
 		MaxBusyConns:        1024,
 		ShutdownTimeout:     30 * time.Second,
@@ -207,6 +219,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FlushInterval <= 0 {
 		return errors.New("-flush-interval must be positive")
+	}
+	if c.CommitInterval < 0 || c.CommitInterval > MaxCommitInterval {
+		return fmt.Errorf("-commit-interval must be 0..%v, not %v", MaxCommitInterval, c.CommitInterval)
 	}
 	if c.MaxInflight < 1 || c.MaxPendingWrites < 1 || c.MaxBusyConns < 1 {
 		return errors.New("-max-inflight, -max-busy-connections and -max-pending-writes must be positive")

@@ -136,7 +136,8 @@ func (s *Server) openPersistence(ctx context.Context) error {
 		} else if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
 			return err
 		}
-		s.persist = fleet.NewWriteThrough(s.store, s.cfg.MaxPendingWrites, s.observeCommit)
+		s.persist = fleet.NewWriteThroughWith(s.store, fleet.WriteThroughOptions{
+			MaxPending: s.cfg.MaxPendingWrites, Observe: s.observeCommit, CommitInterval: s.cfg.CommitInterval})
 	case "write-back":
 		if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
 			return err

@@ -3,9 +3,6 @@ package sqlite
 import (
 	"cmp"
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -28,19 +25,8 @@ import (
 //	go test -run '^$' -bench FirstPush -benchtime 50000x ./internal/store/sqlite/
 func BenchmarkFirstPush(b *testing.B) {
 	devices := benchEnv(b, "DROVER_BENCH_DEVICES", 100_000)
-	withStates := filepath.Join(os.TempDir(), fmt.Sprintf("drover-bench-fleet-%d.db", devices))
-	registered := filepath.Join(os.TempDir(), fmt.Sprintf("drover-bench-registered-%d.db", devices))
-	for _, t := range []struct {
-		path   string
-		states bool
-	}{{withStates, true}, {registered, false}} {
-		if _, err := os.Stat(t.path); err != nil {
-			buildDB(b, t.path+".tmp", devices, t.states)
-			if err := os.Rename(t.path+".tmp", t.path); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	withStates := benchDB(b, "fleet", devices, true)
+	registered := benchDB(b, "registered", devices, false)
 	batch := benchEnv(b, "DROVER_BENCH_BATCH", 74)
 	b.Run("steady", func(b *testing.B) { benchPushes(b, withStates, devices, batch, false) })
 	b.Run("first", func(b *testing.B) { benchPushes(b, registered, devices, batch, false) })

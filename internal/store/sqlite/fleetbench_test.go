@@ -31,13 +31,7 @@ func BenchmarkCommitFleet(b *testing.B) {
 	b.Cleanup(func() { mergeRate = oldRate })
 	devices := benchEnv(b, "DROVER_BENCH_DEVICES", 100_000)
 	ctx := context.Background()
-	tmpl := filepath.Join(os.TempDir(), fmt.Sprintf("drover-bench-fleet-%d.db", devices))
-	if _, err := os.Stat(tmpl); err != nil {
-		buildDB(b, tmpl+".tmp", devices, true)
-		if err := os.Rename(tmpl+".tmp", tmpl); err != nil {
-			b.Fatal(err)
-		}
-	}
+	tmpl := benchDB(b, "fleet", devices, true)
 	if os.Getenv("DROVER_BENCH_CHECKPOINTS") == "writer" {
 		ownCheckpoints = false
 		defer func() { ownCheckpoints = true }()
@@ -85,6 +79,19 @@ func BenchmarkCommitFleet(b *testing.B) {
 	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	b.ReportMetric(float64(slowest.Microseconds())/1000, "max-commit-ms")
 	b.ReportMetric(float64(slow)/float64(commits)*100, "%commits>100ms")
+}
+
+// benchDB is the database $TMPDIR/drover-bench-<name>-<n>.db of n devices
+// (with states if states, as buildDB), built once.
+func benchDB(b *testing.B, name string, n int, states bool) string {
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("drover-bench-%s-%d.db", name, n))
+	if _, err := os.Stat(path); err != nil {
+		buildDB(b, path+".tmp", n, states)
+		if err := os.Rename(path+".tmp", path); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return path
 }
 
 // buildDB writes a database of n registered devices, each with a state in

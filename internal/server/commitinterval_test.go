@@ -1,0 +1,27 @@
+package server_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/internal/server"
+)
+
+// -commit-interval is 0..1s.
+func TestCommitIntervalChecked(t *testing.T) {
+	for _, tc := range []struct {
+		d  time.Duration
+		ok bool
+	}{{0, true}, {server.DefaultCommitInterval, true}, {time.Second, true}, {-time.Millisecond, false}, {time.Second + 1, false}} {
+		cfg := server.DefaultConfig()
+		cfg.DataDir, cfg.Listen, cfg.CommitInterval = t.TempDir(), "127.0.0.1:0", tc.d
+		err := cfg.Validate()
+		if tc.ok && err != nil {
+			t.Errorf("-commit-interval %v: %v", tc.d, err)
+		}
+		if !tc.ok && (err == nil || !strings.Contains(err.Error(), "commit-interval")) {
+			t.Errorf("-commit-interval %v: %v, want an error naming -commit-interval", tc.d, err)
+		}
+	}
+}
