@@ -130,7 +130,7 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	fs.StringVar(&o.CAFile, "ca-cert", "", "PEM certificate to trust for the running server")
 	fs.BoolVar(&o.Insecure, "insecure", false, "do not verify the running server's certificate")
 	fs.StringVar(&o.ServerLog, "server-log", "", "the running server's log file, to review warnings and errors")
-	fs.StringVar(&o.Persistence, "persistence", "write-through", "started server: memory, write-through or write-back")
+	fs.StringVar(&o.Persistence, "persistence", "", "started server: memory, write-through or write-back (default write-through; Registrar-1M: a comma-separated selection, default all three)")
 	fs.StringVar(&o.DB, "db", "", "started server: database DSN (default: SQLite in a temporary data dir)")
 	fs.Var(&serverArgs, "server-arg", "started server: one more flag for `drover serve` (repeatable)")
 	fs.StringVar(&o.WorkDir, "work-dir", "", "where temporary data dirs go (default: the system's temp dir)")

@@ -40,16 +40,16 @@ func registrarPresetDef() Preset {
 // fresh server per run (runPart), the devices registering closed loop on
 // kept-alive connections. Repetition k runs every cell before k+1 starts,
 // so that a slow spell of the machine spreads over the cells.
-func runRegistrar(ctx context.Context, r *Result, p Preset, handlers []int, o Options) error {
+func runRegistrar(ctx context.Context, r *Result, p Preset, handlers []int, modes []string, o Options) error {
 	if o.URL != "" {
 		return fmt.Errorf("%s starts a server per persistence mode: drop --url", p.Name)
 	}
 	o.Conn = emulator.ConnKeepAlive
 	r.Setup.Conn = string(o.Conn)
-	r.Setup.Persistence = strings.Join(registrarPersistence, ", ") + " (a fresh server per run)"
+	r.Setup.Persistence = strings.Join(modes, ", ") + " (a fresh server per run)"
 	r.Setup.Backend = backendName(o.DB, "write-through") + " (write-through and write-back)"
 	for rep := 1; rep <= max(p.Repeats, 1); rep++ {
-		for _, mode := range registrarPersistence {
+		for _, mode := range modes {
 			for _, h := range handlers {
 				for _, ids := range registrarIDs {
 					o.Persistence, o.machineIDs = mode, ids
@@ -67,6 +67,36 @@ func runRegistrar(ctx context.Context, r *Result, p Preset, handlers []int, o Op
 		}
 	}
 	return nil
+}
+
+// registrarModesOf is the persistence modes a registrar test runs: every
+// mode, or those of --persistence (comma-separated, in the test's order).
+// Other tests take one mode.
+func registrarModesOf(p Preset, persistence string) ([]string, error) {
+	if p.Kind != registrar {
+		if strings.Contains(persistence, ",") {
+			return nil, fmt.Errorf("--persistence %q: %s runs one persistence mode", persistence, p.Name)
+		}
+		return nil, nil
+	}
+	if persistence == "" {
+		return registrarPersistence, nil
+	}
+	want := map[string]bool{}
+	for _, m := range strings.Split(persistence, ",") {
+		m = strings.TrimSpace(m)
+		if !slices.Contains(registrarPersistence, m) {
+			return nil, fmt.Errorf("--persistence %q: %q is not one of %s", persistence, m, strings.Join(registrarPersistence, ", "))
+		}
+		want[m] = true
+	}
+	var modes []string
+	for _, m := range registrarPersistence {
+		if want[m] {
+			modes = append(modes, m)
+		}
+	}
+	return modes, nil
 }
 
 // registrarCell is one cell of the registrar table: its runs' rates and
@@ -153,7 +183,7 @@ func registrarNotes(r *Result) []string {
 		fmt.Sprintf("Each run starts a fresh server (`--persistence MODE --threads N`, an empty database) and registers %s devices closed loop: %d workers on kept-alive connections, plain HTTP, each registering its next device as soon as the last is answered. Registrations/s = accepted registrations / elapsed (first request to last answer). The run order is every cell once, then again, %d time(s).", gi(p.Devices), p.Threads, max(p.Repeats, 1)),
 		"Machine IDs: sequential = a per-run prefix of 8 hex digits and the device index zero-padded to 24 digits (they sort in registration order); random = 32 hex digits hashed from the seed and the index (`drover emulate --machine-ids`). Both are 32 characters, as the seed's constant-length user names.",
 		"Spread = (max − min) / median of the cell's runs. Server CPU / registration = the server's CPU time between the snapshots before and after the run (a 2 s settle before it included) / accepted registrations.",
-		"--persistence and --conn do not apply: the test runs every persistence mode and kept-alive connections.",
+		"--conn does not apply: the test runs on kept-alive connections; --persistence (comma-separated) picks the persistence modes, by default all three.",
 	}
 }
 

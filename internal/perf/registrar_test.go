@@ -59,7 +59,7 @@ func TestE2ERegistrar(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	o := testOptions(t, override{Devices: 200, Repeats: 1, Threads: 4})
-	o.Persistence = "ignored" // the test runs every mode itself
+	o.Persistence = "" // every mode
 	r, err := Run(ctx, p, o)
 	if err != nil {
 		t.Fatal(err)
@@ -97,5 +97,35 @@ func TestE2ERegistrar(t *testing.T) {
 	back, err := LoadResult(dir + "/" + r.FileBase() + ".json")
 	if err != nil || markdownOf(back) != md || !strings.Contains(htmlProtocol(back), "Registrar") {
 		t.Errorf("round trip: %v", err)
+	}
+}
+
+// --persistence picks the registrar test's modes (in the test's order);
+// other tests take exactly one.
+func TestRegistrarModes(t *testing.T) {
+	reg, _ := Lookup(RegistrarPreset)
+	bench, _ := Lookup("Bench-6-SSL")
+	for _, c := range []struct {
+		p           Preset
+		persistence string
+		want        string // modes joined by ",", or "error"
+	}{
+		{reg, "", "memory,write-through,write-back"},
+		{reg, "write-back, memory", "memory,write-back"},
+		{reg, "write-through", "write-through"},
+		{reg, "memory,bogus", "error"},
+		{reg, "ignored", "error"},
+		{bench, "memory", ""},
+		{bench, "", ""},
+		{bench, "memory,write-back", "error"},
+	} {
+		modes, err := registrarModesOf(c.p, c.persistence)
+		got := strings.Join(modes, ",")
+		if err != nil {
+			got = "error"
+		}
+		if got != c.want {
+			t.Errorf("%s --persistence %q: %q (%v), want %q", c.p.Name, c.persistence, got, err, c.want)
+		}
 	}
 }

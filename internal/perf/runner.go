@@ -109,7 +109,18 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	if o.Persistence == "" {
+	registrarModes, err := registrarModesOf(p, o.Persistence)
+	if err != nil {
+		return nil, err
+	}
+	if p.Kind == registrar && len(registrarModes) < len(registrarPersistence) {
+		only := strings.Join(registrarModes, ", ") + " only"
+		if changes != "" {
+			only = ", " + only
+		}
+		changes += only
+	}
+	if o.Persistence == "" || p.Kind == registrar {
 		o.Persistence = "write-through"
 	}
 	if o.Conn == "" {
@@ -166,7 +177,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	}
 	defer func() { r.Ended = time.Now().UTC() }()
 	if p.Kind == registrar {
-		return r, runRegistrar(ctx, r, p, handlers, o)
+		return r, runRegistrar(ctx, r, p, handlers, registrarModes, o)
 	}
 	for _, h := range handlers {
 		part, err := runPart(ctx, r, p, h, o)
@@ -863,9 +874,11 @@ func startLocal(ctx context.Context, p Preset, handlers int, o Options) (*localS
 	args := append([]string{}, o.ServerCmd[1:]...)
 	args = append(args, "--data-dir", filepath.Join(dir, "data"), "--log-format", "json", "--persistence", o.Persistence,
 		"--enrollment-secret", ls.secret, "--admin-token", ls.admin, "--push-interval", strconv.Itoa(p.LoopTime),
-		// The suite measures capacity with closed-loop pushes, which per-device
-		// quotas would refuse; --server-args may set them again.
-		"--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0")
+		// The suite measures capacity with closed-loop pushes and registrations,
+		// which per-device quotas and the registration rate limits would refuse
+		// or slow; --server-args may set them again.
+		"--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0",
+		"--register-rate", "0", "--register-rate-per-address", "0")
 	if o.DB != "" {
 		args = append(args, "--db", o.DB)
 	}
