@@ -1,10 +1,11 @@
 package emulator
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -76,15 +77,28 @@ func (e *engine) runBenchmark(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// scheduled is a device and its offset within the push interval.
+type scheduled struct {
+	phase time.Duration
+	d     *device
+}
+
+// fleetSchedule is the devices in the order of their phases (ties in
+// device order): each phase computed once, sorted without touching the
+// devices.
+func (e *engine) fleetSchedule() []scheduled {
+	s := make([]scheduled, len(e.devs))
+	for i, d := range e.devs {
+		s[i] = scheduled{e.id.phase(d.idx, e.cfg.Interval), d}
+	}
+	slices.SortStableFunc(s, func(a, b scheduled) int { return cmp.Compare(a.phase, b.phase) })
+	return s
+}
+
 func (e *engine) runFleet(ctx context.Context) error {
 	e.phase.Store("push")
-	order := make([]*device, len(e.devs))
-	copy(order, e.devs)
-	phase := func(d *device) time.Duration { return e.id.phase(d.idx, e.cfg.Interval) }
-	sort.Slice(order, func(i, j int) bool { return phase(order[i]) < phase(order[j]) })
-	phases := make([]time.Duration, len(order))
-	for i, d := range order {
-		phases[i] = phase(d)
+	if e.schedule == nil {
+		e.schedule = e.fleetSchedule()
 	}
 	start := e.start
 	// Pushes run on a pool of workers that grows to the largest number in
@@ -102,8 +116,8 @@ dispatch:
 		if !base.Before(e.end) {
 			break
 		}
-		for i, d := range order {
-			due := base.Add(phases[i])
+		for _, sd := range e.schedule {
+			d, due := sd.d, base.Add(sd.phase)
 			if !due.Before(e.end) {
 				break dispatch
 			}
