@@ -359,7 +359,7 @@ func computeFleet(r *Result, c *Calc) {
 	add("dropped pushes (no answer, not sent, or cut off)", group(dropped), "0", dropped == 0)
 	add("p99 latency from the intended send time", render.Fixed(push.LatencyMs.P99, 1)+" ms", render.Fixed(fleetMaxP99Ms, 0)+" ms",
 		push.Accepted > 0 && push.LatencyMs.P99 <= fleetMaxP99Ms)
-	rates := completeSeconds(part.Series, p.Duration.Seconds())
+	rates := completeSeconds(part.Series, part.ScheduleStart, p.Duration.Seconds())
 	if len(rates) > 0 {
 		sorted := append([]float64(nil), rates...)
 		sort.Float64s(sorted)
@@ -399,7 +399,7 @@ func computeOverload(r *Result, c *Calc) {
 	}
 	part := r.Parts[0]
 	capa := part.Capacity
-	rates := completeSeconds(part.Series, r.Preset.Duration.Seconds())
+	rates := completeSeconds(part.Series, part.ScheduleStart, r.Preset.Duration.Seconds())
 	if len(rates) > 0 {
 		sorted := append([]float64(nil), rates...)
 		sort.Float64s(sorted)
@@ -431,13 +431,15 @@ func computeOverload(r *Result, c *Calc) {
 }
 
 // completeSeconds is the accepted pushes per second of the series buckets
-// that lie wholly inside the schedule: the first and the last bucket are
-// partial and left out, as are those after the schedule (answers to the
+// that lie wholly inside the schedule, which starts when the emulator's
+// clock started (start, seconds into the series; it builds its devices
+// first) and lasts duration: the first and the last bucket are partial and
+// left out, as are those before the schedule and after it (answers to the
 // last pushes).
-func completeSeconds(series []point, duration float64) []float64 {
+func completeSeconds(series []point, start, duration float64) []float64 {
 	var out []float64
 	for i, pt := range series {
-		if i == 0 || i == len(series)-1 || pt.T+pt.Dur > duration || pt.Dur <= 0 {
+		if i == 0 || i == len(series)-1 || pt.T < start || pt.T+pt.Dur > start+duration || pt.Dur <= 0 {
 			continue
 		}
 		out = append(out, pt.Accepted)

@@ -657,7 +657,7 @@ func notes(r *Result, c *Calc) []string {
 		n = append(n,
 			"Issue 11's fleet test: the devices register first (a storm on kept-alive connections, not measured; the RSS before the test is that of the registered fleet), then each pushes once per loop time at its own phase (open loop), over plain HTTP with a new TCP connection per push. Latency counts from each push's intended send time, so a late send counts against the server.",
 			fmt.Sprintf("At most %s pushes are in flight at once; beyond, sends wait (and are late). Rejected counts every error status, including 503/429 answers the emulator retried after their Retry-After; dropped counts pushes without an answer, not sent (device still busy or unregistered) or cut off at the end.", gi(p.Threads)),
-			"Per-second throughput: accepted pushes per chart bucket, over the buckets wholly inside the schedule (the first and the last are partial and left out). RSS per device: the server's RSS at the end divided by the devices.",
+			"Per-second throughput: accepted pushes per chart bucket, over the buckets wholly inside the schedule, which starts when the emulator's clock starts (after it built its devices) and lasts the duration (the first and the last bucket are partial and left out). RSS per device: the server's RSS at the end divided by the devices.",
 			"Scaled runs (`--scale F`) keep the loop time and the duration: F × the devices and F × the pushes per second.")
 	case overload:
 		n = append(n,

@@ -60,6 +60,7 @@ type resultPart struct {
 	After          snapshot           `json:"after"`
 	Samples        []sample           `json:"samples,omitempty"`
 	Series         []point            `json:"series,omitempty"`
+	ScheduleStart  float64            `json:"schedule_start_s,omitempty"` // fleet, overload: the emulator's clock started this long after the series' start
 	Log            logSummary         `json:"log"`
 	LogReviewed    bool               `json:"log_reviewed"`
 	ServerExit     string             `json:"server_exit,omitempty"` // the server ended during the run

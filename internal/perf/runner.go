@@ -328,7 +328,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	if p.Kind == rollout {
 		sum, series, part.Rollout, err = driveRollout(runCtx, p, t, o, part.Started, smp)
 	} else {
-		sum, series, err = drive(runCtx, p, t, o, part.Started)
+		sum, series, part.ScheduleStart, err = drive(runCtx, p, t, o, part.Started)
 	}
 	part.Ended = time.Now().UTC()
 	cancel()
@@ -460,7 +460,7 @@ func measureCapacity(ctx context.Context, p Preset, t *target, o Options) (*capa
 }
 
 // drive runs the emulator for one part.
-func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []point, error) {
+func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time) (*results.Summary, []point, float64, error) {
 	cfg, _ := emuConfig(p, t, o)
 	switch p.Kind {
 	case stability, fleet, overload:
@@ -487,7 +487,7 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 			// Register first, unmeasured; the storm then starts from saved credentials.
 			dir, err := os.MkdirTemp(o.WorkDir, "drover-perf-cred")
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, 0, err
 			}
 			defer os.RemoveAll(dir)
 			cfg.CredentialsFile = filepath.Join(dir, "credentials.jsonl")
@@ -496,10 +496,10 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 			reg.Progress, reg.Warn = nil, nil
 			pre, err2 := t.emulate(ctx, reg, nil, 0)
 			if err2 != nil {
-				return nil, nil, fmt.Errorf("registering the fleet before the storm: %w", err2)
+				return nil, nil, 0, fmt.Errorf("registering the fleet before the storm: %w", err2)
 			}
 			if n := pre.Op(results.OpRegister).Accepted; n < int64(p.Devices) {
-				return nil, nil, fmt.Errorf("registering the fleet before the storm: %d of %d devices registered", n, p.Devices)
+				return nil, nil, 0, fmt.Errorf("registering the fleet before the storm: %d of %d devices registered", n, p.Devices)
 			}
 			cfg.Loops = 1 << 30
 		case peakFull:
@@ -513,14 +513,14 @@ func drive(ctx context.Context, p Preset, t *target, o Options, start time.Time)
 	sink := newSeriesSink(start, width)
 	if cfg.Mode == emulator.ModeFleet {
 		sum, err := t.emulate(ctx, cfg, sink, 0)
-		return sum, sink.points(), err
+		return sum, sink.points(), sink.scheduleStart(), err
 	}
 	// A closed loop's duration ends by cancellation, not by a context
 	// deadline (emulateFor).
 	dur := cfg.Duration
 	cfg.Duration = 0
 	sum, err := t.emulate(ctx, cfg, sink, dur)
-	return sum, sink.points(), err
+	return sum, sink.points(), sink.scheduleStart(), err
 }
 
 // emulate runs the emulator here, or split over the load machines.

@@ -22,6 +22,9 @@ type seriesSink struct {
 	buf     []byte
 	buckets []*bucket
 	pos     map[string]float64 // by shard: where its next record starts, seconds since start
+	// scheduled is when the last shard's emulator started its clock,
+	// seconds since start: a fleet's schedule begins there, not at start.
+	scheduled float64
 }
 
 type bucket struct {
@@ -49,6 +52,14 @@ func (s *seriesSink) Write(p []byte) (int, error) {
 }
 
 func (s *seriesSink) record(line []byte) {
+	if bytes.Contains(line, []byte(`"type":"start"`)) {
+		var st results.Start
+		if json.Unmarshal(line, &st) == nil && !st.Started.IsZero() {
+			off := float64(st.Started.UnixNano()-s.start*int64(time.Second)) / float64(time.Second)
+			s.scheduled = max(s.scheduled, off)
+		}
+		return
+	}
 	if !bytes.Contains(line, []byte(`"type":"interval"`)) {
 		return
 	}
@@ -104,6 +115,14 @@ func (s *seriesSink) halve() {
 	}
 	s.buckets = out
 	s.width *= 2
+}
+
+// scheduleStart is when the emulators' schedule began, in seconds from the
+// series' start (0 before any start record).
+func (s *seriesSink) scheduleStart() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.scheduled
 }
 
 func (s *seriesSink) points() []point {

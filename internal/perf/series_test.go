@@ -63,3 +63,40 @@ func TestSeriesSinkLateTick(t *testing.T) {
 		}
 	}
 }
+
+// The emulator builds its devices before its clock starts (3.6 s here): the
+// buckets before that are empty and are not part of the schedule, whose
+// seconds the fleet test's lowest-second criterion judges.
+func TestSeriesScheduleStart(t *testing.T) {
+	start := time.Unix(3_000_000, 0)
+	var stream bytes.Buffer
+	w := results.NewWriter(&stream)
+	w.Write(&results.Start{Type: results.TypeStart, RunID: "r", Shard: "1/1", Started: start.Add(3600 * time.Millisecond)})
+	w.Write(&results.Interval{Type: results.TypeInterval, TS: start.Unix() + 3, Dur: 0.4, Ops: map[string]*results.Op{
+		results.OpPush: {Counts: results.Counts{Accepted: 40}}}})
+	for s := 4; s < 14; s++ {
+		w.Write(&results.Interval{Type: results.TypeInterval, TS: start.Unix() + int64(s), Dur: 1, Ops: map[string]*results.Op{
+			results.OpPush: {Counts: results.Counts{Accepted: 100}}}})
+	}
+	sink := newSeriesSink(start, time.Second)
+	sink.Write(stream.Bytes())
+	if got := sink.scheduleStart(); got < 3.59 || got > 3.61 {
+		t.Fatalf("schedule start %v, want 3.6", got)
+	}
+	pts := sink.points()
+	rates := completeSeconds(pts, sink.scheduleStart(), 8)
+	if len(rates) != 7 {
+		t.Fatalf("%d complete seconds %v, want 7 (seconds 4 to 10)", len(rates), rates)
+	}
+	for _, r := range rates {
+		if r != 100 {
+			t.Errorf("rates %v: a second before or after the schedule counted", rates)
+			break
+		}
+	}
+	// Counted from the series' start, the empty seconds before the clock
+	// would count as seconds with nothing accepted.
+	if old := completeSeconds(pts, 0, 8); len(old) == 0 || old[0] != 0 {
+		t.Errorf("from the series' start: %v", old)
+	}
+}
