@@ -97,10 +97,7 @@ func (e *engine) fleetSchedule() []scheduled {
 
 func (e *engine) runFleet(ctx context.Context) error {
 	e.phase.Store("push")
-	if e.schedule == nil {
-		e.schedule = e.fleetSchedule()
-	}
-	start := e.start
+	start := e.start // e.schedule was built before it (run)
 	// Pushes run on a pool of workers that grows to the largest number in
 	// flight (at most MaxInflight): a goroutine per push would cost a new
 	// stack, and its growth, every time.
