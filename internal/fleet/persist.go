@@ -53,6 +53,12 @@ func persist(ctx context.Context, p Persister, fill func(*Batch)) error {
 // CommitObserver is told about every store commit (for metrics and logs).
 type CommitObserver func(records int, took time.Duration, err error)
 
+// UpkeepObserver is told about each step of a store's background work (for
+// metrics and logs): work names it (e.g. checkpoint, state_log_merge), items
+// is what the step moved (pages, devices, rows), took how long it ran, with
+// any wait for the writer included.
+type UpkeepObserver func(work string, items int64, took time.Duration, err error)
+
 // Memory is the persistence mode that writes nothing.
 type Memory struct{}
 

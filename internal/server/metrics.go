@@ -43,7 +43,11 @@ type metrics struct {
 	commitTime                 prometheus.Histogram
 	commitErrors               prometheus.Counter
 	storeUp                    prometheus.Gauge
-	quotaAnswers               *prometheus.CounterVec
+	// The store's background work (Server.observeUpkeep), by work.
+	upkeepTime   *prometheus.HistogramVec
+	upkeepItems  *prometheus.CounterVec
+	upkeepErrors *prometheus.CounterVec
+	quotaAnswers *prometheus.CounterVec
 	// firmwareDownloads counts firmware file requests (a resumed
 	// download is one more).
 	firmwareDownloads prometheus.Counter
@@ -98,6 +102,16 @@ func newMetrics() *metrics {
 		Name: "drover_store_up", Help: "1 when the last store commit succeeded.",
 	})
 	m.storeUp.Set(1)
+	m.upkeepTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "drover_store_upkeep_duration_seconds", Help: "Time of one step of the store's background work, by work (SQLite: checkpoint, state_log_merge, state_log_unlist, state_log_drop, history_archive, history_drop).",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"work"})
+	m.upkeepItems = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "drover_store_upkeep_items_total", Help: "What the store's background work moved, by work: WAL frames checkpointed, devices merged, rows archived or deleted.",
+	}, []string{"work"})
+	m.upkeepErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "drover_store_upkeep_errors_total", Help: "Steps of the store's background work that failed (retried later), by work.",
+	}, []string{"work"})
 	m.quotaAnswers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "drover_push_quota_answers_total", Help: "Pushes refused with 429 for their quota, by answer: at_once, held (tarpit, until Retry-After), closed (the connection).",
 	}, []string{"answer"})
@@ -114,7 +128,7 @@ func newMetrics() *metrics {
 	})
 	buildInfo.Set(1)
 	m.reg.MustRegister(buildInfo, m.registrations, m.pushes, m.badRequests, m.duration, m.inflight, m.connections, m.connectionsEnded,
-		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.quotaAnswers, m.firmwareDownloads, m.auditFailures,
+		m.commitSize, m.commitTime, m.commitErrors, m.storeUp, m.upkeepTime, m.upkeepItems, m.upkeepErrors, m.quotaAnswers, m.firmwareDownloads, m.auditFailures,
 		m.acceptHeld, m.acceptHeldTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{outAccepted, outUnauth, outInvalid, outOverloaded, outUnavailable, outQuota} {
@@ -151,6 +165,14 @@ func (m *metrics) observeCommit(records int, took time.Duration, err error) {
 		m.storeUp.Set(0)
 	} else {
 		m.storeUp.Set(1)
+	}
+}
+
+func (m *metrics) observeUpkeep(work string, items int64, took time.Duration, err error) {
+	m.upkeepTime.WithLabelValues(work).Observe(took.Seconds())
+	m.upkeepItems.WithLabelValues(work).Add(float64(items))
+	if err != nil {
+		m.upkeepErrors.WithLabelValues(work).Inc()
 	}
 }
 

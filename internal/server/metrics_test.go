@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/server"
@@ -91,5 +92,22 @@ func TestMetricsTokenChecked(t *testing.T) {
 	s := servertest.Start(t, servertest.Options{})
 	if s.Srv.MetricsAddr() != "" {
 		t.Errorf("a metrics listener by default: %s", s.Srv.MetricsAddr())
+	}
+}
+
+// The SQLite store's background work reaches /metrics: its checkpointer
+// runs every 500 ms, each pass one observation.
+func TestStoreUpkeepMetrics(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	labels := map[string]string{"work": "checkpoint"}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Metric("drover_store_upkeep_duration_seconds_count", labels) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint observed in 10 s: %v", s.Metric("drover_store_upkeep_duration_seconds_count", labels))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if v := s.Metric("drover_store_upkeep_errors_total", labels); v != 0 {
+		t.Errorf("checkpoint errors %v, want 0", v)
 	}
 }

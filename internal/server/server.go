@@ -136,12 +136,14 @@ func (s *Server) openPersistence(ctx context.Context) error {
 		} else if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
 			return err
 		}
+		s.watchUpkeep()
 		s.persist = fleet.NewWriteThroughWith(s.store, fleet.WriteThroughOptions{
 			MaxPending: s.cfg.MaxPendingWrites, Observe: s.observeCommit, CommitInterval: s.cfg.CommitInterval})
 	case "write-back":
 		if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
 			return err
 		}
+		s.watchUpkeep()
 		s.persist = fleet.NewWriteBack(s.store, fleet.WriteBackOptions{FlushInterval: s.cfg.FlushInterval, Observe: s.observeCommit, Logger: s.log})
 	default:
 		return fmt.Errorf("persistence %q is not available in this build", s.cfg.Persistence)
@@ -161,6 +163,35 @@ func (s *Server) observeCommit(n int, took time.Duration, err error) {
 	} else if s.storeErr.Swap(nil) != nil {
 		s.log.Info("store commit recovered")
 	}
+}
+
+// slowUpkeep is how long one step of the store's background work may take
+// before it is logged: the merger's and drops' steps hold the writer (and the
+// pushes' commits wait as long), a checkpoint's fsync slows the commits'.
+const slowUpkeep = time.Second
+
+// watchUpkeep exports the store's background work (SQLite's; the other
+// backends have none) and logs its slow and failed steps.
+func (s *Server) watchUpkeep() {
+	u, ok := s.store.(interface{ ObserveUpkeep(fleet.UpkeepObserver) })
+	if !ok {
+		return
+	}
+	var failing sync.Map // work → true while it fails
+	u.ObserveUpkeep(func(work string, items int64, took time.Duration, err error) {
+		s.m.observeUpkeep(work, items, took, err)
+		switch {
+		case err != nil:
+			if _, was := failing.Swap(work, true); !was {
+				s.log.Warn("store upkeep failed", "work", work, "err", err)
+			}
+		case took >= slowUpkeep:
+			failing.Delete(work)
+			s.log.Warn("slow store upkeep", "work", work, "items", items, "took", took.Round(time.Millisecond))
+		default:
+			failing.Delete(work)
+		}
+	})
 }
 
 // loadFleet loads the fleet from the store, with its labels and the alert

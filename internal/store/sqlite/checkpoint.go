@@ -22,14 +22,15 @@ var checkpointEvery = 500 * time.Millisecond
 var ownCheckpoints = true
 
 type checkpointer struct {
-	db   *sql.DB // one read-write connection
-	stop chan struct{}
-	done chan struct{}
+	db     *sql.DB // one read-write connection
+	report upkeepReport
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 // startCheckpointer opens the checkpointing connection on dsn (the writer's
 // DSN) and starts its loop.
-func startCheckpointer(ctx context.Context, dsn string) (*checkpointer, error) {
+func startCheckpointer(ctx context.Context, dsn string, report upkeepReport) (*checkpointer, error) {
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, err
@@ -42,7 +43,7 @@ func startCheckpointer(ctx context.Context, dsn string) (*checkpointer, error) {
 		db.Close()
 		return nil, err
 	}
-	c := &checkpointer{db: db, stop: make(chan struct{}), done: make(chan struct{})}
+	c := &checkpointer{db: db, report: report, stop: make(chan struct{}), done: make(chan struct{})}
 	go c.run()
 	return c, nil
 }
@@ -51,6 +52,7 @@ func (c *checkpointer) run() {
 	defer close(c.done)
 	t := time.NewTicker(checkpointEvery)
 	defer t.Stop()
+	var walFrames, copied int64 // after the last pass
 	for {
 		select {
 		case <-c.stop:
@@ -59,7 +61,17 @@ func (c *checkpointer) run() {
 		}
 		// Errors are transient (a busy lock): the next tick tries again.
 		// The WAL only grows meanwhile; nothing is lost.
-		c.db.Exec(`PRAGMA wal_checkpoint(PASSIVE)`)
+		start := time.Now()
+		var busy, frames, done int64
+		err := c.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &done)
+		// done counts the frames of the WAL copied so far; a WAL shorter
+		// than at the last pass was restarted in between.
+		n := done
+		if frames >= walFrames && done >= copied {
+			n = done - copied
+		}
+		walFrames, copied = frames, done
+		c.report("checkpoint", n, start, err)
 	}
 }
 

@@ -23,9 +23,9 @@ var (
 )
 
 // dropGently empties table in short transactions of the writer, then drops
-// it. Nothing may write to table meanwhile. Cancelled, it leaves the table
+// it, reporting each transaction as work. Nothing may write to table meanwhile. Cancelled, it leaves the table
 // partly emptied; calling it again goes on.
-func (s *Store) dropGently(ctx context.Context, table string) error {
+func (s *Store) dropGently(ctx context.Context, work, table string) error {
 	for {
 		var lo sql.NullInt64
 		err := s.w.QueryRowContext(ctx, `SELECT min(rowid) FROM `+table).Scan(&lo)
@@ -39,7 +39,9 @@ func (s *Store) dropGently(ctx context.Context, table string) error {
 			break
 		}
 		start := time.Now()
-		if _, err := s.w.ExecContext(ctx, `DELETE FROM `+table+` WHERE rowid < ?`, lo.Int64+dropChunk); err != nil {
+		res, err := s.w.ExecContext(ctx, `DELETE FROM `+table+` WHERE rowid < ?`, lo.Int64+dropChunk)
+		s.reportUpkeep(work, affected(res, err), start, err)
+		if err != nil {
 			return err
 		}
 		select {
@@ -48,8 +50,19 @@ func (s *Store) dropGently(ctx context.Context, table string) error {
 		case <-time.After(time.Duration(dropRest) * time.Since(start)):
 		}
 	}
+	start := time.Now()
 	_, err := s.w.ExecContext(ctx, `DROP TABLE IF EXISTS `+table)
+	s.reportUpkeep(work, 0, start, err)
 	return err
+}
+
+// affected is the rows a statement changed, 0 if it failed.
+func affected(res sql.Result, err error) int64 {
+	if err != nil {
+		return 0
+	}
+	n, _ := res.RowsAffected()
+	return n
 }
 
 // tablesLike lists the main database's tables whose names start with prefix.

@@ -240,7 +240,7 @@ func (s *Store) archive(ctx context.Context, p part) error {
 		}
 		s.hist.mu.Unlock()
 	}
-	if err := s.dropGently(ctx, p.name); err != nil {
+	if err := s.dropGently(ctx, "history_drop", p.name); err != nil {
 		return err
 	}
 	s.hist.mu.Lock()
@@ -297,11 +297,13 @@ func (s *Store) copyToArchive(ctx context.Context, p part) error {
 	step := (hi.Int64 - lo.Int64 + chunks) / chunks
 	for from := lo.Int64; from <= hi.Int64; from += step {
 		start := time.Now()
-		if _, err := aw.ExecContext(ctx, `INSERT INTO main.`+p.name+` (device_id, at, n, seq, uptime, cpu, mem_used, mem_total,
+		res, err := aw.ExecContext(ctx, `INSERT INTO main.`+p.name+` (device_id, at, n, seq, uptime, cpu, mem_used, mem_total,
 			disk_used, disk_total, temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr)
 			SELECT device_id, at, rowid, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total, temperature,
 			rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr FROM live.`+p.name+` WHERE device_id >= ? AND device_id < ?
-			ORDER BY device_id, at, rowid`, from, from+step); err != nil {
+			ORDER BY device_id, at, rowid`, from, from+step)
+		s.reportUpkeep("history_archive", affected(res, err), start, err)
+		if err != nil {
 			return err
 		}
 		if from+step <= hi.Int64 {

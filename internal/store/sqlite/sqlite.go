@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
@@ -38,6 +39,22 @@ type Store struct {
 	policyStore
 	states stateLog      // statelog.go
 	ckpt   *checkpointer // checkpoint.go; nil: the writer checkpoints (drover migrate)
+	upkeep atomic.Pointer[fleet.UpkeepObserver]
+}
+
+// upkeepReport reports one step of the store's background work: what it
+// moved and when it started.
+type upkeepReport func(work string, items int64, start time.Time, err error)
+
+// ObserveUpkeep has f told about each step of the store's background work
+// (the checkpointer, the state log's merger, the history archiver, and their
+// gentle drops), from now on.
+func (s *Store) ObserveUpkeep(f fleet.UpkeepObserver) { s.upkeep.Store(&f) }
+
+func (s *Store) reportUpkeep(work string, items int64, start time.Time, err error) {
+	if f := s.upkeep.Load(); f != nil {
+		(*f)(work, items, time.Since(start), err)
+	}
 }
 
 // Open opens (creating if needed) the database file at path and applies the
@@ -136,7 +153,7 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, fmt.Errorf("sqlite %s: state log: %w", path, err)
 	}
 	if lock != nil && ownCheckpoints {
-		if s.ckpt, err = startCheckpointer(ctx, ckptDSN); err != nil {
+		if s.ckpt, err = startCheckpointer(ctx, ckptDSN, s.reportUpkeep); err != nil {
 			s.closeDBs()
 			return nil, fmt.Errorf("sqlite %s: checkpointer: %w", path, err)
 		}

@@ -384,6 +384,7 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 				}
 				return nil
 			})
+			s.reportUpkeep("state_log_merge", int64(len(chunk)), start, err)
 			if err != nil {
 				return err
 			}
@@ -411,6 +412,7 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 	// Unlisting g is one small transaction; its rows are deleted after,
 	// gently (a crash meanwhile leaves an unlisted table that the next
 	// merge drops: open does not read it).
+	start := time.Now()
 	l.mu.Lock()
 	err := inTx(ctx, s.w, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM state_logs WHERE gen = ?`, g)
@@ -418,6 +420,7 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 	})
 	if err != nil {
 		l.mu.Unlock()
+		s.reportUpkeep("state_log_unlist", 0, start, err)
 		return err
 	}
 	l.refMu.Lock()
@@ -434,7 +437,8 @@ func (s *Store) mergeGen(ctx context.Context, g int64) error {
 		l.gens = append(l.gens[:i:i], l.gens[i+1:]...)
 	}
 	l.mu.Unlock()
-	return s.dropGently(ctx, logTable(g))
+	s.reportUpkeep("state_log_unlist", int64(merged), start, nil)
+	return s.dropGently(ctx, "state_log_drop", logTable(g))
 }
 
 // dropUnlistedLogs drops the tables of generations that were merged and
@@ -453,7 +457,7 @@ func (s *Store) dropUnlistedLogs(ctx context.Context) error {
 	l.mu.Unlock()
 	for _, n := range names {
 		if !listed[n] {
-			if err := s.dropGently(ctx, n); err != nil {
+			if err := s.dropGently(ctx, "state_log_drop", n); err != nil {
 				return err
 			}
 		}

@@ -250,3 +250,51 @@ func TestStateLogUnlistedGenerationIsDropped(t *testing.T) {
 		t.Fatalf("the unlisted generation was not dropped (%v)", err)
 	}
 }
+
+// A merge reports its steps to the upkeep observer: the merge's
+// transactions with the devices they moved, the unlisting with the
+// generation's devices, the drop's deletes with their rows.
+func TestStateLogMergeReportsUpkeep(t *testing.T) {
+	noMerger(t)
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "d.db"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var mu sync.Mutex
+	items, steps := map[string]int64{}, map[string]int{}
+	s.ObserveUpkeep(func(work string, n int64, took time.Duration, err error) {
+		if err != nil || took < 0 {
+			t.Errorf("%s: took %v, err %v", work, took, err)
+		}
+		mu.Lock()
+		items[work] += n
+		steps[work]++
+		mu.Unlock()
+	})
+	var b fleet.Batch
+	for id := uint64(1); id <= 1200; id++ {
+		b.Devices = append(b.Devices, fleet.DeviceRecord{ID: id, MachineID: fmt.Sprintf("m%d", id), DeviceType: "router", Firmware: "1.0",
+			TokenHash: make([]byte, 32), RegisteredAt: time.Unix(1_700_000_000, 0)})
+		b.States = append(b.States, stateOf(id, id, "1.0"))
+	}
+	if err := s.Commit(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MergeStateLog(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// 1,200 devices in chunks of mergeChunk (500): 3 transactions.
+	if items["state_log_merge"] != 1200 || steps["state_log_merge"] != 3 {
+		t.Errorf("merge: %d devices in %d steps; want 1200 in 3", items["state_log_merge"], steps["state_log_merge"])
+	}
+	if items["state_log_unlist"] != 1200 || steps["state_log_unlist"] != 1 {
+		t.Errorf("unlist: %d devices in %d steps; want 1200 in 1", items["state_log_unlist"], steps["state_log_unlist"])
+	}
+	if items["state_log_drop"] != 1200 || steps["state_log_drop"] < 2 {
+		t.Errorf("drop: %d rows in %d steps; want 1200 in at least 2 (the deletes, the drop)", items["state_log_drop"], steps["state_log_drop"])
+	}
+}
