@@ -153,7 +153,7 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, fmt.Errorf("sqlite %s: state log: %w", path, err)
 	}
 	if lock != nil && ownCheckpoints {
-		if s.ckpt, err = startCheckpointer(ctx, ckptDSN, s.reportUpkeep); err != nil {
+		if s.ckpt, err = startCheckpointer(ctx, ckptDSN, w, s.reportUpkeep); err != nil {
 			s.closeDBs()
 			return nil, fmt.Errorf("sqlite %s: checkpointer: %w", path, err)
 		}
