@@ -287,14 +287,77 @@ func TestStateLogMergeReportsUpkeep(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	// 1,200 devices in chunks of mergeChunk (500): 3 transactions.
-	if items["state_log_merge"] != 1200 || steps["state_log_merge"] != 3 {
-		t.Errorf("merge: %d devices in %d steps; want 1200 in 3", items["state_log_merge"], steps["state_log_merge"])
+	// 1,200 devices in chunks of mergeChunk, one transaction each.
+	if chunks := (1200 + mergeChunk - 1) / mergeChunk; items["state_log_merge"] != 1200 || steps["state_log_merge"] != chunks {
+		t.Errorf("merge: %d devices in %d steps; want 1200 in %d", items["state_log_merge"], steps["state_log_merge"], chunks)
 	}
 	if items["state_log_unlist"] != 1200 || steps["state_log_unlist"] != 1 {
 		t.Errorf("unlist: %d devices in %d steps; want 1200 in 1", items["state_log_unlist"], steps["state_log_unlist"])
 	}
 	if items["state_log_drop"] != 1200 || steps["state_log_drop"] < 2 {
 		t.Errorf("drop: %d rows in %d steps; want 1200 in at least 2 (the deletes, the drop)", items["state_log_drop"], steps["state_log_drop"])
+	}
+}
+
+// A generation whose devices start pushing again is due for merging once a
+// hundredth of its rows, and at least logRotateRewrites, were rewritten:
+// each rewrite is a random page write.
+func TestStateLogRotatesOnRewrites(t *testing.T) {
+	noMerger(t)
+	old := logRotateRewrites
+	logRotateRewrites = 10
+	t.Cleanup(func() { logRotateRewrites = old })
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "d.db"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	push := func(ids []uint64, seq uint64) {
+		t.Helper()
+		var b fleet.Batch
+		for _, id := range ids {
+			b.States = append(b.States, stateOf(id, seq, "1.0"))
+		}
+		if err := s.Commit(ctx, &b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	due := func() bool {
+		s.states.mu.Lock()
+		defer s.states.mu.Unlock()
+		return s.states.due()
+	}
+	var reg fleet.Batch
+	var all []uint64
+	for id := uint64(1); id <= 2000; id++ {
+		reg.Devices = append(reg.Devices, fleet.DeviceRecord{ID: id, MachineID: fmt.Sprintf("m%d", id), DeviceType: "router", Firmware: "1.0",
+			TokenHash: make([]byte, 32), RegisteredAt: time.Unix(1_700_000_000, 0)})
+		all = append(all, id)
+	}
+	if err := s.Commit(ctx, &reg); err != nil {
+		t.Fatal(err)
+	}
+	push(all, 1)
+	if due() {
+		t.Fatal("due after one push per device")
+	}
+	push(all[:19], 2) // 19 rewrites of 2,019 rows: under a hundredth
+	if due() {
+		t.Fatal("due after 19 rewrites")
+	}
+	push(all[19:21], 2) // 21 of 2,021: a hundredth
+	if !due() {
+		t.Fatal("not due after 21 rewrites of 2,021 rows")
+	}
+	if err := s.MergeStateLog(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if due() {
+		t.Fatal("due after the merge")
+	}
+	push(all[:30], 3) // new rows in the new generation, not rewrites
+	if due() {
+		t.Fatal("due after first pushes into the new generation")
 	}
 }
