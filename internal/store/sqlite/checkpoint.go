@@ -30,13 +30,15 @@ var (
 	// which a pass ends by taking the writer for the rest: about 32 MiB,
 	// under journal_size_limit, so the file is never truncated.
 	restartFrames = int64(8192)
-	// restartRest is at most how many frames are left for the pass that
-	// holds the writer (it holds the commits for their copy and one fsync;
-	// 1,000–1,500 frames held them for 100–240 ms): unlocked passes run
-	// first while a pass copied more.
-	restartRest = int64(512)
-	// restartTries caps those unlocked passes.
-	restartTries = 8
+	// The pass that holds the writer holds the commits for its copy and one
+	// fsync of the database file (1,000–1,500 frames held them for
+	// 100–600 ms): it follows only an unlocked pass that copied at most
+	// restartRest frames within restartPassTook, run back to back up to
+	// restartTries times a tick. From restartForce frames it follows anyway.
+	restartRest     = int64(512)
+	restartPassTook = 25 * time.Millisecond
+	restartTries    = 16
+	restartForce    = 4 * restartFrames
 )
 
 // ownCheckpoints is false only in benchmarks comparing with the writer's
@@ -84,37 +86,52 @@ func (c *checkpointer) run() {
 		}
 		// Errors are transient (a busy lock): the next tick tries again.
 		// The WAL only grows meanwhile; nothing is lost.
-		frames, copied, err := c.pass("checkpoint")
-		if err != nil || frames < restartFrames {
+		p, err := c.pass("checkpoint")
+		if err != nil || p.frames < restartFrames {
 			continue
 		}
-		for i := 0; i < restartTries && err == nil && copied > restartRest; i++ {
-			_, copied, err = c.pass("checkpoint")
+		// Passes back to back until one was short: few frames were
+		// committed while it ran and the disk synced quickly, so the
+		// pass that holds the writer will be short as well.
+		for i := 0; i < restartTries && err == nil && !p.short(); i++ {
+			p, err = c.pass("checkpoint")
 		}
-		if err == nil {
+		// A pass that left frames behind was held back by a reader still
+		// needing older pages: holding the writer would not help.
+		if err == nil && p.done == p.frames && (p.short() || p.frames >= restartForce) {
 			c.restart()
 		}
 	}
 }
 
+// passResult is what one pass found and did.
+type passResult struct {
+	frames, done int64 // the WAL's length and the frames copied, as the pass left them
+	copied       int64 // by this pass
+	took         time.Duration
+}
+
+// short says whether a pass holding the writer may follow this one.
+func (p passResult) short() bool { return p.copied <= restartRest && p.took <= restartPassTook }
+
 // walLen is where the WAL stood after the last pass.
 type walLen struct{ frames, done int64 }
 
-// pass runs one PASSIVE checkpoint, reported as work, and returns the WAL's
-// length and the frames it copied.
-func (c *checkpointer) pass(work string) (frames, copied int64, err error) {
+// pass runs one PASSIVE checkpoint, reported as work.
+func (c *checkpointer) pass(work string) (passResult, error) {
 	start := time.Now()
-	var busy, done int64
-	err = c.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &done)
+	var busy, frames, done int64
+	err := c.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &done)
 	// done counts the frames of the WAL copied so far; a WAL shorter than
 	// at the last pass was started again in between.
-	copied = done
+	copied := done
 	if frames >= c.last.frames && done >= c.last.done {
 		copied = done - c.last.done
 	}
 	c.last = walLen{frames, done}
+	took := time.Since(start)
 	c.report(work, copied, start, err)
-	return frames, copied, err
+	return passResult{frames: frames, done: done, copied: copied, took: took}, err
 }
 
 // restart holds the writer for one pass, which copies what is left of the
