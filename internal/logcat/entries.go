@@ -28,7 +28,7 @@ var entries = []Entry{
 		Costs: "Those writes are answered 503 and retried by their clients; /readyz is failing, so a balancer takes the node out.",
 		Do:    "Check the database or disk (space, permissions, connections). The server recovers by itself when commits succeed again."},
 	{Key: "slow-store-upkeep", Level: "WARN", Msg: "slow store upkeep", Area: "Store and persistence",
-		Means: "One step of the SQLite store's background work (`work`: checkpoint, wal_restart, state_log_merge, state_log_unlist, state_log_drop, history_archive, history_drop; `items` what it moved) took a second or more (`took`). The merger's and the drops' steps, and wal_restart, hold the writer the pushes' commits need; a checkpoint's writes slow their fsyncs.",
+		Means: "One step of the SQLite store's background work (`work`: checkpoint, wal_restart, state_log_merge, state_log_unlist, state_log_drop, history_stage, history_archive, history_drop; `items` what it moved) took a second or more (`took`). The merger's and the drops' steps, and wal_restart, hold the writer the pushes' commits need; a checkpoint's writes slow their fsyncs.",
 		Costs: "Pushes committed meanwhile were answered that much later; under a full fleet a stall of seconds shows as a gap in the per-second throughput.",
 		Do:    "Rare: nothing. Often: the disk is too slow for the fleet (see `drover_store_upkeep_duration_seconds` and `drover_store_commit_duration_seconds`), or the machine is short of I/O; docs/performance.md has the fleet test's figures."},
 	{Key: "store-upkeep-failed", Level: "WARN", Msg: "store upkeep failed", Area: "Store and persistence",

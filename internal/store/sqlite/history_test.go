@@ -49,9 +49,10 @@ func tables(t *testing.T, db *sql.DB) map[string]bool {
 // knows its partitions; retention drops whole partitions.
 func TestHistoryPartitions(t *testing.T) {
 	defer setPeriod(time.Minute)()
-	oldChunk := archiveChunkRows
-	archiveChunkRows = 7 // each partition copied in several device ranges
-	t.Cleanup(func() { archiveChunkRows = oldChunk })
+	oldChunk, oldStage := archiveChunkRows, archiveStageRows
+	archiveChunkRows = 7  // each partition copied in several device ranges
+	archiveStageRows = 11 // and read in several rowid ranges
+	t.Cleanup(func() { archiveChunkRows, archiveStageRows = oldChunk, oldStage })
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "d.db")
 	s := openTest(t, path)
