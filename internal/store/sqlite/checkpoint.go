@@ -86,7 +86,7 @@ func (c *checkpointer) run() {
 		}
 		// Errors are transient (a busy lock): the next tick tries again.
 		// The WAL only grows meanwhile; nothing is lost.
-		p, err := c.pass("checkpoint")
+		p, err := c.pass("checkpoint", time.Now())
 		if err != nil || p.frames < restartFrames {
 			continue
 		}
@@ -94,7 +94,7 @@ func (c *checkpointer) run() {
 		// committed while it ran and the disk synced quickly, so the
 		// pass that holds the writer will be short as well.
 		for i := 0; i < restartTries && err == nil && !p.short(); i++ {
-			p, err = c.pass("checkpoint")
+			p, err = c.pass("checkpoint", time.Now())
 		}
 		// A pass that left frames behind was held back by a reader still
 		// needing older pages: holding the writer would not help.
@@ -117,9 +117,8 @@ func (p passResult) short() bool { return p.copied <= restartRest && p.took <= r
 // walLen is where the WAL stood after the last pass.
 type walLen struct{ frames, done int64 }
 
-// pass runs one PASSIVE checkpoint, reported as work.
-func (c *checkpointer) pass(work string) (passResult, error) {
-	start := time.Now()
+// pass runs one PASSIVE checkpoint, reported as work from start.
+func (c *checkpointer) pass(work string, start time.Time) (passResult, error) {
 	var busy, frames, done int64
 	err := c.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &done)
 	// done counts the frames of the WAL copied so far; a WAL shorter than
@@ -136,7 +135,8 @@ func (c *checkpointer) pass(work string) (passResult, error) {
 
 // restart holds the writer for one pass, which copies what is left of the
 // WAL (unless a reader still needs older pages), so the next transaction
-// starts the WAL again. Reported as wal_restart, the writer's wait included.
+// starts the WAL again. Reported as wal_restart, the wait for the writer
+// included.
 func (c *checkpointer) restart() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -154,14 +154,7 @@ func (c *checkpointer) restart() {
 		return
 	}
 	defer conn.Close()
-	var busy, frames, done int64
-	err = c.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &done)
-	copied := done - c.last.done
-	if done < c.last.done {
-		copied = done
-	}
-	c.last = walLen{frames, done}
-	c.report("wal_restart", copied, start, err)
+	c.pass("wal_restart", start)
 }
 
 // close stops the loop and closes the connection.
