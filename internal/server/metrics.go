@@ -170,7 +170,9 @@ func (m *metrics) observeCommit(records int, took time.Duration, err error) {
 
 func (m *metrics) observeUpkeep(work string, items int64, took time.Duration, err error) {
 	m.upkeepTime.WithLabelValues(work).Observe(took.Seconds())
-	m.upkeepItems.WithLabelValues(work).Add(float64(items))
+	if items > 0 { // a counter panics on a negative Add
+		m.upkeepItems.WithLabelValues(work).Add(float64(items))
+	}
 	if err != nil {
 		m.upkeepErrors.WithLabelValues(work).Inc()
 	}

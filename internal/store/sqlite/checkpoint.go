@@ -117,17 +117,28 @@ func (p passResult) short() bool { return p.copied <= restartRest && p.took <= r
 // walLen is where the WAL stood after the last pass.
 type walLen struct{ frames, done int64 }
 
+// advance returns the frames a pass copied that found the WAL frames long
+// with done of them copied, and where the WAL stands after it. done counts
+// the frames copied since the WAL last started again: a WAL shorter than
+// at the last pass was started again in between. A pass that could not run
+// (another checkpoint held its lock) reports -1 for both and changed
+// nothing.
+func (l walLen) advance(frames, done int64) (int64, walLen) {
+	switch {
+	case frames < 0 || done < 0:
+		return 0, l
+	case frames >= l.frames && done >= l.done:
+		return done - l.done, walLen{frames, done}
+	}
+	return done, walLen{frames, done}
+}
+
 // pass runs one PASSIVE checkpoint, reported as work from start.
 func (c *checkpointer) pass(work string, start time.Time) (passResult, error) {
 	var busy, frames, done int64
 	err := c.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &done)
-	// done counts the frames of the WAL copied so far; a WAL shorter than
-	// at the last pass was started again in between.
-	copied := done
-	if frames >= c.last.frames && done >= c.last.done {
-		copied = done - c.last.done
-	}
-	c.last = walLen{frames, done}
+	var copied int64
+	copied, c.last = c.last.advance(frames, done)
 	took := time.Since(start)
 	c.report(work, copied, start, err)
 	return passResult{frames: frames, done: done, copied: copied, took: took}, err

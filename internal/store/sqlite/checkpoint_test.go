@@ -63,3 +63,24 @@ func TestCheckpointerBoundsWAL(t *testing.T) {
 		t.Errorf("WAL file %d bytes (limit %d) after %d frames checkpointed; %d restarting passes", fi.Size(), limit, frames, restarts)
 	}
 }
+
+// A pass's count of copied frames is never negative: a pass that could not
+// run reports -1 (the server's counter of them panicked on it).
+func TestWALLenAdvance(t *testing.T) {
+	for _, c := range []struct {
+		last         walLen
+		frames, done int64
+		copied       int64
+		next         walLen
+	}{
+		{walLen{100, 40}, 120, 90, 50, walLen{120, 90}}, // same WAL, further along
+		{walLen{100, 40}, 30, 30, 30, walLen{30, 30}},   // started again meanwhile
+		{walLen{100, 40}, -1, -1, 0, walLen{100, 40}},   // busy: nothing ran
+		{walLen{0, 0}, 0, 0, 0, walLen{0, 0}},
+	} {
+		copied, next := c.last.advance(c.frames, c.done)
+		if copied != c.copied || next != c.next {
+			t.Errorf("%+v.advance(%d, %d) = %d, %+v; want %d, %+v", c.last, c.frames, c.done, copied, next, c.copied, c.next)
+		}
+	}
+}
