@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 )
 
 // statfs returns the size and the free space of the file system holding
@@ -31,8 +32,21 @@ func ownProcessGroup(cmd *exec.Cmd) {
 	}
 }
 
-// lockDir takes an exclusive lock on f, failing at once when another agent
-// holds it.
+// lockDir takes an exclusive lock on f, failing when another agent holds
+// it. A lock just released can look held for a moment: a process forked
+// (by any goroutine, for a command) before its exec holds a copy of every
+// descriptor, the last holder's lock with them. So a held lock is tried
+// again for lockWait before it counts as another agent's.
 func lockDir(f *os.File) error {
-	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	deadline := time.Now().Add(lockWait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err != syscall.EWOULDBLOCK || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
+
+// lockWait is how long lockDir tries a held lock.
+const lockWait = 500 * time.Millisecond
