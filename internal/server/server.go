@@ -180,16 +180,15 @@ func (s *Server) watchUpkeep() {
 	var failing sync.Map // work → true while it fails
 	u.ObserveUpkeep(func(work string, items int64, took time.Duration, err error) {
 		s.m.observeUpkeep(work, items, took, err)
-		switch {
-		case err != nil:
+		if err != nil {
 			if _, was := failing.Swap(work, true); !was {
 				s.log.Warn("store upkeep failed", "work", work, "err", err)
 			}
-		case took >= slowUpkeep:
-			failing.Delete(work)
+			return
+		}
+		failing.Delete(work)
+		if took >= slowUpkeep {
 			s.log.Warn("slow store upkeep", "work", work, "items", items, "took", took.Round(time.Millisecond))
-		default:
-			failing.Delete(work)
 		}
 	})
 }

@@ -149,15 +149,8 @@ func (c *checkpointer) pass(work string, start time.Time) (passResult, error) {
 // starts the WAL again. Reported as wal_restart, the wait for the writer
 // included.
 func (c *checkpointer) restart() {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := untilStop(c.stop)
 	defer cancel()
-	go func() {
-		select {
-		case <-c.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	start := time.Now()
 	conn, err := c.writer.Conn(ctx)
 	if err != nil {

@@ -170,14 +170,7 @@ func (s *Store) archiver(stop <-chan struct{}, done chan<- struct{}) {
 	t := time.NewTicker(archiveEvery)
 	defer t.Stop()
 	for {
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			select {
-			case <-stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		ctx, cancel := untilStop(stop)
 		s.ArchiveClosedPartitions(ctx, time.Now())
 		cancel()
 		select {

@@ -51,6 +51,20 @@ type upkeepReport func(work string, items int64, start time.Time, err error)
 // gentle drops), from now on.
 func (s *Store) ObserveUpkeep(f fleet.UpkeepObserver) { s.upkeep.Store(&f) }
 
+// untilStop returns a context cancelled once stop closes (or cancel is
+// called): the background loops' work ends with the store.
+func untilStop(stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 func (s *Store) reportUpkeep(work string, items int64, start time.Time, err error) {
 	if f := s.upkeep.Load(); f != nil {
 		(*f)(work, items, time.Since(start), err)

@@ -328,14 +328,7 @@ func (s *Store) merger(stop <-chan struct{}, done chan<- struct{}) {
 		if !due {
 			continue
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			select {
-			case <-stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		ctx, cancel := untilStop(stop)
 		// A failed merge leaves the generation listed: the next tick
 		// merges it again (as the archiver does with partitions).
 		s.MergeStateLog(ctx)

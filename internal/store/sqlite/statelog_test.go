@@ -273,10 +273,8 @@ func TestStateLogMergeReportsUpkeep(t *testing.T) {
 		steps[work]++
 		mu.Unlock()
 	})
-	var b fleet.Batch
+	b := registered(1200)
 	for id := uint64(1); id <= 1200; id++ {
-		b.Devices = append(b.Devices, fleet.DeviceRecord{ID: id, MachineID: fmt.Sprintf("m%d", id), DeviceType: "router", Firmware: "1.0",
-			TokenHash: make([]byte, 32), RegisteredAt: time.Unix(1_700_000_000, 0)})
 		b.States = append(b.States, stateOf(id, id, "1.0"))
 	}
 	if err := s.Commit(ctx, &b); err != nil {
@@ -328,12 +326,10 @@ func TestStateLogRotatesOnRewrites(t *testing.T) {
 		defer s.states.mu.Unlock()
 		return s.states.due()
 	}
-	var reg fleet.Batch
+	reg := registered(2000)
 	var all []uint64
-	for id := uint64(1); id <= 2000; id++ {
-		reg.Devices = append(reg.Devices, fleet.DeviceRecord{ID: id, MachineID: fmt.Sprintf("m%d", id), DeviceType: "router", Firmware: "1.0",
-			TokenHash: make([]byte, 32), RegisteredAt: time.Unix(1_700_000_000, 0)})
-		all = append(all, id)
+	for _, d := range reg.Devices {
+		all = append(all, d.ID)
 	}
 	if err := s.Commit(ctx, &reg); err != nil {
 		t.Fatal(err)
@@ -360,4 +356,14 @@ func TestStateLogRotatesOnRewrites(t *testing.T) {
 	if due() {
 		t.Fatal("due after first pushes into the new generation")
 	}
+}
+
+// registered is a batch registering devices 1 to n.
+func registered(n uint64) fleet.Batch {
+	var b fleet.Batch
+	for id := uint64(1); id <= n; id++ {
+		b.Devices = append(b.Devices, fleet.DeviceRecord{ID: id, MachineID: fmt.Sprintf("m%d", id), DeviceType: "router", Firmware: "1.0",
+			TokenHash: make([]byte, 32), RegisteredAt: time.Unix(1_700_000_000, 0)})
+	}
+	return b
 }
