@@ -260,12 +260,16 @@ func DecodePush(body []byte) (PushRequest, error) {
 		}
 		return p, e
 	}
-	var compact bytes.Buffer
-	compact.Grow(len(raw))
-	if err := codec.compact(&compact, raw); err != nil {
-		return p, jsonError(err)
+	if bytes.ContainsAny(raw, " \t\r\n") {
+		var compact bytes.Buffer
+		compact.Grow(len(raw))
+		if err := codec.compact(&compact, raw); err != nil {
+			return p, jsonError(err)
+		}
+		raw = compact.Bytes()
 	}
-	p.RawState = compact.Bytes()
+	// Without whitespace it is compact already, and the decoder's own copy.
+	p.RawState = raw
 	return p, p.Validate()
 }
 

@@ -27,6 +27,30 @@ func TestDecodePushGood(t *testing.T) {
 	}
 }
 
+// A state sent compact is kept byte for byte, in memory of its own: the
+// server keeps it after the request's body buffer is reused.
+func TestDecodePushCompactStateIsACopy(t *testing.T) {
+	for _, state := range []string{
+		`{"cpu":1.5,"extra":{"note":"a-b"},"future_field":[1,2]}`,   // no whitespace at all
+		`{"cpu":1.5,"extra":{"note":"a b c"},"future_field":[1,2]}`, // whitespace inside a string only
+	} {
+		body := []byte(`{"seq":1,"state":` + state + `}`)
+		p, err := DecodePush(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(p.RawState) != state {
+			t.Fatalf("raw state %s, want %s", p.RawState, state)
+		}
+		for i := range body {
+			body[i] = 'x'
+		}
+		if string(p.RawState) != state {
+			t.Fatalf("raw state shares the body's memory: %s", p.RawState)
+		}
+	}
+}
+
 func TestDecodeErrors(t *testing.T) {
 	cases := []struct {
 		name, body, code, msg string
