@@ -208,7 +208,7 @@ func (s *Service) RegisterWith(ctx context.Context, r protocol.RegisterRequest, 
 	}
 	for {
 		s.regMu.Lock()
-		id, exists := s.machineIDs[r.MachineID]
+		id, exists := s.machineIDs.get(r.MachineID)
 		s.regMu.Unlock()
 		if exists {
 			if d := s.get(id); d != nil {
@@ -255,7 +255,7 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 		return s.enrollShared(ctx, r, pr, c, pe, pending, now)
 	}
 	s.regMu.Lock()
-	if _, exists := s.machineIDs[r.MachineID]; exists {
+	if _, exists := s.machineIDs.get(r.MachineID); exists {
 		s.regMu.Unlock()
 		pe.release()
 		return protocol.RegisterResponse{}, true, nil
@@ -270,10 +270,9 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 	id := s.nextID
 	s.nextID++
 	key, keyHash := newDeviceKey()
-	d := &device{
-		id: id, registeredAt: now.Unix(), profile: pe,
-		deviceType: s.intern(r.DeviceType), model: s.intern(r.Model), firmware: s.intern(r.Firmware), keyHash: keyHash,
-	}
+	d := s.newDevice()
+	d.id, d.registeredAt, d.profile, d.keyHash = id, now.Unix(), pe, keyHash
+	d.deviceType, d.model, d.firmware = s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
 	d.setIDs(r.MachineID, r.Serial)
 	var token string
 	if pending {
@@ -337,10 +336,9 @@ func (s *Service) enrollShared(ctx context.Context, r protocol.RegisterRequest, 
 	}
 	key, keyHash := newDeviceKey()
 	s.regMu.Lock()
-	d := &device{
-		id: id, registeredAt: now.Unix(), profile: pe,
-		deviceType: s.intern(r.DeviceType), model: s.intern(r.Model), firmware: s.intern(r.Firmware), keyHash: keyHash,
-	}
+	d := s.newDevice()
+	d.id, d.registeredAt, d.profile, d.keyHash = id, now.Unix(), pe, keyHash
+	d.deviceType, d.model, d.firmware = s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
 	s.regMu.Unlock()
 	d.setIDs(r.MachineID, r.Serial)
 	var token string
@@ -644,7 +642,7 @@ func (s *Service) Admit(ctx context.Context, id uint64, a Action, actor string) 
 func (s *Service) deleteDevice(ctx context.Context, d *device) error {
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
-	if s.machineIDs[d.machineID()] != d.id {
+	if id, _ := s.machineIDs.get(d.machineID()); id != d.id {
 		return ErrNotFound // deleted meanwhile
 	}
 	d.mu.Lock()
@@ -658,7 +656,7 @@ func (s *Service) deleteDevice(ctx context.Context, d *device) error {
 	if err != nil {
 		return err
 	}
-	delete(s.machineIDs, d.machineID())
+	s.machineIDs.delete(d.machineID())
 	s.devMu.Lock()
 	s.devices[d.id] = nil
 	s.devMu.Unlock()

@@ -392,7 +392,8 @@ func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
 	deviceType, model, firmware := s.intern(rec.DeviceType), s.intern(rec.Model), s.intern(key.firmware)
 	d := s.get(id)
 	if d == nil {
-		d = &device{id: id, registeredAt: rec.RegisteredAt.Unix()}
+		d = s.newDevice()
+		d.id, d.registeredAt = id, rec.RegisteredAt.Unix()
 		d.setIDs(rec.MachineID, rec.Serial)
 		s.place(d)
 	}
@@ -424,8 +425,8 @@ func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
 // forget drops a device another node deleted from memory.
 func (s *Service) forget(d *device) {
 	s.regMu.Lock()
-	if s.machineIDs[d.machineID()] == d.id {
-		delete(s.machineIDs, d.machineID())
+	if id, _ := s.machineIDs.get(d.machineID()); id == d.id {
+		s.machineIDs.delete(d.machineID())
 	}
 	s.regMu.Unlock()
 	s.devMu.Lock()
@@ -612,7 +613,7 @@ func (s *Service) storedElsewhere(ctx context.Context, machineID string) (bool, 
 		return false, err
 	}
 	s.regMu.Lock()
-	_, known := s.machineIDs[machineID]
+	_, known := s.machineIDs.get(machineID)
 	s.regMu.Unlock()
 	return known, nil
 }

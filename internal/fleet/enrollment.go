@@ -285,7 +285,7 @@ func (s *Service) PreauthorizedIDs() []Preauthorized {
 	sort.Slice(out, func(i, j int) bool { return out[i].MachineID < out[j].MachineID })
 	s.regMu.Lock()
 	for i := range out {
-		out[i].DeviceID = s.machineIDs[out[i].MachineID]
+		out[i].DeviceID, _ = s.machineIDs.get(out[i].MachineID)
 	}
 	s.regMu.Unlock()
 	return out

@@ -86,10 +86,11 @@ type Service struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	regMu      sync.Mutex        // registration: machineIDs, nextID, interned
-	machineIDs map[string]uint64 // machine ID -> device ID
+	regMu      sync.Mutex   // registration: machineIDs, nextID, interned, slab
+	machineIDs machineIndex // machine ID -> device ID (registry.go)
 	nextID     uint64
 	interned   map[string]string
+	slab       []device // the rest of the current slab (registry.go)
 
 	devMu   sync.RWMutex
 	devices []*device // index: device ID; nil where no device
@@ -128,7 +129,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	}
 	s := &Service{
 		opts: opts, store: st.Devices, history: st.History, persist: p, log: opts.Logger, now: opts.Now,
-		machineIDs: make(map[string]uint64), interned: make(map[string]string), nextID: 1,
+		machineIDs: make(machineIndex), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
 	s.trust.init()
@@ -149,11 +150,10 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	}
 	var loaded []*device
 	res, err := store.Load(ctx, func(r DeviceRecord) error {
-		d := &device{
-			id: r.ID, deviceType: s.intern(r.DeviceType), model: s.intern(r.Model),
-			firmware: s.intern(r.Firmware), registeredAt: r.RegisteredAt.Unix(),
-			seq: r.State.Seq, appliedVersion: r.State.AppliedVersion, configError: r.State.ConfigError,
-		}
+		d := s.newDevice()
+		d.id, d.deviceType, d.model = r.ID, s.intern(r.DeviceType), s.intern(r.Model)
+		d.firmware, d.registeredAt = s.intern(r.Firmware), r.RegisteredAt.Unix()
+		d.seq, d.appliedVersion, d.configError = r.State.Seq, r.State.AppliedVersion, r.State.ConfigError
 		d.setIDs(r.MachineID, r.Serial)
 		copy(d.tokenHash[:], r.TokenHash)
 		if !r.State.LastSeen.IsZero() {
@@ -191,7 +191,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 		d.profile = pe
 		s.devices[d.id] = d
-		s.machineIDs[d.machineID()] = d.id
+		s.machineIDs.set(d.machineID(), d.id)
 	}
 	if st.Trust != nil {
 		if err := s.loadTrust(ctx, st.Trust); err != nil {
@@ -232,7 +232,7 @@ func (s *Service) place(d *device) (old *device) {
 	}
 	old, s.devices[d.id] = s.devices[d.id], d
 	s.devMu.Unlock()
-	s.machineIDs[d.machineID()] = d.id
+	s.machineIDs.set(d.machineID(), d.id)
 	return old
 }
 
