@@ -15,6 +15,14 @@ import (
 	"github.com/drover/drover/internal/protocol"
 )
 
+// emulatorLikeRegistration is device i's registration with a machine ID and
+// serial like the emulator's.
+func emulatorLikeRegistration(i int) protocol.RegisterRequest {
+	h := sha256.Sum256(fmt.Appendf(nil, "drover-%d", i))
+	return protocol.RegisterRequest{MachineID: hex.EncodeToString(h[:16]), DeviceType: "router", Model: "EMU-R1",
+		Firmware: "7.4.2", Serial: fmt.Sprintf("EMU%08d", i), EnrollmentSecret: "sesame"}
+}
+
 // BenchmarkRegistryMemory registers b.N devices (emulator-like machine IDs
 // and serials) in memory mode and reports the live heap per device: the
 // registry's own cost, without the store, connections or GC headroom.
@@ -26,9 +34,7 @@ func BenchmarkRegistryMemory(b *testing.B) {
 	}
 	reqs := make([]protocol.RegisterRequest, b.N)
 	for i := range reqs {
-		h := sha256.Sum256(fmt.Appendf(nil, "drover-%d", i))
-		reqs[i] = protocol.RegisterRequest{MachineID: hex.EncodeToString(h[:16]), DeviceType: "router", Model: "EMU-R1",
-			Firmware: "7.4.2", Serial: fmt.Sprintf("EMU%08d", i), EnrollmentSecret: "sesame"}
+		reqs[i] = emulatorLikeRegistration(i)
 	}
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -58,11 +64,8 @@ func BenchmarkRegistryGC(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for i := 0; i < b.N; i++ {
-		h := sha256.Sum256(fmt.Appendf(nil, "drover-%d", i))
-		req := protocol.RegisterRequest{MachineID: hex.EncodeToString(h[:16]), DeviceType: "router", Model: "EMU-R1",
-			Firmware: "7.4.2", Serial: fmt.Sprintf("EMU%08d", i), EnrollmentSecret: "sesame"}
-		if _, err := s.Register(ctx, req); err != nil {
+	for i := range b.N {
+		if _, err := s.Register(ctx, emulatorLikeRegistration(i)); err != nil {
 			b.Fatal(err)
 		}
 	}
