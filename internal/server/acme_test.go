@@ -79,6 +79,7 @@ func TestACMECertificateFromPebble(t *testing.T) {
 	dns.SetDefaultDNSIPv6("")
 	dns.Run()
 	defer dns.Shutdown()
+	waitForDNS(t, dnsAddr)
 	pebbleVA := va.New(logger, 0, tlsPort, false, dnsAddr, store)
 	w := wfe.New(logger, store, pebbleVA, pebbleCA, nil, false, false, 3, 5)
 	handler.Store(w.Handler())
@@ -160,6 +161,31 @@ func TestACMEConfigErrors(t *testing.T) {
 		tc.set(&cfg)
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc, err, tc.want)
+		}
+	}
+}
+
+// waitForDNS returns once the test DNS server answers over UDP and TCP:
+// challtestsrv's Run starts its listeners in goroutines, and a validation
+// that queries before they are up marks the authorization invalid.
+func waitForDNS(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, network := range []string{"udp", "tcp"} {
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}}
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ips, err := r.LookupHost(ctx, "fleet.drover.test")
+			cancel()
+			if err == nil && len(ips) > 0 && ips[0] == "127.0.0.1" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("test DNS server on %s (%s) not answering: %v %v", addr, network, ips, err)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }
