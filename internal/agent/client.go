@@ -44,6 +44,11 @@ type TLSOptions struct {
 	// handshake), "x25519", "p256" or "hybrid" (X25519MLKEM768 first). Empty
 	// means classic.
 	KeyExchange string
+	// MaxVersion caps the TLS version offered, as --tls-max-version
+	// (protocol.TLSMaxVersion): "1.3" or empty, or "1.2", whose resumed
+	// sessions skip the key exchange (cheaper for router and server, no
+	// forward secrecy for them).
+	MaxVersion string
 }
 
 func newClient(server string, o TLSOptions, timeout time.Duration) (*client, error) {
@@ -92,7 +97,11 @@ func (o TLSOptions) config() (*tls.Config, error) {
 	}
 	// The session cache lets a new connection resume the last TLS session
 	// (a ticket from the server): no certificate signature to make or check.
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, CurvePreferences: groups, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
+	maxVersion, err := protocol.TLSMaxVersion(o.MaxVersion)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, MaxVersion: maxVersion, CurvePreferences: groups, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
 	if o.CACert != "" {
 		pemBytes, err := os.ReadFile(o.CACert)
 		if err != nil {

@@ -182,7 +182,7 @@ func (c *Config) Validate() error {
 	if _, err := protocol.KeyExchangeGroups(c.TLSKeyExchange); err != nil {
 		return err
 	}
-	if _, err := tlsMaxVersion(c.TLSMaxVersion); err != nil {
+	if _, err := protocol.TLSMaxVersion(c.TLSMaxVersion); err != nil {
 		return err
 	}
 	if c.Interval <= 0 || c.Duration < 0 {

@@ -106,7 +106,7 @@ func newEngine(cfg Config) (*engine, error) {
 		return nil, err
 	}
 	tlsConf.CurvePreferences = groups
-	if tlsConf.MaxVersion, err = tlsMaxVersion(cfg.TLSMaxVersion); err != nil {
+	if tlsConf.MaxVersion, err = protocol.TLSMaxVersion(cfg.TLSMaxVersion); err != nil {
 		return nil, err
 	}
 	if len(cfg.CACertPEM) > 0 {
@@ -325,13 +325,3 @@ func (e *engine) checkFDs() {
 func (e *engine) getScratch() *scratch  { return e.scratch.Get().(*scratch) }
 func (e *engine) putScratch(s *scratch) { e.scratch.Put(s) }
 
-// tlsMaxVersion maps Config.TLSMaxVersion to crypto/tls's constant.
-func tlsMaxVersion(v string) (uint16, error) {
-	switch v {
-	case "", "1.3":
-		return tls.VersionTLS13, nil
-	case "1.2":
-		return tls.VersionTLS12, nil
-	}
-	return 0, fmt.Errorf("TLS version %q: want 1.2 or 1.3", v)
-}

@@ -47,3 +47,17 @@ func KeyExchangeGroups(setting string) ([]tls.CurveID, error) {
 	}
 	return groups, nil
 }
+
+// TLSMaxVersion returns crypto/tls's constant for a --tls-max-version value
+// (serve, agent and emulate): "1.3" (or empty) or "1.2". At TLS 1.2 a
+// resumed session skips the key exchange, and with it forward secrecy
+// (docs/operations.md, TLS).
+func TLSMaxVersion(setting string) (uint16, error) {
+	switch strings.TrimSpace(setting) {
+	case "", "1.3":
+		return tls.VersionTLS13, nil
+	case "1.2":
+		return tls.VersionTLS12, nil
+	}
+	return 0, fmt.Errorf("--tls-max-version %q: want 1.2 or 1.3", setting)
+}

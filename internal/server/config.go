@@ -77,6 +77,9 @@ type Config struct {
 
 	// TLS policy of -listen (tlspolicy.go).
 	TLSKeyExchange string
+	// TLSMaxVersion caps the listener's TLS version
+	// (protocol.TLSMaxVersion): "1.3" or "1.2".
+	TLSMaxVersion string
 	// TLSTicketKeys names a file of session ticket keys (ticketkeys.go)
 	// shared by cluster nodes; "": crypto/tls's own, per process.
 	TLSTicketKeys     string
@@ -137,6 +140,7 @@ func DefaultConfig() Config {
 		Listen:              ":8443",
 		Persistence:         "write-through",
 		TLSKeyExchange:      KeyExchangeClassic, // docs/performance.md, "TLS handshake CPU"
+		TLSMaxVersion:       "1.3",
 		FlushInterval:       5 * time.Second,
 		TLSCertCheck:        time.Minute,
 		ACMEDirectoryURL:    "https://acme-v02.api.letsencrypt.org/directory",
@@ -191,6 +195,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if _, err := protocol.KeyExchangeGroups(c.TLSKeyExchange); err != nil {
+		return err
+	}
+	if _, err := protocol.TLSMaxVersion(c.TLSMaxVersion); err != nil {
 		return err
 	}
 	if err := fleet.CheckPushInterval(c.PushInterval); err != nil {

@@ -368,7 +368,7 @@ func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certi
 	if len(c.acmeDomains()) > 0 {
 		cfg.NextProtos = append(cfg.NextProtos, acme.ALPNProto) // tls-alpn-01 challenges
 	}
-	if err := tlsPolicy(cfg, c.TLSAllowLegacyCBC, c.TLSKeyExchange); err != nil {
+	if err := tlsPolicy(cfg, c.TLSAllowLegacyCBC, c.TLSKeyExchange, c.TLSMaxVersion); err != nil {
 		return nil, err
 	}
 	if c.TLSTicketKeys != "" {

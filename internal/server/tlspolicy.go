@@ -17,6 +17,9 @@ import (
 //     post-quantum hybrids, which crypto/tls then picks whenever the client
 //     offers one; or single groups ("x25519", "p256", ...).
 //     BenchmarkTLSHandshake measures the cost of each.
+//   - tls-max-version 1.2 caps the listener at TLS 1.2: a resumed session
+//     then skips the key exchange (less CPU per new connection, no forward
+//     secrecy for resumed sessions).
 
 // Values of Config.TLSKeyExchange (any list protocol.KeyExchangeGroups takes).
 const (
@@ -47,13 +50,15 @@ var tls12LegacyCBCSuites = []uint16{
 }
 
 // tlsPolicy sets versions, TLS 1.2 suites and key exchanges on c.
-func tlsPolicy(c *tls.Config, allowLegacyCBC bool, keyExchange string) error {
+func tlsPolicy(c *tls.Config, allowLegacyCBC bool, keyExchange, maxVersion string) error {
 	groups, err := protocol.KeyExchangeGroups(keyExchange)
 	if err != nil {
 		return err
 	}
 	c.MinVersion = tls.VersionTLS12
-	c.MaxVersion = tls.VersionTLS13
+	if c.MaxVersion, err = protocol.TLSMaxVersion(maxVersion); err != nil {
+		return err
+	}
 	c.CipherSuites = append([]uint16(nil), tls12AEADSuites...)
 	if allowLegacyCBC {
 		c.CipherSuites = append(c.CipherSuites, tls12LegacyCBCSuites...)

@@ -65,7 +65,7 @@ func BenchmarkTLSHandshake(b *testing.B) {
 
 func benchHandshake(b *testing.B, cert tls.Certificate, pool *x509.CertPool, clientKX, serverKX string, want tls.CurveID, maxVersion uint16, resumed bool) {
 	srvCfg := &tls.Config{Certificates: []tls.Certificate{cert}}
-	if err := tlsPolicy(srvCfg, false, serverKX); err != nil {
+	if err := tlsPolicy(srvCfg, false, serverKX, "1.3"); err != nil {
 		b.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

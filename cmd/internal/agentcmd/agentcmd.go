@@ -30,6 +30,7 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	fs.StringVar(&cfg.TLS.CACert, "ca-cert", "", "PEM file of the CA, or of the server's self-signed certificate, to trust (default: system roots)")
 	fs.StringVar(&cfg.TLS.PinPubKey, "pin-pubkey", "", "trust only this server public key: sha256//BASE64[;sha256//...], as curl --pinnedpubkey; alone it replaces CA checks")
 	fs.StringVar(&cfg.TLS.KeyExchange, "tls-key-exchange", "classic", "TLS key exchange offered: classic (X25519 key share, P-256 and P-384 as fallbacks; cheapest on a router without crypto assembly), x25519, p256 (cheapest for the server and for amd64/arm64 agents) or hybrid (adds post-quantum X25519MLKEM768, more CPU per handshake); see docs/operations.md")
+	fs.StringVar(&cfg.TLS.MaxVersion, "tls-max-version", "1.3", "highest TLS version offered: 1.3, or 1.2 (a resumed TLS 1.2 session skips the key exchange: less CPU on router and server, no forward secrecy for it; see docs/operations.md)")
 	fs.BoolVar(&cfg.TLS.AllowHTTP, "allow-http", false, "allow an http:// server URL (token sent in clear)")
 	fs.StringVar(&cfg.Hook, "hook", "", "shell command that applies a configuration: JSON on stdin, exit 0 when applied (see docs/agent.md)")
 	fs.DurationVar(&cfg.HookTimeout, "hook-timeout", cfg.HookTimeout, "the hook is killed after this and the configuration reported as failed")
