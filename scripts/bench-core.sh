@@ -16,6 +16,7 @@
 # Usage: scripts/bench-core.sh [-r runs] [-d seconds] [-c connections] [-n rss-devices] [-K kx,...] [-N] [-W] [-M]
 #   -K  key exchanges of the new-connection runs, e.g. classic,p256,hybrid,tls12 (default: classic;
 #       tls12: classic at TLS 1.2 on the devices' side, where resumption skips the key exchange;
+#       tls12-p256 and the like: that key exchange at TLS 1.2;
 #       not x25519 alone: nginx/OpenSSL refuses a client whose groups lack its
 #       certificate's P-256, and classic has the X25519 key share anyway)
 #   -N  skip the new-connection runs   -W  skip the keep-alive (wrk) runs   -M  skip the memory (RSS) part
@@ -126,8 +127,9 @@ run() { # name, then wrk arguments
 }
 emu() { # name, URL, connection mode, key exchange: the emulator pushes back to back on $conns workers for $dur s
   local name=$1 url=$2 mode=$3 kx=$4 r ver=1.3
-  # tls12: the classic key exchange at TLS 1.2 (a resumed session has none).
-  [ "$kx" = tls12 ] && kx=classic ver=1.2
+  # tls12: the classic key exchange at TLS 1.2 (a resumed session has none);
+  # tls12-KX: key exchange KX at TLS 1.2.
+  case $kx in tls12) kx=classic ver=1.2;; tls12-*) kx=${kx#tls12-} ver=1.2;; esac
   "$work/drover" emulate --tls-max-version $ver --target "$url" --ca-cert "$cert" --secret "$secret" --credentials "$work/creds.jsonl" \
     --devices 10000 --mode benchmark --loops 1000000 --workers "$conns" --duration "${dur}s" --conn "$mode" --tls-key-exchange "$kx" \
     --source-addrs 127.0.0.1-127.0.0.8 --progress none --out "$work/emu.jsonl" >>"$work/emu.log" 2>&1 || true
