@@ -37,8 +37,31 @@ func FuzzDecodePush(f *testing.F) {
 		if !json.Valid(p.RawState) {
 			t.Fatalf("raw state is not valid JSON: %q", p.RawState)
 		}
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, p.RawState); err != nil || !bytes.Equal(compact.Bytes(), p.RawState) {
+			t.Fatalf("raw state is not compact: %q", p.RawState)
+		}
 		checkAccepted(t, body, p)
 		checkAccepted(t, p.RawState, p.State)
+	})
+}
+
+// spaceOutsideStrings says exactly whether compacting valid JSON changes it.
+func FuzzSpaceOutsideStrings(f *testing.F) {
+	for _, s := range []string{`{"a":"b c"}`, `{"a": 1}`, `{"a":"\\\" x"}`, `{"a":"\\" , "b":2}`, "{\"a\":[1,\n2]}", `"\t"`, `{}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if !json.Valid(b) {
+			return
+		}
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, b); err != nil {
+			t.Fatal(err)
+		}
+		if changes := !bytes.Equal(compact.Bytes(), b); spaceOutsideStrings(b) != changes {
+			t.Fatalf("spaceOutsideStrings(%q) = %v, compacting changes it: %v", b, !changes, changes)
+		}
 	})
 }
 

@@ -260,7 +260,7 @@ func DecodePush(body []byte) (PushRequest, error) {
 		}
 		return p, e
 	}
-	if bytes.ContainsAny(raw, " \t\r\n") {
+	if spaceOutsideStrings(raw) {
 		var compact bytes.Buffer
 		compact.Grow(len(raw))
 		if err := codec.compact(&compact, raw); err != nil {
@@ -271,6 +271,24 @@ func DecodePush(body []byte) (PushRequest, error) {
 	// Without whitespace it is compact already, and the decoder's own copy.
 	p.RawState = raw
 	return p, p.Validate()
+}
+
+// spaceOutsideStrings says whether the valid JSON text b holds whitespace
+// that compacting would remove: whitespace inside strings (a model name,
+// a note) stays, and needs no compacted copy.
+func spaceOutsideStrings(b []byte) bool {
+	inString := false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++ // the escaped character, a quote included
+		case c == '"':
+			inString = !inString
+		case !inString && (c == ' ' || c == '\t' || c == '\r' || c == '\n'):
+			return true
+		}
+	}
+	return false
 }
 
 // Validate checks ranges and limits of a push.

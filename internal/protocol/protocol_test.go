@@ -51,6 +51,22 @@ func TestDecodePushCompactStateIsACopy(t *testing.T) {
 	}
 }
 
+// Whitespace inside the state's strings needs no compacted copy: such a
+// push allocates as much as one without it.
+func TestDecodePushSpaceInStringsNoCopy(t *testing.T) {
+	allocs := func(note string) float64 {
+		body := []byte(`{"seq":1,"state":{"cpu":1.5,"extra":{"note":"` + note + `"}}}`)
+		return testing.AllocsPerRun(200, func() {
+			if _, err := DecodePush(body); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if with, without := allocs("LTE Cat 4 modem"), allocs("LTE-Cat-4-modem"); with > without {
+		t.Errorf("%v allocations with spaces inside a string, %v without", with, without)
+	}
+}
+
 func TestDecodeErrors(t *testing.T) {
 	cases := []struct {
 		name, body, code, msg string
