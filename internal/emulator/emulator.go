@@ -324,4 +324,3 @@ func (e *engine) checkFDs() {
 
 func (e *engine) getScratch() *scratch  { return e.scratch.Get().(*scratch) }
 func (e *engine) putScratch(s *scratch) { e.scratch.Put(s) }
-
