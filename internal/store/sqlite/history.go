@@ -399,36 +399,64 @@ func partStart(at int64) int64 {
 // whose partition is archived already (write-back retrying after an outage)
 // goes to the indexed legacy table.
 // Rows are written with rowCtx, which cannot be cancelled (see Commit).
-func (s *Store) insertSamples(ctx, rowCtx context.Context, tx *sql.Tx, samples []fleet.Sample) (w written, err error) {
-	stmts := map[int64]*sql.Stmt{}
-	for i, m := range samples {
-		if err := chunkCheck(ctx, i); err != nil {
+func (s *Store) insertSamples(ctx, rowCtx context.Context, conn *sql.Conn, tx *sql.Tx, samples []fleet.Sample) (w written, err error) {
+	if len(samples) == 0 {
+		return w, nil
+	}
+	// The partitions first, through tx (a new one is created in it), then
+	// the rows, through raw statements on the same connection.
+	tables := map[int64]string{}
+	for _, m := range samples {
+		from := partStart(m.At.UnixMilli())
+		if _, ok := tables[from]; ok {
+			continue
+		}
+		if tables[from], err = s.ensurePart(ctx, tx, from, &w); err != nil {
 			return w, err
 		}
-		at := m.At.UnixMilli()
-		from := partStart(at)
-		st := stmts[from]
-		if st == nil {
-			var table string
-			if table, err = s.ensurePart(ctx, tx, from, &w); err != nil {
-				return w, err
-			}
-			st, err = tx.PrepareContext(ctx, `INSERT INTO `+table+` (`+sampleColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
-			if isNoTable(err) { // archived since ensurePart looked
-				w.legacy = true
-				st, err = tx.PrepareContext(ctx, `INSERT INTO samples (`+sampleColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
-			}
-			if err != nil {
-				return w, err
-			}
-			stmts[from] = st
-		}
-		if _, err := st.ExecContext(rowCtx, m.DeviceID, at, int64(m.Seq), m.Uptime, m.CPU, m.MemUsed, m.MemTotal,
-			m.DiskUsed, m.DiskTotal, m.Temperature, clampU(m.RxBytes), clampU(m.TxBytes), m.RSSI, m.RSRP, m.RSRQ, m.SINR); err != nil {
-			return w, fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
-		}
 	}
-	return w, nil
+	err = conn.Raw(func(dc any) error {
+		stmts := map[int64]*rawStmt{}
+		defer func() {
+			for _, st := range stmts {
+				st.close()
+			}
+		}()
+		for i, m := range samples {
+			if err := chunkCheck(ctx, i); err != nil {
+				return err
+			}
+			at := m.At.UnixMilli()
+			from := partStart(at)
+			st := stmts[from]
+			if st == nil {
+				var err error
+				st, err = prepareRaw(ctx, dc, `INSERT INTO `+tables[from]+` (`+sampleColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, 16)
+				if isNoTable(err) { // archived since ensurePart looked
+					w.legacy = true
+					st, err = prepareRaw(ctx, dc, `INSERT INTO samples (`+sampleColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, 16)
+				}
+				if err != nil {
+					return err
+				}
+				stmts[from] = st
+			}
+			id, err := idValue(m.DeviceID)
+			if err != nil {
+				return fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
+			}
+			a := st.args
+			a[0].Value, a[1].Value, a[2].Value, a[3].Value = id, at, int64(m.Seq), intValue(m.Uptime)
+			a[4].Value, a[5].Value, a[6].Value, a[7].Value = floatValue(m.CPU), intValue(m.MemUsed), intValue(m.MemTotal), intValue(m.DiskUsed)
+			a[8].Value, a[9].Value, a[10].Value, a[11].Value = intValue(m.DiskTotal), floatValue(m.Temperature), counterValue(m.RxBytes), counterValue(m.TxBytes)
+			a[12].Value, a[13].Value, a[14].Value, a[15].Value = floatValue(m.RSSI), floatValue(m.RSRP), floatValue(m.RSRQ), floatValue(m.SINR)
+			if _, err := st.run(rowCtx); err != nil {
+				return fmt.Errorf("sample of device %d: %w", m.DeviceID, err)
+			}
+		}
+		return nil
+	})
+	return w, err
 }
 
 // written is what a transaction's samples changed in the partition list.

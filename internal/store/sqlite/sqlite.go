@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -281,7 +280,14 @@ const (
 func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 	s.states.mu.Lock()
 	defer s.states.mu.Unlock()
-	tx, err := s.w.BeginTx(ctx, nil)
+	// The writer's one connection, held for the transaction, whose hot
+	// rows go through raw statements (rawstmt.go).
+	conn, err := s.w.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -318,11 +324,11 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) (err error) {
 			return err
 		}
 	}
-	refs, err := s.appendStates(ctx, tx, b.States)
+	refs, err := s.appendStates(ctx, conn, b.States)
 	if err != nil {
 		return err
 	}
-	written, err := s.insertSamples(ctx, rowCtx, tx, b.Samples) // history.go
+	written, err := s.insertSamples(ctx, rowCtx, conn, tx, b.Samples) // history.go
 	if err != nil {
 		return err
 	}
@@ -350,18 +356,6 @@ func lastSeen(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixNano()
-}
-
-// clampU stores counters above int64's range as its maximum.
-func clampU(v *uint64) *int64 {
-	if v == nil {
-		return nil
-	}
-	x := int64(math.MaxInt64)
-	if *v < math.MaxInt64 {
-		x = int64(*v)
-	}
-	return &x
 }
 
 // DeviceState implements fleet.StateReader.

@@ -22,6 +22,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -209,50 +210,70 @@ func (s *Store) stopStateLog() {
 // the open generation has that row rewritten: the log holds one row per
 // device and generation, so a device pushing often (or a hostile one within
 // its quota) does not grow it.
-func (s *Store) appendStates(ctx context.Context, tx *sql.Tx, states []fleet.StateRecord) ([]ref, error) {
+func (s *Store) appendStates(ctx context.Context, conn *sql.Conn, states []fleet.StateRecord) ([]ref, error) {
 	if len(states) == 0 {
 		return nil, nil
 	}
 	l := &s.states
 	gen := l.gens[len(l.gens)-1]
-	ins, err := tx.PrepareContext(ctx, `INSERT INTO `+logTable(gen)+` (`+logColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`)
+	refs := make([]ref, len(states))
+	rowCtx := context.WithoutCancel(ctx)
+	err := conn.Raw(func(dc any) error {
+		ins, err := prepareRaw(ctx, dc, `INSERT INTO `+logTable(gen)+` (`+logColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`, 7)
+		if err != nil {
+			return err
+		}
+		defer ins.close()
+		var upd *rawStmt
+		defer func() { upd.close() }()
+		for i, r := range states {
+			if err := chunkCheck(ctx, i); err != nil {
+				return err
+			}
+			if old := l.get(r.DeviceID); old != 0 && old.gen() == gen {
+				if upd == nil {
+					if upd, err = prepareRaw(ctx, dc, `UPDATE `+logTable(gen)+` SET firmware = ?, last_seen = ?, seq = ?,
+						applied_version = ?, config_error = ?, state = ? WHERE rowid = ?`, 7); err != nil {
+						return err
+					}
+				}
+				setStateArgs(upd.args[:6], r)
+				upd.args[6].Value = old.rowid()
+				if _, err := upd.run(rowCtx); err != nil {
+					return fmt.Errorf("state of device %d: %w", r.DeviceID, err)
+				}
+				refs[i] = old
+				continue
+			}
+			id, err := idValue(r.DeviceID)
+			if err != nil {
+				return fmt.Errorf("state of device %d: %w", r.DeviceID, err)
+			}
+			ins.args[0].Value = id
+			setStateArgs(ins.args[1:], r)
+			res, err := ins.run(rowCtx)
+			if err != nil {
+				return fmt.Errorf("state of device %d: %w", r.DeviceID, err)
+			}
+			rowid, err := res.LastInsertId()
+			if err != nil {
+				return err
+			}
+			refs[i] = mkRef(gen, rowid)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer ins.Close()
-	var upd *sql.Stmt
-	refs := make([]ref, len(states))
-	rowCtx := context.WithoutCancel(ctx)
-	for i, r := range states {
-		if err := chunkCheck(ctx, i); err != nil {
-			return nil, err
-		}
-		args := []any{r.Firmware, lastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion, r.ConfigError, []byte(r.State)}
-		if old := l.get(r.DeviceID); old != 0 && old.gen() == gen {
-			if upd == nil {
-				if upd, err = tx.PrepareContext(ctx, `UPDATE `+logTable(gen)+` SET firmware = ?, last_seen = ?, seq = ?,
-					applied_version = ?, config_error = ?, state = ? WHERE rowid = ?`); err != nil {
-					return nil, err
-				}
-				defer upd.Close()
-			}
-			if _, err := upd.ExecContext(rowCtx, append(args, old.rowid())...); err != nil {
-				return nil, fmt.Errorf("state of device %d: %w", r.DeviceID, err)
-			}
-			refs[i] = old
-			continue
-		}
-		res, err := ins.ExecContext(rowCtx, append([]any{r.DeviceID}, args...)...)
-		if err != nil {
-			return nil, fmt.Errorf("state of device %d: %w", r.DeviceID, err)
-		}
-		rowid, err := res.LastInsertId()
-		if err != nil {
-			return nil, err
-		}
-		refs[i] = mkRef(gen, rowid)
-	}
 	return refs, nil
+}
+
+// setStateArgs sets a state row's columns after device_id, in logColumns'
+// order.
+func setStateArgs(a []driver.NamedValue, r fleet.StateRecord) {
+	a[0].Value, a[1].Value, a[2].Value = r.Firmware, lastSeen(r.LastSeen), int64(r.Seq)
+	a[3].Value, a[4].Value, a[5].Value = r.AppliedVersion, r.ConfigError, []byte(r.State)
 }
 
 // patchFirmware keeps a re-registered device's newest log row in step with
