@@ -416,6 +416,9 @@ func (s *Store) insertSamples(ctx, rowCtx context.Context, conn *sql.Conn, tx *s
 		}
 	}
 	err = conn.Raw(func(dc any) error {
+		if err := txAlive(ctx); err != nil {
+			return err
+		}
 		stmts := map[int64]*rawStmt{}
 		defer func() {
 			for _, st := range stmts {

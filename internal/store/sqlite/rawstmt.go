@@ -22,6 +22,14 @@ type rawStmt struct {
 	args []driver.NamedValue
 }
 
+// txAlive says whether the transaction begun with ctx may still be open.
+// database/sql rolls a transaction back once its context ends, between two
+// statements (it waits for the connection): a raw statement after that
+// would run outside any transaction and commit on its own. Checked at the
+// start of each (*sql.Conn).Raw, which holds the connection throughout, it
+// is exact: the rollback cannot come before ctx ends, nor during the call.
+func txAlive(ctx context.Context) error { return ctx.Err() }
+
 // prepareRaw prepares query, of n parameters, on the driver connection dc.
 func prepareRaw(ctx context.Context, dc any, query string, n int) (*rawStmt, error) {
 	pc, ok := dc.(driver.ConnPrepareContext)

@@ -219,6 +219,9 @@ func (s *Store) appendStates(ctx context.Context, conn *sql.Conn, states []fleet
 	refs := make([]ref, len(states))
 	rowCtx := context.WithoutCancel(ctx)
 	err := conn.Raw(func(dc any) error {
+		if err := txAlive(ctx); err != nil {
+			return err
+		}
 		ins, err := prepareRaw(ctx, dc, `INSERT INTO `+logTable(gen)+` (`+logColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`, 7)
 		if err != nil {
 			return err
