@@ -315,6 +315,20 @@ func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []
 	return s.pool.SendBatch(ctx, &q).Close()
 }
 
+// CheckpointRoom reports PostgreSQL's max_wal_size and checkpoint_timeout:
+// how much WAL, and how long, between two checkpoints. A large fleet on
+// the defaults checkpoints every few tens of seconds (docs/persistence.md).
+func (s *Store) CheckpointRoom(ctx context.Context) (maxWAL int64, timeout time.Duration, err error) {
+	var mb, sec int64
+	err = s.pool.QueryRow(ctx, `SELECT
+		(SELECT setting::bigint FROM pg_settings WHERE name = 'max_wal_size' AND unit = 'MB'),
+		(SELECT setting::bigint FROM pg_settings WHERE name = 'checkpoint_timeout' AND unit = 's')`).Scan(&mb, &sec)
+	if err != nil {
+		return 0, 0, fmt.Errorf("postgres: checkpoint settings: %w", err)
+	}
+	return mb << 20, time.Duration(sec) * time.Second, nil
+}
+
 // nonNil keeps NOT NULL bytea columns from receiving NULL.
 func nonNil(b []byte) []byte {
 	if b == nil {

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +83,63 @@ func TestTakeover(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// CheckpointRoom reads the server's settings in bytes and seconds: checked
+// against SHOW, which PostgreSQL prints with its own units.
+func TestCheckpointRoom(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, dbtest.Need(t, dbtest.Postgres, server).NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	wal, timeout, err := s.CheckpointRoom(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var showWAL, showTimeout string
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('max_wal_size'), current_setting('checkpoint_timeout')`).Scan(&showWAL, &showTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if got := showSize(t, showWAL); wal != got {
+		t.Errorf("max_wal_size %d bytes, SHOW says %s", wal, showWAL)
+	}
+	if got := showDuration(t, showTimeout); timeout != got {
+		t.Errorf("checkpoint_timeout %v, SHOW says %s", timeout, showTimeout)
+	}
+}
+
+func showSize(t *testing.T, v string) int64 {
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"kB", 1 << 10}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			x, err := strconv.ParseInt(n, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return x * u.mult
+		}
+	}
+	t.Fatalf("size %q", v)
+	return 0
+}
+
+func showDuration(t *testing.T, v string) time.Duration {
+	for _, u := range []struct {
+		suffix string
+		unit   time.Duration
+	}{{"min", time.Minute}, {"ms", time.Millisecond}, {"s", time.Second}, {"h", time.Hour}, {"d", 24 * time.Hour}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			x, err := strconv.ParseInt(n, 10, 64)
+			if err != nil {
+				continue
+			}
+			return time.Duration(x) * u.unit
+		}
+	}
+	t.Fatalf("duration %q", v)
+	return 0
 }
