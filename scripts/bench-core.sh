@@ -4,7 +4,9 @@
 # bare Go net/http handler, on the same machine in the same run, medians of
 # the runs, interleaved:
 #   - keep-alive (wrk): Drover write-through (SQLite) and memory mode against
-#     nginx HTTPS (issue 11 point 2: at least 0.6x and 0.8x);
+#     nginx HTTPS (issue 11 point 2: at least 0.6x and 0.8x), nginx and the
+#     bare servers (net/http, fasthttp) sent the very push requests Drover
+#     gets (rows "push requests"), and, for reference, a bodiless GET;
 #   - a new connection per push (the emulator, closed loop, the same client
 #     for every target): Drover HTTPS with a full TLS handshake per push
 #     against nginx's full-handshake rate (point 3: at least 0.9x), and with
@@ -96,9 +98,9 @@ mport=$(freeport)
 pids+=($!); waitport $mport
 msecret=$(python3 -c "import json;print(json.load(open('$work/datam/secrets.json'))['enrollment_secret'])")
 
-# Bare Go net/http.
-gport=$(freeport); gsport=$(freeport)
-"$work/barehttp" -http 127.0.0.1:$gport -https 127.0.0.1:$gsport -cert "$cert" -key "$key" & pids+=($!); waitport $gsport
+# Bare Go net/http, and bare fasthttp over HTTPS.
+gport=$(freeport); gsport=$(freeport); fsport=$(freeport)
+"$work/barehttp" -http 127.0.0.1:$gport -https 127.0.0.1:$gsport -fasthttps 127.0.0.1:$fsport -cert "$cert" -key "$key" 2>/dev/null & pids+=($!); waitport $gsport; waitport $fsport
 
 if [ "$keepalive" = 1 ]; then
   echo "registering 10000 devices for the push runs..." >&2
@@ -163,6 +165,9 @@ for i in $(seq "$runs"); do
   run "nginx return 200, https"           https://127.0.0.1:$nsport/
   run "go net/http bare, http"            http://127.0.0.1:$gport/
   run "go net/http bare, https"           https://127.0.0.1:$gsport/
+  TOKENS=$work/tokensm.txt WRK_THREADS=$threads run "nginx return 200, https, push requests" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$nsport
+  TOKENS=$work/tokensm.txt WRK_THREADS=$threads run "go net/http bare, https, push requests" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$gsport
+  TOKENS=$work/tokensm.txt WRK_THREADS=$threads run "fasthttp bare, https, push requests" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$fsport
   TOKENS=$work/tokens.txt WRK_THREADS=$threads run "drover push, http"  -s "$top/scripts/wrk/push.lua" http://127.0.0.1:$dhport
   TOKENS=$work/tokens.txt WRK_THREADS=$threads run "drover push, https" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$dport
   TOKENS=$work/tokensm.txt WRK_THREADS=$threads run "drover push, https, memory" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$mport
@@ -186,7 +191,8 @@ echo "| target | runs (req/s) | median req/s |"
 echo "|---|---|---:|"
 names=()
 if [ "$keepalive" = 1 ]; then
-  names+=("nginx return 200, http" "nginx return 200, https" "go net/http bare, http" "go net/http bare, https" "drover push, http" "drover push, https" "drover push, https, memory" "drover register, https")
+  names+=("nginx return 200, http" "nginx return 200, https" "go net/http bare, http" "go net/http bare, https"
+    "nginx return 200, https, push requests" "go net/http bare, https, push requests" "fasthttp bare, https, push requests" "drover push, http" "drover push, https" "drover push, https, memory" "drover register, https")
 fi
 if [ "$newconn" = 1 ]; then
   for kx in "${kxlist[@]}"; do
@@ -202,10 +208,12 @@ done
 echo
 echo "(new connection and resumed rows: drover emulate --mode benchmark --workers $conns --conn new|resume --tls-key-exchange <the row's>, ${dur}s; drover serve --tls-key-exchange $serverkx; nginx: OpenSSL's default groups)"
 echo
-[ "$keepalive" = 1 ] && awk -v a="${med[drover push, https]}" -v b="${med[nginx return 200, https]}" -v c="${med[go net/http bare, https]}" -v d="${med[drover push, http]}" -v e="${med[nginx return 200, http]}" \
+[ "$keepalive" = 1 ] && awk -v a="${med[drover push, https]}" -v b="${med[nginx return 200, https, push requests]}" -v g="${med[nginx return 200, https]}" \
+  -v c="${med[go net/http bare, https, push requests]}" -v f="${med[fasthttp bare, https, push requests]}" -v d="${med[drover push, http]}" -v e="${med[nginx return 200, http]}" \
   -v m="${med[drover push, https, memory]}" \
-  'BEGIN {printf "keep-alive: drover push write-through / nginx (https): %.2f (issue 11: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
-          printf "drover push / bare Go (https): %.2f; drover push / nginx (http): %.2f\n", a/c, d/e}'
+  'BEGIN {printf "keep-alive, nginx sent the same push requests: drover push write-through / nginx (https): %.2f (issue 11: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
+          printf "  bare net/http / nginx: %.2f; bare fasthttp / nginx: %.2f (https, push requests)\n", c/b, f/b
+          printf "against nginx answering a bodiless GET: write-through %.2f, memory %.2f (https); drover push / nginx (http): %.2f\n", a/g, m/g, d/e}'
 if [ "$newconn" = 1 ]; then
   for kx in "${kxlist[@]}"; do
     awk -v kx="$kx" -v n="${med[drover push, https, new connection, $kx]}" -v g="${med[nginx return 200, https, new connection, $kx]}" \

@@ -45,6 +45,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.Int64Var(&c.QuotaHistoryBytes, "quota-history-bytes", c.QuotaHistoryBytes, "history bytes kept per device over -history-retention, at 192 bytes a sample (0: no byte bound)")
 	fs.DurationVar(&c.QuotaHold, "quota-hold", c.QuotaHold, "longest a device's push over quota is held before its 429 when its connection's last push was refused too (0: answer at once)")
 	fs.DurationVar(&c.CommitInterval, "commit-interval", c.CommitInterval, "write-through: least time between the starts of two commits; writes arriving meanwhile share the next commit (fewer, larger commits: less CPU per write, up to this much more latency; 0: commit as soon as the last commit ended; at most 1s)")
+	fs.IntVar(&c.CommitBatch, "commit-batch", c.CommitBatch, "write-through: pending records (a push is 2) that start a commit without waiting for the rest of -commit-interval (0: always wait)")
 	fs.IntVar(&c.MaxPendingWrites, "max-pending-writes", c.MaxPendingWrites, "records waiting for a commit beyond which pushes get 503")
 	fs.IntVar(&c.MaxInflight, "max-inflight", c.MaxInflight, "device requests handled at once beyond which they get 503")
 	fs.IntVar(&c.MaxBusyConns, "max-busy-connections", c.MaxBusyConns, "connections reading or answering a request at once; beyond, new connections wait in the kernel's accept queue instead of being accepted")

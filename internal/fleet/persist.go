@@ -78,6 +78,7 @@ type WriteThrough struct {
 	// (WriteThroughOptions.CommitInterval); lastStart is when the last
 	// commit started. now and sleep are the clock (tests replace them).
 	interval  time.Duration
+	batch     int
 	lastStart time.Time
 	now       func() time.Time
 	sleep     func(d time.Duration, stop <-chan struct{})
@@ -93,8 +94,8 @@ type WriteThrough struct {
 	spare   *Batch
 	closing bool
 	wake    chan struct{}
-	// hurry ends a wait for the interval: Close, or half of maxPending
-	// pending.
+	// hurry ends a wait for the interval: Close, a full batch, or half of
+	// maxPending pending.
 	hurry   chan struct{}
 	stopped chan struct{}
 }
@@ -121,6 +122,11 @@ type WriteThroughOptions struct {
 	// committed at once, and so is everything pending on Close or when
 	// half of MaxPending is pending.
 	CommitInterval time.Duration
+	// CommitBatch ends the wait for CommitInterval once this many records
+	// are pending (0: never): a commit this large is about as cheap per
+	// record as it gets, and waiting longer only adds latency, which
+	// limits clients that wait for each answer before sending again.
+	CommitBatch int
 }
 
 // NewWriteThrough starts the committer without a commit interval.
@@ -144,7 +150,7 @@ func newWriteThrough(store Store, o WriteThroughOptions, now func() time.Time, s
 	}
 	w := &WriteThrough{
 		store: store, maxPending: o.MaxPending, observe: o.Observe, timeout: 30 * time.Second, window: 500 * time.Microsecond,
-		interval: max(o.CommitInterval, 0), now: now, sleep: sleep,
+		interval: max(o.CommitInterval, 0), batch: max(o.CommitBatch, 0), now: now, sleep: sleep,
 		cur:  &group{b: &Batch{}, done: make(chan struct{})},
 		wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1), stopped: make(chan struct{}),
 	}
@@ -183,10 +189,11 @@ func (w *WriteThrough) Enqueue(fill func(*Batch)) (Ticket, error) {
 	}
 	fill(w.cur.b)
 	g := w.cur
-	half := before < w.maxPending/2 && g.b.Len() >= w.maxPending/2
+	after := g.b.Len()
+	full := before < w.maxPending/2 && after >= w.maxPending/2 || w.batch > 0 && before < w.batch && after >= w.batch
 	w.mu.Unlock()
 	signal(w.wake)
-	if half && w.interval > 0 {
+	if full && w.interval > 0 {
 		signal(w.hurry)
 	}
 	return Ticket{g}, nil
@@ -236,7 +243,7 @@ func (w *WriteThrough) pending() (int, bool) {
 }
 
 // pace waits until the interval since the last commit's start has passed,
-// unless Close was called or half of maxPending is pending. A write that
+// unless Close was called, a batch or half of maxPending is pending. A write that
 // arrives after the committer was idle longer than the interval never waits.
 func (w *WriteThrough) pace() {
 	if w.interval <= 0 || w.lastStart.IsZero() {
@@ -245,7 +252,7 @@ func (w *WriteThrough) pace() {
 	for {
 		n, closing := w.pending()
 		d := w.interval - w.now().Sub(w.lastStart)
-		if d <= 0 || closing || n >= w.maxPending/2 {
+		if d <= 0 || closing || n >= w.maxPending/2 || w.batch > 0 && n >= w.batch {
 			return
 		}
 		w.sleep(d, w.hurry)

@@ -267,3 +267,35 @@ func TestWriteThroughPacedRealClock(t *testing.T) {
 		t.Fatalf("committed %d records, enqueued %d", sum, len(tks))
 	}
 }
+
+// A full batch ends the wait for the interval; fewer records keep waiting.
+func TestWriteThroughCommitBatch(t *testing.T) {
+	const batch = 8
+	c := newPaceClock()
+	st := &paceStore{now: c.now}
+	w := newWriteThrough(st, WriteThroughOptions{CommitInterval: time.Hour, CommitBatch: batch}, c.now, c.sleep)
+	defer w.Close(context.Background())
+	waitAll(t, enqueueN(t, w, 1)) // idle: committed at once
+	tks := enqueueN(t, w, batch-1)
+	c.waitSleep(t)
+	time.Sleep(20 * time.Millisecond)
+	if _, recs := st.log(); len(recs) != 1 {
+		t.Fatalf("%d commits before the batch was full, want 1", len(recs))
+	}
+	tks = append(tks, enqueueN(t, w, 1)...) // full: committed without the clock moving
+	waitAll(t, tks)
+	// A batch that is already pending when the committer looks is not
+	// waited for either.
+	st.gate = make(chan struct{})
+	slow := enqueueN(t, w, batch)
+	st.waitCommits(t, 3)
+	more := enqueueN(t, w, batch+1)
+	close(st.gate)
+	waitAll(t, append(slow, more...))
+	if _, recs := st.log(); len(recs) != 4 || recs[1] != batch || recs[2] != batch || recs[3] != batch+1 {
+		t.Fatalf("commits %v, want [1 %d %d %d]", recs, batch, batch, batch+1)
+	}
+	if len(c.sleeps) != 0 {
+		t.Fatalf("the committer waited for the interval with a full batch pending")
+	}
+}

@@ -65,6 +65,21 @@ func FuzzSpaceOutsideStrings(f *testing.F) {
 	})
 }
 
+// In valid JSON, plain text is text checkStrings accepts.
+func FuzzPlainTextShortcut(f *testing.F) {
+	for _, s := range []string{`{"a":"b c"}`, `{"a":"\u0001"}`, `{"a":"\ud800"}`, "{\"a\":\"\x7f\"}", "{\"a\":\"\xc2\x85\"}", "{\"a\":\n[1,\t2]}", `{"a":"\\"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if !json.Valid(b) {
+			return
+		}
+		if e := checkStrings(b); plainText(b) && e != nil {
+			t.Fatalf("plainText(%q), but checkStrings refuses it: %v", b, e)
+		}
+	})
+}
+
 func FuzzDecodeRegister(f *testing.F) {
 	f.Add([]byte(`{"machine_id":"m","device_type":"t","firmware":"f","enrollment_secret":"s"}`))
 	f.Add([]byte(`{"machine_id":"` + "\xff" + `"}`))

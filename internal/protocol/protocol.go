@@ -434,6 +434,9 @@ func decodeStrict(body []byte, v any) error {
 	if trailing {
 		return &Error{Code: CodeMalformedJSON, Message: "unexpected data after the JSON object"}
 	}
+	if plainText(body) { // valid JSON now: nothing to refuse in it
+		return nil
+	}
 	if e := checkStrings(body); e != nil {
 		return e
 	}

@@ -59,7 +59,11 @@ type Config struct {
 	// CommitInterval is write-through's least time between the starts of
 	// two commits (fleet.WriteThroughOptions.CommitInterval; 0: none).
 	CommitInterval time.Duration
-	MaxInflight    int
+	// CommitBatch is how many pending records start a write-through
+	// commit before the interval has passed
+	// (fleet.WriteThroughOptions.CommitBatch; 0: never).
+	CommitBatch int
+	MaxInflight int
 	// MaxBusyConns is how many connections may be reading or answering a
 	// request at once; beyond, the listeners stop accepting (gate.go).
 	MaxBusyConns    int
@@ -128,6 +132,11 @@ type Config struct {
 // "Session 8: group-commit pacing").
 const DefaultCommitInterval = 5 * time.Millisecond
 
+// DefaultCommitBatch is the default -commit-batch, in records (a push is
+// two: its state and its history sample); docs/performance.md, "Session
+// 12: a full batch commits at once".
+const DefaultCommitBatch = 64
+
 // MaxCommitInterval is the largest -commit-interval: every write-through
 // request may wait that long for its commit to start.
 const MaxCommitInterval = time.Second
@@ -154,6 +163,7 @@ func DefaultConfig() Config {
 		QuotaHold:           10 * time.Second,
 		MaxPendingWrites:    50000,
 		CommitInterval:      DefaultCommitInterval,
+		CommitBatch:         DefaultCommitBatch,
 		MaxInflight:         8192,
 		MaxBusyConns:        1024,
 		ShutdownTimeout:     30 * time.Second,
@@ -229,6 +239,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CommitInterval < 0 || c.CommitInterval > MaxCommitInterval {
 		return fmt.Errorf("-commit-interval must be 0..%v, not %v", MaxCommitInterval, c.CommitInterval)
+	}
+	if c.CommitBatch < 0 {
+		return fmt.Errorf("-commit-batch must be 0 or more, not %d", c.CommitBatch)
 	}
 	if c.MaxInflight < 1 || c.MaxPendingWrites < 1 || c.MaxBusyConns < 1 {
 		return errors.New("-max-inflight, -max-busy-connections and -max-pending-writes must be positive")

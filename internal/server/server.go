@@ -138,7 +138,7 @@ func (s *Server) openPersistence(ctx context.Context) error {
 		}
 		s.watchUpkeep()
 		s.persist = fleet.NewWriteThroughWith(s.store, fleet.WriteThroughOptions{
-			MaxPending: s.cfg.MaxPendingWrites, Observe: s.observeCommit, CommitInterval: s.cfg.CommitInterval})
+			MaxPending: s.cfg.MaxPendingWrites, Observe: s.observeCommit, CommitInterval: s.cfg.CommitInterval, CommitBatch: s.cfg.CommitBatch})
 	case "write-back":
 		if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
 			return err
