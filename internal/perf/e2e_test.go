@@ -106,6 +106,12 @@ func TestE2EBenchmark(t *testing.T) {
 	if !r.Setup.TLS || !r.Setup.Local || r.Env.Threads < 1 {
 		t.Errorf("setup %+v env %+v", r.Setup, r.Env)
 	}
+	if r.Env.CPUProbeStartUS <= 0 || r.Env.CPUProbeEndUS <= 0 {
+		t.Errorf("CPU probe %v / %v µs, want both measured", r.Env.CPUProbeStartUS, r.Env.CPUProbeEndUS)
+	}
+	if md := markdownOf(r); !strings.Contains(md, "| CPU probe: µs per JSON round trip") {
+		t.Errorf("the protocol has no CPU probe row:\n%s", md)
+	}
 }
 
 func TestE2EStability(t *testing.T) {

@@ -76,6 +76,9 @@ func protocol(r *Result, charts bool) *doc.Doc {
 	t.Row("CPU", e.CPUModel)
 	t.Row("CPU cores / threads", fmt.Sprintf("%d / %d", e.Cores, e.Threads))
 	t.Row("RAM / MiB", render.Fixed(e.RAMMiB, 0))
+	if e.CPUProbeStartUS > 0 {
+		t.Row("CPU probe: µs per JSON round trip on one thread of drover perf's machine, before / after", render.Fixed(e.CPUProbeStartUS, 1)+" / "+render.Fixed(e.CPUProbeEndUS, 1))
+	}
 	if e.Cgroup != "" {
 		t.Row("server limits", e.Cgroup)
 	}

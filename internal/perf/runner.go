@@ -141,6 +141,7 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	r := &Result{Format: resultFormat, Preset: p, Changes: changes, Command: o.Command, Started: time.Now().UTC(),
 		Env: readEnvironment(o.Version), Thresholds: th}
 	r.Env.Label = o.EnvLabel
+	r.Env.CPUProbeStartUS = probeCPU()
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
 		r.Env.OpenFiles = lim.Cur
@@ -175,7 +176,10 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 			}
 		}
 	}
-	defer func() { r.Ended = time.Now().UTC() }()
+	defer func() {
+		r.Ended = time.Now().UTC()
+		r.Env.CPUProbeEndUS = probeCPU()
+	}()
 	if p.Kind == registrar {
 		return r, runRegistrar(ctx, r, p, handlers, registrarModes, o)
 	}

@@ -37,7 +37,15 @@ type environment struct {
 	Cgroup      string  `json:"cgroup,omitempty"`
 	// Source says where the figures above come from.
 	Source string `json:"source,omitempty"`
+	// CPUProbeStartUS and CPUProbeEndUS are hostinfo.ProbeCPU on the
+	// drover perf machine before and after the test, µs: a thread's speed
+	// that day, which on a shared VM can differ twofold between days.
+	CPUProbeStartUS float64 `json:"cpu_probe_start_us,omitempty"`
+	CPUProbeEndUS   float64 `json:"cpu_probe_end_us,omitempty"`
 }
+
+// probeCPU is hostinfo.ProbeCPU in µs.
+func probeCPU() float64 { return float64(hostinfo.ProbeCPU().Nanoseconds()) / 1000 }
 
 // cpus is the CPU threads the server may use: the cgroup's quota when it
 // is below the machine's threads.
