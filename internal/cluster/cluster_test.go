@@ -692,7 +692,7 @@ func TestCluster(t *testing.T) {
 		// A rule made on B; pushes meeting it on both nodes; one device
 		// falls silent. Whichever node leads, each alert is raised once.
 		for _, rule := range []string{`{"name":"hot","kind":"cpu_above","threshold":50,"severity":"warning"}`,
-			`{"name":"gone","kind":"offline","seconds":2,"severity":"critical"}`} {
+			`{"name":"gone","kind":"offline","seconds":5,"severity":"critical"}`} {
 			if st, body := b.do("POST", "/api/v1/alerts/rules", adminToken, rule); st != 201 {
 				t.Fatalf("rule: %d %s", st, body)
 			}
@@ -829,9 +829,12 @@ func leads(t *testing.T, n *node) bool {
 }
 
 // keepsPushing registers a device on on and pushes it there every 300 ms
-// for 8 s (more than the offline rule "gone", 2 s, and a leader's check,
-// 5 s): no offline alert may be raised for it, and the nodes of view see
-// it online. Once it stops, the alert comes (the rule does apply to it).
+// for 12 s (more than the offline rule "gone", 5 s, and a leader's check,
+// 5 s, together): no offline alert may be raised for it, and the nodes of
+// view see it online. Once it stops, the alert comes (the rule does apply
+// to it). The rule leaves room for the database path: a push reaches the
+// leader after up to two StatesEvery (1 s) besides the push interval, and
+// later on a loaded machine.
 func keepsPushing(t *testing.T, on *node, view []*node) {
 	t.Helper()
 	r := on.mustRegister(fmt.Sprintf("m-keeps-%s-%d", on.name, time.Now().UnixNano()))
@@ -860,7 +863,7 @@ func keepsPushing(t *testing.T, on *node, view []*node) {
 		}
 		return st == 200 && json.Unmarshal(body, &d) == nil && d.Liveness == "online"
 	}
-	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
 		if st, body := on.push(r.Token); st != 200 {
 			t.Fatalf("push on %s: %d %s", on.name, st, body)
 		}
