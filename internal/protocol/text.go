@@ -37,9 +37,9 @@ func checkStrings(body []byte) *Error {
 }
 
 // plainText says whether b is printable ASCII and JSON whitespace without a
-// backslash: then no string in valid JSON can hold what checkStrings
-// refuses, and valid JSON need not be walked (that needs a byte of 0x7f or more, an escape, or a raw control
-// character, which valid JSON has only as whitespace between tokens).
+// backslash. Valid JSON that is plain text need not be walked: what
+// checkStrings refuses needs a byte of 0x7f or more, an escape, or a raw
+// control character, which valid JSON has only as whitespace between tokens.
 func plainText(b []byte) bool {
 	for _, c := range b {
 		if c >= 0x7f || c == '\\' || c < 0x20 && c != '\t' && c != '\n' && c != '\r' {
