@@ -9,6 +9,7 @@
 package dbtest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -312,11 +313,39 @@ func (s *Server) Stop() error {
 	select {
 	case <-s.exit:
 	case <-time.After(60 * time.Second):
+		procs := processGroup(s.cmd.Process.Pid)
 		s.killLocked()
-		return fmt.Errorf("%s did not stop within 60 s; killed", s.Kind)
+		return fmt.Errorf("%s did not stop within 60 s; killed. Its processes then (pid state wchan title):\n%s\nthe end of its log:\n%s", s.Kind, procs, s.LogTail())
 	}
 	s.cmd = nil
 	return nil
+}
+
+// processGroup lists the processes of group pgid as "pid state wchan
+// title" lines (PostgreSQL titles its processes by role and activity),
+// to show where a server hangs.
+func processGroup(pgid int) string {
+	var out []byte
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := syscall.Getpgid(pid); err != nil || g != pgid {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		state := "?"
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+			state = string(stat[i+2])
+		}
+		wchan, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "wchan"))
+		title, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		title = bytes.TrimRight(bytes.ReplaceAll(title, []byte{0}, []byte{' '}), " ")
+		out = fmt.Appendf(out, "%d %s %s %s\n", pid, state, wchan, title)
+	}
+	return string(out)
 }
 
 // Kill stops the server with SIGKILL, as a crash would.
