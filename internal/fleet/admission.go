@@ -713,17 +713,21 @@ func (f AdmissionFilter) match(d *device) bool {
 // AdmissionCounts counts devices by admission state, and the re-enrollment
 // requests waiting.
 func (s *Service) AdmissionCounts() (map[string]int, int) {
-	out := map[string]int{}
-	for _, n := range admissionNames {
-		out[n] = 0
-	}
+	// Counted by value, named once: /metrics calls this over every device.
+	var counts [len(admissionNames) + 1]int // the last: unknown values
 	requests := 0
 	s.each(func(d *device) {
-		out[d.admission.String()]++
+		counts[min(int(d.admission), len(admissionNames))]++
 		if d.request != nil && !d.request.approved {
 			requests++
 		}
 	})
+	out := map[string]int{}
+	for i, n := range counts {
+		if n > 0 || i < len(admissionNames) {
+			out[Admission(i).String()] = n
+		}
+	}
 	return out, requests
 }
 

@@ -316,4 +316,15 @@ func BenchmarkQueryMillion(b *testing.B) {
 			}
 		})
 	}
+	// What every scrape of /metrics walks.
+	b.Run("counts", func(b *testing.B) {
+		for b.Loop() {
+			s.Counts()
+		}
+	})
+	b.Run("admission-counts", func(b *testing.B) {
+		for b.Loop() {
+			s.AdmissionCounts()
+		}
+	})
 }
