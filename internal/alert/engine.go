@@ -85,7 +85,7 @@ type Engine struct {
 	qSync      []SyncEvent
 	qSyncSince time.Time // when qSync last became non-empty
 	flushMu    sync.Mutex
-	storeOK atomic.Bool
+	storeOK    atomic.Bool
 
 	notify *notifier
 }
