@@ -26,7 +26,7 @@ import (
 func BenchmarkSyncEvents(b *testing.B) {
 	devices := benchEnv(b, "DROVER_BENCH_DEVICES", 500_000)
 	tmpl := syncEventsDB(b, devices)
-	for _, window := range []int{1250, 25_000, 100_000} {
+	for _, window := range []int{500, 1250, 5000, 25_000, 100_000} {
 		b.Run(fmt.Sprintf("window=%d", window), func(b *testing.B) {
 			ctx := context.Background()
 			s := openCopy(b, tmpl)
