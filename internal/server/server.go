@@ -221,7 +221,7 @@ func (s *Server) loadFleet(ctx context.Context) error {
 	st := s.fleet.Stats()
 	s.log.Info("fleet loaded", "devices", st.Devices, "profiles", len(s.fleet.Profiles()), "took", time.Since(start).Round(time.Millisecond),
 		"persistence", s.cfg.Persistence, "db", redactDSN(s.cfg.dbDSN()))
-	s.adviseCheckpoints(ctx, st.Devices)
+	s.adviseDatabase(ctx, st.Devices)
 	return nil
 }
 

@@ -180,6 +180,16 @@ func Migrate(ctx context.Context, c driver.Connector) (int, error) {
 	return n, err
 }
 
+// BufferPool reports InnoDB's buffer pool size in bytes: the server warns
+// at start when it is small for the fleet (server.adviseDatabase).
+func (s *Store) BufferPool(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.db.QueryRowContext(ctx, `SELECT @@innodb_buffer_pool_size`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("mariadb: buffer pool size: %w", err)
+	}
+	return n, nil
+}
+
 // Close closes the connection pool and releases the instance lock.
 func (s *Store) Close() error {
 	err := s.db.Close()

@@ -91,3 +91,28 @@ func TestTakeover(t *testing.T) {
 		}
 	})
 }
+
+// BufferPool reads InnoDB's buffer pool size in bytes: checked against
+// SHOW VARIABLES and InnoDB's least size (5 MiB).
+func TestBufferPool(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, strings.TrimPrefix(dbtest.Need(t, dbtest.MariaDB, server).NewDB(t), "mysql://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.BufferPool(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var name, show string
+	if err := s.db.QueryRowContext(ctx, `SHOW VARIABLES LIKE 'innodb_buffer_pool_size'`).Scan(&name, &show); err != nil {
+		t.Fatal(err)
+	}
+	if want, err := strconv.ParseInt(show, 10, 64); err != nil || got != want {
+		t.Errorf("BufferPool = %d, SHOW VARIABLES says %s", got, show)
+	}
+	if got < 5<<20 {
+		t.Errorf("BufferPool = %d bytes: not a size in bytes", got)
+	}
+}
