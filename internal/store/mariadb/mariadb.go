@@ -180,14 +180,14 @@ func Migrate(ctx context.Context, c driver.Connector) (int, error) {
 	return n, err
 }
 
-// BufferPool reports InnoDB's buffer pool size in bytes: the server warns
-// at start when it is small for the fleet (server.adviseDatabase).
-func (s *Store) BufferPool(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.db.QueryRowContext(ctx, `SELECT @@innodb_buffer_pool_size`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("mariadb: buffer pool size: %w", err)
+// InnoDBSizes reports InnoDB's buffer pool and redo log sizes in bytes: the
+// server warns at start when they are small for the fleet
+// (server.adviseDatabase).
+func (s *Store) InnoDBSizes(ctx context.Context) (pool, redoLog int64, err error) {
+	if err := s.db.QueryRowContext(ctx, `SELECT @@innodb_buffer_pool_size, @@innodb_log_file_size`).Scan(&pool, &redoLog); err != nil {
+		return 0, 0, fmt.Errorf("mariadb: InnoDB sizes: %w", err)
 	}
-	return n, nil
+	return pool, redoLog, nil
 }
 
 // Close closes the connection pool and releases the instance lock.

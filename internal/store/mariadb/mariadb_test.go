@@ -92,27 +92,33 @@ func TestTakeover(t *testing.T) {
 	})
 }
 
-// BufferPool reads InnoDB's buffer pool size in bytes: checked against
-// SHOW VARIABLES and InnoDB's least size (5 MiB).
-func TestBufferPool(t *testing.T) {
+// InnoDBSizes reads the buffer pool and redo log sizes in bytes: checked
+// against SHOW VARIABLES and InnoDB's least sizes (5 MiB, 1 MiB).
+func TestInnoDBSizes(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(ctx, strings.TrimPrefix(dbtest.Need(t, dbtest.MariaDB, server).NewDB(t), "mysql://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	got, err := s.BufferPool(ctx)
+	pool, redoLog, err := s.InnoDBSizes(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var name, show string
-	if err := s.db.QueryRowContext(ctx, `SHOW VARIABLES LIKE 'innodb_buffer_pool_size'`).Scan(&name, &show); err != nil {
-		t.Fatal(err)
-	}
-	if want, err := strconv.ParseInt(show, 10, 64); err != nil || got != want {
-		t.Errorf("BufferPool = %d, SHOW VARIABLES says %s", got, show)
-	}
-	if got < 5<<20 {
-		t.Errorf("BufferPool = %d bytes: not a size in bytes", got)
+	for _, v := range []struct {
+		name  string
+		got   int64
+		least int64
+	}{{"innodb_buffer_pool_size", pool, 5 << 20}, {"innodb_log_file_size", redoLog, 1 << 20}} {
+		var name, show string
+		if err := s.db.QueryRowContext(ctx, `SHOW VARIABLES LIKE '`+v.name+`'`).Scan(&name, &show); err != nil {
+			t.Fatal(err)
+		}
+		if want, err := strconv.ParseInt(show, 10, 64); err != nil || v.got != want {
+			t.Errorf("%s = %d, SHOW VARIABLES says %s", v.name, v.got, show)
+		}
+		if v.got < v.least {
+			t.Errorf("%s = %d bytes: not a size in bytes", v.name, v.got)
+		}
 	}
 }
