@@ -390,8 +390,10 @@ func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (
 	if err := spec.Validate(); err != nil {
 		return Job{}, err
 	}
-	now := s.now()
-	rec := JobRecord{Kind: spec.Kind, Args: spec.Args, Timeout: spec.Timeout, CreatedAt: now.UTC(), ExpiresAt: now.Add(spec.TTL).UTC()}
+	// At the store's precision (milliseconds): the job answers the same
+	// before and after a restart or a restore.
+	now := s.now().UTC().Truncate(time.Millisecond)
+	rec := JobRecord{Kind: spec.Kind, Args: spec.Args, Timeout: spec.Timeout, CreatedAt: now, ExpiresAt: now.Add(spec.TTL)}
 	var ids []uint64
 	if t.Filter == nil {
 		d := s.get(t.DeviceID)
