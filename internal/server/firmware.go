@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"os"
@@ -97,6 +98,29 @@ func (ff *firmwareFiles) put(r io.Reader) (sum string, size int64, err error) {
 		d.Close()
 	}
 	return sum, size, nil
+}
+
+// checkFiles warns, at start, of the stored artifacts whose file is not in
+// the directory (or not whole): their downloads would answer 503 until the
+// file is put back (a restore without the firmware, a lost disk).
+func (ff *firmwareFiles) checkFiles(fws []fleet.Firmware, log *slog.Logger) {
+	var missing []string
+	for _, f := range fws {
+		if !f.Stored() {
+			continue
+		}
+		if st, err := os.Stat(filepath.Join(ff.dir, f.FileName())); err != nil || st.Size() != f.Size {
+			missing = append(missing, fmt.Sprintf("%d (%s %s, %s)", f.ID, f.DeviceType, f.Version, f.FileName()))
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	n := len(missing)
+	if n > 20 {
+		missing = append(missing[:20], "…")
+	}
+	log.Warn("firmware files missing", "artifacts", n, "firmware", strings.Join(missing, ", "), "dir", ff.dir)
 }
 
 // extend lets a long transfer run up to downloadMax.

@@ -239,6 +239,8 @@ func (s *Server) buildHandler(context.Context) error {
 	}
 	if s.cstore != nil {
 		a.fw.blobs = s.cstore // uploads shared through the database
+	} else {
+		a.fw.checkFiles(s.fleet.Firmware(), s.log)
 	}
 	if s.cfg.NodeName != "" {
 		a.node = []string{s.cfg.NodeName}
