@@ -33,7 +33,8 @@ var commands = []cmd{
 	{"emulate", "emulate a fleet of devices against a server and measure it", emulate},
 	{"report", "render drover emulate results as text, Markdown or HTML", report_},
 	{"perf", "run the performance tests and write their protocols", perf_},
-	{"backup", "copy the SQLite database, secrets and certificate of a running server", backup},
+	{"backup", "copy the database, firmware, secrets and certificates of a running server", backup},
+	{"restore", "check a backup is complete and put it in place for a stopped server", restore},
 	{"healthcheck", "exit 0 when the server on this host answers (container HEALTHCHECK)", healthcheck},
 	{"version", "print the version, commit and Go version (also: drover --version)", version},
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -51,10 +50,7 @@ func newACME(cfg *Config) (*autocert.Manager, error) {
 	if len(domains) == 0 {
 		return nil, nil
 	}
-	dir := cfg.ACMECacheDir
-	if dir == "" {
-		dir = filepath.Join(cfg.DataDir, "acme")
-	}
+	dir := cfg.acmeCacheDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("-acme-cache-dir: %w", err)
 	}

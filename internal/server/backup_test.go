@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net/http"
@@ -149,6 +150,70 @@ func TestBackupRefusesOtherBackends(t *testing.T) {
 		}
 		if _, err := os.Stat(dir); err == nil {
 			t.Errorf("%s: a failed backup left %s", dsn, dir)
+		}
+	}
+}
+
+// With PostgreSQL or MariaDB, drover backup --no-database holds what the
+// database does not: the firmware files (outside cluster mode only in the
+// firmware directory), the secrets and the TLS files, with a manifest;
+// restore puts them back for a server on the restored database, and never
+// into a SQLite server, which would start without a database.
+func TestBackupWithoutDatabaseHoldsFirmwareAndSecrets(t *testing.T) {
+	ctx := context.Background()
+	cfg := server.DefaultConfig()
+	cfg.DataDir, cfg.DB = t.TempDir(), "postgres://u@127.0.0.1/drover"
+	image := []byte("a firmware image")
+	sum := fmt.Sprintf("%x", sha256.Sum256(image))
+	files := map[string][]byte{"firmware/" + sum + ".bin": image, "firmware/notes.txt": []byte("not firmware"),
+		"secrets.json": []byte(`{"enrollment_secret":"e","admin_token":"a"}`), "tls/cert.pem": []byte("cert"), "tls/key.pem": []byte("key")}
+	for rel, b := range files {
+		os.MkdirAll(filepath.Join(cfg.DataDir, filepath.Dir(rel)), 0o700)
+		if err := os.WriteFile(filepath.Join(cfg.DataDir, rel), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sqliteCfg := server.DefaultConfig()
+	sqliteCfg.DataDir = cfg.DataDir
+	if _, err := server.BackupWith(ctx, sqliteCfg, filepath.Join(t.TempDir(), "b"), server.BackupOptions{NoDatabase: true}); err == nil {
+		t.Error("a SQLite backup without its database was written")
+	}
+	dir := filepath.Join(t.TempDir(), "b")
+	res, err := server.BackupWith(ctx, cfg, dir, server.BackupOptions{NoDatabase: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Firmware != 1 || len(res.Database) != 0 || strings.Join(res.Files, ",") != "secrets.json,tls/cert.pem,tls/key.pem" {
+		t.Fatalf("backup: %+v", res)
+	}
+	m, err := server.ReadBackup(ctx, dir)
+	if err != nil || m.Database || m.Backend != "postgres" || len(m.Files) != 4 {
+		t.Fatalf("manifest: %v %+v", err, m)
+	}
+
+	sq := server.DefaultConfig()
+	sq.DataDir = filepath.Join(t.TempDir(), "sqlite")
+	if _, err := server.Restore(ctx, sq, dir); err == nil || !strings.Contains(err.Error(), "holds no database") {
+		t.Errorf("restore into SQLite: %v", err)
+	}
+	to := cfg
+	to.DataDir = filepath.Join(t.TempDir(), "restored")
+	if _, err := server.Restore(ctx, to, dir); err != nil {
+		t.Fatal(err)
+	}
+	for rel, want := range files {
+		got, err := os.ReadFile(filepath.Join(to.DataDir, rel))
+		if rel == "firmware/notes.txt" {
+			if err == nil {
+				t.Errorf("%s was restored", rel)
+			}
+			continue
+		}
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%s restored: %v %q", rel, err, got)
+		}
+		if st, err := os.Stat(filepath.Join(to.DataDir, rel)); err == nil && st.Mode().Perm() != 0o600 {
+			t.Errorf("%s restored with mode %v", rel, st.Mode().Perm())
 		}
 	}
 }

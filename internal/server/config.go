@@ -275,6 +275,14 @@ func (c *Config) firmwareDir() string {
 	return filepath.Join(c.DataDir, "firmware")
 }
 
+// acmeCacheDir is where the ACME account and certificates are kept.
+func (c *Config) acmeCacheDir() string {
+	if c.ACMECacheDir != "" {
+		return c.ACMECacheDir
+	}
+	return filepath.Join(c.DataDir, "acme")
+}
+
 // DSN is the database the server opens: DB, or SQLite in DataDir.
 func (c *Config) DSN() string { return c.dbDSN() }
 

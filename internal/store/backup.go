@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/sqlite"
 )
 
@@ -24,3 +25,13 @@ func Backup(ctx context.Context, dsn, dst string) (sqlite.BackupInfo, error) {
 	}
 	return sqlite.Backup(ctx, rest, dst)
 }
+
+// StoredFirmware lists the artifacts whose file the server keeps, from the
+// SQLite database file at path (a backup's copy).
+func StoredFirmware(ctx context.Context, path string) ([]fleet.Firmware, error) {
+	return sqlite.StoredFirmware(ctx, path)
+}
+
+// ArchivePath is the SQLite history archive's path beside the database
+// file at path.
+func ArchivePath(path string) string { return sqlite.ArchivePath(path) }

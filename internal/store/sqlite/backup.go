@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/fleet"
 	sqlite "modernc.org/sqlite"
 )
 
@@ -219,3 +221,47 @@ func removeDB(path string) {
 		os.Remove(path + suffix)
 	}
 }
+
+// StoredFirmware lists the firmware artifacts whose file the server keeps
+// (no URL) in the database file at path, a backup copy: what a backup must
+// hold in its firmware directory. The file is opened read-only.
+func StoredFirmware(ctx context.Context, path string) ([]fleet.Firmware, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", "file:"+uriPath(path)+"?mode=ro&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var exists int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'firmware'`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if exists == 0 { // a database from before firmware was kept
+		return nil, nil
+	}
+	rows, err := db.QueryContext(ctx, `SELECT spec FROM firmware ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	defer rows.Close()
+	var out []fleet.Firmware
+	for rows.Next() {
+		var spec string
+		if err := rows.Scan(&spec); err != nil {
+			return nil, err
+		}
+		var f fleet.Firmware
+		if err := json.Unmarshal([]byte(spec), &f); err != nil {
+			return nil, fmt.Errorf("%s: firmware row: %w", path, err)
+		}
+		if f.Stored() {
+			out = append(out, f)
+		}
+	}
+	return out, rows.Err()
+}
+
+// ArchivePath is the history archive's path beside the database at path.
+func ArchivePath(path string) string { return archivePath(path) }
