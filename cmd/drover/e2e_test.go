@@ -13,7 +13,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -49,14 +51,24 @@ type proc struct {
 	addr   string
 	stdout *bytes.Buffer
 	exited chan error
+	logMu  sync.Mutex
+	log    []string // stderr lines so far
+}
+
+// logged returns the server's stderr lines so far.
+func (p *proc) logged() []string {
+	p.logMu.Lock()
+	defer p.logMu.Unlock()
+	return slices.Clone(p.log)
 }
 
 var listening = regexp.MustCompile(`msg=listening proto=https addr=(\S+)`)
 
-// startServe runs `drover serve` on a free port and waits until it listens.
-func startServe(t *testing.T, dataDir string) *proc {
+// startServe runs `drover serve` on a free port, with extra flags, and
+// waits until it listens.
+func startServe(t *testing.T, dataDir string, extra ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(droverBin, "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0")
+	cmd := exec.Command(droverBin, append([]string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0"}, extra...)...)
 	stderr, _ := cmd.StderrPipe()
 	p := &proc{cmd: cmd, stdout: &bytes.Buffer{}, exited: make(chan error, 1)}
 	cmd.Stdout = p.stdout
@@ -67,6 +79,9 @@ func startServe(t *testing.T, dataDir string) *proc {
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			p.logMu.Lock()
+			p.log = append(p.log, sc.Text())
+			p.logMu.Unlock()
 			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
 				addr <- m[1]
 			}
