@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -336,7 +337,7 @@ func ReadBackup(ctx context.Context, dir string) (BackupManifest, error) {
 		if err := ctx.Err(); err != nil {
 			return m, err
 		}
-		if !filepath.IsLocal(filepath.FromSlash(f.Path)) || f.Path == ManifestName || listed[f.Path] {
+		if !filepath.IsLocal(filepath.FromSlash(f.Path)) || path.Clean(f.Path) != f.Path || f.Path == ManifestName || listed[f.Path] {
 			problems = append(problems, fmt.Sprintf("%s: not a valid manifest entry", f.Path))
 			continue
 		}
@@ -434,8 +435,8 @@ func Restore(ctx context.Context, cfg Config, dir string) (RestoreResult, error)
 	if len(problems) > 0 {
 		return res, fmt.Errorf("restore never overwrites; stop the server and move its data aside (or give a new --data-dir):\n  %s", strings.Join(problems, "\n  "))
 	}
-	for _, side := range []string{"-wal", "-shm", "-journal"} {
-		if m.Database {
+	if m.Database {
+		for _, side := range []string{"-wal", "-shm", "-journal"} {
 			os.Remove(dbPath + side) // left by an old database: not this one's
 		}
 	}

@@ -217,3 +217,22 @@ func TestBackupWithoutDatabaseHoldsFirmwareAndSecrets(t *testing.T) {
 		}
 	}
 }
+
+// A manifest naming a file outside the backup, or one path twice, is not
+// followed: restore names the entry and writes nothing.
+func TestRestoreRefusesManifestPathsOutsideTheBackup(t *testing.T) {
+	for _, p := range []string{"../secrets.json", "/etc/passwd", "firmware/../../x", "tls//key.pem", "manifest.json"} {
+		dir := t.TempDir()
+		m := fmt.Sprintf(`{"format":1,"backend":"postgres","files":[{"path":%q,"size":1,"sha256":"00"}]}`, p)
+		os.WriteFile(filepath.Join(dir, server.ManifestName), []byte(m), 0o600)
+		cfg := server.DefaultConfig()
+		cfg.DataDir, cfg.DB = filepath.Join(t.TempDir(), "d"), "postgres://u@127.0.0.1/drover"
+		_, err := server.Restore(context.Background(), cfg, dir)
+		if err == nil || !strings.Contains(err.Error(), p+": not a valid manifest entry") {
+			t.Errorf("manifest entry %q: %v", p, err)
+		}
+		if _, err := os.Stat(cfg.DataDir); err == nil {
+			t.Errorf("manifest entry %q: %s written", p, cfg.DataDir)
+		}
+	}
+}
