@@ -178,6 +178,28 @@ func TestMachineIDSameInBothAgents(t *testing.T) {
 					t.Errorf("%s: shell %q, Go %q, want %q (stderr %s)", c.name, shID, goID, c.want, stderr.String())
 				}
 			}
+			// A state directory's machine ID wins over the hardware (an
+			// upgraded agent keeps its own), --machine-id over both.
+			root := identityCases()[3].hw.tree(t)
+			kept := t.TempDir()
+			if err := os.WriteFile(filepath.Join(kept, machineIDFile), []byte("a1b2c3d4a1b2c3d4a1b2c3d4a1b2c3d4\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"--state-dir", kept}, "a1b2c3d4a1b2c3d4a1b2c3d4a1b2c3d4"},
+				{[]string{"--state-dir", kept, "--machine-id", "serial-7"}, "serial-7"},
+			} {
+				args := append(append(slices.Clip(sh.argv), shellScript(t), "--print-machine-id", "--root", root), c.args...)
+				cmd := exec.Command(args[0], args[1:]...)
+				cmd.Env = append(slices.Clip(sh.env), "TMPDIR="+t.TempDir())
+				out, err := cmd.Output()
+				if got := strings.TrimSpace(string(out)); err != nil || got != c.want {
+					t.Errorf("%q: %q %v, want %q", c.args, got, err, c.want)
+				}
+			}
 		})
 	}
 }
