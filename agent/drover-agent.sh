@@ -24,6 +24,8 @@ MODEL=
 SERIAL=
 FIRMWARE=
 MACHINE_ID_ARG=
+IDENTITY_SCRIPT=
+PRINT_MACHINE_ID=0
 ROOT=
 DISK_PATH=/
 INTERFACES=
@@ -67,7 +69,10 @@ flags:
   --model S                 model (default: from /tmp/sysinfo, device tree or DMI)
   --serial S                serial number (default: from device tree or DMI)
   --firmware S              firmware (default: from /etc/openwrt_release or /etc/os-release)
-  --machine-id S            machine ID (default: generated once, kept in the state directory)
+  --machine-id S            machine ID (default: derived once from the hardware, kept in the state directory)
+  --identity-script CMD     shell command printing this device's identity (e.g. a serial number) on its
+                            first line; a new state directory's machine ID is derived from it
+  --print-machine-id        print the machine ID this agent registers with and exit
   --root D                  read /proc, /sys and /etc under D (for tests)
   --disk-path P             file system whose usage is reported (default /; /overlay on OpenWrt)
   --interfaces LIST         comma-separated glob patterns of interfaces (default: all but lo)
@@ -124,7 +129,7 @@ while [ $# -gt 0 ]; do
 		val=${opt#*=}
 		opt=${opt%%=*}
 		;;
-	--allow-http | --once | --help | -h) ;;
+	--allow-http | --once | --print-machine-id | --help | -h) ;;
 	--*)
 		[ $# -ge 2 ] || {
 			echo "drover-agent.sh: $opt needs a value" >&2
@@ -154,6 +159,8 @@ while [ $# -gt 0 ]; do
 	--serial) SERIAL=$val ;;
 	--firmware) FIRMWARE=$val ;;
 	--machine-id) MACHINE_ID_ARG=$val ;;
+	--identity-script) IDENTITY_SCRIPT=$val ;;
+	--print-machine-id) PRINT_MACHINE_ID=1 ;;
 	--root) ROOT=${val%/} ;;
 	--disk-path) DISK_PATH=$val ;;
 	--interfaces) INTERFACES=$val ;;
@@ -189,11 +196,11 @@ for _v in HOOK_TIMEOUT HOOK_RETRY COLLECTOR_TIMEOUT FW_HOOK_TIMEOUT MIN_BACKOFF 
 	eval "$_v=$_n"
 done
 case $LOG_LEVEL in debug | info | warn | error) ;; *) die "--log-level must be debug, info, warn or error" ;; esac
-[ -n "$SERVER" ] || die "--server is required"
+[ -n "$SERVER" ] || [ "$PRINT_MACHINE_ID" = 1 ] || die "--server is required"
 SERVER=${SERVER%/}
-case $SERVER in
-https://?*) ;;
-http://?*) [ "$ALLOW_HTTP" = 1 ] || die "--server uses http://, which sends the token in clear; use https:// or pass --allow-http" ;;
+case $PRINT_MACHINE_ID:$SERVER in
+1:* | 0:https://?*) ;;
+0:http://?*) [ "$ALLOW_HTTP" = 1 ] || die "--server uses http://, which sends the token in clear; use https:// or pass --allow-http" ;;
 *) die "--server must be an https:// URL" ;;
 esac
 [ "$MIN_BACKOFF" -ge 1 ] && [ "$MAX_BACKOFF" -ge "$MIN_BACKOFF" ] || die "--max-backoff must be at least --min-backoff, which must be at least 1"
@@ -203,7 +210,7 @@ if [ -n "$SECRET_FILE" ]; then
 	SECRET=$(tr -d ' \r\n\t' <"$SECRET_FILE") || die "cannot read $SECRET_FILE"
 fi
 [ -z "$CA_CERT" ] || [ -r "$CA_CERT" ] || die "--ca-cert $CA_CERT is not readable"
-command -v curl >/dev/null 2>&1 || die "curl is required"
+command -v curl >/dev/null 2>&1 || [ "$PRINT_MACHINE_ID" = 1 ] || die "curl is required"
 COMMANDS=$(printf '%s' "$COMMANDS" | tr -d ' ')
 for _k in $(printf '%s' "$COMMANDS" | tr ',' ' '); do
 	case $_k in reboot | ping | read-log | set-config | hook) ;; *) die "--commands: unknown kind '$_k' (known: reboot, ping, read-log, set-config, hook)" ;; esac
@@ -211,7 +218,7 @@ done
 [ -z "$COMMAND_HOOK" ] || [ -x "$COMMAND_HOOK" ] || log warn "--command-hook $COMMAND_HOOK is not executable"
 
 umask 077
-mkdir -p "$STATE_DIR" || die "cannot create $STATE_DIR"
+[ "$PRINT_MACHINE_ID" = 1 ] || mkdir -p "$STATE_DIR" || die "cannot create $STATE_DIR"
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/drover-agent.XXXXXX") || die "cannot create a directory in ${TMPDIR:-/tmp}"
 CHILD=
 FW_PID= # the background firmware download
@@ -242,6 +249,118 @@ bg_wait() {
 	CHILD=
 	return $_rc
 }
+
+# run_limited SECONDS CMD...: runs CMD, killed after SECONDS when a timeout
+# tool exists (busybox before 1.30 wants -t).
+TIMEOUT_STYLE=
+run_limited() {
+	_secs=$1
+	shift
+	if [ -z "$TIMEOUT_STYLE" ]; then
+		if timeout 5 true >/dev/null 2>&1; then
+			TIMEOUT_STYLE=plain
+		elif timeout -t 5 true >/dev/null 2>&1; then
+			TIMEOUT_STYLE=t
+		else
+			TIMEOUT_STYLE=none
+			log warn "no timeout command: hooks and collectors run without a time limit"
+		fi
+	fi
+	case $TIMEOUT_STYLE in
+	plain) bg_wait timeout "$_secs" "$@" ;;
+	t) bg_wait timeout -t "$_secs" "$@" ;;
+	*) bg_wait "$@" ;;
+	esac
+}
+
+# --- machine identity ------------------------------------------------------
+
+# derive_machine_id sets MACHINE_ID and MID_SOURCE the way the Go agent's
+# DeriveMachineID does (internal/agent/identity.go; a test compares them):
+# from the first line the identity script prints (a failing script is an
+# error), else the DMI product UUID, /etc/machine-id, the permanent MAC of the
+# first physical interface, as hw- and the first 32 hex digits of
+# SHA-256("SOURCE:VALUE"); else 128 random bits.
+HX='[0-9a-f]'
+idline() { # the first line of a file, lower case, NULs and outer blanks removed
+	[ -r "$1" ] || return 0
+	LC_ALL=C awk 'NR == 1 { gsub(/\000/, ""); sub(/^[ \t\r]+/, ""); sub(/[ \t\r]+$/, ""); print tolower($0); exit }' "$1" 2>/dev/null
+}
+derive_machine_id() {
+	MID_SOURCE=
+	_val=
+	if [ -n "$IDENTITY_SCRIPT" ]; then
+		run_limited 30 sh -c "$IDENTITY_SCRIPT" >"$RUN/identity.out" 2>"$RUN/identity.err"
+		_rc=$?
+		if [ $_rc -ne 0 ]; then
+			log error "identity script exited with status $_rc: $(tail -n 1 "$RUN/identity.err")"
+			return 1
+		fi
+		_val=$(LC_ALL=C awk 'NR == 1 { sub(/^[ \t\r]+/, ""); sub(/[ \t\r]+$/, ""); print; exit }' "$RUN/identity.out")
+		[ -n "$_val" ] || {
+			log error "identity script printed nothing"
+			return 1
+		}
+		MID_SOURCE=script
+	fi
+	if [ -z "$MID_SOURCE" ]; then
+		_val=$(idline "$ROOT/sys/class/dmi/id/product_uuid")
+		# shellcheck disable=SC2254 # HX is a pattern
+		case $_val in
+		03000200-0400-0500-0006-000700080009) ;;
+		$HX$HX$HX$HX$HX$HX$HX$HX-$HX$HX$HX$HX-$HX$HX$HX$HX-$HX$HX$HX$HX-$HX$HX$HX$HX$HX$HX$HX$HX$HX$HX$HX$HX)
+			case $_val in *[!0-]*) case $_val in *[!f-]*) MID_SOURCE=dmi ;; esac ;; esac
+			;;
+		esac
+	fi
+	if [ -z "$MID_SOURCE" ]; then
+		_val=$(idline "$ROOT/etc/machine-id")
+		case $_val in
+		*[!0-9a-f]*) ;;
+		*[!0]*) [ ${#_val} -eq 32 ] && MID_SOURCE=machine-id ;;
+		esac
+	fi
+	if [ -z "$MID_SOURCE" ]; then
+		_val=$(for _d in "$ROOT"/sys/class/net/*; do
+			_n=${_d##*/}
+			[ "$_n" != lo ] && [ ! -e "$ROOT/sys/devices/virtual/net/$_n" ] || continue
+			[ "$(idline "$_d/addr_assign_type")" = 0 ] || continue
+			_m=$(idline "$_d/address")
+			# shellcheck disable=SC2254 # HX is a pattern
+			case $_m in
+			00:00:00:00:00:00 | ff:ff:ff:ff:ff:ff) ;;
+			$HX$HX:$HX$HX:$HX$HX:$HX$HX:$HX$HX:$HX$HX) printf '%s %s\n' "$_n" "$_m" ;;
+			esac
+		done | LC_ALL=C sort | head -n 1)
+		_val=${_val#* }
+		[ -z "$_val" ] || MID_SOURCE=mac
+	fi
+	MACHINE_ID=
+	if [ -n "$MID_SOURCE" ]; then
+		if command -v sha256sum >/dev/null 2>&1; then
+			MACHINE_ID=$(printf '%s:%s' "$MID_SOURCE" "$_val" | sha256sum 2>/dev/null | cut -c1-32)
+		elif command -v openssl >/dev/null 2>&1; then
+			MACHINE_ID=$(printf '%s:%s' "$MID_SOURCE" "$_val" | openssl dgst -sha256 -r 2>/dev/null | cut -c1-32)
+		fi
+		case $MACHINE_ID in
+		*[!0-9a-f]* | '') log warn "neither sha256sum nor openssl works: the machine ID is random, not derived from the hardware" ;;
+		*) [ ${#MACHINE_ID} -eq 32 ] && MACHINE_ID=hw-$MACHINE_ID || MACHINE_ID= ;;
+		esac
+	fi
+	if [ -z "$MACHINE_ID" ]; then
+		MID_SOURCE=random
+		MACHINE_ID=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+		[ ${#MACHINE_ID} -eq 32 ] || die "cannot read /dev/urandom"
+	fi
+}
+
+if [ "$PRINT_MACHINE_ID" = 1 ]; then
+	MACHINE_ID=$MACHINE_ID_ARG
+	[ -n "$MACHINE_ID" ] || [ ! -f "$STATE_DIR/machine-id" ] || read -r MACHINE_ID <"$STATE_DIR/machine-id"
+	[ -n "$MACHINE_ID" ] || derive_machine_id || exit 1
+	printf '%s\n' "$MACHINE_ID"
+	exit 0
+fi
 
 # sleep_s sleeps, or less when a firmware download ends (USR1).
 sleep_s() {
@@ -541,8 +660,9 @@ if [ -n "$MACHINE_ID_ARG" ] && [ "$MACHINE_ID_ARG" != "$MACHINE_ID" ]; then
 	MACHINE_ID=$MACHINE_ID_ARG
 	NEW_MACHINE_ID=1
 elif [ -z "$MACHINE_ID" ]; then
-	MACHINE_ID=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-	[ ${#MACHINE_ID} -eq 32 ] || die "cannot read /dev/urandom"
+	# A kept machine ID is never derived again (an upgraded agent keeps its own).
+	derive_machine_id || die "no machine ID: fix --identity-script or set --machine-id"
+	log info "machine ID derived: machine_id=$MACHINE_ID source=$MID_SOURCE"
 	NEW_MACHINE_ID=1
 fi
 if [ "$NEW_MACHINE_ID" = 1 ]; then
@@ -708,29 +828,6 @@ disk_state() {
 	shift 7 # the header: Filesystem 1024-blocks Used Available Capacity Mounted on
 	case $2:$3 in *[!0-9:]* | :* | *:) return 0 ;; esac
 	DISK_STATE=",\"disk_total\":$(($2 * 1024)),\"disk_used\":$(($3 * 1024))"
-}
-
-# run_limited SECONDS CMD...: runs CMD, killed after SECONDS when a timeout
-# tool exists (busybox before 1.30 wants -t).
-TIMEOUT_STYLE=
-run_limited() {
-	_secs=$1
-	shift
-	if [ -z "$TIMEOUT_STYLE" ]; then
-		if timeout 5 true >/dev/null 2>&1; then
-			TIMEOUT_STYLE=plain
-		elif timeout -t 5 true >/dev/null 2>&1; then
-			TIMEOUT_STYLE=t
-		else
-			TIMEOUT_STYLE=none
-			log warn "no timeout command: hooks and collectors run without a time limit"
-		fi
-	fi
-	case $TIMEOUT_STYLE in
-	plain) bg_wait timeout "$_secs" "$@" ;;
-	t) bg_wait timeout -t "$_secs" "$@" ;;
-	*) bg_wait "$@" ;;
-	esac
 }
 
 # AWK_COLLECTOR turns key=value lines into signal members (line 1) and extra

@@ -51,7 +51,11 @@ type Config struct {
 	Connect bool
 
 	Identity  Identity // empty fields are read from the system
-	MachineID string   // empty: the one kept in StateDir, created once
+	MachineID string   // empty: the one kept in StateDir, derived once (identity.go)
+	// IdentityScript is a shell command whose first line of output a new
+	// state directory's machine ID is derived from, before any hardware
+	// fact (identity.go).
+	IdentityScript string
 
 	Root       string   // where /proc, /sys and /etc are read ("/" on a device)
 	DiskPath   string   // file system whose usage is reported
@@ -224,7 +228,13 @@ func New(cfg Config) (*Agent, error) {
 			a.Close()
 		}
 	}()
-	id, created, err := loadMachineID(cfg.StateDir, cfg.MachineID)
+	id, created, err := loadMachineID(cfg.StateDir, cfg.MachineID, func() (string, error) {
+		id, source, err := DeriveMachineID(context.Background(), cfg.Root, cfg.IdentityScript)
+		if err == nil {
+			a.log.Info("machine ID derived", "machine_id", id, "source", source)
+		}
+		return id, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("machine ID: %w", err)
 	}

@@ -48,8 +48,10 @@ type persisted struct {
 }
 
 // loadMachineID returns the machine ID kept in dir, creating one when there
-// is none. An explicit id replaces the stored one.
-func loadMachineID(dir, explicit string) (id string, created bool, err error) {
+// is none with derive (nil: 128 random bits). An explicit id replaces the
+// stored one. A kept machine ID is never derived again: an agent upgraded
+// from random machine IDs keeps its own.
+func loadMachineID(dir, explicit string, derive func() (string, error)) (id string, created bool, err error) {
 	path := filepath.Join(dir, machineIDFile)
 	b, err := os.ReadFile(path)
 	switch {
@@ -65,6 +67,11 @@ func loadMachineID(dir, explicit string) (id string, created bool, err error) {
 		return "", false, err
 	}
 	id = explicit
+	if id == "" && derive != nil {
+		if id, err = derive(); err != nil {
+			return "", false, err
+		}
+	}
 	if id == "" {
 		var r [16]byte
 		if _, err := rand.Read(r[:]); err != nil {

@@ -69,15 +69,15 @@ func TestRetryAfter(t *testing.T) {
 
 func TestMachineIDCreatedOnceAndKept(t *testing.T) {
 	dir := t.TempDir()
-	id, created, err := loadMachineID(dir, "")
+	id, created, err := loadMachineID(dir, "", nil)
 	if err != nil || !created || len(id) != 32 {
 		t.Fatalf("first: %q %v %v", id, created, err)
 	}
-	again, created, err := loadMachineID(dir, "")
+	again, created, err := loadMachineID(dir, "", nil)
 	if err != nil || created || again != id {
 		t.Fatalf("second: %q %v %v, want %q", again, created, err, id)
 	}
-	explicit, created, err := loadMachineID(dir, "serial-42")
+	explicit, created, err := loadMachineID(dir, "serial-42", nil)
 	if err != nil || !created || explicit != "serial-42" {
 		t.Fatalf("explicit: %q %v %v", explicit, created, err)
 	}

@@ -96,6 +96,13 @@ type Config struct {
 	DownloadFailRate float64
 	InstallTime      time.Duration
 
+	// Wiped agents (fleet mode, wipe.go): at WipeAt (auto: half of
+	// Duration) a share Wipe (0..1) of the devices lose their agent state
+	// but keep their machine ID; their re-enrollment requests are approved
+	// with AdminToken when it is set.
+	Wipe   float64
+	WipeAt time.Duration
+
 	RunID    string               // auto: time and random
 	Progress func(Progress)       // called once per second and at the end
 	Warn     func(string)         // called when a warning is raised during the run
@@ -162,6 +169,12 @@ func (c *Config) Validate() error {
 	if c.Mode == ModeConnect && c.Duration == 0 {
 		c.Duration = time.Minute
 	}
+	if c.Wipe < 0 || c.Wipe > 1 || c.WipeAt < 0 {
+		return errors.New("wipe must be a share from 0 to 1, wipe-at not negative")
+	}
+	if c.Wipe > 0 && c.Mode != ModeFleet {
+		return errors.New("wipe needs the fleet mode")
+	}
 	if c.CommandRate < 0 || (c.CommandRate > 0 && c.AdminToken == "") {
 		return errors.New("command rate must not be negative, and commands need an admin token")
 	}
@@ -190,6 +203,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Mode == ModeFleet && c.Duration == 0 {
 		c.Duration = 10 * time.Minute
+	}
+	if c.Wipe > 0 {
+		if c.WipeAt == 0 {
+			c.WipeAt = c.Duration / 2
+		}
+		if c.WipeAt >= c.Duration {
+			return errors.New("wipe-at must be before the end of the run")
+		}
 	}
 	if c.Workers <= 0 || c.Loops < 0 {
 		return errors.New("workers and loops must be positive")

@@ -30,6 +30,11 @@ type device struct {
 	firmware   string // after an emulated update ("": Config.Firmware)
 	fw         *dlJob // the firmware update under way (download.go)
 
+	// Config.Wipe (wipe.go): chosen to be wiped, wiped, the device ID it
+	// had (until it is registered again), its request sent to approval.
+	wipe, wiped, asked bool
+	oldID              string
+
 	// fleet mode: 0 idle, 1 busy, 2 busy with one push waiting
 	state      atomic.Int32
 	pendingDue atomic.Int64

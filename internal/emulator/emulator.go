@@ -66,6 +66,7 @@ type engine struct {
 
 	ramp atomic.Pointer[rampState]
 	dl   *downloader // fleet mode: firmware downloads
+	wipe *wiper      // fleet mode with Config.Wipe
 }
 
 // scratch is one goroutine's reusable buffers.
@@ -139,6 +140,9 @@ func newEngine(cfg Config) (*engine, error) {
 	if cfg.Mode == ModeFleet {
 		e.lag = newRecorder()
 		e.dl = newDownloader(e, tlsConf)
+		if cfg.Wipe > 0 {
+			e.wipe = newWiper(cfg, tlsConf)
+		}
 	}
 	e.rc.firmware = cfg.Firmware
 	e.phase.Store("start")
@@ -158,6 +162,7 @@ func newEngine(cfg Config) (*engine, error) {
 	e.devs = make([]*device, len(idx))
 	for i, x := range idx {
 		e.devs[i] = newDevice(e.id, x)
+		e.devs[i].wipe = e.wipe != nil && e.wipeChosen(x)
 	}
 	if cfg.CredentialsFile != "" {
 		byIdx := make(map[int]*device, len(e.devs))
@@ -210,6 +215,9 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 	e.checkFDs()
 	if cfg.Mode == ModeFleet {
 		e.end = e.start.Add(cfg.Duration)
+		if e.wipe != nil {
+			e.wipe.at = e.start.Add(cfg.WipeAt)
+		}
 	}
 	if cfg.AcksFile != "" {
 		var err error
@@ -234,6 +242,7 @@ func (e *engine) run(ctx context.Context) (*results.Summary, error) {
 	case ModeFleet:
 		runErr = e.runFleet(runCtx)
 		e.dl.stop()
+		e.wipeReport()
 	case ModeBenchmark:
 		runErr = e.runBenchmark(runCtx)
 	case ModeRamp:

@@ -62,6 +62,7 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 				e.warnOnce("bad-register-answer", "the server answered a registration with 200 but no usable token")
 				return false
 			}
+			e.wipeRegistered(d, rr.DeviceID)
 			d.deviceID, d.token = rr.DeviceID, rr.Token
 			if rr.DeviceKey != "" {
 				d.key = rr.DeviceKey
@@ -97,6 +98,7 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 			if json.Unmarshal(s.res.body, &rr) == nil && rr.DeviceKey != "" {
 				d.key = rr.DeviceKey
 			}
+			e.wipePending(ctx, d, rr)
 			e.warnOnce("202", "registration answered 202: it waits for an operator's approval (admission policy, or a known machine ID without its device key)")
 			e.rejected(st, status, s.hint, now.Sub(started), now)
 			return false
@@ -199,6 +201,7 @@ func (e *engine) firmwareOf(d *device) string {
 // 401 as an agent does.
 func (e *engine) pushDevice(ctx context.Context, d *device, s *scratch, intended time.Time, fleet bool) {
 	st := e.push
+	e.wipeDue(d)
 	if d.token == "" {
 		if !e.registerDevice(ctx, d, s) {
 			st.unregistered.Add(1)

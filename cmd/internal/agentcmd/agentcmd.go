@@ -22,6 +22,7 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	var secretFile, interfaces, logFormat, logLevel, printPin string
+	var printMachineID bool
 	fs.StringVar(&cfg.Server, "server", "", "server URL, e.g. https://drover.example.com:8443 (required)")
 	fs.StringVar(&cfg.EnrollSecret, "enroll-secret", "", "enrollment secret of the server (needed to register)")
 	fs.StringVar(&secretFile, "enroll-secret-file", "", "file holding the enrollment secret (keeps it out of the process list)")
@@ -44,7 +45,9 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	fs.StringVar(&cfg.Identity.Model, "model", "", "model to register with (default: from /tmp/sysinfo, device tree or DMI)")
 	fs.StringVar(&cfg.Identity.Serial, "serial", "", "serial number to register with (default: from device tree or DMI)")
 	fs.StringVar(&cfg.Identity.Firmware, "firmware", "", "firmware to report (default: from /etc/openwrt_release or /etc/os-release)")
-	fs.StringVar(&cfg.MachineID, "machine-id", "", "machine ID to register with (default: generated once and kept in the state directory)")
+	fs.StringVar(&cfg.MachineID, "machine-id", "", "machine ID to register with (default: derived once from the hardware and kept in the state directory; see docs/agent.md)")
+	fs.StringVar(&cfg.IdentityScript, "identity-script", "", "shell command printing this device's identity (e.g. a serial number) on its first line; a new state directory's machine ID is derived from it instead of the hardware")
+	fs.BoolVar(&printMachineID, "print-machine-id", false, "print the machine ID this agent registers with (--machine-id, the state directory's, or the one derived from the hardware) and exit")
 	fs.StringVar(&cfg.Root, "root", cfg.Root, "read /proc, /sys and /etc under this directory")
 	fs.StringVar(&cfg.DiskPath, "disk-path", cfg.DiskPath, "file system whose usage is reported (e.g. /overlay on OpenWrt)")
 	fs.StringVar(&interfaces, "interfaces", "", "comma-separated glob patterns of interfaces to report (default: all but lo)")
@@ -84,6 +87,14 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 			return fmt.Errorf("%s: %w", printPin, err)
 		}
 		_, err = fmt.Fprintln(env.Stdout, pin)
+		return err
+	}
+	if printMachineID {
+		id, _, err := agent.MachineID(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("machine ID: %w", err)
+		}
+		_, err = fmt.Fprintln(env.Stdout, id)
 		return err
 	}
 	if secretFile != "" {

@@ -38,7 +38,7 @@ func TestMainHelpListsEveryFlag(t *testing.T) {
 	for _, f := range []string{"server", "enroll-secret", "enroll-secret-file", "state-dir", "ca-cert", "pin-pubkey", "allow-http",
 		"hook", "hook-timeout", "hook-retry", "collector", "collector-timeout", "device-type", "model", "serial", "firmware",
 		"machine-id", "root", "disk-path", "interfaces", "max-backoff", "enroll-retry", "timeout", "once", "log-format",
-		"log-level", "print-pin", "config"} {
+		"log-level", "print-pin", "config", "identity-script", "print-machine-id"} {
 		if !strings.Contains(out.String(), "\n  -"+f+" ") && !strings.Contains(out.String(), "\n  -"+f+"\n") {
 			t.Errorf("--help does not list -%s", f)
 		}
@@ -62,6 +62,8 @@ func TestMainRejectsBadInvocations(t *testing.T) {
 		{[]string{"--server", "https://127.0.0.1:1", "--enroll-secret", "a", "--enroll-secret-file", secret}, "exclude each other", true},
 		{[]string{"--server", "https://127.0.0.1:1", "--enroll-secret-file", "/nonexistent"}, "--enroll-secret-file", false},
 		{[]string{"--print-pin", secret}, "no PEM certificate", false},
+		{[]string{"--print-machine-id", "--state-dir", t.TempDir(), "--identity-script", "echo modem down >&2; exit 3"}, "identity script exited with status 3: modem down", false},
+		{[]string{"--server", "https://127.0.0.1:1", "--state-dir", t.TempDir(), "--identity-script", "true"}, "identity script printed nothing", false},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(c.args, &out, &errOut)
