@@ -447,8 +447,14 @@ func (a *api) updateProfile(r *http.Request) (any, error) {
 	if u.By, err = changedBy(r); err != nil {
 		return nil, err
 	}
-	p, err := a.fleet.UpdateProfile(r.Context(), id, u)
-	return p, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
+	p, changed, err := a.fleet.ApplyProfileUpdate(r.Context(), id, u)
+	if err != nil {
+		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
+	}
+	if !changed {
+		return unchangedBody{p}, nil
+	}
+	return p, nil
 }
 
 func (a *api) stats(r *http.Request) (any, error) {

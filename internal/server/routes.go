@@ -297,6 +297,8 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			return
 		case createdBody:
 			status, v = http.StatusCreated, c.v
+		case unchangedBody:
+			v = c.v
 		case acceptedBody:
 			status, v = http.StatusAccepted, c.v
 			w.Header().Set("Retry-After", strconv.Itoa(c.retryAfter))
@@ -332,6 +334,10 @@ func (a *api) release() {
 type createdBody struct{ v any }
 
 func created(v any) any { return createdBody{v} }
+
+// unchangedBody is the answer (200) of a change that changed nothing: the
+// audit log records no row for it.
+type unchangedBody struct{ v any }
 
 // unrouted answers paths outside the table with 404, and paths in it asked
 // with another method with 405 and Allow.
