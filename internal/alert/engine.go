@@ -198,7 +198,7 @@ func (e *Engine) restoreActive(ctx context.Context, byID map[uint64]*compiled) e
 			ev := evs[i]
 			r := byID[ev.RuleID]
 			if r == nil || r.Disabled {
-				e.closeEvent(&ev, now, "rule deleted or disabled")
+				e.closeEvent(&ev, now, ReasonRuleGone)
 				e.enqueue(ev)
 				continue
 			}
@@ -315,7 +315,7 @@ func (e *Engine) observe(sh *shard, r *compiled, ev fleet.PushEvent, v float64) 
 	if !r.breached(v) {
 		if c != nil {
 			if c.active != nil {
-				e.clear(r, c.active, ev.At, "condition no longer holds")
+				e.clear(r, c.active, ev.At, ReasonConditionEnded)
 			}
 			delete(sh.m, k)
 		}
@@ -373,7 +373,7 @@ func (e *Engine) pushed(sh *shard, r *compiled, dev uint64, at time.Time) {
 	sh.mu.Lock()
 	if c := sh.m[k]; c != nil {
 		if c.active != nil {
-			e.clear(r, c.active, at, "device pushed again")
+			e.clear(r, c.active, at, ReasonPushedAgain)
 		}
 		delete(sh.m, k)
 	}
@@ -587,7 +587,7 @@ func (e *Engine) Check(now time.Time) {
 						fmt.Sprintf("no push for %s (limit %s)", silent.Round(time.Second), limit))
 				case silent <= limit && c != nil:
 					if c.active != nil {
-						e.clear(r, c.active, now, "device pushed again")
+						e.clear(r, c.active, now, ReasonPushedAgain)
 					}
 					delete(sh.m, k)
 				}
@@ -608,7 +608,7 @@ func (e *Engine) Check(now time.Time) {
 		for k, c := range sh.m {
 			if c.until != 0 && c.until <= nowNs {
 				if r := byGen[k.gen]; r != nil && c.active != nil {
-					e.clear(r, c.active, now, "no reboot since")
+					e.clear(r, c.active, now, ReasonNoReboot)
 				}
 				delete(sh.m, k)
 			}
@@ -720,7 +720,7 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	sort.Slice(next, func(i, j int) bool { return next[i].ID < next[j].ID })
 	e.rules.Store(&next)
 	if prev != nil && prev.gen != c.gen {
-		e.retire(prev, "rule changed")
+		e.retire(prev, changeReason(&prev.Rule, &r))
 	}
 	return r, nil
 }
@@ -740,8 +740,17 @@ func (e *Engine) DeleteRule(ctx context.Context, id uint64) error {
 	prev := list[i]
 	next := slices.Delete(slices.Clone(list), i, i+1)
 	e.rules.Store(&next)
-	e.retire(prev, "rule deleted")
+	e.retire(prev, ReasonRuleGone)
 	return nil
+}
+
+// changeReason is why a rule's change from prev to next clears its
+// alerts: disabling it ends them as deleting it does.
+func changeReason(prev, next *Rule) string {
+	if next.Disabled && !prev.Disabled {
+		return ReasonRuleGone
+	}
+	return ReasonRuleChanged
 }
 
 // retire drops a rule generation's state and clears its active alerts.
@@ -962,7 +971,7 @@ func (e *Engine) reloadRules(ctx context.Context) error {
 		c := e.compile(r, prev)
 		next = append(next, c)
 		if prev != nil && prev.gen != c.gen {
-			e.retire(prev, "rule changed")
+			e.retire(prev, changeReason(&prev.Rule, &r))
 		}
 	}
 	if !changed {
@@ -971,7 +980,7 @@ func (e *Engine) reloadRules(ctx context.Context) error {
 	sort.Slice(next, func(i, j int) bool { return next[i].ID < next[j].ID })
 	e.rules.Store(&next)
 	for _, gone := range byID {
-		e.retire(gone, "rule deleted")
+		e.retire(gone, ReasonRuleGone)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,4 +356,79 @@ func BenchmarkOnPush(b *testing.B) {
 			eng.OnPush(fleet.PushEvent{DeviceID: id, DeviceType: "ICR", At: time.Now(), State: &req.State})
 		}
 	})
+}
+
+// Disabling a rule clears its alerts as deleting it does, with the reason
+// docs/alerts.md names; a changed condition says "rule changed".
+func TestClearReasonsOfRuleChanges(t *testing.T) {
+	e := newEnv(t, nil, alert.Options{})
+	e.register("a", "ICR")
+	hot := e.rule(alert.Rule{Name: "hot", Kind: alert.TemperatureAbove, Threshold: 80})
+	warm := e.rule(alert.Rule{Name: "warm", Kind: alert.TemperatureAbove, Threshold: 60})
+	mild := e.rule(alert.Rule{Name: "mild", Kind: alert.TemperatureAbove, Threshold: 40})
+	e.push("a", 0, `{"temperature":90}`)
+	e.wantActive("hot/a", "warm/a", "mild/a")
+
+	hot.Disabled = true
+	if _, err := e.eng.UpdateRule(e.ctx, hot.ID, hot); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.eng.DeleteRule(e.ctx, warm.ID); err != nil {
+		t.Fatal(err)
+	}
+	mild.Threshold = 45
+	if _, err := e.eng.UpdateRule(e.ctx, mild.ID, mild); err != nil {
+		t.Fatal(err)
+	}
+	e.wantActive()
+	evs, err := e.eng.Events(e.ctx, alert.EventQuery{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, ev := range evs {
+		got[ev.Rule] = ev.ClearReason
+	}
+	want := map[string]string{"hot": "rule deleted or disabled", "warm": "rule deleted or disabled", "mild": "rule changed"}
+	for rule, reason := range want {
+		if got[rule] != reason {
+			t.Errorf("rule %s cleared with %q, want %q (all: %v)", rule, got[rule], reason, got)
+		}
+	}
+
+	// Enabling it again raises anew at the next push.
+	hot.Disabled = false
+	if _, err := e.eng.UpdateRule(e.ctx, hot.ID, hot); err != nil {
+		t.Fatal(err)
+	}
+	e.push("a", 0, `{"temperature":91}`)
+	e.wantActive("hot/a", "mild/a")
+}
+
+// docs/alerts.md lists exactly the clear reasons the engine gives.
+func TestClearReasonsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/alerts.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(doc)), " ")
+	_, list, ok := strings.Cut(text, "`clear_reason`, one of: ")
+	if !ok {
+		t.Fatal("docs/alerts.md: no list of clear_reason values")
+	}
+	list, _, _ = strings.Cut(list, ". ")
+	var documented []string
+	for i, part := range strings.Split(list, "`") {
+		if i%2 == 1 {
+			documented = append(documented, part)
+		}
+	}
+	slices.Sort(documented)
+	code := slices.Sorted(slices.Values(alert.ClearReasons))
+	if !slices.Equal(documented, code) {
+		t.Fatalf("docs/alerts.md lists clear reasons %q, the engine gives %q", documented, code)
+	}
+	if strings.Contains(text, "(reason `rule deleted`)") {
+		t.Error("docs/alerts.md still names the reason `rule deleted`")
+	}
 }

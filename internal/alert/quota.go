@@ -50,7 +50,7 @@ func (e *Engine) checkQuota(rules []*compiled, now time.Time) {
 					fmt.Sprintf("hit a quota: %d pushes refused with 429, %d new firmware not given a profile", h.refused, h.fw))
 			case !recent && c != nil:
 				if c.active != nil {
-					e.clear(r, c.active, now, "no quota hit since")
+					e.clear(r, c.active, now, ReasonNoQuotaHit)
 				}
 				delete(sh.m, k)
 			}

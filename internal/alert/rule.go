@@ -252,6 +252,19 @@ const (
 	Cleared = "cleared"
 )
 
+// Why an alert cleared (Event.ClearReason; docs/alerts.md lists them).
+const (
+	ReasonConditionEnded = "condition no longer holds"
+	ReasonPushedAgain    = "device pushed again" // offline
+	ReasonNoReboot       = "no reboot since"     // reboot
+	ReasonNoQuotaHit     = "no quota hit since"  // quota
+	ReasonRuleChanged    = "rule changed"        // its condition or targets
+	ReasonRuleGone       = "rule deleted or disabled"
+)
+
+// ClearReasons lists every Event.ClearReason.
+var ClearReasons = []string{ReasonConditionEnded, ReasonPushedAgain, ReasonNoReboot, ReasonNoQuotaHit, ReasonRuleChanged, ReasonRuleGone}
+
 // SyncEvent is one change of a device's sync state, seen in its pushes.
 type SyncEvent struct {
 	DeviceID uint64    `json:"device_id,string"`

@@ -208,30 +208,56 @@ type ProfileUpdate struct {
 }
 
 // UpdateProfile checks u (a *FieldError when it breaks a rule) and applies
-// it durably. A configuration change gives the profile a version above every
-// profile's, which puts its devices into Sync pending.
+// it durably; it is ApplyProfileUpdate without saying whether anything
+// changed.
 func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate) (Profile, error) {
-	return s.updateProfile(ctx, id, u, u.By, "updated")
+	p, _, err := s.ApplyProfileUpdate(ctx, id, u)
+	return p, err
 }
 
-func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate, by, note string) (Profile, error) {
+// ApplyProfileUpdate checks u (a *FieldError when it breaks a rule) and
+// applies what it changes durably. A new configuration gives the profile a
+// version above every profile's, which puts its devices into Sync pending;
+// the same configuration (SameConfig: the same JSON value, however
+// written) keeps the version. An update that changes nothing (the same
+// configuration, the same push interval, or neither given) returns the
+// profile as it is with changed false: nothing is stored, no revision is
+// recorded and no device is told.
+func (s *Service) ApplyProfileUpdate(ctx context.Context, id uint64, u ProfileUpdate) (p Profile, changed bool, err error) {
+	return s.updateProfile(ctx, id, u, u.By, "updated", false)
+}
+
+// updateProfile applies u; always makes even an unchanged configuration a
+// new version (a rollback).
+func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate, by, note string, always bool) (Profile, bool, error) {
 	if err := u.Normalize(); err != nil {
-		return Profile{}, err
+		return Profile{}, false, err
 	}
 	ps := s.profiles
 	ps.mu.Lock()
 	e, ok := ps.byID[id]
 	ps.mu.Unlock()
 	if !ok {
-		return Profile{}, ErrNotFound
+		return Profile{}, false, ErrNotFound
 	}
 	<-e.ready
 	if e.err != nil {
-		return Profile{}, ErrNotFound
+		return Profile{}, false, ErrNotFound
 	}
 	s.profileWrite.Lock()
 	defer s.profileWrite.Unlock()
 	next := *e.get()
+	if !always {
+		if u.Config != nil && SameConfig(u.Config, next.Config) {
+			u.Config = nil
+		}
+		if u.PushInterval != nil && *u.PushInterval == next.PushInterval {
+			u.PushInterval = nil
+		}
+		if u.Config == nil && u.PushInterval == nil {
+			return next, false, nil
+		}
+	}
 	if u.Config != nil {
 		next.Config = u.Config
 		next.Version = s.profiles.maxVersion() + 1
@@ -240,7 +266,7 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 			// (past every stored version) decides.
 			v, err := cs.NextProfileVersion(ctx)
 			if err != nil {
-				return Profile{}, errors.Join(ErrUnavailable, err)
+				return Profile{}, false, errors.Join(ErrUnavailable, err)
 			}
 			next.Version = v
 		}
@@ -250,11 +276,11 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	}
 	next.UpdatedAt = s.now().UTC().Truncate(time.Millisecond)
 	if err := persist(ctx, s.persist, func(b *Batch) { b.Profiles = append(b.Profiles, next) }); err != nil {
-		return Profile{}, err
+		return Profile{}, false, err
 	}
 	e.p.Store(&next)
 	s.recordRevision(ctx, &next, by, note)
 	s.cmds.notifyProfile(next.ID)
 	s.log.Info("profile updated", "profile_id", next.ID, "version", next.Version, "by", by, "note", note)
-	return next, nil
+	return next, true, nil
 }

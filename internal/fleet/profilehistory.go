@@ -176,12 +176,14 @@ func compactJSON(v json.RawMessage) json.RawMessage {
 
 // RollbackProfile makes revision rev's configuration and push interval the
 // profile's newest version (a new version number, so that devices apply it
-// again).
+// again: also when it is the configuration they have, which is how an
+// operator sends a configuration again).
 func (s *Service) RollbackProfile(ctx context.Context, id uint64, rev int, by string) (Profile, error) {
 	r, err := s.revision(ctx, id, rev)
 	if err != nil {
 		return Profile{}, err
 	}
 	pi := r.PushInterval
-	return s.updateProfile(ctx, id, ProfileUpdate{Config: r.Config, PushInterval: &pi}, by, "rollback to revision "+strconv.Itoa(rev))
+	p, _, err := s.updateProfile(ctx, id, ProfileUpdate{Config: r.Config, PushInterval: &pi}, by, "rollback to revision "+strconv.Itoa(rev), true)
+	return p, err
 }

@@ -283,6 +283,9 @@ func (a *api) audited(rt *route, r *http.Request) (any, error) {
 	if err != nil {
 		return v, err
 	}
+	if _, same := v.(unchangedBody); same {
+		return v, nil
+	}
 	var after json.RawMessage
 	if obj != "" {
 		after = a.Snapshot(r.Context(), obj)

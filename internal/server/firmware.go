@@ -56,7 +56,10 @@ type blobFetch struct {
 	err  error
 }
 
-var errFirmwareTooLarge = &apiError{status: http.StatusRequestEntityTooLarge, code: "body_too_large", msg: "the firmware file exceeds -firmware-max-size", outcome: outInvalid}
+func firmwareTooLarge(max int64) *apiError {
+	return &apiError{status: http.StatusRequestEntityTooLarge, code: "body_too_large",
+		msg: "the firmware file exceeds --firmware-max-size, " + strconv.FormatInt(max, 10) + " bytes", outcome: outInvalid}
+}
 
 // put streams r into the directory under its SHA-256 and returns both.
 func (ff *firmwareFiles) put(r io.Reader) (sum string, size int64, err error) {
@@ -71,7 +74,7 @@ func (ff *firmwareFiles) put(r io.Reader) (sum string, size int64, err error) {
 	h := sha256.New()
 	size, err = io.Copy(io.MultiWriter(tmp, h), io.LimitReader(r, ff.max+1))
 	if err == nil && size > ff.max {
-		err = errFirmwareTooLarge
+		err = firmwareTooLarge(ff.max)
 	}
 	if err == nil && size == 0 {
 		err = badField("the firmware file is empty")
@@ -85,7 +88,7 @@ func (ff *firmwareFiles) put(r io.Reader) (sum string, size int64, err error) {
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
-			err = errFirmwareTooLarge
+			err = firmwareTooLarge(ff.max)
 		}
 		return "", 0, err
 	}
@@ -214,7 +217,7 @@ func (a *api) storeFirmware(ctx context.Context, meta fleet.Firmware, want strin
 		return fleet.Firmware{}, err
 	}
 	if length > a.fw.max {
-		return fleet.Firmware{}, errFirmwareTooLarge
+		return fleet.Firmware{}, firmwareTooLarge(a.fw.max)
 	}
 	sum, size, err := a.fw.put(body)
 	if err != nil {

@@ -211,6 +211,29 @@ func (a *api) fail(w http.ResponseWriter, rt *route, err error) {
 	writeJSON(w, e.status, protocol.ErrorBody{Error: protocol.ErrorDetail{Code: e.code, Message: e.msg}})
 }
 
+// bodyTooLarge is the 413 of a body over limit bytes (a firmware upload's
+// limit is --firmware-max-size).
+func bodyTooLarge(limit int64, firmware bool) error {
+	if firmware {
+		return firmwareTooLarge(limit)
+	}
+	return &protocol.Error{Code: protocol.CodeTooLarge, Message: "body exceeds " + strconv.FormatInt(limit, 10) + " bytes"}
+}
+
+// closeAfter closes an HTTP/1 connection after the answer, which is sent
+// without reading the rest of the request body: net/http would otherwise
+// read up to 256 KiB of it, before the answer and again after it, waiting
+// for bytes a client declared and may never send (until the 30 s read
+// timeout).
+// HTTP/2 resets the stream instead.
+func closeAfter(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor != 1 {
+		return
+	}
+	w.Header().Set("Connection", "close")
+	http.NewResponseController(w).SetReadDeadline(time.Now())
+}
+
 // readBody reads a bounded request body into a pooled buffer; wrap has
 // bounded r.Body.
 func readBody(r *http.Request) (*bytes.Buffer, error) {
@@ -447,8 +470,14 @@ func (a *api) updateProfile(r *http.Request) (any, error) {
 	if u.By, err = changedBy(r); err != nil {
 		return nil, err
 	}
-	p, err := a.fleet.UpdateProfile(r.Context(), id, u)
-	return p, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
+	p, changed, err := a.fleet.ApplyProfileUpdate(r.Context(), id, u)
+	if err != nil {
+		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
+	}
+	if !changed {
+		return unchangedBody{p}, nil
+	}
+	return p, nil
 }
 
 func (a *api) stats(r *http.Request) (any, error) {

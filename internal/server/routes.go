@@ -240,7 +240,18 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 	}
 	duration := a.m.duration.WithLabelValues(rt.endpoint)
 	audit := mutating(rt.method) && rt.need != public
+	limit := int64(protocol.MaxBodyBytes)
+	if rt.stream {
+		limit = a.fw.max
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
+		// A declared body over the limit is refused before anything
+		// else, and before it is read (fail closes the connection).
+		if r.ContentLength > limit {
+			closeAfter(w, r)
+			a.fail(w, &rt, bodyTooLarge(limit, rt.stream))
+			return
+		}
 		r, err := a.authorize(rt.need, r)
 		if err == nil {
 			err = checkQuery(&rt, r)
@@ -284,6 +295,9 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			v, err = rt.fn(r)
 		}
 		if err != nil {
+			if answerError(err).status == http.StatusRequestEntityTooLarge {
+				closeAfter(w, r) // the rest of the body stays unread
+			}
 			a.fail(w, &rt, err)
 			return
 		}
@@ -297,6 +311,8 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			return
 		case createdBody:
 			status, v = http.StatusCreated, c.v
+		case unchangedBody:
+			v = c.v
 		case acceptedBody:
 			status, v = http.StatusAccepted, c.v
 			w.Header().Set("Retry-After", strconv.Itoa(c.retryAfter))
@@ -311,6 +327,11 @@ func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
 		rt.endpoint = rt.path
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > protocol.MaxBodyBytes { // none of them reads a body
+			closeAfter(w, r)
+			a.fail(w, &rt, bodyTooLarge(protocol.MaxBodyBytes, false))
+			return
+		}
 		r, err := a.authorize(rt.need, r)
 		if err == nil {
 			err = checkQuery(&rt, r)
@@ -333,10 +354,17 @@ type createdBody struct{ v any }
 
 func created(v any) any { return createdBody{v} }
 
+// unchangedBody is the answer (200) of a change that changed nothing: the
+// audit log records no row for it.
+type unchangedBody struct{ v any }
+
 // unrouted answers paths outside the table with 404, and paths in it asked
 // with another method with 405 and Allow.
 func (a *api) unrouted(w http.ResponseWriter, r *http.Request) {
 	other := &route{endpoint: "other"}
+	if r.ContentLength > protocol.MaxBodyBytes {
+		closeAfter(w, r) // answered without reading the body
+	}
 	if _, pattern := a.allowed.Handler(r); pattern != "" {
 		allow := strings.Join(a.methods[pattern], ", ")
 		w.Header().Set("Allow", allow)

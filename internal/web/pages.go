@@ -504,29 +504,24 @@ func (h *Handler) saveProfile(w http.ResponseWriter, r *http.Request, s *session
 		h.showProfile(w, r, s, http.StatusBadRequest, d)
 		return
 	}
-	if !bytes.Equal(cfg, p.Config) {
-		u.Config = cfg
-	}
-	if iv != p.PushInterval {
-		u.PushInterval = &iv
-	}
-	u.By = byOf(r)
-	if u.Config == nil && u.PushInterval == nil {
-		h.flash(s, "No changes to save.")
-		http.Redirect(w, r, Prefix+"profiles/"+r.PathValue("id"), http.StatusSeeOther)
-		return
-	}
-	np, err := h.fleet.UpdateProfile(r.Context(), p.ID, u)
+	// The domain decides what is a change (fleet.SameConfig), as for the API.
+	u.Config, u.PushInterval, u.By = cfg, &iv, byOf(r)
+	np, changed, err := h.fleet.ApplyProfileUpdate(r.Context(), p.ID, u)
 	if err != nil {
 		h.serverError(w, r, s, err)
 		return
 	}
+	if !changed {
+		h.flash(s, "No changes to save.")
+		http.Redirect(w, r, Prefix+"profiles/"+r.PathValue("id"), http.StatusSeeOther)
+		return
+	}
 	msg := "Saved."
-	if u.Config != nil {
+	if np.Version != p.Version {
 		msg = fmt.Sprintf("Saved configuration version %d: the profile's %s devices are Sync pending until they report it applied.",
 			np.Version, thousands(p.Devices))
 	}
-	if u.PushInterval != nil {
+	if np.PushInterval != p.PushInterval {
 		msg += fmt.Sprintf(" Push interval now %d s (devices learn it at their next push).", iv)
 	}
 	h.log.Info("profile changed from the dashboard", "profile_id", p.ID, "version", np.Version)

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -336,6 +337,9 @@ func sameOrigin(r *http.Request) bool {
 // auth requires a session; POSTs also need the session's CSRF token.
 func (h *Handler) auth(fn func(http.ResponseWriter, *http.Request, *session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && refuseDeclared(w, r, maxFormBytes) {
+			return
+		}
 		s := h.session(r)
 		if s == nil {
 			if r.Method == http.MethodGet && !strings.HasSuffix(r.URL.Path, ".json") {
@@ -346,7 +350,7 @@ func (h *Handler) auth(fn func(http.ResponseWriter, *http.Request, *session)) ht
 			return
 		}
 		if r.Method == http.MethodPost {
-			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+			r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 			if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(s.csrf)) != 1 {
 				http.Error(w, "invalid or missing CSRF token: reload the page and try again", http.StatusForbidden)
 				return
@@ -354,6 +358,28 @@ func (h *Handler) auth(fn func(http.ResponseWriter, *http.Request, *session)) ht
 		}
 		fn(w, r, s)
 	}
+}
+
+// Limits on the forms' bodies (firmware uploads: the server's own).
+const (
+	maxFormBytes  = 1 << 20
+	maxLoginBytes = 64 << 10
+)
+
+// refuseDeclared answers 413 at once when r declares a body over limit
+// bytes, without reading it, and closes an HTTP/1 connection afterwards:
+// net/http would otherwise wait for the rest of a body a client declared
+// and may never send.
+func refuseDeclared(w http.ResponseWriter, r *http.Request, limit int64) bool {
+	if r.ContentLength <= limit {
+		return false
+	}
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+		http.NewResponseController(w).SetReadDeadline(time.Now())
+	}
+	http.Error(w, "the form is larger than "+strconv.FormatInt(limit, 10)+" bytes", http.StatusRequestEntityTooLarge)
+	return true
 }
 
 func clientAddr(r *http.Request) string {
@@ -395,7 +421,10 @@ const (
 )
 
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if refuseDeclared(w, r, maxLoginBytes) {
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxLoginBytes)
 	c, err := r.Cookie(loginCookie)
 	if !sameOrigin(r) || err != nil || subtle.ConstantTimeCompare([]byte(c.Value), []byte(r.PostFormValue("csrf"))) != 1 {
 		h.showLogin(w, r, http.StatusForbidden, "The form expired; please try again.")
