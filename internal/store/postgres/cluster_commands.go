@@ -170,3 +170,32 @@ func (s *Store) DeliveredCommands(ctx context.Context, before time.Time, limit i
 	}
 	return out, rows.Err()
 }
+
+// CloseJobs implements fleet.ClusterCommands: one conditional statement.
+// A caller runs it after committing the changes that ended copies, so of
+// two nodes ending a job's last two copies at once the later to commit
+// sees both ended; the condition on the state moves each job once. The
+// NOT EXISTS probe stops at the first queued or delivered copy (the
+// primary key's job_id prefix, or the partial index of pending copies).
+func (s *Store) CloseJobs(ctx context.Context, ids []uint64) ([]uint64, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	arg := make([]int64, len(ids))
+	for i, id := range ids {
+		arg[i] = int64(id)
+	}
+	rows, err := s.pool.Query(ctx, `UPDATE command_jobs j SET state = 'done'
+		WHERE j.id = ANY($1) AND j.state = 'active' AND j.creating = 0
+		AND NOT EXISTS (SELECT 1 FROM device_commands d WHERE d.job_id = j.id AND d.state IN ('queued', 'delivered'))
+		RETURNING j.id`, arg)
+	if err != nil {
+		return nil, err
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	out := make([]uint64, len(done))
+	for i, id := range done {
+		out[i] = uint64(id)
+	}
+	return out, err
+}
