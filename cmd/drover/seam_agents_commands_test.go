@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/agent/shelltest"
 )
 
 // The agents × commands seam, through the real binaries: `drover serve`,
@@ -247,7 +249,7 @@ echo "$2 is $3"
 	until := time.Now().Add(2*interval*time.Second + 10*time.Second)
 	for {
 		api("/api/v1/commands/"+bulk.ID, "", &j)
-		if j.Total == len(runs) && j.Counts["queued"] == 0 && j.Counts["delivered"] == 0 {
+		if j.Total == len(runs) && j.Counts["succeeded"]+j.Counts["failed"]+j.Counts["expired"]+j.Counts["cancelled"] == j.Total {
 			break
 		}
 		if time.Now().After(until) {
@@ -303,27 +305,5 @@ func busyboxPath(t *testing.T, bb string) []string {
 	if err != nil {
 		t.Skip("curl is not installed")
 	}
-	out, err := exec.Command(bb, "--list").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := t.TempDir()
-	for _, applet := range strings.Fields(string(out)) {
-		if strings.Contains(applet, "/") {
-			continue
-		}
-		if err := os.Symlink(bb, filepath.Join(bin, applet)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(curl, filepath.Join(bin, "curl")); err != nil {
-		t.Fatal(err)
-	}
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PATH=") {
-			env = append(env, kv)
-		}
-	}
-	return append(env, "PATH="+bin)
+	return shelltest.BusyboxEnv(t, bb, curl)
 }

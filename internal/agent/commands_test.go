@@ -121,6 +121,19 @@ func startAgent(t *testing.T, srv *realServer, dir string, set func(*Config)) st
 	cfg.CPUWindow = 10 * time.Millisecond
 	cfg.MinBackoff, cfg.MaxBackoff = 200*time.Millisecond, time.Second
 	set(&cfg)
+	runAgent(t, cfg)
+	var id string
+	waitFor(t, 20*time.Second, "registration", func() bool {
+		st, _ := loadState(cfg.StateDir)
+		id = st.DeviceID
+		return id != ""
+	})
+	return id
+}
+
+// runAgent runs an agent with cfg until the test ends.
+func runAgent(t *testing.T, cfg Config) {
+	t.Helper()
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -133,13 +146,6 @@ func startAgent(t *testing.T, srv *realServer, dir string, set func(*Config)) st
 		<-done
 		a.Close()
 	})
-	var id string
-	waitFor(t, 20*time.Second, "registration", func() bool {
-		st, _ := loadState(cfg.StateDir)
-		id = st.DeviceID
-		return id != ""
-	})
-	return id
 }
 
 // cmdResult is a command's result as the operator API shows it.
@@ -222,18 +228,7 @@ func TestCommandChainResultsAtOnce(t *testing.T) {
 		}
 		return &answer{status: 200, body: protocol.PushResponse{PushInterval: 60, Commands: chain[next : next+1]}}
 	}
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-		a.Close()
-	}()
+	runAgent(t, cfg)
 	results := map[uint64]protocol.CommandResult{}
 	waitFor(t, 10*time.Second, "every result of the chain (the interval is 60 s)", func() bool {
 		_, pushes := f.snapshot()

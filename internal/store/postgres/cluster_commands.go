@@ -27,6 +27,11 @@ func (s *Store) NextJobID(ctx context.Context) (uint64, error) {
 func (s *Store) QueuedDevices(ctx context.Context, jobID, after uint64, limit int) ([]uint64, error) {
 	rows, err := s.pool.Query(ctx, `SELECT device_id FROM device_commands WHERE job_id = $1 AND device_id > $2 AND state = 'queued'
 		ORDER BY device_id LIMIT $3`, int64(jobID), int64(after), limit)
+	return collectIDs(rows, err)
+}
+
+// collectIDs reads a query's one bigint column as IDs.
+func collectIDs(rows pgx.Rows, err error) ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -189,13 +194,5 @@ func (s *Store) CloseJobs(ctx context.Context, ids []uint64) ([]uint64, error) {
 		WHERE j.id = ANY($1) AND j.state = 'active' AND j.creating = 0
 		AND NOT EXISTS (SELECT 1 FROM device_commands d WHERE d.job_id = j.id AND d.state IN ('queued', 'delivered'))
 		RETURNING j.id`, arg)
-	if err != nil {
-		return nil, err
-	}
-	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	out := make([]uint64, len(done))
-	for i, id := range done {
-		out[i] = uint64(id)
-	}
-	return out, err
+	return collectIDs(rows, err)
 }
