@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,18 +185,49 @@ func TestJobDoneWhenLastCopyEnds(t *testing.T) {
 		t.Fatalf("after the refused cancel: %+v", after)
 	}
 
+	// The last two copies ending at the same moment: done all the same.
+	for round := range 20 {
+		jr, err := s.SendCommand(ctx, CommandSpec{Kind: protocol.KindPing, Args: []string{"192.0.2.3"}}, Target{Filter: url.Values{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.WaitCommands()
+		seq := uint64(10 + 2*round)
+		for i, d := range devs {
+			if r, _ := s.Push(ctx, d.Token, push(seq, 0)); len(r.Commands) != 1 {
+				t.Fatalf("round %d, device %d: %+v", round, i, r)
+			}
+		}
+		var wg sync.WaitGroup
+		for _, d := range devs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := push(seq+1, 0)
+				p.Results = []protocol.CommandResult{{ID: jr.ID, StartedAt: 1, FinishedAt: 2}}
+				if _, err := s.Push(ctx, d.Token, p); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if got, _ := s.Job(jr.ID); got.State != "done" || got.Counts["succeeded"] != len(devs) {
+			t.Fatalf("round %d: every copy ended at once: %+v", round, got)
+		}
+	}
+
 	// Ended while paused: done as it is resumed.
 	j2, err := s.SendCommand(ctx, CommandSpec{Kind: protocol.KindPing, Args: []string{"192.0.2.2"}}, Target{DeviceID: mustID(t, devs[0].DeviceID)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := s.Push(ctx, devs[0].Token, push(3, 0)); len(r.Commands) != 1 {
+	if r, _ := s.Push(ctx, devs[0].Token, push(100, 0)); len(r.Commands) != 1 {
 		t.Fatalf("%+v", r)
 	}
 	if _, err := s.PauseJob(ctx, j2.ID, true); err != nil {
 		t.Fatal(err)
 	}
-	p := push(4, 0)
+	p := push(101, 0)
 	p.Results = []protocol.CommandResult{{ID: j2.ID, StartedAt: 1, FinishedAt: 2}}
 	if _, err := s.Push(ctx, devs[0].Token, p); err != nil {
 		t.Fatal(err)
