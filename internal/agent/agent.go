@@ -359,6 +359,14 @@ func (a *Agent) Run(ctx context.Context) error {
 				reported = true
 				continue // tell the server about the hook's result now
 			}
+			if len(a.st.Results) > 0 {
+				// Command results go at once, however their command
+				// arrived: also one in the answer to the push that
+				// carried an earlier result. No loop: each command runs
+				// once, and every push takes results away.
+				reported = true
+				continue
+			}
 			reported = false
 			if a.cfg.Once {
 				if a.st.ConfigError != "" {

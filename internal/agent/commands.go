@@ -55,13 +55,14 @@ func (a *Agent) runCommands(ctx context.Context, cmds []protocol.Command) bool {
 	return ran
 }
 
-// runCommand runs one command within its timeout.
-func (a *Agent) runCommand(ctx context.Context, c protocol.Command) protocol.CommandResult {
-	r := protocol.CommandResult{ID: c.ID, StartedAt: time.Now().Unix()}
-	defer func() { r.FinishedAt = time.Now().Unix() }()
+// runCommand runs one command within its timeout. The result carries
+// when it started and when it finished (device clock, unix seconds),
+// whichever way it ends.
+func (a *Agent) runCommand(ctx context.Context, c protocol.Command) (r protocol.CommandResult) {
+	r = protocol.CommandResult{ID: c.ID, StartedAt: time.Now().Unix()}
+	defer func() { r.FinishedAt = time.Now().Unix() }() // r is the named result: this sets what is returned
 	fail := func(msg string) protocol.CommandResult {
 		r.ExitCode, r.Error = -1, clean(msg, protocol.MaxConfigErrorLen)
-		r.FinishedAt = time.Now().Unix()
 		return r
 	}
 	if err := c.Validate(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,6 +121,19 @@ func startAgent(t *testing.T, srv *realServer, dir string, set func(*Config)) st
 	cfg.CPUWindow = 10 * time.Millisecond
 	cfg.MinBackoff, cfg.MaxBackoff = 200*time.Millisecond, time.Second
 	set(&cfg)
+	runAgent(t, cfg)
+	var id string
+	waitFor(t, 20*time.Second, "registration", func() bool {
+		st, _ := loadState(cfg.StateDir)
+		id = st.DeviceID
+		return id != ""
+	})
+	return id
+}
+
+// runAgent runs an agent with cfg until the test ends.
+func runAgent(t *testing.T, cfg Config) {
+	t.Helper()
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -132,13 +146,6 @@ func startAgent(t *testing.T, srv *realServer, dir string, set func(*Config)) st
 		<-done
 		a.Close()
 	})
-	var id string
-	waitFor(t, 20*time.Second, "registration", func() bool {
-		st, _ := loadState(cfg.StateDir)
-		id = st.DeviceID
-		return id != ""
-	})
-	return id
 }
 
 // cmdResult is a command's result as the operator API shows it.
@@ -181,4 +188,75 @@ func commandAPI(t *testing.T, srv *realServer, id string) (send func(map[string]
 		return r
 	}
 	return send, wait
+}
+
+// TestCommandChainResultsAtOnce: a command that arrives in the answer to
+// the push carrying an earlier command's result has its own result pushed
+// at once too, however long the chain; every result says when its command
+// started and finished, whichever way it ended.
+func TestCommandChainResultsAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFakeServer(t)
+	cfg := testConfig(t, f)
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "hook")
+	os.WriteFile(hook, []byte("#!/bin/sh\necho \"$@\"\n"), 0o755)
+	logFile := filepath.Join(dir, "messages")
+	os.WriteFile(logFile, []byte("a line\n"), 0o644)
+	cfg.CommandHook, cfg.Logs = hook, map[string]string{"messages": logFile}
+	chain := []protocol.Command{
+		{ID: 1, Kind: protocol.KindSetConfig, Args: []string{"a", "1"}, Timeout: 10},
+		{ID: 2, Kind: protocol.KindReadLog, Args: []string{"messages"}, Timeout: 10},
+		{ID: 3, Kind: protocol.KindSetConfig, Args: []string{"b", "2"}, Timeout: 10},
+		{ID: 4, Kind: protocol.KindReboot, Timeout: 10}, // not allowed: a failed result
+		{ID: 5, Kind: protocol.KindHook, Args: []string{"x"}, Timeout: 10},
+	}
+	var mu sync.Mutex
+	var at []time.Time // when each push arrived
+	f.onPush = func(n int, p protocol.PushRequest) *answer {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+		// The first push gets the first command; each push carrying a
+		// result gets the next one.
+		next := 0
+		for _, r := range p.Results {
+			next = max(next, int(r.ID))
+		}
+		if n > 1 && len(p.Results) == 0 || next >= len(chain) {
+			return nil
+		}
+		return &answer{status: 200, body: protocol.PushResponse{PushInterval: 60, Commands: chain[next : next+1]}}
+	}
+	runAgent(t, cfg)
+	results := map[uint64]protocol.CommandResult{}
+	waitFor(t, 10*time.Second, "every result of the chain (the interval is 60 s)", func() bool {
+		_, pushes := f.snapshot()
+		for _, p := range pushes {
+			for _, r := range p.req.Results {
+				results[r.ID] = r
+			}
+		}
+		return len(results) == len(chain)
+	})
+	_, pushes := f.snapshot()
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(pushes); i++ {
+		if len(pushes[i].req.Results) == 0 {
+			continue
+		}
+		if d := at[i].Sub(at[i-1]); d > 2*time.Second {
+			t.Errorf("push %d with result %d came %v after the answer carrying its command", i+1, pushes[i].req.Results[0].ID, d)
+		}
+	}
+	for _, c := range chain {
+		r := results[c.ID]
+		if r.StartedAt == 0 || r.FinishedAt == 0 || r.FinishedAt < r.StartedAt || time.Since(time.Unix(r.FinishedAt, 0)) > time.Minute {
+			t.Errorf("command %d (%s): started_at %d, finished_at %d", c.ID, c.Kind, r.StartedAt, r.FinishedAt)
+		}
+	}
+	if r := results[4]; r.Succeeded() || !strings.Contains(r.Error, "not allowed") {
+		t.Errorf("reboot not enabled: %+v", r)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/agent/shelltest"
 	"github.com/drover/drover/internal/protocol"
 )
 
@@ -72,32 +73,7 @@ func shells(t *testing.T) map[string]func(t *testing.T) shellEnv {
 }
 
 // busyboxEnv makes a PATH of busybox applets plus curl, nothing else.
-func busyboxEnv(t *testing.T, bb, curl string) []string {
-	t.Helper()
-	out, err := exec.Command(bb, "--list").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := t.TempDir()
-	for _, applet := range strings.Fields(string(out)) {
-		if strings.Contains(applet, "/") {
-			continue
-		}
-		if err := os.Symlink(bb, filepath.Join(bin, applet)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(curl, filepath.Join(bin, "curl")); err != nil {
-		t.Fatal(err)
-	}
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PATH=") {
-			env = append(env, kv)
-		}
-	}
-	return append(env, "PATH="+bin)
-}
+func busyboxEnv(t *testing.T, bb, curl string) []string { return shelltest.BusyboxEnv(t, bb, curl) }
 
 // shellAgent is a running drover-agent.sh.
 type shellAgent struct {

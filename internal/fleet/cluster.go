@@ -80,6 +80,10 @@ type ClusterCommands interface {
 	FinishDelivered(ctx context.Context, cmds []DeviceCommand) (int64, error)
 	// SetJobState moves a job to state to if its state is one of from.
 	SetJobState(ctx context.Context, id uint64, from []JobState, to JobState) (bool, error)
+	// CloseJobs marks done each job among ids that is active, no longer
+	// creating and has no queued or delivered command left, and returns
+	// the IDs it moved. Each job moves once, whichever nodes ask.
+	CloseJobs(ctx context.Context, ids []uint64) ([]uint64, error)
 	// DeliveredCommands lists at most limit delivered commands whose
 	// delivery plus their job's timeout lies before before, oldest first.
 	DeliveredCommands(ctx context.Context, before time.Time, limit int) ([]DeviceCommand, error)

@@ -544,6 +544,13 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 	j.progress.Store(s.now().UnixNano())
 	// Cluster mode: the other nodes read the batch's devices back.
 	s.noteChange(ctx, ChangeJob, j.rec.ID)
+	if last && j.counts[CmdQueued].Load() == 0 && j.counts[CmdDelivered].Load() == 0 {
+		// Nothing left queued here (no device matched, or those matched
+		// were deleted): the job may have ended already.
+		if err := s.closeJobs(ctx, []uint64{j.rec.ID}); err != nil {
+			s.log.Warn("closing a finished job failed", "job", j.rec.ID, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -677,8 +684,8 @@ func (s *Service) SweepCommands(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	for _, j := range live {
-		if j.jobState() == JobActive && !j.creating.Load() && j.counts[CmdQueued].Load() == 0 && j.counts[CmdDelivered].Load() == 0 {
-			if err := s.setJobState(ctx, j, JobDone); err != nil {
+		if j.jobState() == JobActive && j.ended() {
+			if _, err := s.moveJob(ctx, j, []JobState{JobActive}, JobDone); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -718,19 +725,76 @@ func (s *Service) unqueue(j *job, dropped func()) {
 	})
 }
 
-func (s *Service) setJobState(ctx context.Context, j *job, st JobState) error {
+// moveJob sets j's state to st if it is one of from, in the store and
+// then in memory; moved says whether it did.
+func (s *Service) moveJob(ctx context.Context, j *job, from []JobState, st JobState) (moved bool, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if !slices.Contains(from, j.jobState()) {
+		return false, nil
+	}
 	rec := j.rec
 	rec.State = st
 	if s.cmds.store != nil {
 		if err := s.cmds.store.SaveJob(ctx, rec); err != nil {
-			return err
+			return false, err
 		}
 	}
 	j.rec.State = st
 	j.state.Store(uint32(st))
-	return nil
+	return true, nil
+}
+
+// ended reports whether every copy of j reached an end state (memory's
+// counts; one server).
+func (j *job) ended() bool {
+	return !j.creating.Load() && j.counts[CmdQueued].Load() == 0 && j.counts[CmdDelivered].Load() == 0
+}
+
+// closeJobsOf closes the jobs whose copies a push's results ended, if
+// those were their last (changes: what the push changed, one server; in
+// cluster mode the results' jobs).
+func (s *Service) closeJobsOf(ctx context.Context, results []protocol.CommandResult, changes []DeviceCommand) {
+	var ids []uint64
+	if s.opts.Cluster != nil {
+		for _, r := range results {
+			ids = append(ids, r.ID)
+		}
+	} else {
+		for _, c := range changes {
+			if c.State.terminal() {
+				ids = append(ids, c.JobID)
+			}
+		}
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	if err := s.closeJobs(ctx, ids); err != nil {
+		s.log.Warn("closing a finished job failed", "job", ids, "err", err)
+	}
+}
+
+// closeJobs marks done each active job among ids whose every copy reached
+// an end state: at the moment the last copy ends (a result, an expiry, a
+// creation that queued nothing), not at the next sweep, so that the job's
+// state, its counts and what cancel answers agree. In cluster mode the
+// database decides, counting the copies every node ended.
+func (s *Service) closeJobs(ctx context.Context, ids []uint64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if s.opts.Cluster != nil {
+		return s.closeClusterJobs(ctx, ids)
+	}
+	var errs []error
+	for _, id := range ids {
+		if j := s.job(id); j != nil && j.jobState() == JobActive && j.ended() {
+			if _, err := s.moveJob(ctx, j, []JobState{JobActive}, JobDone); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Errors of job changes.
@@ -749,14 +813,18 @@ func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, err
 	if !pause {
 		from, to = JobPaused, JobActive
 	}
-	if j.jobState() == to {
-		return j.view(), nil
+	moved, err := s.moveJob(ctx, j, []JobState{from}, to)
+	if err != nil {
+		return Job{}, err
 	}
-	if j.jobState() != from {
+	if !moved && j.jobState() != to {
 		return Job{}, ErrJobState
 	}
-	if err := s.setJobState(ctx, j, to); err != nil {
-		return Job{}, err
+	if moved && !pause {
+		// Every copy may have ended while it was paused.
+		if err := s.closeJobs(ctx, []uint64{id}); err != nil {
+			return Job{}, err
+		}
 	}
 	return j.view(), nil
 }
@@ -771,14 +839,15 @@ func (s *Service) CancelJob(ctx context.Context, id uint64) (Job, error) {
 	if j == nil {
 		return Job{}, ErrNotFound
 	}
-	switch j.jobState() {
-	case JobCancelled:
-		return j.view(), nil
-	case JobDone:
-		return Job{}, ErrJobState
-	}
-	if err := s.setJobState(ctx, j, JobCancelled); err != nil {
+	moved, err := s.moveJob(ctx, j, []JobState{JobActive, JobPaused}, JobCancelled)
+	if err != nil {
 		return Job{}, err
+	}
+	if !moved {
+		if j.jobState() == JobCancelled {
+			return j.view(), nil
+		}
+		return Job{}, ErrJobState // done: every copy ended, nothing to cancel
 	}
 	j.halt()
 	s.cmds.wg.Wait() // creation stops at its next batch

@@ -75,6 +75,11 @@ func (s *Service) clusterCommandsOnPush(ctx context.Context, d *device, results 
 		s.log.Warn("push: commands in the database failed; none sent", "device", d.id, "err", err)
 		return nil
 	}
+	if len(results) > 0 {
+		// Stored and committed: a job whose last copy these ended is
+		// done now, whichever nodes ended its other copies.
+		s.closeJobsOf(ctx, results, nil)
+	}
 	if !claim {
 		return nil
 	}
@@ -247,6 +252,26 @@ func (s *Service) clusterJobs(jobs []*job) []Job {
 	return out
 }
 
+// closeClusterJobs marks done the jobs among ids the database finds
+// ended (ClusterCommands.CloseJobs); memory and the other nodes learn it.
+// Run after the changes that ended copies are committed: of two nodes
+// ending a job's last two copies at once, the later one to commit sees
+// both ended.
+func (s *Service) closeClusterJobs(ctx context.Context, ids []uint64) error {
+	done, err := s.opts.Cluster.CloseJobs(ctx, ids)
+	if err != nil {
+		return errors.Join(ErrUnavailable, err)
+	}
+	for _, id := range done {
+		if j := s.job(id); j != nil {
+			j.apply(JobDone)
+			s.unqueue(j, func() {})
+		}
+		s.noteChange(ctx, ChangeJob, id)
+	}
+	return nil
+}
+
 // pauseCluster moves a job between active and paused in the database.
 func (s *Service) pauseCluster(ctx context.Context, id uint64, pause bool) (Job, error) {
 	from, to := JobActive, JobPaused
@@ -257,7 +282,15 @@ func (s *Service) pauseCluster(ctx context.Context, id uint64, pause bool) (Job,
 	if err != nil {
 		return Job{}, errors.Join(ErrUnavailable, err)
 	}
-	return s.jobChanged(ctx, id, moved, to)
+	v, err := s.jobChanged(ctx, id, moved, to)
+	if err != nil || !moved || pause {
+		return v, err
+	}
+	// Every copy may have ended while it was paused.
+	if err := s.closeClusterJobs(ctx, []uint64{id}); err != nil {
+		return Job{}, err
+	}
+	return s.jobView(ctx, id)
 }
 
 // cancelCluster cancels a job in the database, then its queued commands.
@@ -363,17 +396,14 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 		case r.State == JobCancelled && queued > 0: // queued by a creation that had not stopped yet
 			err = s.finishCluster(ctx, r, CmdCancelled, now)
 		case (r.State == JobActive || r.State == JobPaused) && !r.Creating && queued > 0 && now.After(r.ExpiresAt):
-			err = s.finishCluster(ctx, r, CmdExpired, now)
+			if err = s.finishCluster(ctx, r, CmdExpired, now); err == nil && r.State == JobActive {
+				err = s.closeClusterJobs(ctx, []uint64{r.ID})
+			}
 		case r.Creating && (r.State == JobActive || r.State == JobPaused):
 			err = s.takeOver(r)
 		case r.State == JobActive && !r.Creating && queued == 0 && delivered == 0:
-			var moved bool
-			if moved, err = cs.SetJobState(ctx, r.ID, []JobState{JobActive}, JobDone); moved {
-				j := s.adoptJob(r, false)
-				j.apply(JobDone)
-				s.unqueue(j, func() {})
-				s.noteChange(ctx, ChangeJob, r.ID)
-			}
+			s.adoptJob(r, false)
+			err = s.closeClusterJobs(ctx, []uint64{r.ID})
 		default:
 			if r.State != JobDone {
 				continue

@@ -424,6 +424,8 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 		// Delivered in memory only: they expire without a result.
 		s.log.Warn("push: storing command states failed; commands not sent", "device", d.id, "err", err)
 		resp.Commands = nil
+	} else if len(p.Results) > 0 && s.opts.Cluster == nil {
+		s.closeJobsOf(ctx, p.Results, cmdChanges)
 	}
 	if Behind(p.ConfigVersion, prof.Version) {
 		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}

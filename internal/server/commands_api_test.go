@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/drover/drover/internal/server/servertest"
@@ -111,5 +112,44 @@ func TestCommandAPI(t *testing.T) {
 	}
 	if _, _, out := c.do("GET", "/api/v1/commands", tok, nil); len(out["jobs"].([]any)) != 2 {
 		t.Fatalf("jobs: %v", out)
+	}
+}
+
+// TestCommandDoneAtLastResult: a job is done as its last copy's result
+// arrives; cancelling it then answers 409 with the JSON error body and
+// changes nothing (no relabelling as cancelled).
+func TestCommandDoneAtLastResult(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	tok := s.AdminToken
+	id, dt := c.register("m-done")
+	st, _, job := c.do("POST", "/api/v1/commands", tok, map[string]any{"kind": "ping", "args": []string{"192.0.2.1"}, "device_id": id})
+	if st != 201 {
+		t.Fatalf("send: %d %v", st, job)
+	}
+	if st, _, out := c.do("POST", "/api/v1/push", dt, `{"seq":1,"state":{}}`); st != 200 || len(out["commands"].([]any)) != 1 {
+		t.Fatalf("push: %d %v", st, out)
+	}
+	push := fmt.Sprintf(`{"seq":2,"state":{},"results":[{"id":%s,"exit_code":0,"output":["pong"],"started_at":1700000000,"finished_at":1700000003}]}`, job["id"])
+	if st, _, out := c.do("POST", "/api/v1/push", dt, push); st != 200 {
+		t.Fatalf("push with result: %d %v", st, out)
+	}
+	path := "/api/v1/commands/" + job["id"].(string)
+	if _, _, out := c.do("GET", path, tok, nil); out["state"] != "done" || out["counts"].(map[string]any)["succeeded"] != float64(1) {
+		t.Fatalf("after the last result: %v", out)
+	}
+	st, _, out := c.do("POST", path+"/cancel", tok, nil)
+	e, _ := out["error"].(map[string]any)
+	if st != 409 || e["code"] != "conflict" || !strings.Contains(fmt.Sprint(e["message"]), "done") {
+		t.Fatalf("cancel of a done job: %d %v", st, out)
+	}
+	_, _, out = c.do("GET", path, tok, nil)
+	if counts := out["counts"].(map[string]any); out["state"] != "done" || counts["cancelled"] != float64(0) || counts["succeeded"] != float64(1) {
+		t.Fatalf("after the refused cancel: %v", out)
+	}
+	_, _, out = c.do("GET", path+"/devices", tok, nil)
+	dc := out["commands"].([]any)[0].(map[string]any)
+	if dc["state"] != "succeeded" || dc["finished_at"] == nil || dc["started_on"] != float64(1700000000) || dc["finished_on"] != float64(1700000003) {
+		t.Fatalf("the device's copy: %v", dc)
 	}
 }

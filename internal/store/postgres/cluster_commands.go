@@ -27,6 +27,11 @@ func (s *Store) NextJobID(ctx context.Context) (uint64, error) {
 func (s *Store) QueuedDevices(ctx context.Context, jobID, after uint64, limit int) ([]uint64, error) {
 	rows, err := s.pool.Query(ctx, `SELECT device_id FROM device_commands WHERE job_id = $1 AND device_id > $2 AND state = 'queued'
 		ORDER BY device_id LIMIT $3`, int64(jobID), int64(after), limit)
+	return collectIDs(rows, err)
+}
+
+// collectIDs reads a query's one bigint column as IDs.
+func collectIDs(rows pgx.Rows, err error) ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -169,4 +174,25 @@ func (s *Store) DeliveredCommands(ctx context.Context, before time.Time, limit i
 			QueuedAt: time.UnixMilli(queued).UTC(), DeliveredAt: time.UnixMilli(delivered).UTC()})
 	}
 	return out, rows.Err()
+}
+
+// CloseJobs implements fleet.ClusterCommands: one conditional statement.
+// A caller runs it after committing the changes that ended copies, so of
+// two nodes ending a job's last two copies at once the later to commit
+// sees both ended; the condition on the state moves each job once. The
+// NOT EXISTS probe stops at the first queued or delivered copy (the
+// primary key's job_id prefix, or the partial index of pending copies).
+func (s *Store) CloseJobs(ctx context.Context, ids []uint64) ([]uint64, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	arg := make([]int64, len(ids))
+	for i, id := range ids {
+		arg[i] = int64(id)
+	}
+	rows, err := s.pool.Query(ctx, `UPDATE command_jobs j SET state = 'done'
+		WHERE j.id = ANY($1) AND j.state = 'active' AND j.creating = 0
+		AND NOT EXISTS (SELECT 1 FROM device_commands d WHERE d.job_id = j.id AND d.state IN ('queued', 'delivered'))
+		RETURNING j.id`, arg)
+	return collectIDs(rows, err)
 }

@@ -43,6 +43,89 @@ func (n *clusterFleet) follow(t *testing.T) {
 	}
 }
 
+// openClusterFleet opens node name's fleet on the database dsn.
+func openClusterFleet(t *testing.T, dsn, name string, now func() time.Time) *clusterFleet {
+	t.Helper()
+	ctx := context.Background()
+	st, err := OpenCluster(ctx, dsn, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	wt := fleet.NewWriteThrough(st, 1000, nil)
+	f, err := fleet.New(ctx, fleet.StoresOf(st), wt, fleet.Options{EnrollmentSecret: "s", Cluster: st, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.WaitCommands(); wt.Close(ctx) })
+	return &clusterFleet{name: name, st: st, f: f}
+}
+
+// TestClusterJobDoneWhenLastCopyEnds: a job's last two copies end at the
+// same moment on two nodes; the job is done on both at once (no sweep),
+// and a cancel on either is refused without relabelling it.
+func TestClusterJobDoneWhenLastCopyEnds(t *testing.T) {
+	ctx := context.Background()
+	dsn := dbtest.Need(t, dbtest.Postgres, server).NewDB(t)
+	a, b := openClusterFleet(t, dsn, "a", time.Now), openClusterFleet(t, dsn, "b", time.Now)
+	var tokens []string
+	for i := range 2 {
+		r, err := a.f.Register(ctx, protocol.RegisterRequest{MachineID: fmt.Sprintf("m-done-%d", i), DeviceType: "ICR", Firmware: "1", EnrollmentSecret: "s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens = append(tokens, r.Token)
+	}
+	b.follow(t)
+	nodes := []*clusterFleet{a, b}
+	var seq atomic.Uint64
+	push := func(n *clusterFleet, i int, results ...protocol.CommandResult) ([]protocol.Command, error) {
+		resp, err := n.f.Push(ctx, tokens[i], protocol.PushRequest{Seq: seq.Add(1), RawState: json.RawMessage(`{}`), Results: results})
+		return resp.Commands, err
+	}
+	for round := range 5 {
+		job, err := nodes[round%2].f.SendCommand(ctx, fleet.CommandSpec{Kind: "ping", Args: []string{"127.0.0.1"}},
+			fleet.Target{Filter: map[string][]string{"q": {"m-done"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[round%2].f.WaitCommands()
+		a.follow(t)
+		b.follow(t)
+		for i, n := range nodes {
+			if cmds, err := push(n, i); err != nil || len(cmds) != 1 || cmds[0].ID != job.ID {
+				t.Fatalf("round %d: device %d on %s got %+v %v", round, i, n.name, cmds, err)
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = push(n, i, protocol.CommandResult{ID: job.ID, StartedAt: 1, FinishedAt: 2})
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range nodes {
+			if j, err := n.f.Job(job.ID); err != nil || j.State != "done" || j.Counts["succeeded"] != 2 {
+				t.Fatalf("round %d, on %s, no sweep: %+v %v", round, n.name, j, err)
+			}
+			if _, err := n.f.CancelJob(ctx, job.ID); err != fleet.ErrJobState {
+				t.Fatalf("round %d: cancel of a done job on %s: %v", round, n.name, err)
+			}
+			if j, _ := n.f.Job(job.ID); j.State != "done" || j.Counts["cancelled"] != 0 {
+				t.Fatalf("round %d, on %s, after the refused cancel: %+v", round, n.name, j)
+			}
+		}
+	}
+}
+
 // TestClusterCommandsSweep: two nodes on one database sweep remote
 // commands at the same moment (as two leaders might for a moment): every
 // expiry happens once, a result reported after its command expired is
@@ -53,21 +136,7 @@ func TestClusterCommandsSweep(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(time.Now().UnixNano())
 	now := func() time.Time { return time.Unix(0, clock.Load()) }
-	open := func(name string) *clusterFleet {
-		st, err := OpenCluster(ctx, dsn, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		wt := fleet.NewWriteThrough(st, 1000, nil)
-		f, err := fleet.New(ctx, fleet.StoresOf(st), wt, fleet.Options{EnrollmentSecret: "s", Cluster: st, Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.WaitCommands(); wt.Close(ctx) })
-		return &clusterFleet{name: name, st: st, f: f}
-	}
-	a, b := open("a"), open("b")
+	a, b := openClusterFleet(t, dsn, "a", now), openClusterFleet(t, dsn, "b", now)
 	var tokens []string
 	var ids []uint64
 	for i := range 3 {
