@@ -27,8 +27,9 @@ type ClusterStore interface {
 	// written). The database's unique machine ID settles races.
 	ClaimDevice(ctx context.Context, rec DeviceRecord, tr TrustRecord) (won bool, err error)
 	// ClaimProfile stores p under a new ID unless a profile for its type and
-	// firmware exists; it returns the stored one either way.
-	ClaimProfile(ctx context.Context, p Profile) (Profile, error)
+	// firmware exists; it returns the stored one either way, and won when
+	// this call stored it.
+	ClaimProfile(ctx context.Context, p Profile) (stored Profile, won bool, err error)
 	// ReadDevice reads one device with its trust record; ok is false when
 	// it is not stored (never registered, or deleted).
 	ReadDevice(ctx context.Context, id uint64) (rec DeviceRecord, tr TrustRecord, ok bool, err error)
@@ -478,7 +479,7 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 	defer ps.mu.Unlock()
 	if e, ok := ps.byID[p.ID]; ok {
 		if cur := e.get(); cur == nil || cur.Version != p.Version || cur.PushInterval != p.PushInterval || !p.UpdatedAt.Before(cur.UpdatedAt) {
-			e.p.Store(&p)
+			s.setProfile(e, &p)
 		}
 		return e
 	}

@@ -226,10 +226,10 @@ func (s *Store) claimDevice(ctx context.Context, rec fleet.DeviceRecord, tr flee
 }
 
 // ClaimProfile implements fleet.ClusterStore.
-func (s *Store) ClaimProfile(ctx context.Context, p fleet.Profile) (fleet.Profile, error) {
+func (s *Store) ClaimProfile(ctx context.Context, p fleet.Profile) (fleet.Profile, bool, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return p, err
+		return p, false, err
 	}
 	defer tx.Rollback(ctx)
 	var id int64
@@ -241,22 +241,22 @@ func (s *Store) ClaimProfile(ctx context.Context, p fleet.Profile) (fleet.Profil
 		if err == nil && !ok {
 			err = fmt.Errorf("postgres: profile %s/%s neither stored nor storable", p.DeviceType, p.Firmware)
 		}
-		return stored, err
+		return stored, false, err
 	}
 	if err != nil {
-		return p, err
+		return p, false, err
 	}
 	p.ID = uint64(id)
 	var q pgx.Batch
 	s.cluster.queueChanges(&q, []fleet.Profile{p}, nil, nil)
 	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
-		return p, err
+		return p, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return p, err
+		return p, false, err
 	}
 	s.cluster.onChange()
-	return p, nil
+	return p, true, nil
 }
 
 const selectProfile = `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles `
