@@ -301,7 +301,8 @@ func revisions(t *testing.T, n *node, id string) []struct {
 // TestSeamClusterRevisions: registrations of one new device type and
 // firmware on two nodes at once make one profile with one revision, and
 // changes of one profile on two nodes at once each get their own
-// revision number: the database allocates them, no node logs a failure.
+// revision number; labels and alert rules made on two nodes at once each
+// get their own ID: the database allocates them, no node logs a failure.
 func TestSeamClusterRevisions(t *testing.T) {
 	_, _, nodes := startCluster(t, "a", "b")
 	a, b := nodes[0], nodes[1]
@@ -388,9 +389,95 @@ func TestSeamClusterRevisions(t *testing.T) {
 		}
 	})
 
+	// atOnce runs body(n, k) for k < each on both nodes at the same
+	// moment and wants every answer to be want.
+	atOnce := func(t *testing.T, each, want int, method, path func(n *node, k int) string, body func(n *node, k int) string) {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for k := range each {
+					if st, b := n.do(method(n, k), path(n, k), adminToken, body(n, k)); st != want {
+						t.Errorf("%s %s on %s: %d %s", method(n, k), path(n, k), n.name, st, b)
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+	}
+
+	t.Run("labels made on A and B at once", func(t *testing.T) {
+		registerAs(t, a, "m-rev-labels", "SEAM-REV-LABELS", "1.0")
+		const each = 5
+		post := func(*node, int) string { return "POST" }
+		atOnce(t, each, 200, post, func(*node, int) string { return "/api/v1/labels/assign" }, func(n *node, k int) string {
+			return fmt.Sprintf(`{"label":"%s-%d","filter":{"q":"m-rev-labels"}}`, n.name, k)
+		})
+		// The same name on both nodes at once: one label.
+		atOnce(t, 1, 200, post, func(*node, int) string { return "/api/v1/labels/assign" }, func(*node, int) string {
+			return `{"label":"both","filter":{"q":"m-rev-labels"}}`
+		})
+		for _, n := range nodes {
+			within(t, converge, "every label on "+n.name, func() bool {
+				st, b := n.do("GET", "/api/v1/labels", adminToken, "")
+				var ls struct {
+					Labels []struct {
+						ID      string `json:"id"`
+						Name    string `json:"name"`
+						Devices int    `json:"devices"`
+					} `json:"labels"`
+				}
+				if st != 200 || json.Unmarshal(b, &ls) != nil {
+					t.Fatalf("labels on %s: %d %s", n.name, st, b)
+				}
+				ids := map[string]bool{}
+				for _, l := range ls.Labels {
+					if ids[l.ID] || l.Devices != 1 {
+						t.Fatalf("labels on %s: %s", n.name, b)
+					}
+					ids[l.ID] = true
+				}
+				return len(ls.Labels) == 2*each+1
+			})
+		}
+	})
+
+	t.Run("alert rules made on A and B at once", func(t *testing.T) {
+		const each = 5
+		atOnce(t, each, 201, func(*node, int) string { return "POST" }, func(*node, int) string { return "/api/v1/alerts/rules" }, func(n *node, k int) string {
+			return fmt.Sprintf(`{"name":"hot-%s-%d","kind":"temperature_above","threshold":%d}`, n.name, k, 70+k)
+		})
+		for _, n := range nodes {
+			within(t, 10*time.Second, "every rule on "+n.name, func() bool {
+				st, b := n.do("GET", "/api/v1/alerts/rules", adminToken, "")
+				var rs struct {
+					Rules []struct {
+						ID   string `json:"id"`
+						Name string `json:"name"`
+					} `json:"rules"`
+				}
+				if st != 200 || json.Unmarshal(b, &rs) != nil {
+					t.Fatalf("rules on %s: %d %s", n.name, st, b)
+				}
+				ids := map[string]bool{}
+				for _, r := range rs.Rules {
+					if ids[r.ID] {
+						t.Fatalf("rules on %s: ID %s twice: %s", n.name, r.ID, b)
+					}
+					ids[r.ID] = true
+				}
+				return len(rs.Rules) == 2*each
+			})
+		}
+	})
+
 	for _, n := range nodes {
 		if l := n.logs(); strings.Contains(l, "storing a profile revision failed") || strings.Contains(l, "duplicate key") {
-			t.Errorf("node %s logged a failed revision:\n%s", n.name, tail(l))
+			t.Errorf("node %s logged a failed revision or a duplicate key:\n%s", n.name, tail(l))
 		}
 	}
 }

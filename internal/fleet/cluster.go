@@ -47,6 +47,9 @@ type ClusterStore interface {
 	NextProfileVersion(ctx context.Context) (int64, error)
 	// NextFirmwareID hands out a firmware artifact ID no node has used.
 	NextFirmwareID(ctx context.Context) (uint64, error)
+	// NextLabelID hands out a label ID no node has used (above 65535:
+	// no more labels).
+	NextLabelID(ctx context.Context) (uint64, error)
 	// NextTokenID hands out an enrollment token ID no node has used.
 	NextTokenID(ctx context.Context) (uint64, error)
 	// UseEnrollmentToken marks token id used by deviceID at at unless it is

@@ -82,6 +82,16 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_job_ids', m) FROM (SELECT coalesce(max(id), 0) AS m FROM command_jobs) x
 			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_job_ids)`)
 	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_label_ids', m) FROM (SELECT greatest(
+				(SELECT coalesce(max(id), 0) FROM labels), (SELECT coalesce(max(high), 0) FROM id_marks WHERE kind = 'label')) AS m) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_label_ids)`)
+	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_rule_ids', m) FROM (SELECT greatest(
+				(SELECT coalesce(max(id), 0) FROM alert_rules), (SELECT coalesce(max(high), 0) FROM id_marks WHERE kind = 'rule')) AS m) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_rule_ids)`)
+	}
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("postgres: cluster sequences: %w", err)
@@ -339,6 +349,21 @@ func (s *Store) NextProfileVersion(ctx context.Context) (int64, error) {
 func (s *Store) NextFirmwareID(ctx context.Context) (uint64, error) {
 	var id int64
 	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_firmware_ids')`).Scan(&id)
+	return uint64(id), err
+}
+
+// NextLabelID implements fleet.ClusterStore.
+func (s *Store) NextLabelID(ctx context.Context) (uint64, error) {
+	var id int64
+	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_label_ids')`).Scan(&id)
+	return uint64(id), err
+}
+
+// NextRuleID hands out an alert rule ID no node has used (cluster mode:
+// alert.Options.NextRuleID).
+func (s *Store) NextRuleID(ctx context.Context) (uint64, error) {
+	var id int64
+	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_rule_ids')`).Scan(&id)
 	return uint64(id), err
 }
 
