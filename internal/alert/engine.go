@@ -47,6 +47,9 @@ type Options struct {
 	// that each alert is raised once; every server reloads the rules
 	// from the store at each check, as other servers change them.
 	Leading func() bool
+	// NextRuleID, when set, hands out new rules' IDs: the database's, in
+	// a cluster, where other servers create rules at the same moment.
+	NextRuleID func(ctx context.Context) (uint64, error)
 }
 
 // Hook forwards fleet pushes to an Engine created after the fleet.
@@ -689,15 +692,23 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	}
 	now := e.now().UTC().Truncate(time.Millisecond)
 	if id == 0 {
-		if e.opts.Leading != nil { // other servers create rules too
+		// Never a deleted rule's ID: its events would show as this one's.
+		r.ID, r.CreatedAt = e.maxRule+1, now
+		switch {
+		case e.opts.NextRuleID != nil: // other servers create rules at the same moment
+			next, err := e.opts.NextRuleID(ctx)
+			if err != nil {
+				return Rule{}, err
+			}
+			r.ID = next
+		case e.opts.Leading != nil: // other servers create rules too
 			m, err := e.store.MaxRuleID(ctx)
 			if err != nil {
 				return Rule{}, err
 			}
 			e.maxRule = max(e.maxRule, m)
+			r.ID = e.maxRule + 1
 		}
-		// Never a deleted rule's ID: its events would show as this one's.
-		r.ID, r.CreatedAt = e.maxRule+1, now
 	} else {
 		if prev == nil {
 			return Rule{}, ErrNotFound

@@ -27,8 +27,9 @@ type ClusterStore interface {
 	// written). The database's unique machine ID settles races.
 	ClaimDevice(ctx context.Context, rec DeviceRecord, tr TrustRecord) (won bool, err error)
 	// ClaimProfile stores p under a new ID unless a profile for its type and
-	// firmware exists; it returns the stored one either way.
-	ClaimProfile(ctx context.Context, p Profile) (Profile, error)
+	// firmware exists; it returns the stored one either way, and won when
+	// this call stored it.
+	ClaimProfile(ctx context.Context, p Profile) (stored Profile, won bool, err error)
 	// ReadDevice reads one device with its trust record; ok is false when
 	// it is not stored (never registered, or deleted).
 	ReadDevice(ctx context.Context, id uint64) (rec DeviceRecord, tr TrustRecord, ok bool, err error)
@@ -46,6 +47,9 @@ type ClusterStore interface {
 	NextProfileVersion(ctx context.Context) (int64, error)
 	// NextFirmwareID hands out a firmware artifact ID no node has used.
 	NextFirmwareID(ctx context.Context) (uint64, error)
+	// NextLabelID hands out a label ID no node has used (above 65535:
+	// no more labels).
+	NextLabelID(ctx context.Context) (uint64, error)
 	// NextTokenID hands out an enrollment token ID no node has used.
 	NextTokenID(ctx context.Context) (uint64, error)
 	// UseEnrollmentToken marks token id used by deviceID at at unless it is
@@ -482,7 +486,7 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 	defer ps.mu.Unlock()
 	if e, ok := ps.byID[p.ID]; ok {
 		if cur := e.get(); cur == nil || cur.Version != p.Version || cur.PushInterval != p.PushInterval || !p.UpdatedAt.Before(cur.UpdatedAt) {
-			e.p.Store(&p)
+			s.setProfile(e, &p)
 		}
 		return e
 	}

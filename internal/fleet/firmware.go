@@ -37,7 +37,9 @@ type FirmwareStore interface {
 	// RolloutDevices returns one rollout's devices by device ID.
 	RolloutDevices(ctx context.Context, rolloutID uint64) ([]RolloutDevice, error)
 	// AddProfileRevision stores r with the next revision number of its
-	// profile and returns it.
+	// profile and returns it. The database allocates the number: calls
+	// at the same moment (servers sharing it) get distinct numbers, and
+	// none fails for another's.
 	AddProfileRevision(ctx context.Context, r ProfileRevision) (ProfileRevision, error)
 	// ProfileRevisions returns a profile's revisions, oldest first.
 	ProfileRevisions(ctx context.Context, profileID uint64) ([]ProfileRevision, error)

@@ -264,7 +264,9 @@ func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, er
 	if r.next == 0 { // wrapped past 65535
 		return Label{}, ErrTooManyIDs
 	}
-	if s.opts.Cluster != nil && r.store != nil {
+	l := Label{ID: r.next, Name: name}
+	cs := s.opts.Cluster
+	if cs != nil && r.store != nil {
 		// Another node may have made labels since: take its IDs and names.
 		if err := s.loadLabelsLocked(ctx, r.store, true); err != nil {
 			return Label{}, err
@@ -272,18 +274,31 @@ func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, er
 		if id, ok := r.byName[name]; ok {
 			return Label{ID: id, Name: name}, nil
 		}
-		if r.next == 0 {
+		// Other nodes make labels too: the database hands out the ID.
+		id, err := cs.NextLabelID(ctx)
+		if err != nil {
+			return Label{}, errors.Join(ErrUnavailable, err)
+		}
+		if id == 0 || id > 1<<16-1 {
 			return Label{}, ErrTooManyIDs
 		}
+		l.ID = uint16(id)
 	}
-	l := Label{ID: r.next, Name: name}
 	if r.store != nil {
 		if err := r.store.CreateLabel(ctx, l); err != nil {
+			if cs != nil && s.loadLabelsLocked(ctx, r.store, true) == nil {
+				// Another node made the same name a moment ago.
+				if id, ok := r.byName[name]; ok {
+					return Label{ID: id, Name: name}, nil
+				}
+			}
 			return Label{}, err
 		}
 		s.noteChange(ctx, ChangeLabels, uint64(l.ID))
 	}
-	r.next++
+	if l.ID >= r.next {
+		r.next = l.ID + 1 // 0 after 65535: no more labels
+	}
 	r.byName[name], r.names[l.ID] = l.ID, name
 	r.gen.Add(1)
 	return l, nil

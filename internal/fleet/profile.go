@@ -113,11 +113,12 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 	ps.mu.Unlock()
 
 	var err error
+	created := true // here: its first revision is this node's to record
 	if cs != nil {
 		// The database hands out the ID; a profile another node made for
-		// the same key first is taken as it is.
+		// the same key first is taken as it is, with its history.
 		var stored Profile
-		if stored, err = cs.ClaimProfile(ctx, *p); err == nil {
+		if stored, created, err = cs.ClaimProfile(ctx, *p); err == nil {
 			p = &stored
 			e.p.Store(p)
 			ps.mu.Lock()
@@ -139,6 +140,10 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 		close(e.ready)
 		return nil, err
 	}
+	if !created {
+		close(e.ready)
+		return e, nil
+	}
 	from, note := uint64(0), "created empty"
 	if base != nil {
 		from, note = base.ID, "inherited from profile "+strconv.FormatUint(base.ID, 10)+" ("+base.Firmware+")"
@@ -147,6 +152,19 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 	s.log.Info("profile created", "profile_id", p.ID, "device_type", key.deviceType, "firmware", key.firmware, "inherited_from", from)
 	close(e.ready)
 	return e, nil
+}
+
+// setProfile makes p the content of e. When what its devices get changes
+// (the configuration's version or the push interval), the devices holding
+// a persistent connection are told to push (OnProfileChange). This is the
+// one path of a profile's change, made here (UpdateProfile) or read back
+// from the change log after another node made it (adoptProfile), so that
+// a change reaches connected devices the same way whichever node took it.
+func (s *Service) setProfile(e *profileEntry, p *Profile) {
+	prev := e.p.Swap(p)
+	if prev == nil || prev.Version != p.Version || prev.PushInterval != p.PushInterval {
+		s.cmds.notifyProfile(p.ID)
+	}
 }
 
 // maxVersion is the highest configuration version of any profile: versions
@@ -278,9 +296,8 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	if err := persist(ctx, s.persist, func(b *Batch) { b.Profiles = append(b.Profiles, next) }); err != nil {
 		return Profile{}, false, err
 	}
-	e.p.Store(&next)
+	s.setProfile(e, &next)
 	s.recordRevision(ctx, &next, by, note)
-	s.cmds.notifyProfile(next.ID)
 	s.log.Info("profile updated", "profile_id", next.ID, "version", next.Version, "by", by, "note", note)
 	return next, true, nil
 }

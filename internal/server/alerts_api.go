@@ -36,6 +36,9 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 		// more often, as leadership may move.
 		opts.Leading, opts.CheckEvery = s.node.Leader, 5*time.Second
 	}
+	if s.cstore != nil {
+		opts.NextRuleID = s.cstore.NextRuleID // other nodes create rules at the same moment
+	}
 	eng, err := alert.New(ctx, opts)
 	if err != nil {
 		return err

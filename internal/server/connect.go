@@ -273,8 +273,11 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	nc.SetDeadline(time.Now().Add(connAnswer))
-	if _, err := io.WriteString(nc, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "+
-		wsAccept(key)+"\r\n\r\n"); err != nil {
+	answer := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + wsAccept(key) + "\r\n"
+	if a.node != nil { // as every answer: the hijacked connection skips net/http's headers
+		answer += "X-Drover-Node: " + a.node[0] + "\r\n"
+	}
+	if _, err := io.WriteString(nc, answer+"\r\n"); err != nil {
 		nc.Close()
 		return
 	}

@@ -47,6 +47,8 @@ type Cluster interface {
 	// TryLeader says whether this node leads, taking the leader lock when
 	// it is free.
 	TryLeader(ctx context.Context) (bool, error)
+	// NextRuleID hands out an alert rule ID no node has used.
+	NextRuleID(ctx context.Context) (uint64, error)
 	// ClusterID names the cluster (its database), for NATS subjects.
 	ClusterID(ctx context.Context) (string, error)
 	LastChange(ctx context.Context) (int64, error)

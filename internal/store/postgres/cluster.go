@@ -82,6 +82,16 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_job_ids', m) FROM (SELECT coalesce(max(id), 0) AS m FROM command_jobs) x
 			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_job_ids)`)
 	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_label_ids', m) FROM (SELECT greatest(
+				(SELECT coalesce(max(id), 0) FROM labels), (SELECT coalesce(max(high), 0) FROM id_marks WHERE kind = 'label')) AS m) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_label_ids)`)
+	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_rule_ids', m) FROM (SELECT greatest(
+				(SELECT coalesce(max(id), 0) FROM alert_rules), (SELECT coalesce(max(high), 0) FROM id_marks WHERE kind = 'rule')) AS m) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_rule_ids)`)
+	}
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("postgres: cluster sequences: %w", err)
@@ -226,10 +236,10 @@ func (s *Store) claimDevice(ctx context.Context, rec fleet.DeviceRecord, tr flee
 }
 
 // ClaimProfile implements fleet.ClusterStore.
-func (s *Store) ClaimProfile(ctx context.Context, p fleet.Profile) (fleet.Profile, error) {
+func (s *Store) ClaimProfile(ctx context.Context, p fleet.Profile) (fleet.Profile, bool, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return p, err
+		return p, false, err
 	}
 	defer tx.Rollback(ctx)
 	var id int64
@@ -241,22 +251,22 @@ func (s *Store) ClaimProfile(ctx context.Context, p fleet.Profile) (fleet.Profil
 		if err == nil && !ok {
 			err = fmt.Errorf("postgres: profile %s/%s neither stored nor storable", p.DeviceType, p.Firmware)
 		}
-		return stored, err
+		return stored, false, err
 	}
 	if err != nil {
-		return p, err
+		return p, false, err
 	}
 	p.ID = uint64(id)
 	var q pgx.Batch
 	s.cluster.queueChanges(&q, []fleet.Profile{p}, nil, nil)
 	if err := tx.SendBatch(ctx, &q).Close(); err != nil {
-		return p, err
+		return p, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return p, err
+		return p, false, err
 	}
 	s.cluster.onChange()
-	return p, nil
+	return p, true, nil
 }
 
 const selectProfile = `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles `
@@ -339,6 +349,21 @@ func (s *Store) NextProfileVersion(ctx context.Context) (int64, error) {
 func (s *Store) NextFirmwareID(ctx context.Context) (uint64, error) {
 	var id int64
 	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_firmware_ids')`).Scan(&id)
+	return uint64(id), err
+}
+
+// NextLabelID implements fleet.ClusterStore.
+func (s *Store) NextLabelID(ctx context.Context) (uint64, error) {
+	var id int64
+	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_label_ids')`).Scan(&id)
+	return uint64(id), err
+}
+
+// NextRuleID hands out an alert rule ID no node has used (cluster mode:
+// alert.Options.NextRuleID).
+func (s *Store) NextRuleID(ctx context.Context) (uint64, error) {
+	var id int64
+	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_rule_ids')`).Scan(&id)
 	return uint64(id), err
 }
 

@@ -6,7 +6,9 @@ package storetest
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +17,8 @@ import (
 )
 
 func init() {
-	storeTests = append(storeTests, storeTest{"FirmwareRoundTrip", testFirmwareRoundTrip})
+	storeTests = append(storeTests, storeTest{"FirmwareRoundTrip", testFirmwareRoundTrip},
+		storeTest{"ProfileRevisionsConcurrent", testRevisionsConcurrent})
 	serviceTests = append(serviceTests, serviceTest{"RolloutSurvivesRestart", svcRolloutRestart})
 }
 
@@ -161,5 +164,50 @@ func svcRolloutRestart(t *testing.T, e *env) {
 	h, err := e.svc.ProfileHistory(e.ctx, 1)
 	if err != nil || len(h) != 2 || h[1].By != "alice" {
 		t.Fatalf("history after restart: %+v %v", h, err)
+	}
+}
+
+// testRevisionsConcurrent adds revisions of one profile from many writers
+// at once (servers sharing the database do): each gets its own number,
+// none fails, and the numbers are 1…n without a hole.
+func testRevisionsConcurrent(t *testing.T, h *handle) {
+	ctx := testCtx(t)
+	const writers, each = 8, 5
+	at := time.UnixMilli(1_700_000_000_000).UTC()
+	var mu sync.Mutex
+	got := map[int]string{}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				by := fmt.Sprintf("w%d-%d", w, i)
+				r, err := h.store.AddProfileRevision(ctx, fleet.ProfileRevision{ProfileID: 9, Version: int64(w*each + i),
+					Config: json.RawMessage(`{}`), PushInterval: 200, By: by, At: at})
+				mu.Lock()
+				if err != nil {
+					t.Errorf("writer %d: add revision: %v", w, err)
+				} else if other, dup := got[r.Rev]; dup {
+					t.Errorf("revision %d given to %s and %s", r.Rev, other, by)
+				} else {
+					got[r.Rev] = by
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	all, err := h.store.ProfileRevisions(ctx, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != writers*each {
+		t.Fatalf("%d revisions stored, want %d", len(all), writers*each)
+	}
+	for i, r := range all {
+		if r.Rev != i+1 || got[r.Rev] != r.By {
+			t.Fatalf("revision %d: %+v, the writer was told %q", i+1, r, got[r.Rev])
+		}
 	}
 }

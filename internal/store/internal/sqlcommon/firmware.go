@@ -138,20 +138,39 @@ func (a *Aux) RolloutDevices(ctx context.Context, rolloutID uint64) ([]fleet.Rol
 }
 
 // AddProfileRevision implements fleet.FirmwareStore: the next number of
-// the profile, in one transaction (the primary key refuses a race).
+// the profile, settled by the primary key. Servers sharing the database
+// (cluster mode) may add revisions of one profile at the same moment: both
+// read the same highest number, one insert wins and the other, skipped by
+// the key, reads again in a new transaction (each sees the other's
+// commit) and takes the next number.
 func (a *Aux) AddProfileRevision(ctx context.Context, r fleet.ProfileRevision) (fleet.ProfileRevision, error) {
-	err := a.tx(ctx, func(tx *sql.Tx) error {
-		var n sql.NullInt64
-		if err := tx.QueryRowContext(ctx, a.D.q(`SELECT max(rev) FROM profile_revisions WHERE profile_id = ?`), int64(r.ProfileID)).Scan(&n); err != nil {
+	ins := a.D.q(a.D.insertIgnore(`INSERT INTO profile_revisions (profile_id, rev, version, config, push_interval, by_whom, at, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`))
+	for range revisionTries {
+		stored := false
+		err := a.tx(ctx, func(tx *sql.Tx) error {
+			var n sql.NullInt64
+			if err := tx.QueryRowContext(ctx, a.D.q(`SELECT max(rev) FROM profile_revisions WHERE profile_id = ?`), int64(r.ProfileID)).Scan(&n); err != nil {
+				return err
+			}
+			r.Rev = int(n.Int64) + 1
+			res, err := tx.ExecContext(ctx, ins, int64(r.ProfileID), r.Rev, r.Version, string(r.Config), r.PushInterval, r.By, ms(r.At), r.Note)
+			if err != nil {
+				return err
+			}
+			k, err := res.RowsAffected()
+			stored = k == 1
 			return err
+		})
+		if err != nil || stored {
+			return r, err
 		}
-		r.Rev = int(n.Int64) + 1
-		_, err := tx.ExecContext(ctx, a.D.q(`INSERT INTO profile_revisions (profile_id, rev, version, config, push_interval, by_whom, at, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
-			int64(r.ProfileID), r.Rev, r.Version, string(r.Config), r.PushInterval, r.By, ms(r.At), r.Note)
-		return err
-	})
-	return r, err
+	}
+	return r, fmt.Errorf("profile %d: no free revision number after %d tries", r.ProfileID, revisionTries)
 }
+
+// revisionTries bounds AddProfileRevision's attempts: each one lost means
+// another writer stored a revision of the same profile meanwhile.
+const revisionTries = 50
 
 // ProfileRevisions implements fleet.FirmwareStore.
 func (a *Aux) ProfileRevisions(ctx context.Context, profileID uint64) ([]fleet.ProfileRevision, error) {

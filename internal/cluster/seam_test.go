@@ -1,0 +1,547 @@
+package cluster_test
+
+// Where the cluster meets other features (docs/architecture.md, "Where
+// features meet"): a change taken by one node reaches a device connected
+// to another node the way it reaches one connected to the node that took
+// it (profiles, commands, labels, admission, rollouts), and numbers two
+// nodes could hand out at once (profile revisions) come from the database.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/drover/drover/internal/store/dbtest"
+)
+
+// connection is a device's persistent connection to one node.
+type connection struct {
+	n    *node
+	msgs chan string
+	resp *http.Response // the 101
+}
+
+// dial opens token's persistent connection on n and waits until n holds it.
+func dial(t *testing.T, n *node, token string) *connection {
+	t.Helper()
+	before := n.metric("drover_device_connections")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, resp, err := websocket.Dial(ctx, "ws://"+strings.TrimPrefix(n.base, "http://")+"/api/v1/connect",
+		&websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + token}}})
+	if err != nil {
+		t.Fatalf("connect on %s: %v", n.name, err)
+	}
+	t.Cleanup(func() { ws.CloseNow() })
+	c := &connection{n: n, msgs: make(chan string, 16), resp: resp}
+	go func() {
+		for {
+			_, m, err := ws.Read(context.Background())
+			if err != nil {
+				close(c.msgs)
+				return
+			}
+			c.msgs <- string(m)
+		}
+	}()
+	within(t, 5*time.Second, "connection held on "+n.name, func() bool { return n.metric("drover_device_connections") > before })
+	return c
+}
+
+// drain forgets the nudges received so far.
+func (c *connection) drain() {
+	for {
+		select {
+		case <-c.msgs:
+		default:
+			return
+		}
+	}
+}
+
+// nudged waits for {"type":"push"} on c for at most limit, and says how
+// long it took; what names the change.
+func (c *connection) nudged(t *testing.T, limit time.Duration, start time.Time, what string) time.Duration {
+	t.Helper()
+	select {
+	case m, ok := <-c.msgs:
+		if !ok || m != `{"type":"push"}` {
+			t.Fatalf("connection on %s: %q (open %v)", c.n.name, m, ok)
+		}
+	case <-time.After(limit - time.Since(start)):
+		t.Fatalf("%s: the connection on %s was not told to push within %v", what, c.n.name, limit)
+	}
+	took := time.Since(start)
+	t.Logf("%s: connection on %s told to push after %v", what, c.n.name, took)
+	return took
+}
+
+// answer is the part of a push answer these tests read.
+type answer struct {
+	PushInterval int `json:"push_interval"`
+	Config       *struct {
+		Version int64           `json:"version"`
+		Data    json.RawMessage `json:"data"`
+	} `json:"config"`
+	Commands []struct {
+		ID uint64 `json:"id"`
+	} `json:"commands"`
+}
+
+// pushAt pushes token to n reporting configuration version applied and
+// returns the answer's status and body.
+func pushAt(t *testing.T, n *node, token string, applied int64) (int, answer) {
+	t.Helper()
+	seqMu.Lock()
+	seq[token]++
+	s := seq[token]
+	seqMu.Unlock()
+	st, b := n.do("POST", "/api/v1/push", token, fmt.Sprintf(`{"seq":%d,"config_version":%d,"state":{"uptime":%d}}`, s, applied, 100+s))
+	var a answer
+	if st == 200 {
+		if err := json.Unmarshal(b, &a); err != nil {
+			t.Fatalf("push answer on %s: %s", n.name, b)
+		}
+	}
+	return st, a
+}
+
+// registerAs registers machine on n as deviceType with firmware.
+func registerAs(t *testing.T, n *node, machine, deviceType, firmware string) registration {
+	t.Helper()
+	st, b := n.do("POST", "/api/v1/register", "", fmt.Sprintf(`{"machine_id":%q,"device_type":%q,"firmware":%q,"enrollment_secret":%q}`,
+		machine, deviceType, firmware, secret))
+	var r registration
+	if st != 200 || json.Unmarshal(b, &r) != nil || r.Token == "" {
+		t.Fatalf("register %s on %s: %d %s", machine, n.name, st, b)
+	}
+	return r
+}
+
+// deviceProfile is the profile ID n shows for device id ("" while n does
+// not know the device).
+func deviceProfile(t *testing.T, n *node, id string) string {
+	t.Helper()
+	st, b := n.do("GET", "/api/v1/devices/"+id, adminToken, "")
+	var d struct {
+		ProfileID string `json:"profile_id"`
+	}
+	if st == 404 {
+		return ""
+	}
+	if st != 200 || json.Unmarshal(b, &d) != nil {
+		t.Fatalf("device %s on %s: %d %s", id, n.name, st, b)
+	}
+	return d.ProfileID
+}
+
+// patchProfile changes profile id on n and returns its new version.
+func patchProfile(t *testing.T, n *node, id, body string) int64 {
+	t.Helper()
+	st, b := n.do("PATCH", "/api/v1/profiles/"+id, adminToken, body)
+	var p struct {
+		Version int64 `json:"version"`
+	}
+	if st != 200 || json.Unmarshal(b, &p) != nil {
+		t.Fatalf("profile %s change %s on %s: %d %s", id, body, n.name, st, b)
+	}
+	return p.Version
+}
+
+// TestSeamClusterNudges: a device holding its persistent connection on B
+// is told to push when its profile's configuration or push interval
+// changes, or a command is queued for it, whichever node took the change,
+// and as fast as when B took it; with NATS and without. Label and
+// admission changes taken on A hold at the device's next push on B, as
+// on one server. The 101 carries B's name.
+func TestSeamClusterNudges(t *testing.T) {
+	_, nats, nodes := startCluster(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+	d := registerAs(t, a, "m-seam-nudge", "SEAM-NUDGE", "1.0")
+	prof := deviceProfile(t, a, d.DeviceID)
+	within(t, converge, "B knows the device", func() bool { st, _ := pushAt(t, b, d.Token, 0); return st == 200 })
+	conn := dial(t, b, d.Token)
+	if got := conn.resp.Header.Values("X-Drover-Node"); conn.resp.StatusCode != http.StatusSwitchingProtocols || len(got) != 1 || got[0] != "b" {
+		t.Fatalf("connect on b: %d, X-Drover-Node %q, want b", conn.resp.StatusCode, got)
+	}
+	conn.drain()
+
+	var local time.Duration
+	t.Run("configuration changed on B (the node holding the connection)", func(t *testing.T) {
+		start := time.Now()
+		v := patchProfile(t, b, prof, `{"config":{"ntp":"b.example"}}`)
+		local = conn.nudged(t, converge, start, "configuration changed on b")
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.Config == nil || ans.Config.Version != v {
+			t.Fatalf("push on b after the nudge: %d %+v, want configuration version %d", st, ans, v)
+		}
+	})
+
+	t.Run("configuration changed on A", func(t *testing.T) {
+		start := time.Now()
+		v := patchProfile(t, a, prof, `{"config":{"ntp":"a.example"}}`)
+		took := conn.nudged(t, converge, start, "configuration changed on a")
+		st, ans := pushAt(t, b, d.Token, 0)
+		if st != 200 || ans.Config == nil || ans.Config.Version != v || !strings.Contains(string(ans.Config.Data), "a.example") {
+			t.Fatalf("push on b after the nudge: %d %+v, want configuration version %d", st, ans, v)
+		}
+		t.Logf("nudge through B %v after a change on B, %v after one on A", local, took)
+	})
+
+	t.Run("push interval changed on A", func(t *testing.T) {
+		start := time.Now()
+		patchProfile(t, a, prof, `{"push_interval":90}`)
+		conn.nudged(t, converge, start, "push interval changed on a")
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.PushInterval != 90 {
+			t.Fatalf("push on b after the nudge: %d %+v, want push_interval 90", st, ans)
+		}
+	})
+
+	t.Run("another profile changed on A: no nudge", func(t *testing.T) {
+		other := registerAs(t, a, "m-seam-other", "SEAM-OTHER", "1.0")
+		op := deviceProfile(t, a, other.DeviceID)
+		v := patchProfile(t, a, op, `{"config":{"x":1}}`)
+		within(t, converge, "b applied the other profile's change", func() bool {
+			st, body := b.do("GET", "/api/v1/profiles/"+op, adminToken, "")
+			return st == 200 && strings.Contains(string(body), fmt.Sprintf(`"version":%d`, v))
+		})
+		select {
+		case m := <-conn.msgs:
+			t.Fatalf("connection on b got %q for another profile's change", m)
+		default:
+		}
+	})
+
+	t.Run("command queued on A", func(t *testing.T) {
+		start := time.Now()
+		j := a.send(fmt.Sprintf(`{"kind":"ping","args":["10.0.0.1"],"device_id":%q}`, d.DeviceID))
+		conn.nudged(t, converge, start, "command queued on a")
+		if ids := b.pushWith(d.Token, ""); count(ids, j.ID) != 1 {
+			t.Fatalf("push on b after the nudge: %v, want job %s", ids, j.ID)
+		}
+	})
+
+	t.Run("label assigned on A, command by label sent on B", func(t *testing.T) {
+		st, body := a.do("POST", "/api/v1/labels/assign", adminToken, `{"label":"seam-site","filter":{"q":"m-seam-nudge"}}`)
+		if st != 200 {
+			t.Fatalf("assign on a: %d %s", st, body)
+		}
+		within(t, converge, "b lists the label's device", func() bool {
+			st, body := b.do("GET", "/api/v1/devices?label=seam-site", adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"m-seam-nudge"`)
+		})
+		conn.drain()
+		start := time.Now()
+		j := b.send(`{"kind":"hook","args":["site"],"label":"seam-site"}`)
+		if j.Total != 1 {
+			t.Fatalf("command by label on b targets %d devices, want 1", j.Total)
+		}
+		conn.nudged(t, converge, start, "command by label queued on b")
+		if ids := b.pushWith(d.Token, ""); count(ids, j.ID) != 1 {
+			t.Fatalf("push on b after the nudge: %v, want job %s", ids, j.ID)
+		}
+	})
+
+	t.Run("blocked on A, refused on B; approved on B, accepted on A", func(t *testing.T) {
+		if st, body := a.do("POST", "/api/v1/devices/"+d.DeviceID+"/block", adminToken, ""); st != 200 {
+			t.Fatalf("block on a: %d %s", st, body)
+		}
+		within(t, converge, "b refuses the blocked device", func() bool { st, _ := pushAt(t, b, d.Token, 0); return st == 403 })
+		if st, body := b.do("POST", "/api/v1/devices/"+d.DeviceID+"/approve", adminToken, ""); st != 200 {
+			t.Fatalf("approve on b: %d %s", st, body)
+		}
+		within(t, converge, "a takes the approved device", func() bool { st, _ := pushAt(t, a, d.Token, 0); return st == 200 })
+	})
+
+	t.Run("without NATS, through the change log poll", func(t *testing.T) {
+		nats.stop()
+		within(t, 10*time.Second, "a and b see NATS down", func() bool {
+			return a.metric("drover_cluster_nats_up") == 0 && b.metric("drover_cluster_nats_up") == 0
+		})
+		conn.drain()
+		start := time.Now()
+		v := patchProfile(t, a, prof, `{"config":{"ntp":"poll.example"}}`)
+		conn.nudged(t, converge, start, "configuration changed on a without NATS")
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.Config == nil || ans.Config.Version != v {
+			t.Fatalf("push on b after the nudge: %d %+v, want configuration version %d", st, ans, v)
+		}
+	})
+}
+
+// revisions reads profile id's history on n.
+func revisions(t *testing.T, n *node, id string) []struct {
+	Rev     int    `json:"rev"`
+	Version int64  `json:"version"`
+	Note    string `json:"note"`
+	By      string `json:"by"`
+} {
+	t.Helper()
+	st, b := n.do("GET", "/api/v1/profiles/"+id+"/history", adminToken, "")
+	var h struct {
+		Revisions []struct {
+			Rev     int    `json:"rev"`
+			Version int64  `json:"version"`
+			Note    string `json:"note"`
+			By      string `json:"by"`
+		} `json:"revisions"`
+	}
+	if st != 200 || json.Unmarshal(b, &h) != nil {
+		t.Fatalf("history of profile %s on %s: %d %s", id, n.name, st, b)
+	}
+	return h.Revisions
+}
+
+// TestSeamClusterRevisions: registrations of one new device type and
+// firmware on two nodes at once make one profile with one revision, and
+// changes of one profile on two nodes at once each get their own
+// revision number; labels and alert rules made on two nodes at once each
+// get their own ID: the database allocates them, no node logs a failure.
+func TestSeamClusterRevisions(t *testing.T) {
+	_, _, nodes := startCluster(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+
+	t.Run("one new type and firmware registered on A and B at once", func(t *testing.T) {
+		for round := range 6 {
+			deviceType := fmt.Sprintf("SEAM-REV-%d", round)
+			var regs [2]registration
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i, n := range nodes {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					st, b := n.do("POST", "/api/v1/register", "", fmt.Sprintf(`{"machine_id":"m-rev-%d-%s","device_type":%q,"firmware":"1.0","enrollment_secret":%q}`,
+						round, n.name, deviceType, secret))
+					if st != 200 || json.Unmarshal(b, &regs[i]) != nil {
+						t.Errorf("register on %s: %d %s", n.name, st, b)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
+			prof := deviceProfile(t, a, regs[0].DeviceID)
+			within(t, converge, "both devices on one profile on both nodes", func() bool {
+				for _, n := range nodes {
+					for _, r := range regs {
+						if deviceProfile(t, n, r.DeviceID) != prof {
+							return false
+						}
+					}
+				}
+				return true
+			})
+			for _, n := range nodes {
+				if h := revisions(t, n, prof); len(h) != 1 || h[0].Rev != 1 || h[0].Note != "created empty" {
+					t.Fatalf("round %d: history of profile %s on %s: %+v, want one revision, created empty", round, prof, n.name, h)
+				}
+			}
+		}
+	})
+
+	t.Run("one profile changed on A and B at once", func(t *testing.T) {
+		r := registerAs(t, a, "m-rev-patch", "SEAM-REV-PATCH", "1.0")
+		prof := deviceProfile(t, a, r.DeviceID)
+		within(t, converge, "b knows the profile", func() bool {
+			st, _ := b.do("GET", "/api/v1/profiles/"+prof, adminToken, "")
+			return st == 200
+		})
+		const each = 5
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for k := range each {
+					st, body := n.do("PATCH", "/api/v1/profiles/"+prof, adminToken, fmt.Sprintf(`{"config":{"by":%q,"k":%d}}`, n.name, k))
+					if st != 200 {
+						t.Errorf("change on %s: %d %s", n.name, st, body)
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for _, n := range nodes {
+			h := revisions(t, n, prof)
+			if len(h) != 1+2*each {
+				t.Fatalf("history on %s: %d revisions, want %d: %+v", n.name, len(h), 1+2*each, h)
+			}
+			versions := map[int64]bool{}
+			for i, rv := range h {
+				if rv.Rev != i+1 || versions[rv.Version] {
+					t.Fatalf("history on %s: revision %d is %+v (numbers 1…%d, versions distinct): %+v", n.name, i+1, rv, len(h), h)
+				}
+				versions[rv.Version] = true
+			}
+		}
+	})
+
+	// atOnce runs body(n, k) for k < each on both nodes at the same
+	// moment and wants every answer to be want.
+	atOnce := func(t *testing.T, each, want int, method, path func(n *node, k int) string, body func(n *node, k int) string) {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for k := range each {
+					if st, b := n.do(method(n, k), path(n, k), adminToken, body(n, k)); st != want {
+						t.Errorf("%s %s on %s: %d %s", method(n, k), path(n, k), n.name, st, b)
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+	}
+
+	t.Run("labels made on A and B at once", func(t *testing.T) {
+		registerAs(t, a, "m-rev-labels", "SEAM-REV-LABELS", "1.0")
+		const each = 5
+		post := func(*node, int) string { return "POST" }
+		atOnce(t, each, 200, post, func(*node, int) string { return "/api/v1/labels/assign" }, func(n *node, k int) string {
+			return fmt.Sprintf(`{"label":"%s-%d","filter":{"q":"m-rev-labels"}}`, n.name, k)
+		})
+		// The same name on both nodes at once: one label.
+		atOnce(t, 1, 200, post, func(*node, int) string { return "/api/v1/labels/assign" }, func(*node, int) string {
+			return `{"label":"both","filter":{"q":"m-rev-labels"}}`
+		})
+		for _, n := range nodes {
+			within(t, converge, "every label on "+n.name, func() bool {
+				st, b := n.do("GET", "/api/v1/labels", adminToken, "")
+				var ls struct {
+					Labels []struct {
+						ID      string `json:"id"`
+						Name    string `json:"name"`
+						Devices int    `json:"devices"`
+					} `json:"labels"`
+				}
+				if st != 200 || json.Unmarshal(b, &ls) != nil {
+					t.Fatalf("labels on %s: %d %s", n.name, st, b)
+				}
+				ids := map[string]bool{}
+				for _, l := range ls.Labels {
+					if ids[l.ID] || l.Devices != 1 {
+						t.Fatalf("labels on %s: %s", n.name, b)
+					}
+					ids[l.ID] = true
+				}
+				return len(ls.Labels) == 2*each+1
+			})
+		}
+	})
+
+	t.Run("alert rules made on A and B at once", func(t *testing.T) {
+		const each = 5
+		atOnce(t, each, 201, func(*node, int) string { return "POST" }, func(*node, int) string { return "/api/v1/alerts/rules" }, func(n *node, k int) string {
+			return fmt.Sprintf(`{"name":"hot-%s-%d","kind":"temperature_above","threshold":%d}`, n.name, k, 70+k)
+		})
+		for _, n := range nodes {
+			within(t, 10*time.Second, "every rule on "+n.name, func() bool {
+				st, b := n.do("GET", "/api/v1/alerts/rules", adminToken, "")
+				var rs struct {
+					Rules []struct {
+						ID   string `json:"id"`
+						Name string `json:"name"`
+					} `json:"rules"`
+				}
+				if st != 200 || json.Unmarshal(b, &rs) != nil {
+					t.Fatalf("rules on %s: %d %s", n.name, st, b)
+				}
+				ids := map[string]bool{}
+				for _, r := range rs.Rules {
+					if ids[r.ID] {
+						t.Fatalf("rules on %s: ID %s twice: %s", n.name, r.ID, b)
+					}
+					ids[r.ID] = true
+				}
+				return len(rs.Rules) == 2*each
+			})
+		}
+	})
+
+	for _, n := range nodes {
+		if l := n.logs(); strings.Contains(l, "storing a profile revision failed") || strings.Contains(l, "duplicate key") {
+			t.Errorf("node %s logged a failed revision or a duplicate key:\n%s", n.name, tail(l))
+		}
+	}
+}
+
+// TestSeamClusterRollouts: a rollout made on A is offered to a device
+// pushing on B, the device's upgrade through B moves it to its new
+// firmware's profile on every node, and a change of that profile made on
+// A tells the device's connection on B to push.
+func TestSeamClusterRollouts(t *testing.T) {
+	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url(), "--rollout-interval", "200ms")
+	b := startNode(t, "b", dsn, nats.url(), "--rollout-interval", "200ms")
+	d := registerAs(t, a, "m-seam-roll", "SEAM-ROLL", "1.0")
+	fwd := &fwDevice{r: d, firmware: "1.0"}
+	within(t, converge, "b knows the device", func() bool { st, _ := pushAt(t, b, d.Token, 0); return st == 200 })
+	fwd.push(t, a, "")
+	conn := dial(t, b, d.Token)
+
+	req, _ := http.NewRequest("POST", a.base+"/api/v1/firmware", strings.NewReader(`{"device_type":"SEAM-ROLL","version":"2.0","sha256":"`+
+		strings.Repeat("ab", 32)+`","size":1024,"url":"https://files.example/seam-2.0.bin"}`))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	st := resp.StatusCode
+	var fw struct {
+		ID uint64 `json:"id,string"`
+	}
+	if st != 201 || json.Unmarshal(body, &fw) != nil {
+		t.Fatalf("firmware on a: %d %s", st, body)
+	}
+	st, body = a.do("POST", "/api/v1/rollouts", adminToken, fmt.Sprintf(`{"firmware_id":%d,"filter":"device_type=SEAM-ROLL","waves":["100%%"]}`, fw.ID))
+	var ro rolloutView
+	if st != 201 || json.Unmarshal(body, &ro) != nil || ro.Total != 1 {
+		t.Fatalf("rollout on a: %d %s", st, body)
+	}
+	var o *offer
+	within(t, 15*time.Second, "b offers the rollout made on a", func() bool {
+		o = fwd.push(t, b, "")
+		return o != nil
+	})
+	if o.Rollout != ro.ID || o.Version != "2.0" {
+		t.Fatalf("offer on b: %+v", o)
+	}
+	fwd.push(t, b, fmt.Sprintf(`{"rollout":%d,"state":"installing"}`, ro.ID))
+	fwd.firmware = "2.0"
+	fwd.push(t, b, "")
+	var prof string
+	within(t, 10*time.Second, "the upgrade through b counted on a, the device on its new profile", func() bool {
+		v := getRollout(t, a, ro.ID)
+		prof = deviceProfile(t, a, d.DeviceID)
+		return v.Counts["verified"] == 1 && prof != "" && prof == deviceProfile(t, b, d.DeviceID) && len(revisions(t, a, prof)) > 0 &&
+			strings.Contains(revisions(t, a, prof)[0].Note, "inherited")
+	})
+	conn.drain()
+	start := time.Now()
+	v := patchProfile(t, a, prof, `{"config":{"after":"2.0"}}`)
+	conn.nudged(t, converge, start, "the upgraded device's new profile changed on a")
+	if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.Config == nil || ans.Config.Version != v {
+		t.Fatalf("push on b after the nudge: %d %+v, want configuration version %d", st, ans, v)
+	}
+}
