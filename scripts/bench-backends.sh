@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Backend x persistence-mode benchmark (issue 3): registrations/s and
+# Backend x persistence-mode benchmark: registrations/s and
 # pushes/s over HTTPS keep-alive (wrk -t2 -c64, the scripts of
 # bench-core.sh), and RSS per device, for SQLite, PostgreSQL and MariaDB in
 # memory, write-through and write-back modes, same load, same run.

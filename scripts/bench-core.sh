@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Server-core benchmark (issues 2 and 11): pushes/s and registrations/s of
+# Server-core benchmark: pushes/s and registrations/s of
 # `drover serve` measured next to nginx `return 200` (same certificate) and a
 # bare Go net/http handler, on the same machine in the same run, medians of
 # the runs, interleaved:
 #   - keep-alive (wrk): Drover write-through (SQLite) and memory mode against
-#     nginx HTTPS (issue 11 point 2: at least 0.6x and 0.8x), nginx and the
+#     nginx HTTPS (the keep-alive targets: at least 0.6x and 0.8x), nginx and the
 #     bare servers (net/http, fasthttp) sent the very push requests Drover
 #     gets (rows "push requests"), and, for reference, a bodiless GET;
 #   - a new connection per push (the emulator, closed loop, the same client
 #     for every target): Drover HTTPS with a full TLS handshake per push
-#     against nginx's full-handshake rate (point 3: at least 0.9x), and with
+#     against nginx's full-handshake rate (the new-connection target: at least 0.9x), and with
 #     resumed TLS sessions against full handshakes (at least 1.5x), once per
 #     TLS key exchange of -K (the emulator's --tls-key-exchange; nginx and
 #     Drover accept each);
@@ -211,7 +211,7 @@ echo
 [ "$keepalive" = 1 ] && awk -v a="${med[drover push, https]}" -v b="${med[nginx return 200, https, push requests]}" -v g="${med[nginx return 200, https]}" \
   -v c="${med[go net/http bare, https, push requests]}" -v f="${med[fasthttp bare, https, push requests]}" -v d="${med[drover push, http]}" -v e="${med[nginx return 200, http]}" \
   -v m="${med[drover push, https, memory]}" \
-  'BEGIN {printf "keep-alive, nginx sent the same push requests: drover push write-through / nginx (https): %.2f (issue 11: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
+  'BEGIN {printf "keep-alive, nginx sent the same push requests: drover push write-through / nginx (https): %.2f (target: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
           printf "  bare net/http / nginx: %.2f; bare fasthttp / nginx: %.2f (https, push requests)\n", c/b, f/b
           printf "against nginx answering a bodiless GET: write-through %.2f, memory %.2f (https); drover push / nginx (http): %.2f\n", a/g, m/g, d/e}'
 if [ "$newconn" = 1 ]; then
@@ -219,7 +219,7 @@ if [ "$newconn" = 1 ]; then
     awk -v kx="$kx" -v n="${med[drover push, https, new connection, $kx]}" -v g="${med[nginx return 200, https, new connection, $kx]}" \
       -v r="${med[drover push, https, resumed session, $kx]}" -v gr="${med[nginx return 200, https, resumed session, $kx]}" \
       'function q(a, b) { return b > 0 ? a / b : 0 }
-       BEGIN {printf "new connection, %s: drover full handshake / nginx full handshake: %.2f (issue 11: >= 0.9); drover resumed / drover full: %.2f (>= 1.5); nginx resumed / nginx full: %.2f\n", kx, q(n, g), q(r, n), q(gr, g)}'
+       BEGIN {printf "new connection, %s: drover full handshake / nginx full handshake: %.2f (target: >= 0.9); drover resumed / drover full: %.2f (>= 1.5); nginx resumed / nginx full: %.2f\n", kx, q(n, g), q(r, n), q(gr, g)}'
   done
 fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The emulator's own CPU per push (issue 11): two emulator builds, the
+# The emulator's own CPU per push: two emulator builds, the
 # commit BASE (default main's merge base before the lean dialer, 3cedf0e)
 # and the work tree, alternated in one run against a cheap reference server
 # (tools/barehttp: Go net/http answering every request with a fixed body),

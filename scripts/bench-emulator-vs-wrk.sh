@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Emulator efficiency (issue 4): `drover emulate` against wrk, keep-alive,
+# Emulator efficiency: `drover emulate` against wrk, keep-alive,
 # same connections, same request (POST /api/v1/push with a device's token
 # and a router state), on the same endpoints in the same run:
 #   - nginx `return 200` over HTTP (a throwaway nginx in a temp dir),

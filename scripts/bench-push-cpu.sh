@@ -1,5 +1,5 @@
 #!/bin/bash
-# Server CPU per push over plain HTTP with a new connection per push (issue 11):
+# Server CPU per push over plain HTTP with a new connection per push (as the fleet test):
 # starts `drover serve` (SQLite write-through, --push-interval 10, default
 # quotas) in a fresh data directory, registers N devices, runs the emulator's
 # fleet mode (N devices, one push each per INTERVAL, for DURATION, from 16

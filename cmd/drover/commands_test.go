@@ -65,7 +65,7 @@ func TestConfigBadDuration(t *testing.T) {
 	}
 }
 
-// The upgrade trap of issue 13: `drover migrate --config prod.toml` must
+// The upgrade trap: `drover migrate --config prod.toml` must
 // migrate the database prod.toml names, not create ./drover-data/drover.db.
 func TestMigrateUsesTheConfigFile(t *testing.T) {
 	dir := t.TempDir()

@@ -30,7 +30,7 @@ func perf_(ctx context.Context, args []string, env command.Env) error {
 commands:
   list                          the presets of the test matrix
   run [flags] NAME...           run presets and write their protocols
-  fleet [flags]                 issue 11's fleet test (the Fleet-1M preset): run --scale 0.2 for 200,000 devices
+  fleet [flags]                 the fleet test (the Fleet-1M preset): run --scale 0.2 for 200,000 devices
   report RESULT.json...         render protocols again from result files
   compare PREVIOUS CURRENT      version comparison (result files or directories)
   summary DIR...                a Markdown index of results (verdicts, figures, environments, breaking points)

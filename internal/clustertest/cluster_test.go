@@ -201,7 +201,7 @@ func (l *lab) pauseNATS(t *testing.T) {
 	fresh := l.registerProbe(t, first.url, "nats-probe-new", "", "")
 	// Without NATS, other nodes learn a change from the change log, which
 	// they read every 250 ms: a revoked credential may still be accepted
-	// for up to 1 s after the change (issue 12's bound), never later. A
+	// for up to 1 s after the change (the cluster's bound), never later. A
 	// valid credential is never refused (a node checks the database first).
 	changed := time.Now()
 	const bound = time.Second

@@ -117,7 +117,7 @@ type WriteThroughOptions struct {
 	// (0: a commit starts as soon as the previous one ended). Writes that
 	// arrive meanwhile wait and are committed together, so that a server
 	// far from saturated makes fewer, larger commits, each cheaper per
-	// record (docs/performance.md, "Session 8: group-commit pacing"). A
+	// record (docs/performance.md, "Commit interval and commit batch"). A
 	// write that finds the last commit started an interval or more ago is
 	// committed at once, and so is everything pending on Close or when
 	// half of MaxPending is pending.

@@ -102,10 +102,10 @@ type Calc struct {
 	Ideal080, Safe080 int
 	Lowest            float64
 
-	// registrar test (issue 16.5), one cell per persistence × handlers × machine IDs
+	// registrar test, one cell per persistence × handlers × machine IDs
 	Cells []registrarCell
 
-	// fleet test (issue 11 point 1)
+	// fleet test
 	Checks       []check
 	MedianPerSec float64 // accepted pushes per second, median of the complete seconds
 	MinPerSec    float64
@@ -127,7 +127,7 @@ type check struct {
 	OK       bool
 }
 
-// Fleet test criteria (issue 11 point 1).
+// Fleet test criteria (docs/perf.md, the fleet test).
 const (
 	fleetMaxP99Ms        = 1000.0 // latency from the intended send time
 	fleetMinRateOfMedian = 0.8    // every second's accepted pushes against the median second
@@ -339,7 +339,7 @@ func computeRows(r *Result, c *Calc) {
 	}
 }
 
-// computeFleet checks issue 11's criteria: nothing rejected or dropped, p99
+// computeFleet checks the fleet test's criteria: nothing rejected or dropped, p99
 // latency from the intended send time, every second's throughput against
 // the median second, server RSS per device at the end.
 func computeFleet(r *Result, c *Calc) {
@@ -384,13 +384,13 @@ func computeFleet(r *Result, c *Calc) {
 		part.After.RSSMiB > 0 && judged <= fleetMaxBytesPerDev)
 }
 
-// Overload test criteria (issue 11 point 4).
+// Overload test criteria (docs/perf.md, the overload test).
 const (
 	overloadMinOfCapacity = 0.9 // accepted pushes per second, median second, against the capacity
 	overloadMaxSameRetry  = 0.6 // the largest share of 503 answers with one Retry-After value
 )
 
-// computeOverload checks issue 11 point 4: offered OverloadFactor × the
+// computeOverload checks the overload test: offered OverloadFactor × the
 // capacity, the server still accepts at least 0.9 × the capacity, and its
 // 503 answers spread their Retry-After.
 func computeOverload(r *Result, c *Calc) {

@@ -19,15 +19,15 @@ const (
 	stability kind = "stability"
 	benchmark kind = "benchmark"
 	peak      kind = "peak"
-	// fleet is issue 11's fleet test: the fleet registers (not measured),
+	// fleet is the fleet test: the fleet registers (not measured),
 	// then every device pushes once per loop time, plain HTTP, a new
 	// connection per push, with pass/fail criteria of its own (FleetChecks).
 	fleet kind = "fleet"
-	// overload is issue 11 point 4: the fleet registers, the test measures
+	// overload is the overload test: the fleet registers, the test measures
 	// the server's capacity (closed loop), then offers OverloadFactor × it
 	// open loop and checks that the accepted throughput holds.
 	overload kind = "overload"
-	// rollout is issue 15.5: the fleet registers (not measured) and pushes
+	// rollout is the rollout test: the fleet registers (not measured) and pushes
 	// open loop while a firmware rollout to every device runs (rollout.go).
 	rollout kind = "rollout"
 )
@@ -106,24 +106,24 @@ func presets() []Preset {
 		}
 	}
 	ps = append(ps, Preset{Name: FleetPreset, Kind: fleet, Devices: 1_000_000, Threads: 15000, Duration: 10 * time.Minute,
-		LoopTime: defaultLoopTime, Note: "issue 11: 1,000,000 devices every 200 s, plain HTTP, a new connection per push"})
+		LoopTime: defaultLoopTime, Note: "the fleet test: 1,000,000 devices every 200 s, plain HTTP, a new connection per push"})
 	// 100,000 devices: at a capacity of a few thousand pushes/s, each
 	// device's interval stays far above the latency under overload, so
 	// that devices still busy do not thin out the offered load.
 	ps = append(ps, Preset{Name: "Overload-1.5x", Kind: overload, Devices: 100_000, Threads: 64, Duration: time.Minute,
 		LoopTime: defaultLoopTime, // the server's push interval; the test's own follows from the capacity
-		Note:     "issue 11: capacity (closed loop, 64 workers, 20 s), then 1.5 × capacity offered open loop; plain HTTP, a new connection per push"})
+		Note:     "the overload test: capacity (closed loop, 64 workers, 20 s), then 1.5 × capacity offered open loop; plain HTTP, a new connection per push"})
 	// 10,000 devices pushing every 30 s take a 16 MiB artifact in waves of
 	// 1 %, 10 %, 100 %, at most 1,000 at once, each over a 512 KiB/s link
 	// that drops 5 % of the attempts; the duration is a time limit.
 	ps = append(ps, Preset{Name: "Rollout-10k", Kind: rollout, SSL: true, Devices: 10_000, Threads: 2000, Duration: 45 * time.Minute,
 		LoopTime: 30, Rollout: &rolloutSpec{ArtifactMiB: 16, Waves: []string{"1%", "10%", "100%"}, MaxDownloads: 1000, LinkBps: 512 << 10, FailRate: 0.05},
-		Note: "issue 15.5: a 16 MiB firmware to every device in three waves, at most 1,000 downloads at once, 512 KiB/s per device, 5 % of download attempts cut and resumed"})
+		Note: "the rollout test: a 16 MiB firmware to every device in three waves, at most 1,000 downloads at once, 512 KiB/s per device, 5 % of download attempts cut and resumed"})
 	ps = append(ps, registrarPresetDef())
 	return ps
 }
 
-// FleetPreset is the name of issue 11's fleet test (`drover perf fleet`).
+// FleetPreset is the name of the fleet test (`drover perf fleet`).
 const FleetPreset = "Fleet-1M"
 
 // Lookup finds a preset by name, case-insensitively.

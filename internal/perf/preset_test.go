@@ -23,10 +23,10 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 		"Bench-6-SSL": {1200, 6, 0, true}, "Bench-6-noSSL": {1200, 6, 0, false}, "Bench-12-SSL": {2400, 12, 0, true},
 		"Bench-12-noSSL": {2400, 12, 0, false}, "Bench-24-SSL": {4800, 24, 0, true}, "Bench-24-noSSL": {4800, 24, 0, false},
 		"Bench-48-SSL": {9600, 48, 0, true}, "Bench-48-noSSL": {9600, 48, 0, false},
-		FleetPreset:     {1_000_000, 15000, 10, false}, // issue 11's fleet test
-		"Overload-1.5x": {100_000, 64, 1, false},       // issue 11's overload test
-		"Rollout-10k":   {10_000, 2000, 45, true},      // issue 15.5
-		RegistrarPreset: {1_000_000, 8, 0, false},      // issue 16.5
+		FleetPreset:     {1_000_000, 15000, 10, false}, // the fleet test
+		"Overload-1.5x": {100_000, 64, 1, false},       // the overload test
+		"Rollout-10k":   {10_000, 2000, 45, true},      // the rollout test
+		RegistrarPreset: {1_000_000, 8, 0, false},      // the registrar tables
 	}
 	for _, m := range []string{"R", "D", "F"} {
 		for _, n := range []string{"64", "256", "1024"} {

@@ -11,7 +11,7 @@ import (
 	"github.com/drover/drover/internal/render/doc"
 )
 
-// registrar is issue 16 point 5, the seed's registrar tables: registrations
+// registrar is the seed's registrar tables: registrations
 // per second by persistence mode × server handler threads × machine-ID
 // kind, each cell repeated on a fresh server, with the spread of the runs.
 const registrar kind = "registrar"
@@ -33,7 +33,7 @@ const registrarRepeats = 2
 func registrarPresetDef() Preset {
 	return Preset{Name: RegistrarPreset, Kind: registrar, Devices: 1_000_000, Threads: 8, Handlers: []int{1, 2},
 		Repeats: registrarRepeats, LoopTime: defaultLoopTime,
-		Note: "issue 16.5: registrations/s by persistence mode × handler threads × machine IDs (sequential, random), each cell on a fresh server, repeated"}
+		Note: "the registrar tables: registrations/s by persistence mode × handler threads × machine IDs (sequential, random), each cell on a fresh server, repeated"}
 }
 
 // runRegistrar runs every cell of the registrar matrix Repeats times: one

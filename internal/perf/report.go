@@ -308,8 +308,7 @@ func stabilitySections(d *doc.Doc, r *Result, c *Calc) {
 	d.Table(t)
 }
 
-// overloadSection is an overload test's capacity phase and criteria
-// (issue 11 point 4).
+// overloadSection is an overload test's capacity phase and criteria.
 func overloadSection(d *doc.Doc, r *Result, c *Calc) {
 	checksTable(d, "Overload test criteria", c)
 	if len(r.Parts) == 0 || r.Parts[0].Capacity == nil {
@@ -331,7 +330,7 @@ func overloadSection(d *doc.Doc, r *Result, c *Calc) {
 	opBreakdown(d, r)
 }
 
-// fleetSection is a fleet test's criteria (issue 11 point 1).
+// fleetSection is a fleet test's criteria.
 func fleetSection(d *doc.Doc, r *Result, c *Calc) {
 	checksTable(d, "Fleet test criteria", c)
 	if len(r.Parts) > 0 {
@@ -658,13 +657,13 @@ func notes(r *Result, c *Calc) []string {
 			fmt.Sprintf("Each device pushes once per %d s at its own phase (open loop); at most %d requests are in flight at once (the emulator threads).", p.LoopTime, p.Threads))
 	case fleet:
 		n = append(n,
-			"Issue 11's fleet test: the devices register first (a storm on kept-alive connections, not measured; the RSS before the test is that of the registered fleet), then each pushes once per loop time at its own phase (open loop), over plain HTTP with a new TCP connection per push. Latency counts from each push's intended send time, so a late send counts against the server.",
+			"The fleet test: the devices register first (a storm on kept-alive connections, not measured; the RSS before the test is that of the registered fleet), then each pushes once per loop time at its own phase (open loop), over plain HTTP with a new TCP connection per push. Latency counts from each push's intended send time, so a late send counts against the server.",
 			fmt.Sprintf("At most %s pushes are in flight at once; beyond, sends wait (and are late). Rejected counts every error status, including 503/429 answers the emulator retried after their Retry-After; dropped counts pushes without an answer, not sent (device still busy or unregistered) or cut off at the end.", gi(p.Threads)),
 			"Per-second throughput: accepted pushes per chart bucket, over the buckets wholly inside the schedule, which starts when the emulator's clock starts (after it built its devices) and lasts the duration (the first and the last bucket are partial and left out). RSS per device: the server's RSS at the end divided by the devices.",
 			"Scaled runs (`--scale F`) keep the loop time and the duration: F × the devices and F × the pushes per second.")
 	case overload:
 		n = append(n,
-			fmt.Sprintf("Issue 11's overload test: the devices register first (not measured); then %d workers push back to back for %s (a new connection per push, as the test's connections): the capacity is their accepted pushes per second. Then the fleet offers %s × that, open loop (each device once per interval at its own phase), for the duration; the emulator retries 503/429 answers after their Retry-After plus up to half again of random jitter (at most 5 retries), as the agent does.", p.Threads, fmtDuration(capacityTime), render.Fixed(overloadFactor, 1)),
+			fmt.Sprintf("The overload test: the devices register first (not measured); then %d workers push back to back for %s (a new connection per push, as the test's connections): the capacity is their accepted pushes per second. Then the fleet offers %s × that, open loop (each device once per interval at its own phase), for the duration; the emulator retries 503/429 answers after their Retry-After plus up to half again of random jitter (at most 5 retries), as the agent does.", p.Threads, fmtDuration(capacityTime), render.Fixed(overloadFactor, 1)),
 			"Accepted per second: the median of the chart's buckets wholly inside the overload phase. Retry-After spread: every 503/429 answer of the overload phase counted by its Retry-After value.")
 	case benchmark:
 		n = append(n, fmt.Sprintf("Elapsed time runs from the first push to the last answer of the %d loops; registration is before it and not counted. Pushes/s = accepted pushes / elapsed (devices × loops / elapsed when all are accepted).", p.Loops),

@@ -1,6 +1,6 @@
 package perf
 
-// The rollout test (issue 15.5, docs/perf.md#rollout-10k): the fleet
+// The rollout test (docs/perf.md#rollout-10k): the fleet
 // registers (not measured) and pushes open loop; the suite uploads an
 // artifact of random bytes and starts a rollout to every device; the
 // emulated devices download the real bytes (docs/emulator.md, "Firmware

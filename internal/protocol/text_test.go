@@ -146,7 +146,8 @@ func TestTextAccepted(t *testing.T) {
 }
 
 // Distinct accepted byte strings decode to distinct machine IDs; the three
-// strings of issue 19 are two refusals and one machine.
+// strings that once became one machine ID (the invalid bytes FF and FE, and
+// the escape \uFFFD) are two refusals and one machine.
 func TestTextNoMerge(t *testing.T) {
 	seen := map[string]string{}
 	for _, raw := range []string{"u\xff", "u\xfe", `u\uFFFD`, "u\uFFFD", `u\uD800`, `u\uDFFF`, "u\xed\xa0\x80", "u\xc0\xaf", "u/", `u\/`, "u\xef\xbf\xbd"} {

@@ -1,6 +1,6 @@
 package server_test
 
-// The abuse test and benchmark (issue 19): one device token pushing at full
+// The abuse test and benchmark: one device token pushing at full
 // speed on several keep-alive connections while an emulated fleet pushes on
 // its interval. The fleet and the attacker run in processes of their own (this
 // test binary again, TestAbuseLoadProcess), so that the test process is the

@@ -129,12 +129,12 @@ type Config struct {
 }
 
 // DefaultCommitInterval is the default -commit-interval (docs/performance.md,
-// "Session 8: group-commit pacing").
+// "Commit interval and commit batch").
 const DefaultCommitInterval = 5 * time.Millisecond
 
 // DefaultCommitBatch is the default -commit-batch, in records (a push is
-// two: its state and its history sample); docs/performance.md, "Session
-// 12: a full batch commits at once".
+// two: its state and its history sample); docs/performance.md, "Commit
+// interval and commit batch".
 const DefaultCommitBatch = 64
 
 // MaxCommitInterval is the largest -commit-interval: every write-through

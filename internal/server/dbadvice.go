@@ -19,8 +19,8 @@ type innodbSizer interface {
 
 // From largeFleet devices on, PostgreSQL's default max_wal_size (1 GB) is
 // full within tens of seconds of pushes, and each checkpoint's writes stall
-// commits (docs/persistence.md, docs/performance.md "Session 11: PostgreSQL
-// with room for its checkpoints").
+// commits (docs/persistence.md, docs/performance.md "The fleet test on
+// PostgreSQL").
 const (
 	largeFleet = 100_000
 	roomyWAL   = 4 << 30
@@ -30,7 +30,7 @@ const (
 // devices (about 1.5 KB with a 750-byte state, index included, measured at
 // 1,000,000 devices) and a share of the newest history pages. A pool
 // smaller than the devices table makes most pushes read their row from
-// disk (docs/performance.md "Session 14: MariaDB and the million").
+// disk (docs/performance.md "The fleet test on MariaDB").
 const poolPerDevice = 2 << 10
 
 // roomyRedoLog is the InnoDB redo log a large fleet wants: on the default

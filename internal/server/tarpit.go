@@ -1,7 +1,7 @@
 package server
 
-// Over-quota pushes cost the server next to nothing (issue 19;
-// docs/operations.md, "Quotas"). A push over its device's quota is refused
+// Over-quota pushes cost the server next to nothing (docs/operations.md,
+// "Quotas"). A push over its device's quota is refused
 // before a request slot is taken and before its body is read, with a 429
 // whose body was encoded once, counted and never logged. After such a 429,
 // the next over-quota push on the same keep-alive connection is held (a

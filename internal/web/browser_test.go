@@ -483,6 +483,21 @@ func TestBrowser(t *testing.T) {
 	} else {
 		resp.Body.Close()
 	}
+	do("firmware list", chromedp.Navigate(base+"firmware"), chromedp.WaitVisible(id("firmware")))
+	if f := text("#firmware"); !strings.Contains(f, "ICR-4461") || !strings.Contains(f, "7.0.0") {
+		t.Fatalf("firmware list %q", f)
+	}
+	shot("firmware")
+	do("users page", chromedp.Navigate(base+"users"), chromedp.WaitVisible(id("users")))
+	if u := text("#users"); !strings.Contains(u, "vera") || !strings.Contains(u, "viewer") {
+		t.Fatalf("users %q", u)
+	}
+	shot("users")
+	do("audit page", chromedp.Navigate(base+"audit"), chromedp.WaitVisible(id("audit")))
+	if a := text("#audit"); !strings.Contains(a, "vera") || !strings.Contains(a, "rollouts") {
+		t.Fatalf("audit log %q", a)
+	}
+	shot("audit")
 	do("log out", chromedp.Submit(css("form.logout")), chromedp.WaitVisible(id("password")))
 	do("log in as a viewer", chromedp.SetValue(id("username"), "vera"), chromedp.SendKeys(id("password"), "vera-password"),
 		chromedp.Submit(id("login")), chromedp.WaitVisible(id("status")))
