@@ -36,6 +36,7 @@ type quotaSeam struct {
 	c             *http.Client
 	admin, secret string
 	cmdHook, hook string
+	root, reboot  string // the agents' /proc, /sys and /etc; the reboot command
 	deviceID      string
 	profileID     string
 	// The agents' logs, one after another.
@@ -74,6 +75,16 @@ func newQuotaSeam(t *testing.T) *quotaSeam {
 		t.Fatal(err)
 	}
 	s.hook = "cat >" + filepath.Join(dir, "applied.json")
+	s.root = t.TempDir()
+	if err := os.CopyFS(s.root, os.DirFS("../../internal/agent/testdata/root")); err != nil {
+		t.Fatal(err)
+	}
+	// A reboot: the agent stops, and the uptime it reads starts again.
+	s.reboot = filepath.Join(dir, "reboot")
+	script := fmt.Sprintf("#!/bin/sh\necho '5.00 9.00' >%s\nkill -TERM $PPID\n", filepath.Join(s.root, "proc", "uptime"))
+	if err := os.WriteFile(s.reboot, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent log:\n%s", s.agentLog())
@@ -133,6 +144,9 @@ type seamDevice struct {
 	ProfileID string `json:"profile_id"`
 	Seq       uint64 `json:"seq"`
 	SyncState string `json:"sync_state"`
+	State     struct {
+		Uptime int64 `json:"uptime"`
+	} `json:"state"`
 }
 
 func (s *quotaSeam) device() seamDevice {
@@ -157,12 +171,12 @@ func (s *quotaSeam) registered() {
 	s.api("PATCH", "/api/v1/profiles/"+s.profileID, `{"push_interval":600}`, 200, nil)
 }
 
-// command sends a set-config command to the device; it returns the job's
-// ID.
-func (s *quotaSeam) command(value string) string {
+// command sends the device a command; it returns the job's ID.
+func (s *quotaSeam) command(kind string, args ...string) string {
 	s.t.Helper()
+	body, _ := json.Marshal(map[string]any{"device_id": s.deviceID, "kind": kind, "args": args})
 	var job struct{ ID string }
-	s.api("POST", "/api/v1/commands", fmt.Sprintf(`{"device_id":%q,"kind":"set-config","args":["apn",%q]}`, s.deviceID, value), 201, &job)
+	s.api("POST", "/api/v1/commands", string(body), 201, &job)
 	return job.ID
 }
 
@@ -241,8 +255,8 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 func (s *quotaSeam) goAgent(state string, n int) *proc {
 	s.t.Helper()
 	a := s.agent(os.Environ(), droverBin, "agent", "--server", s.base, "--enroll-secret", s.secret,
-		"--ca-cert", s.cert(), "--state-dir", state, "--root", "../../internal/agent/testdata/root", "--connect",
-		"--commands", "set-config", "--command-hook", s.cmdHook, "--hook", s.hook, "--log-level", "debug")
+		"--ca-cert", s.cert(), "--state-dir", state, "--root", s.root, "--connect", "--commands", "set-config,reboot",
+		"--reboot-command", s.reboot, "--command-hook", s.cmdHook, "--hook", s.hook, "--log-level", "debug")
 	s.within(30*time.Second, "the agent's persistent connection", func() bool {
 		return strings.Count(s.agentLog(), "persistent connection up") >= n
 	})
@@ -258,7 +272,7 @@ func TestSeamQuotaCommandsOverConnection(t *testing.T) {
 	s.registered()
 	var prev string
 	for i := range 10 {
-		id := s.command(fmt.Sprint(i))
+		id := s.command("set-config", "apn", fmt.Sprint(i))
 		s.commandReached(id, "delivered", quotaPrompt)
 		if prev != "" {
 			s.commandReached(prev, "succeeded", quotaPrompt)
@@ -273,7 +287,8 @@ func TestSeamQuotaCommandsOverConnection(t *testing.T) {
 }
 
 // A Go agent restarted twice, sent a new configuration and a command, all
-// within a minute, three times over: never a 429, never an offender.
+// within a minute, three times over, then rebooted by a command: never a
+// 429, never an offender.
 func TestSeamQuotaRestartsAppliesAndResults(t *testing.T) {
 	s := newQuotaSeam(t)
 	state := t.TempDir()
@@ -289,9 +304,23 @@ func TestSeamQuotaRestartsAppliesAndResults(t *testing.T) {
 			s.within(quotaPrompt, "the push after a restart", func() bool { return s.device().Seq > seq })
 		}
 		s.configure(fmt.Sprint("round ", round))
-		id := s.command(fmt.Sprint(round))
+		id := s.command("set-config", "apn", fmt.Sprint(round))
 		s.commandReached(id, "succeeded", quotaPrompt)
 	}
+	// A reboot command: its result, then the device reboots (the agent
+	// stops, its uptime starts again) and pushes at once when it is back.
+	s.commandReached(s.command("reboot"), "succeeded", quotaPrompt)
+	select {
+	case err := <-a.exited:
+		if err != nil {
+			t.Fatalf("the agent's reboot: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reboot command did not stop the agent")
+	}
+	seq := s.device().Seq
+	s.goAgent(state, ups+1)
+	s.within(quotaPrompt, "the push after the reboot", func() bool { d := s.device(); return d.Seq > seq && d.State.Uptime == 5 })
 	s.noQuotaHits(s.agentLog())
 }
 
@@ -318,7 +347,7 @@ func TestSeamQuotaShellAgent(t *testing.T) {
 	env := append(os.Environ(), "TMPDIR="+t.TempDir())
 	run := func() *proc {
 		return s.agent(env, bb, "sh", script, "--server", s.base, "--enroll-secret", s.secret,
-			"--ca-cert", s.cert(), "--state-dir", state, "--root", "../../internal/agent/testdata/root",
+			"--ca-cert", s.cert(), "--state-dir", state, "--root", s.root,
 			"--commands", "set-config", "--command-hook", s.cmdHook, "--hook", s.hook, "--log-level", "debug")
 	}
 	a := run()
@@ -327,7 +356,7 @@ func TestSeamQuotaShellAgent(t *testing.T) {
 		a.stop(t)
 		var p struct{ Version int64 }
 		s.api("PATCH", "/api/v1/profiles/"+s.profileID, fmt.Sprintf(`{"config":{"apn":"round %d"}}`, round), 200, &p)
-		id := s.command(fmt.Sprint(round))
+		id := s.command("set-config", "apn", fmt.Sprint(round))
 		a = run()
 		s.commandReached(id, "succeeded", 10*time.Second) // a shell agent starts slowly
 		s.within(quotaPrompt, "the configuration applied", func() bool { return s.device().SyncState == "synchronized" })
