@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -234,8 +235,26 @@ func (s *quotaSeam) agent(env []string, argv ...string) *proc {
 	if err := a.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
-	go func() { a.exited <- a.cmd.Wait() }()
-	s.t.Cleanup(func() { a.cmd.Process.Kill() })
+	done := make(chan struct{})
+	go func() {
+		a.exited <- a.cmd.Wait()
+		close(done)
+	}()
+	s.t.Cleanup(func() {
+		// SIGTERM: the agent ends its children too, before its files go.
+		select {
+		case <-done:
+			return
+		default:
+		}
+		a.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			a.cmd.Process.Kill()
+			<-done
+		}
+	})
 	return a
 }
 

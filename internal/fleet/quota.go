@@ -19,11 +19,12 @@ package fleet
 //
 // Only the pushes a device chose to send count (docs/protocol.md, "Push
 // quota"). A push the server asked for is never refused and leaves pushTAT
-// as it was: device.asked counts the pushes the server is owed, one per
-// nudge written to the device's connection, per command delivered in an
-// answer (its result must follow) and per configuration version sent (the
-// agent pushes again once it applied it), each known before the body is
-// read; the next pushes take them, whatever they carry. A device cannot
+// as it was: device.asked counts the pushes the server asked for and did
+// not have yet, one per nudge written to the device's connection, per
+// command delivered in an answer (its result must follow) and per
+// configuration version sent (the agent pushes again once it applied it),
+// each known before the body is read; the next pushes take them, whatever
+// they carry (a free start takes none). A device cannot
 // earn any itself: a version sent again (its tag is in device.marks) owes
 // nothing. The first push after the device booted (state.uptime) or after
 // its agent started ("started") is not counted either, unless the push
@@ -232,25 +233,32 @@ func isStart(started bool, uptime *int64, lastSeen, now int64) bool {
 	return started || uptime != nil && lastSeen != 0 && *uptime < (now-lastSeen)/int64(time.Second)-2
 }
 
+// Why a push is free (pushFree), or not.
+const (
+	counted   = iota // one of the device's own
+	freeStart        // the first after a start (isStart), not right after another
+	freeAsked        // the server asked for it (device.asked)
+)
+
 // pushFree decides a push of d at now (d.mu held) as pushCheck does, and
-// says whether it is free: asked for by the server, or a start not right
-// after another (start: isStart; false before the body is read). A free
-// push keeps the push clock: tat is d.pushTAT then.
-func (q *quotas) pushFree(d *device, now int64, interval int, start bool) (tat uint32, wait time.Duration, ok, free bool) {
-	if d.asked > 0 {
-		return d.pushTAT, 0, true, true
-	}
+// says whether it is free and why (start: isStart; false before the body
+// is read). A free push keeps the push clock: tat is d.pushTAT then. A
+// start takes no push the server asked for: they stay for the pushes it
+// asks for.
+func (q *quotas) pushFree(d *device, now int64, interval int, start bool) (tat uint32, wait time.Duration, ok bool, free uint8) {
 	tat, wait, ok = q.pushCheck(d, now, interval)
-	if ok && start && d.marks&markStart == 0 {
-		return d.pushTAT, 0, true, true
+	switch {
+	case ok && start && d.marks&markStart == 0:
+		return d.pushTAT, 0, true, freeStart
+	case d.asked > 0:
+		return d.pushTAT, 0, true, freeAsked
 	}
-	return tat, wait, ok, false
+	return tat, wait, ok, counted
 }
 
-// took records an accepted push of d (d.mu held): a free one takes a push
-// the server asked for, if any.
-func (d *device) took(free, start bool) {
-	if free && d.asked > 0 {
+// took records an accepted push of d (d.mu held).
+func (d *device) took(free uint8, start bool) {
+	if free == freeAsked {
 		d.asked--
 	}
 	if start {

@@ -358,7 +358,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 	if !keep && s.quota.isLifted(d.id, nowNS) {
 		lastSample, keep, hit = s.quota.ticks(nowNS), true, false
 	}
-	hit = hit && !free // a sample dropped from a free push is not the device's doing
+	hit = hit && free == counted // a sample dropped from a free push is not the device's doing
 	var cmds []protocol.Command
 	var cmdChanges []DeviceCommand
 	var moved bool // to another firmware
