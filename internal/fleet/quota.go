@@ -24,12 +24,12 @@ package fleet
 // command delivered in an answer (its result must follow) and per
 // configuration version sent (the agent pushes again once it applied it),
 // each known before the body is read; the next pushes take them, whatever
-// they carry (a free start takes none). A device cannot
-// earn any itself: a version sent again (its tag is in device.marks) owes
-// nothing. The first push after the device booted (state.uptime) or after
-// its agent started ("started") is not counted either, unless the push
-// before it was such a start too (a restart loop counts) or the device is
-// over its quota with pushes of its own already.
+// they carry (a free start takes none). A device cannot earn any itself: a
+// version sent again (its tag is in device.marks) owes nothing. The first
+// push after the device booted (state.uptime) or after its agent started
+// ("started") is not counted either, unless the push before it was such a
+// start too (a restart loop counts) or the device is over its quota with
+// pushes of its own already.
 //
 // Devices that hit a quota are listed (bounded) for operators, who can lift
 // the quotas of one device (persisted through a PolicyStore).
