@@ -1661,6 +1661,7 @@ fw_start() {
 HOOK_RAN=0
 MORE=0 # command results or a firmware outcome to push at once
 REPORTING=0
+STARTED=',"started":true' # until a push is accepted: the first after a start is not counted
 push() {
 	HOOK_RAN=0
 	MORE=0
@@ -1682,10 +1683,10 @@ push() {
 	_res=
 	[ -z "$RESULTS_JSON" ] || _res=",\"results\":[$RESULTS_JSON]"
 	_reboot=$REBOOT_AFTER_PUSH
-	printf '{"seq":%s,"config_version":%s%s,"state":%s%s%s}' "$SEQ" "$CONFIG_VERSION" "$_ce" "$STATE" "$FW_JSON" "$_res" >"$RUN/body"
+	printf '{"seq":%s,"config_version":%s%s,"state":%s%s%s%s}' "$SEQ" "$CONFIG_VERSION" "$_ce" "$STATE" "$FW_JSON" "$_res" "$STARTED" >"$RUN/body"
 	post /api/v1/push "$RUN/body" auth
 	case $STATUS in
-	200) ;;
+	200) STARTED= ;;
 	401) return 3 ;;
 	*)
 		log warn "push failed: $ERR_MSG"

@@ -102,14 +102,15 @@ func startServe(t *testing.T, dataDir string, extra ...string) *proc {
 
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
+	name := filepath.Base(p.cmd.Args[0]) + " " + p.cmd.Args[1] // drover serve, drover agent, busybox sh
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.exited:
 		if err != nil {
-			t.Fatalf("drover serve did not exit 0 on SIGTERM: %v", err)
+			t.Fatalf("%s did not exit 0 on SIGTERM: %v", name, err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("drover serve did not stop within 30 s of SIGTERM")
+		t.Fatalf("%s did not stop within 30 s of SIGTERM", name)
 	}
 }
 

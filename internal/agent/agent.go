@@ -130,6 +130,7 @@ type Agent struct {
 	interval      time.Duration // as the server last said
 	intervalKnown bool
 	reporting     bool // this push reports a hook's result
+	pushed        bool // a push was accepted since the agent started
 	// rebootAfterPush: a reboot command's result is queued; reboot once
 	// a push carried it.
 	rebootAfterPush bool
@@ -478,7 +479,7 @@ func (a *Agent) pushOnce(ctx context.Context) (report bool, err error) {
 		a.st.Seq = a.seq + seqBlock - 1
 		a.save()
 	}
-	body := &pushBody{Seq: a.seq, ConfigVersion: a.st.ConfigVersion, ConfigError: a.st.ConfigError, State: st}
+	body := &pushBody{Seq: a.seq, ConfigVersion: a.st.ConfigVersion, ConfigError: a.st.ConfigError, State: st, Started: !a.pushed}
 	body.Results = a.st.Results[:min(len(a.st.Results), protocol.MaxResultsPerPush)]
 	reboot := a.rebootAfterPush && len(body.Results) == len(a.st.Results)
 	body.FirmwareUpdate = a.fwReport()
@@ -486,6 +487,7 @@ func (a *Agent) pushOnce(ctx context.Context) (report bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	a.pushed = true
 	if len(body.Results) > 0 {
 		a.st.Results = slices.Delete(slices.Clone(a.st.Results), 0, len(body.Results))
 		a.save()

@@ -299,4 +299,6 @@ type pushBody struct {
 	Results       []protocol.CommandResult `json:"results,omitempty"`
 	// FirmwareUpdate reports the firmware update under way (firmware.go).
 	FirmwareUpdate *protocol.FirmwareReport `json:"firmware_update,omitempty"`
+	// Started until a push was accepted since the agent started.
+	Started bool `json:"started,omitempty"`
 }

@@ -67,6 +67,8 @@ type device struct {
 	idLen          uint32    // length of the machine ID at the start of ids
 	admission      Admission // admission.go; with unacked in idLen's padding
 	unacked        bool      // its first registration was not acknowledged: nobody holds its credentials
+	asked          uint8     // pushes the server asked for and was not sent yet (quota.go); in idLen's padding too
+	marks          uint8     // what the server asked for last (quota.go)
 	id             uint64
 	ids            string // machine ID then serial: one allocation, one header
 	deviceType     string // interned

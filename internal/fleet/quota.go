@@ -17,6 +17,20 @@ package fleet
 // Both count quota ticks (1/8 s) since the Service started; quotas start
 // fresh when the server restarts.
 //
+// Only the pushes a device chose to send count (docs/protocol.md, "Push
+// quota"). A push the server asked for is never refused and leaves pushTAT
+// as it was: device.asked counts the pushes the server asked for and did
+// not have yet, one per nudge written to the device's connection, per
+// command delivered in an answer (its result must follow) and per
+// configuration version sent (the agent pushes again once it applied it),
+// each known before the body is read; the next pushes take them, whatever
+// they carry (a free start takes none). A device cannot earn any itself: a
+// version sent again (its tag is in device.marks) owes nothing. The first
+// push after the device booted (state.uptime) or after its agent started
+// ("started") is not counted either, unless the push before it was such a
+// start too (a restart loop counts) or the device is over its quota with
+// pushes of its own already.
+//
 // Devices that hit a quota are listed (bounded) for operators, who can lift
 // the quotas of one device (persisted through a PolicyStore).
 
@@ -184,6 +198,86 @@ func (q *quotas) pushCheck(d *device, now int64, interval int) (tat uint32, wait
 	return t + e, 0, true
 }
 
+// maxAsked bounds the pushes a device may be owed: the server asks for
+// them, so a device that never answers keeps at most this many.
+const maxAsked = 16
+
+// Bits of device.marks: the last push accepted was a start (isStart), and
+// the tag of the configuration version last sent (versionTag).
+const (
+	markStart = 0x80
+	markTag   = 0x7f
+)
+
+// versionTag is a configuration version's tag in device.marks: 1..127,
+// different for consecutive versions. Versions 127 apart share it: the
+// push after such an apply then counts, as any push did before.
+func versionTag(v int64) uint8 { return uint8(uint64(v)%127) + 1 }
+
+// owe notes that the server asked device d for n more pushes (d.mu held).
+func (d *device) owe(n int) { d.asked = uint8(min(int(d.asked)+n, maxAsked)) }
+
+// oweConfig notes that an answer sends d configuration version v (d.mu
+// held): the push reporting it is owed, once per version.
+func (d *device) oweConfig(v int64) {
+	if t := versionTag(v); d.marks&markTag != t {
+		d.marks = d.marks&^markTag | t
+		d.owe(1)
+	}
+}
+
+// isStart says whether a push is the first after the device booted (its
+// uptime began after its last accepted push, with 2 s for network jitter)
+// or after its agent started.
+func isStart(started bool, uptime *int64, lastSeen, now int64) bool {
+	return started || uptime != nil && lastSeen != 0 && *uptime < (now-lastSeen)/int64(time.Second)-2
+}
+
+// Why a push is free (pushFree), or not.
+const (
+	counted   = iota // one of the device's own
+	freeStart        // the first after a start (isStart), not right after another
+	freeAsked        // the server asked for it (device.asked)
+)
+
+// pushFree decides a push of d at now (d.mu held) as pushCheck does, and
+// says whether it is free and why (start: isStart; false before the body
+// is read). A free push keeps the push clock: tat is d.pushTAT then. A
+// start takes no push the server asked for: they stay for the pushes it
+// asks for.
+func (q *quotas) pushFree(d *device, now int64, interval int, start bool) (tat uint32, wait time.Duration, ok bool, free uint8) {
+	tat, wait, ok = q.pushCheck(d, now, interval)
+	switch {
+	case ok && start && d.marks&markStart == 0:
+		return d.pushTAT, 0, true, freeStart
+	case d.asked > 0:
+		return d.pushTAT, 0, true, freeAsked
+	}
+	return tat, wait, ok, counted
+}
+
+// took records an accepted push of d (d.mu held).
+func (d *device) took(free uint8, start bool) {
+	if free == freeAsked {
+		d.asked--
+	}
+	if start {
+		d.marks |= markStart
+	} else {
+		d.marks &^= markStart
+	}
+}
+
+// Nudged notes that the server asked device id to push at once over its
+// persistent connection: that push does not count against its quota.
+func (s *Service) Nudged(id uint64) {
+	if d := s.get(id); d != nil {
+		d.mu.Lock()
+		d.owe(1)
+		d.mu.Unlock()
+	}
+}
+
 // keepSample says whether an accepted push at now stores a history sample
 // (d.mu held), and returns the sample clock to store. A sample dropped by
 // the per-interval bound is the device's doing (pushing too often) and
@@ -297,7 +391,7 @@ func (s *Service) CheckPush(token string) (PushAuth, error) {
 	var wait time.Duration
 	ok := true
 	if valid && d.profile != nil {
-		_, wait, ok = s.quota.pushCheck(d, now, d.profile.interval())
+		_, wait, ok, _ = s.quota.pushFree(d, now, d.profile.interval(), false)
 	}
 	d.mu.Unlock()
 	if !valid || ok || s.quota.isLifted(d.id, now) {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -372,4 +373,189 @@ func BenchmarkPushQuota(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// asked is a quota test's device: a looping agent must be refused, pushes
+// the server asked for never.
+type asked struct {
+	t     *testing.T
+	s     *Service
+	token string
+	id    uint64
+	seq   uint64
+	conf  int64 // the configuration version the agent runs
+}
+
+// push sends p as the agent's next push, with the configuration it runs.
+func (a *asked) push(p protocol.PushRequest) (protocol.PushResponse, error) {
+	a.seq++
+	p.Seq, p.ConfigVersion = a.seq, a.conf
+	return a.s.Push(context.Background(), a.token, p)
+}
+
+// mustPush pushes and fails the test on a refusal; it applies a
+// configuration the answer carries and reports it at once, as agents do,
+// and returns the answer's commands.
+func (a *asked) mustPush(what string, p protocol.PushRequest) []protocol.Command {
+	a.t.Helper()
+	resp, err := a.push(p)
+	if err != nil {
+		a.t.Fatalf("%s (push %d): %v", what, a.seq, err)
+	}
+	if resp.Config != nil {
+		a.conf = resp.Config.Version
+		a.mustPush(what+": the report of the applied configuration", push(0, 0))
+	}
+	return resp.Commands
+}
+
+// The pushes the server asks for (the push after a nudge, a command's
+// result, the report of an applied configuration) and the first push after
+// a boot or an agent start are never refused and do not count; a device
+// that loops is refused all the same, also when it claims a start on
+// every push.
+func TestPushQuotaCountsOnlyTheDevicesOwnPushes(t *testing.T) {
+	ctx := context.Background()
+	c := newClock()
+	// A 600 s interval at 2 pushes per interval: one push per 300 s, 3 back
+	// to back.
+	s := newQuotaService(t, newPolStore(), QuotaOptions{PushRate: 2, PushBurst: 3}, c)
+	r, _ := s.Register(ctx, reg("m"))
+	a := &asked{t: t, s: s, token: r.Token, id: 1}
+	slow := 600
+	if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{PushInterval: &slow}); err != nil {
+		t.Fatal(err)
+	}
+	started := push(0, 0)
+	started.Started = true
+	a.mustPush("the agent's first push", started)
+
+	// Eight commands one after another over the connection: each is a
+	// nudge, the push it asks for, and the push with the result.
+	for i := range 8 {
+		args := []string{"apn", fmt.Sprint(i)}
+		j, err := s.SendCommand(ctx, CommandSpec{Kind: protocol.KindSetConfig, Args: args}, Target{DeviceID: a.id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Nudged(a.id)
+		cmds := a.mustPush(fmt.Sprintf("nudged for command %d", i+1), push(0, 0))
+		if len(cmds) != 1 || cmds[0].ID != j.ID {
+			t.Fatalf("command %d not delivered: %+v", i+1, cmds)
+		}
+		c.add(30 * time.Millisecond)
+		res := push(0, 0)
+		res.Results = []protocol.CommandResult{{ID: j.ID}}
+		a.mustPush(fmt.Sprintf("result of command %d", i+1), res)
+		c.add(30 * time.Millisecond)
+		if got, _ := s.Job(j.ID); got.Counts["succeeded"] != 1 {
+			t.Fatalf("command %d: %+v", i+1, got.Counts)
+		}
+	}
+	// Configuration changes, each nudging the device: the push it asks for
+	// gets the configuration, the next reports it.
+	for i := range 4 {
+		if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{Config: json.RawMessage(fmt.Sprintf(`{"apn":"%d"}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+		s.Nudged(a.id)
+		a.mustPush(fmt.Sprintf("configuration change %d", i+1), push(0, 0))
+	}
+	// Agent restarts and reboots: the first push after each is free, as is
+	// the push a connection asks for (the nudge may come before the start's
+	// push: that does not take it).
+	for i := range 4 {
+		c.add(10 * time.Second)
+		s.Nudged(a.id)
+		a.mustPush(fmt.Sprintf("agent restart %d", i+1), started)
+		a.mustPush(fmt.Sprintf("nudged after agent restart %d", i+1), push(0, 0))
+		c.add(40 * time.Second)
+		rebooted := push(0, 0)
+		up := int64(20) // booted 20 s ago, after the last push 40 s ago
+		rebooted.State.Uptime = &up
+		a.mustPush(fmt.Sprintf("reboot %d", i+1), rebooted)
+		s.Nudged(a.id)
+		a.mustPush(fmt.Sprintf("nudged after reboot %d", i+1), push(0, 0))
+	}
+	if hits := s.QuotaDevices(); len(hits) != 0 {
+		t.Fatalf("pushes the server asked for made the device an offender: %+v", hits)
+	}
+	if n := s.QuotaHits()[QuotaPushRate]; n != 0 {
+		t.Fatalf("%d pushes refused", n)
+	}
+
+	// None of the 41 pushes above counted: the device's own pushes have
+	// the whole burst of 3, and the fourth back to back is refused.
+	loop := func(what string, p protocol.PushRequest, want int) {
+		t.Helper()
+		n := 0
+		for ; n <= want; n++ {
+			if _, err := a.push(p); err != nil {
+				if !errors.Is(err, ErrQuota) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		if n != want {
+			t.Fatalf("%s: %d pushes back to back accepted, want %d", what, n, want)
+		}
+	}
+	loop("a looping agent", push(0, 0), 3)
+	// Over its quota, a start is refused like any push of its own; a loop
+	// that claims a start or a reboot on every push earns one free push.
+	loop("a start over the quota", started, 0)
+	c.add(time.Hour) // a quiet spell: the burst is back
+	loop("a loop claiming a start", started, 1+3)
+	c.add(time.Hour)
+	up := int64(0)
+	rebooting := push(0, 0)
+	rebooting.State.Uptime = &up
+	loop("a loop claiming reboots", rebooting, 3) // after a start: none free
+	// A configuration is owed once: an agent that reports an older one and
+	// the new one by turns is sent it again, and counted.
+	c.add(time.Hour)
+	a.conf = 0
+	a.mustPush("an older configuration", push(0, 0)) // counted: 1, its report 2
+	v := a.conf
+	a.conf = 0
+	if _, err := a.push(push(0, 0)); err != nil { // 3
+		t.Fatal(err)
+	}
+	a.conf = v
+	if _, err := a.push(push(0, 0)); !errors.Is(err, ErrQuota) {
+		t.Fatalf("configurations reported by turns: %v", err)
+	}
+	if h, ok := s.QuotaOf(a.id); !ok || h.Counts[QuotaPushRate] != 5 {
+		t.Fatalf("the loops were not listed: %+v", h)
+	}
+}
+
+// Nudges a device never answers owe it at most maxAsked pushes.
+func TestPushQuotaAskedIsBounded(t *testing.T) {
+	ctx := context.Background()
+	c := newClock()
+	s := newQuotaService(t, newPolStore(), QuotaOptions{PushRate: 1, PushBurst: 1}, c)
+	r, _ := s.Register(ctx, reg("m"))
+	for range 1000 {
+		s.Nudged(1)
+	}
+	n := 0
+	for ; n < 1000; n++ {
+		if _, err := s.Push(ctx, r.Token, push(uint64(n+1), 0)); err != nil {
+			wantQuota(t, err, 100*time.Second)
+			break
+		}
+	}
+	if n != maxAsked+1 { // the owed pushes and the burst of one
+		t.Fatalf("%d pushes accepted after 1000 nudges", n)
+	}
+	// Before the body is read, too.
+	if _, err := s.CheckPush(r.Token); !errors.Is(err, ErrQuota) {
+		t.Fatalf("CheckPush: %v", err)
+	}
+	s.Nudged(1)
+	if _, err := s.CheckPush(r.Token); err != nil {
+		t.Fatalf("CheckPush after a nudge: %v", err)
+	}
 }

@@ -313,7 +313,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 			return protocol.PushResponse{}, ErrUnauthorized
 		}
 		changed, deviceType, prev := fw != d.firmware, d.deviceType, d.profile
-		_, wait, ok := s.quota.pushCheck(d, nowNS, d.profile.interval())
+		_, wait, ok, _ := s.quota.pushFree(d, nowNS, d.profile.interval(), isStart(p.Started, p.State.Uptime, d.lastSeen, nowNS))
 		d.mu.Unlock()
 		if !ok && !s.quota.isLifted(d.id, nowNS) {
 			return protocol.PushResponse{}, s.overQuota(d.id, wait, nowNS)
@@ -341,7 +341,8 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 		}
 		return protocol.PushResponse{}, err
 	}
-	tat, wait, ok := s.quota.pushCheck(d, nowNS, d.profile.interval())
+	start := isStart(p.Started, p.State.Uptime, d.lastSeen, nowNS)
+	tat, wait, ok, free := s.quota.pushFree(d, nowNS, d.profile.interval(), start)
 	if !ok && !s.quota.isLifted(d.id, nowNS) {
 		d.mu.Unlock()
 		if newProfile != nil {
@@ -357,6 +358,7 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 	if !keep && s.quota.isLifted(d.id, nowNS) {
 		lastSample, keep, hit = s.quota.ticks(nowNS), true, false
 	}
+	hit = hit && free == counted // a sample dropped from a free push is not the device's doing
 	var cmds []protocol.Command
 	var cmdChanges []DeviceCommand
 	var moved bool // to another firmware
@@ -382,6 +384,10 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 		d.firmware = firmware
 		if ok {
 			d.pushTAT = tat
+		}
+		d.took(free, start)
+		if Behind(p.ConfigVersion, pe.version()) {
+			d.oweConfig(pe.version()) // the answer sends it
 		}
 		d.lastSample = lastSample
 		d.lastSeen, d.seq, d.appliedVersion = nowNS, p.Seq, p.ConfigVersion
@@ -426,6 +432,11 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 		resp.Commands = nil
 	} else if len(p.Results) > 0 && s.opts.Cluster == nil {
 		s.closeJobsOf(ctx, p.Results, cmdChanges)
+	}
+	if n := len(resp.Commands); n > 0 { // their results are owed
+		d.mu.Lock()
+		d.owe(n)
+		d.mu.Unlock()
 	}
 	if Behind(p.ConfigVersion, prof.Version) {
 		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}

@@ -82,6 +82,9 @@ type PushRequest struct {
 	FirmwareUpdate *FirmwareReport `json:"firmware_update,omitempty"`
 	// Results of commands the server sent (command.go).
 	Results []CommandResult `json:"results,omitempty"`
+	// Started: the agent has not had a push accepted since it started
+	// (the first push after a start does not count against the quota).
+	Started bool `json:"started,omitempty"`
 }
 
 // Firmware update states a device reports.

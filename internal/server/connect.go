@@ -91,6 +91,9 @@ type deviceConn struct {
 	nudging atomic.Bool   // a nudge write is on its way
 	ended   atomic.Uint32 // why the server ended it, plus one; 0: it did not
 	hdr     [14]byte      // frame header being read
+	// asked notes each nudge written: the push it asks for is not counted
+	// against the device's quota (fleet.Service.Nudged); nil: none.
+	asked func(id uint64)
 }
 
 func newHub() *hub { return &hub{conns: map[uint64]*deviceConn{}} }
@@ -172,6 +175,9 @@ func (h *hub) close() {
 func (c *deviceConn) nudge() {
 	if !c.nudging.CompareAndSwap(false, true) {
 		return
+	}
+	if c.asked != nil {
+		c.asked(c.id) // before the device can answer
 	}
 	go func() {
 		c.nudging.Store(false) // a nudge from now on needs another frame
@@ -282,7 +288,7 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	nc.SetDeadline(time.Time{})
-	c := &deviceConn{id: id, nc: nc}
+	c := &deviceConn{id: id, nc: nc, asked: a.fleet.Nudged}
 	if !a.hub.add(c) {
 		c.closeWith(closeGoingAway, "server stopping")
 		a.m.connectionsEnded.WithLabelValues(endReasons[endStopping]).Inc()
