@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
@@ -57,6 +58,8 @@ type Service struct {
 	mu     sync.Mutex
 	users  map[string]cachedUser
 	tokens map[string]cachedToken // by string(hash)
+
+	admin atomic.Pointer[string] // SetAdminToken's; nil: Options.AdminToken
 }
 
 type cachedUser struct {
@@ -101,9 +104,22 @@ func (s *Service) forget() {
 	s.mu.Unlock()
 }
 
+// SetAdminToken replaces the bootstrap token (a token rotated in its
+// file, read again on SIGHUP): from now on the old one is refused.
+func (s *Service) SetAdminToken(token string) { s.admin.Store(&token) }
+
+// adminToken is the bootstrap token in force; "" for none.
+func (s *Service) adminToken() string {
+	if p := s.admin.Load(); p != nil {
+		return *p
+	}
+	return s.o.AdminToken
+}
+
 // IsAdminToken checks the bootstrap token in constant time.
 func (s *Service) IsAdminToken(secret string) bool {
-	return s.o.AdminToken != "" && subtle.ConstantTimeCompare([]byte(secret), []byte(s.o.AdminToken)) == 1
+	t := s.adminToken()
+	return t != "" && subtle.ConstantTimeCompare([]byte(secret), []byte(t)) == 1
 }
 
 // Authenticate finds the actor of a bearer token: the admin token or a
@@ -188,7 +204,7 @@ func (s *Service) user(ctx context.Context, name string) (User, error) {
 // (with the role the user has now).
 func (s *Service) Session(ctx context.Context, name, credential string) (Actor, error) {
 	if name == "" {
-		if s.o.AdminToken == "" {
+		if s.adminToken() == "" {
 			return Actor{}, ErrUnauthorized
 		}
 		return Bootstrap, nil

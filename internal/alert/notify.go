@@ -466,6 +466,27 @@ func (e *Engine) SMTP() SMTPSettings {
 	return e.notify.smtp
 }
 
+// SetSMTPPassword replaces the SMTP password from a file
+// (Options.SMTPPassword; the file is read again on SIGHUP): the next
+// e-mail uses it, and it is never stored. An engine without a password
+// from a file ignores it.
+func (e *Engine) SetSMTPPassword(p string) {
+	e.notify.mu.Lock()
+	defer e.notify.mu.Unlock()
+	if e.opts.SMTPPassword == "" || p == "" {
+		return
+	}
+	e.opts.SMTPPassword = p
+	e.notify.smtp.Password = p
+}
+
+// filePassword is the SMTP password from a file; "" for none.
+func (e *Engine) filePassword() string {
+	e.notify.mu.Lock()
+	defer e.notify.mu.Unlock()
+	return e.opts.SMTPPassword
+}
+
 // storedSMTP is SMTPSettings as stored: the password sealed, never plain.
 type storedSMTP struct {
 	SMTPSettings
@@ -483,8 +504,8 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 	if s.Password == "" && s.Username == cur.Username {
 		s.Password = cur.Password
 	}
-	if e.opts.SMTPPassword != "" {
-		s.Password = e.opts.SMTPPassword
+	if p := e.filePassword(); p != "" {
+		s.Password = p
 	}
 	if err := e.saveSMTP(ctx, s); err != nil {
 		return SMTPSettings{}, err
@@ -500,7 +521,7 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 func (e *Engine) saveSMTP(ctx context.Context, s SMTPSettings) error {
 	st := storedSMTP{SMTPSettings: s}
 	st.SMTPSettings.Password = ""
-	if s.Password != "" && e.opts.SMTPPassword == "" && e.opts.SecretKey != nil {
+	if s.Password != "" && e.filePassword() == "" && e.opts.SecretKey != nil {
 		sealed, err := seal(e.opts.SecretKey, s.Password)
 		if err != nil {
 			return err
@@ -524,8 +545,8 @@ func (e *Engine) loadSMTP(ctx context.Context) error {
 	}
 	s := st.SMTPSettings
 	switch {
-	case e.opts.SMTPPassword != "":
-		s.Password = e.opts.SMTPPassword
+	case e.filePassword() != "":
+		s.Password = e.filePassword()
 	case st.PasswordSealed != "":
 		p, err := unseal(e.opts.SecretKey, st.PasswordSealed)
 		if err != nil {
