@@ -2,7 +2,9 @@ package access
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -199,12 +201,29 @@ func (s *Service) user(ctx context.Context, name string) (User, error) {
 	return u, err
 }
 
+// AdminSessionTag is what a dashboard session logged in with the admin
+// token keeps as its credential: a digest of the token, so that the
+// session ends once the token is replaced (SetAdminToken, a restart with
+// another token). "" when there is no admin token.
+func (s *Service) AdminSessionTag() string {
+	t := s.adminToken()
+	if t == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte("drover admin-token session\x00" + t))
+	return "admin-token:" + hex.EncodeToString(sum[:16])
+}
+
 // Session finds the actor of a dashboard session by the name it was made
 // for: "" is the admin token's, anything else a user, who must still exist
-// (with the role the user has now).
+// (with the role the user has now). An admin token session made with
+// another admin token than the one in force (its credential is not
+// AdminSessionTag) has ended; one stored without a tag (an older
+// version's) lasts until it expires.
 func (s *Service) Session(ctx context.Context, name, credential string) (Actor, error) {
 	if name == "" {
-		if s.adminToken() == "" {
+		tag := s.AdminSessionTag()
+		if tag == "" || (credential != "" && subtle.ConstantTimeCompare([]byte(credential), []byte(tag)) != 1) {
 			return Actor{}, ErrUnauthorized
 		}
 		return Bootstrap, nil
