@@ -214,3 +214,18 @@ func TestReloadRotatesSecretFiles(t *testing.T) {
 	}
 	check("admin token no more given", "new", "")
 }
+
+// A database password given in --db never reaches the log.
+func TestRedactDSN(t *testing.T) {
+	for in, want := range map[string]string{
+		"sqlite:/var/lib/drover/drover.db":                      "sqlite:/var/lib/drover/drover.db",
+		"postgres://drover:s3cret@db:5432/drover":               "postgres://drover:***@db:5432/drover",
+		"postgres://drover@db/drover?sslmode=verify-full":       "postgres://drover@db/drover?sslmode=verify-full",
+		"postgres://drover@db/drover?password=s3cret&sslmode=x": "postgres://drover@db/drover?password=***&sslmode=x",
+		"mysql://drover:s3cret@tcp(db:3306)/drover?parseTime=1": "mysql://drover:***@tcp(db:3306)/drover?parseTime=1",
+	} {
+		if got := redactDSN(in); got != want || strings.Contains(got, "s3cret") {
+			t.Errorf("redactDSN(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

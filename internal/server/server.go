@@ -614,16 +614,25 @@ func openStore(ctx context.Context, dsn string) (store.Store, error) {
 	return store.Open(ctx, dsn, store.Options{})
 }
 
-// redactDSN hides a password in a DSN.
+// redactDSN is a DSN as the log shows it: the password of its user
+// (scheme://user:password@…) and a password parameter (…?password=…)
+// as ***.
 func redactDSN(dsn string) string {
 	at := strings.LastIndexByte(dsn, '@')
 	scheme := strings.Index(dsn, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return dsn
+	if at >= 0 && scheme >= 0 && at > scheme {
+		if user, _, ok := strings.Cut(dsn[scheme+3:at], ":"); ok {
+			dsn = dsn[:scheme+3] + user + ":***" + dsn[at:]
+		}
 	}
-	creds := dsn[scheme+3 : at]
-	if user, _, ok := strings.Cut(creds, ":"); ok {
-		return dsn[:scheme+3] + user + ":***" + dsn[at:]
+	if q := strings.IndexByte(dsn, '?'); q >= 0 {
+		params := strings.Split(dsn[q+1:], "&")
+		for i, p := range params {
+			if k, _, ok := strings.Cut(p, "="); ok && strings.EqualFold(k, "password") {
+				params[i] = k + "=***"
+			}
+		}
+		dsn = dsn[:q+1] + strings.Join(params, "&")
 	}
 	return dsn
 }
