@@ -46,6 +46,8 @@ type Config struct {
 	// to roles: "drover-admins=admin,drover-ops=operator,staff=viewer".
 	OIDCIssuer, OIDCClientID, OIDCClientSecret, OIDCRedirectURL string
 	OIDCUserClaim, OIDCRoleClaim, OIDCRoles                     string
+	// OIDCClientSecretFile holds OIDCClientSecret (secretfiles.go).
+	OIDCClientSecretFile string
 	// Per-device quotas (docs/operations.md, "Quotas").
 	QuotaPushRate       float64
 	QuotaPushBurst      int

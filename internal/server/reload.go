@@ -87,6 +87,9 @@ func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, e
 func (s *Server) reloadSecrets(next Config, smtpPassword string) {
 	live := &s.live
 	live.EnrollmentSecretFile, live.AdminTokenFile, live.MetricsTokenFile = next.EnrollmentSecretFile, next.AdminTokenFile, next.MetricsTokenFile
+	// The OIDC client secret needs a restart when it changes (its file
+	// rotated too): restartNeeded names OIDCClientSecret.
+	live.OIDCClientSecretFile = next.OIDCClientSecretFile
 	if next.EnrollmentSecret != "" && next.EnrollmentSecret != live.EnrollmentSecret {
 		s.fleet.SetEnrollmentSecret(next.EnrollmentSecret)
 		live.EnrollmentSecret = next.EnrollmentSecret

@@ -8,8 +8,9 @@ import (
 )
 
 // readSecretFiles fills the secrets given as files (--admin-token-file,
-// --enrollment-secret-file, --metrics-token-file); New reads them at the
-// start and Reload again on SIGHUP.
+// --enrollment-secret-file, --metrics-token-file,
+// --oidc-client-secret-file); New reads them at the start and Reload again
+// on SIGHUP.
 func (c *Config) readSecretFiles() error {
 	for _, f := range []struct {
 		flag, file string
@@ -18,6 +19,7 @@ func (c *Config) readSecretFiles() error {
 		{"admin-token", c.AdminTokenFile, &c.AdminToken},
 		{"enrollment-secret", c.EnrollmentSecretFile, &c.EnrollmentSecret},
 		{"metrics-token", c.MetricsTokenFile, &c.MetricsToken},
+		{"oidc-client-secret", c.OIDCClientSecretFile, &c.OIDCClientSecret},
 	} {
 		if f.file == "" {
 			continue

@@ -26,9 +26,10 @@ func TestSecretFiles(t *testing.T) {
 		}
 		return p
 	}
-	c := Config{AdminTokenFile: write("admin", "  s3cret-admin-token\n"), EnrollmentSecretFile: write("enroll", "sesame\n")}
-	if err := c.readSecretFiles(); err != nil || c.AdminToken != "s3cret-admin-token" || c.EnrollmentSecret != "sesame" {
-		t.Fatalf("read: %v %q %q", err, c.AdminToken, c.EnrollmentSecret)
+	c := Config{AdminTokenFile: write("admin", "  s3cret-admin-token\n"), EnrollmentSecretFile: write("enroll", "sesame\n"),
+		OIDCClientSecretFile: write("oidc", "client-s3cret\n")}
+	if err := c.readSecretFiles(); err != nil || c.AdminToken != "s3cret-admin-token" || c.EnrollmentSecret != "sesame" || c.OIDCClientSecret != "client-s3cret" {
+		t.Fatalf("read: %v %q %q %q", err, c.AdminToken, c.EnrollmentSecret, c.OIDCClientSecret)
 	}
 	for name, c := range map[string]Config{
 		"both":      {AdminToken: "x", AdminTokenFile: write("a2", "y")},
@@ -213,6 +214,46 @@ func TestReloadRotatesSecretFiles(t *testing.T) {
 		t.Errorf("reload without the admin token did not ask for a restart:\n%s", logged.String())
 	}
 	check("admin token no more given", "new", "")
+}
+
+// The OIDC client secret from a file: unchanged, a reload says nothing;
+// changed, it needs a restart and the reload says so (never the secret).
+func TestReloadOIDCClientSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	secretFile := filepath.Join(dir, "oidc")
+	cfg := func(secret string) Config {
+		if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := DefaultConfig()
+		c.DataDir, c.Listen = filepath.Join(dir, "data"), "127.0.0.1:0"
+		c.OIDCIssuer, c.OIDCClientID, c.OIDCRedirectURL, c.OIDCRoles = "https://idp.invalid", "drover", "https://drover.invalid/ui/oidc/callback", "admins=admin"
+		c.OIDCClientSecretFile = secretFile
+		return c
+	}
+	var logged bytes.Buffer
+	s, err := New(context.Background(), cfg("client-secret-1"), slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.closeAll()
+	if s.cfg.OIDCClientSecret != "client-secret-1" {
+		t.Fatalf("client secret %q, want the file's", s.cfg.OIDCClientSecret)
+	}
+	logged.Reset()
+	if err := s.Reload(cfg("client-secret-1")); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logged.String(), "restart") {
+		t.Errorf("reload with the file unchanged logged:\n%s", logged.String())
+	}
+	logged.Reset()
+	if err := s.Reload(cfg("client-secret-2")); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logged.String(), "fields=OIDCClientSecret") || strings.Contains(logged.String(), "client-secret-") {
+		t.Errorf("reload with the file changed logged:\n%s", logged.String())
+	}
 }
 
 // A database password given in --db never reaches the log.
