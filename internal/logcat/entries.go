@@ -194,7 +194,7 @@ var entries = []Entry{
 		Costs: "Alerts active before may fire again (duplicate notifications) or resolve late.",
 		Do:    "Check the database (`err`)."},
 	{Key: "alert-notification-failed", Level: "WARN", Msg: "alert notification failed", Area: "Alerts",
-		Means: "A notification (`channel`: e-mail, webhook…, to `target`) failed after `attempts` attempts.",
+		Means: "A notification (`channel`: e-mail, webhook…, to `target`) failed after `attempts` attempts. A webhook's `target` shows only its scheme and host (the path and query, where chat services put their secret, as `/…`); the alert's Deliveries list in the API and dashboard has the whole URL.",
 		Costs: "That notification is not delivered.",
 		Do:    "Check the channel's settings and the target (SMTP server, webhook URL) from `err`."},
 	{Key: "smtp-password-unreadable", Level: "ERROR", Msg: "stored SMTP password unreadable; set it again", Area: "Alerts",
