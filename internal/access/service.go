@@ -2,7 +2,6 @@ package access
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
@@ -13,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/crypto/argon2"
 	"golang.org/x/crypto/bcrypt"
 )
 
@@ -62,6 +62,8 @@ type Service struct {
 	tokens map[string]cachedToken // by string(hash)
 
 	admin atomic.Pointer[string] // SetAdminToken's; nil: Options.AdminToken
+	tagMu sync.Mutex
+	tag   struct{ token, tag string } // AdminSessionTag's, for token
 }
 
 type cachedUser struct {
@@ -202,16 +204,23 @@ func (s *Service) user(ctx context.Context, name string) (User, error) {
 }
 
 // AdminSessionTag is what a dashboard session logged in with the admin
-// token keeps as its credential: a digest of the token, so that the
-// session ends once the token is replaced (SetAdminToken, a restart with
-// another token). "" when there is no admin token.
+// token keeps as its credential, so that the session ends once the token
+// is replaced (SetAdminToken, a restart with another token): an Argon2id
+// digest of the token (OWASP's parameters: 19 MiB, 2 passes), made once
+// per token, so that the sessions table does not make a weak token quick
+// to guess. "" when there is no admin token.
 func (s *Service) AdminSessionTag() string {
 	t := s.adminToken()
 	if t == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte("drover admin-token session\x00" + t))
-	return "admin-token:" + hex.EncodeToString(sum[:16])
+	s.tagMu.Lock()
+	defer s.tagMu.Unlock()
+	if s.tag.token != t || s.tag.tag == "" {
+		k := argon2.IDKey([]byte(t), []byte("drover admin-token session"), 2, 19*1024, 1, 16)
+		s.tag.token, s.tag.tag = t, "admin-token:"+hex.EncodeToString(k)
+	}
+	return s.tag.tag
 }
 
 // Session finds the actor of a dashboard session by the name it was made
