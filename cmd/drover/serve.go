@@ -32,10 +32,10 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.DB, "db", c.DB, "database DSN: sqlite:PATH, postgres://… or mysql://… (empty: SQLite at data-dir/drover.db)")
 	fs.StringVar(&c.Persistence, "persistence", c.Persistence, "memory, write-through or write-back (see docs/persistence.md)")
 	fs.DurationVar(&c.FlushInterval, "flush-interval", c.FlushInterval, "write-back: how often dirty devices are flushed")
-	fs.StringVar(&c.EnrollmentSecret, "enrollment-secret", c.EnrollmentSecret, "secret devices present to register (empty: generated once, kept in data-dir/secrets.json)")
-	fs.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "bearer token of the operator API (empty: generated once, kept in data-dir/secrets.json)")
-	fs.StringVar(&c.EnrollmentSecretFile, "enrollment-secret-file", c.EnrollmentSecretFile, "file holding -enrollment-secret (one line), instead of the flag")
-	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding -admin-token (one line), instead of the flag")
+	fs.StringVar(&c.EnrollmentSecret, "enrollment-secret", c.EnrollmentSecret, "secret devices present to register (empty: generated once, printed once and kept in data-dir/secrets.json; a given one is never printed nor stored)")
+	fs.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "bearer token of the operator API (empty: generated once, printed once and kept in data-dir/secrets.json; a given one is never printed nor stored)")
+	fs.StringVar(&c.EnrollmentSecretFile, "enrollment-secret-file", c.EnrollmentSecretFile, "file holding -enrollment-secret (one line), instead of the flag; SIGHUP reads it again (rotation without restart)")
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding -admin-token (one line), instead of the flag; SIGHUP reads it again (rotation without restart)")
 	fs.IntVar(&c.PushInterval, "push-interval", c.PushInterval, "push interval in seconds of profiles created by default")
 	fs.DurationVar(&c.HistoryRetention, "history-retention", c.HistoryRetention, "how long history samples are kept (0: forever)")
 	fs.DurationVar(&c.AuditRetention, "audit-retention", c.AuditRetention, "how long audit log rows (every change, docs/security.md) are kept (0: forever)")
@@ -53,17 +53,18 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight requests and pending writes")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error; SIGHUP reloads it")
-	fs.StringVar(&c.SMTPPasswordFile, "smtp-password-file", c.SMTPPasswordFile, "file holding the SMTP password (then never stored, and one set in the dashboard or API is ignored)")
+	fs.StringVar(&c.SMTPPasswordFile, "smtp-password-file", c.SMTPPasswordFile, "file holding the SMTP password (then never stored, and one set in the dashboard or API is ignored); SIGHUP reads it again")
 	fs.StringVar(&c.DebugListen, "debug-listen", c.DebugListen, "address serving Go's /debug/pprof/ profiles, unauthenticated: keep it on loopback (empty: off)")
 	fs.StringVar(&c.OIDCIssuer, "oidc-issuer", c.OIDCIssuer, "single sign-on on the dashboard: the OpenID Connect provider's issuer URL (empty: off; docs/security.md)")
 	fs.StringVar(&c.OIDCClientID, "oidc-client-id", c.OIDCClientID, "single sign-on: this dashboard's client ID at the provider")
-	fs.StringVar(&c.OIDCClientSecret, "oidc-client-secret", c.OIDCClientSecret, "single sign-on: the client secret (better in DROVER_OIDC_CLIENT_SECRET or the config file)")
+	fs.StringVar(&c.OIDCClientSecret, "oidc-client-secret", c.OIDCClientSecret, "single sign-on: the client secret (better in --oidc-client-secret-file, DROVER_OIDC_CLIENT_SECRET or the config file)")
+	fs.StringVar(&c.OIDCClientSecretFile, "oidc-client-secret-file", c.OIDCClientSecretFile, "file holding -oidc-client-secret (one line), instead of the flag; a change needs a restart")
 	fs.StringVar(&c.OIDCRedirectURL, "oidc-redirect-url", c.OIDCRedirectURL, "single sign-on: https://HOST/ui/oidc/callback, as registered at the provider")
 	fs.StringVar(&c.OIDCUserClaim, "oidc-user-claim", c.OIDCUserClaim, "single sign-on: the claim naming the user (empty: preferred_username, then email, then sub)")
 	fs.StringVar(&c.OIDCRoleClaim, "oidc-role-claim", c.OIDCRoleClaim, "single sign-on: the claim with the user's groups or roles (empty: groups)")
 	fs.StringVar(&c.OIDCRoles, "oidc-roles", c.OIDCRoles, "single sign-on: claim values and the Drover role each gives, e.g. drover-admins=admin,drover-ops=operator,staff=viewer")
 	fs.StringVar(&c.MetricsToken, "metrics-token", c.MetricsToken, "bearer token that may read /metrics and nothing else (the admin token may too; empty: admin token only)")
-	fs.StringVar(&c.MetricsTokenFile, "metrics-token-file", c.MetricsTokenFile, "file holding -metrics-token (one line), instead of the flag")
+	fs.StringVar(&c.MetricsTokenFile, "metrics-token-file", c.MetricsTokenFile, "file holding -metrics-token (one line), instead of the flag; SIGHUP reads it again (rotation without restart)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "plain-HTTP address serving /metrics without credentials, for a Prometheus on an operators' network (empty: none)")
 	fs.StringVar(&c.Admission, "admission", c.Admission, "admission policy for new machine IDs: open, approve (an operator approves each) or preauthorized (only listed machine IDs)")
 	fs.StringVar(&c.ClientCA, "client-ca", c.ClientCA, "PEM CA of device client certificates: a device whose certificate names its machine ID (CN or SAN) registers without the enrollment secret (empty: no client certificates)")
@@ -89,7 +90,7 @@ func serveConfig(args []string, env command.Env) (server.Config, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: drover serve [flags]\n\nRuns the Drover server. Every flag can also be set as DROVER_<NAME> in the\n"+
 			"environment or as <name> in the --config file. SIGTERM and SIGINT drain and stop it;\n"+
-			"SIGHUP reloads the TLS certificate and the log level.\n\nflags:\n")
+			"SIGHUP reloads the TLS certificate, the log level and the secret files (*-file).\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := command.Load(fs, args, env); err != nil {
@@ -135,10 +136,9 @@ func serve(ctx context.Context, args []string, env command.Env) error {
 	if err != nil {
 		return err
 	}
-	if srv.FirstRun {
-		fmt.Fprintf(env.Stdout, "Drover first start: generated credentials, kept in %s/secrets.json\n"+
-			"  enrollment secret: %s\n  admin token:       %s\n", cfg.DataDir, srv.Secrets.EnrollmentSecret, srv.Secrets.AdminToken)
-	}
+	// Only what Drover generated, once; secrets given by flag, environment,
+	// config file or secret file are never printed.
+	fmt.Fprint(env.Stdout, srv.Generated.Notice(cfg.DataDir))
 	go func() {
 		for {
 			select {

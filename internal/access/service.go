@@ -3,13 +3,16 @@ package access
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"golang.org/x/crypto/argon2"
 	"golang.org/x/crypto/bcrypt"
 )
 
@@ -57,6 +60,10 @@ type Service struct {
 	mu     sync.Mutex
 	users  map[string]cachedUser
 	tokens map[string]cachedToken // by string(hash)
+
+	admin atomic.Pointer[string] // SetAdminToken's; nil: Options.AdminToken
+	tagMu sync.Mutex
+	tag   struct{ token, tag string } // AdminSessionTag's, for token
 }
 
 type cachedUser struct {
@@ -101,9 +108,22 @@ func (s *Service) forget() {
 	s.mu.Unlock()
 }
 
+// SetAdminToken replaces the bootstrap token (a token rotated in its
+// file, read again on SIGHUP): from now on the old one is refused.
+func (s *Service) SetAdminToken(token string) { s.admin.Store(&token) }
+
+// adminToken is the bootstrap token in force; "" for none.
+func (s *Service) adminToken() string {
+	if p := s.admin.Load(); p != nil {
+		return *p
+	}
+	return s.o.AdminToken
+}
+
 // IsAdminToken checks the bootstrap token in constant time.
 func (s *Service) IsAdminToken(secret string) bool {
-	return s.o.AdminToken != "" && subtle.ConstantTimeCompare([]byte(secret), []byte(s.o.AdminToken)) == 1
+	t := s.adminToken()
+	return t != "" && subtle.ConstantTimeCompare([]byte(secret), []byte(t)) == 1
 }
 
 // Authenticate finds the actor of a bearer token: the admin token or a
@@ -183,12 +203,36 @@ func (s *Service) user(ctx context.Context, name string) (User, error) {
 	return u, err
 }
 
+// AdminSessionTag is what a dashboard session logged in with the admin
+// token keeps as its credential, so that the session ends once the token
+// is replaced (SetAdminToken, a restart with another token): an Argon2id
+// digest of the token (OWASP's parameters: 19 MiB, 2 passes), made once
+// per token, so that the sessions table does not make a weak token quick
+// to guess. "" when there is no admin token.
+func (s *Service) AdminSessionTag() string {
+	t := s.adminToken()
+	if t == "" {
+		return ""
+	}
+	s.tagMu.Lock()
+	defer s.tagMu.Unlock()
+	if s.tag.token != t || s.tag.tag == "" {
+		k := argon2.IDKey([]byte(t), []byte("drover admin-token session"), 2, 19*1024, 1, 16)
+		s.tag.token, s.tag.tag = t, "admin-token:"+hex.EncodeToString(k)
+	}
+	return s.tag.tag
+}
+
 // Session finds the actor of a dashboard session by the name it was made
 // for: "" is the admin token's, anything else a user, who must still exist
-// (with the role the user has now).
+// (with the role the user has now). An admin token session made with
+// another admin token than the one in force (its credential is not
+// AdminSessionTag) has ended; one stored without a tag (an older
+// version's) lasts until it expires.
 func (s *Service) Session(ctx context.Context, name, credential string) (Actor, error) {
 	if name == "" {
-		if s.o.AdminToken == "" {
+		tag := s.AdminSessionTag()
+		if tag == "" || (credential != "" && subtle.ConstantTimeCompare([]byte(credential), []byte(tag)) != 1) {
 			return Actor{}, ErrUnauthorized
 		}
 		return Bootstrap, nil

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/mail"
 	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -269,7 +270,7 @@ func (n *notifier) deliver(ctx context.Context, k destKey, batch []Event) {
 		n.mu.Unlock()
 		if state != Retrying {
 			if state == Failed {
-				n.e.log.Warn("alert notification failed", "channel", k.channel, "target", k.target, "attempts", attempt, "err", err)
+				n.e.log.Warn("alert notification failed", "channel", k.channel, "target", logTarget(k.channel, k.target), "attempts", attempt, "err", err)
 			}
 			return
 		}
@@ -294,20 +295,20 @@ type WebhookBody struct {
 	Events []Event `json:"events"`
 }
 
-func (n *notifier) webhook(ctx context.Context, url string, batch []Event) error {
+func (n *notifier) webhook(ctx context.Context, target string, batch []Event) error {
 	body, err := json.Marshal(WebhookBody{Source: "drover", Events: batch})
 	if err != nil {
 		return permanent{err}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
-		return permanent{err}
+		return permanent{redactURLError(err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "drover-alerts")
 	resp, err := n.e.opts.HTTPClient.Do(req)
 	if err != nil {
-		return err
+		return redactURLError(err)
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
@@ -318,6 +319,39 @@ func (n *notifier) webhook(ctx context.Context, url string, batch []Event) error
 		return permanent{fmt.Errorf("HTTP %s", resp.Status)}
 	}
 	return fmt.Errorf("HTTP %s", resp.Status)
+}
+
+// logTarget is a notification target as the log shows it: a webhook URL
+// without its path, query and user (chat services put their secret
+// there), e-mail recipients as they are.
+func logTarget(channel, target string) string {
+	if channel != "webhook" {
+		return target
+	}
+	return redactURL(target)
+}
+
+// redactURL is scheme://host of u, and "/…" when u had more.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.Host == "" {
+		return "(a URL that does not parse)"
+	}
+	s := p.Scheme + "://" + p.Host
+	if (p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.Opaque != "" {
+		s += "/…"
+	}
+	return s
+}
+
+// redactURLError is err with the URL it names (net/http's errors name
+// the request's) redacted.
+func redactURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = redactURL(ue.URL)
+	}
+	return err
 }
 
 func (n *notifier) email(ctx context.Context, to string, batch []Event) error {
@@ -466,6 +500,27 @@ func (e *Engine) SMTP() SMTPSettings {
 	return e.notify.smtp
 }
 
+// SetSMTPPassword replaces the SMTP password from a file
+// (Options.SMTPPassword; the file is read again on SIGHUP): the next
+// e-mail uses it, and it is never stored. An engine without a password
+// from a file ignores it.
+func (e *Engine) SetSMTPPassword(p string) {
+	e.notify.mu.Lock()
+	defer e.notify.mu.Unlock()
+	if e.opts.SMTPPassword == "" || p == "" {
+		return
+	}
+	e.opts.SMTPPassword = p
+	e.notify.smtp.Password = p
+}
+
+// filePassword is the SMTP password from a file; "" for none.
+func (e *Engine) filePassword() string {
+	e.notify.mu.Lock()
+	defer e.notify.mu.Unlock()
+	return e.opts.SMTPPassword
+}
+
 // storedSMTP is SMTPSettings as stored: the password sealed, never plain.
 type storedSMTP struct {
 	SMTPSettings
@@ -483,8 +538,8 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 	if s.Password == "" && s.Username == cur.Username {
 		s.Password = cur.Password
 	}
-	if e.opts.SMTPPassword != "" {
-		s.Password = e.opts.SMTPPassword
+	if p := e.filePassword(); p != "" {
+		s.Password = p
 	}
 	if err := e.saveSMTP(ctx, s); err != nil {
 		return SMTPSettings{}, err
@@ -500,7 +555,7 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 func (e *Engine) saveSMTP(ctx context.Context, s SMTPSettings) error {
 	st := storedSMTP{SMTPSettings: s}
 	st.SMTPSettings.Password = ""
-	if s.Password != "" && e.opts.SMTPPassword == "" && e.opts.SecretKey != nil {
+	if s.Password != "" && e.filePassword() == "" && e.opts.SecretKey != nil {
 		sealed, err := seal(e.opts.SecretKey, s.Password)
 		if err != nil {
 			return err
@@ -524,8 +579,8 @@ func (e *Engine) loadSMTP(ctx context.Context) error {
 	}
 	s := st.SMTPSettings
 	switch {
-	case e.opts.SMTPPassword != "":
-		s.Password = e.opts.SMTPPassword
+	case e.filePassword() != "":
+		s.Password = e.filePassword()
 	case st.PasswordSealed != "":
 		p, err := unseal(e.opts.SecretKey, st.PasswordSealed)
 		if err != nil {

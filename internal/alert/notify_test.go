@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -325,3 +326,37 @@ func TestEmailRequiresSTARTTLS(t *testing.T) {
 		return len(srv.msgs) == 1 && strings.Contains(srv.msgs[0].data, "cleared: hot on device 1")
 	})
 }
+
+// A webhook URL's path and query (where chat services put their secret)
+// never reach the log, not even in the error of a failed delivery.
+func TestWebhookSecretNotLogged(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	base := dead.URL
+	dead.Close() // connections refused: net/http's error names the URL
+	var logged strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logged.Write(p)
+	}), nil))
+	e := newEnv(t, nil, alert.Options{Logger: log, Retry: alert.Retry{First: 10 * time.Millisecond, Max: 10 * time.Millisecond, Attempts: 2}})
+	run(t, e)
+	e.register("a", "ICR")
+	e.rule(alert.Rule{Name: "hot", Kind: alert.TemperatureAbove, Threshold: 80, Webhook: base + "/services/T0/B0/s3cret-path?token=s3cret-query"})
+	e.push("a", 0, `{"temperature":90}`)
+	waitFor(t, "the failed delivery logged", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logged.String(), "alert notification failed")
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(logged.String(), "s3cret") || !strings.Contains(logged.String(), base+"/…") {
+		t.Errorf("log:\n%s", logged.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -208,10 +208,10 @@ func (n *Node) connect() {
 		}),
 		nats.ConnectHandler(func(*nats.Conn) {
 			n.natsUp.Store(true)
-			n.log.Info("cluster: NATS connected", "url", n.cfg.NATSURL)
+			n.log.Info("cluster: NATS connected", "url", RedactURLs(n.cfg.NATSURL))
 		}))
 	if err != nil {
-		n.log.Warn("cluster: NATS unavailable; the database carries everything", "url", n.cfg.NATSURL, "err", err)
+		n.log.Warn("cluster: NATS unavailable; the database carries everything", "url", RedactURLs(n.cfg.NATSURL), "err", err)
 		return
 	}
 	n.nc = nc

@@ -198,7 +198,7 @@ func (s *Service) RegisterWith(ctx context.Context, r protocol.RegisterRequest, 
 	if s.opts.RequireCertificate && !c.cert {
 		return protocol.RegisterResponse{}, ErrCertificateRequired
 	}
-	c.secret = r.EnrollmentSecret != "" && subtle.ConstantTimeCompare([]byte(r.EnrollmentSecret), []byte(s.opts.EnrollmentSecret)) == 1
+	c.secret = r.EnrollmentSecret != "" && subtle.ConstantTimeCompare([]byte(r.EnrollmentSecret), []byte(s.enrollmentSecret())) == 1
 	if r.EnrollmentToken != "" {
 		t, err := s.checkEnrollmentToken(ctx, r.EnrollmentToken, r.MachineID)
 		if err != nil {

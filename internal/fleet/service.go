@@ -106,6 +106,8 @@ type Service struct {
 	cmds   commands      // commands.go
 
 	cluster clusterState // cluster.go
+
+	secret enrollmentSecret // secret.go
 }
 
 // New loads the fleet from its stores (none: in memory) and returns the

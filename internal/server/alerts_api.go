@@ -2,11 +2,8 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/drover/drover/internal/alert"
@@ -19,16 +16,11 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 	if s.store != nil {
 		as = s.store
 	}
-	var smtpPassword string
-	if f := s.cfg.SMTPPasswordFile; f != "" {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return fmt.Errorf("smtp-password-file: %w", err)
-		}
-		if smtpPassword = strings.TrimRight(string(b), "\r\n"); smtpPassword == "" {
-			return fmt.Errorf("smtp-password-file %s is empty", f)
-		}
+	smtpPassword, err := readSMTPPassword(s.cfg.SMTPPasswordFile)
+	if err != nil {
+		return err
 	}
+	s.smtpPassword = smtpPassword
 	opts := alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention, Hook: hook,
 		SecretKey: s.Secrets.settingsKey(), SMTPPassword: smtpPassword}
 	if s.node != nil {

@@ -46,6 +46,8 @@ type Config struct {
 	// to roles: "drover-admins=admin,drover-ops=operator,staff=viewer".
 	OIDCIssuer, OIDCClientID, OIDCClientSecret, OIDCRedirectURL string
 	OIDCUserClaim, OIDCRoleClaim, OIDCRoles                     string
+	// OIDCClientSecretFile holds OIDCClientSecret (secretfiles.go).
+	OIDCClientSecretFile string
 	// Per-device quotas (docs/operations.md, "Quotas").
 	QuotaPushRate       float64
 	QuotaPushBurst      int
@@ -249,11 +251,8 @@ func (c *Config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("-log-format must be text or json, not %q", c.LogFormat)
 	}
-	if c.MetricsToken != "" && len(c.MetricsToken) < 16 {
-		return errors.New("-metrics-token must be at least 16 characters")
-	}
-	if c.MetricsToken != "" && c.MetricsToken == c.AdminToken {
-		return errors.New("-metrics-token must differ from -admin-token")
+	if err := c.validateSecrets(); err != nil {
+		return err
 	}
 	if c.DataDir == "" {
 		return errors.New("-data-dir must not be empty")

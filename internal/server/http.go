@@ -49,8 +49,9 @@ type api struct {
 
 	backend, persistence string // GET /api/v1/server (serverinfo.go)
 
-	// metricsToken may read /metrics only; nil: none.
-	metricsToken []byte
+	// metricsToken may read /metrics only; nil or empty: none. Reload
+	// replaces it.
+	metricsToken atomic.Pointer[[]byte]
 
 	// refused counts device requests refused with 503 for overload.
 	refused atomic.Uint64
@@ -310,7 +311,8 @@ func bearer(r *http.Request) (string, bool) {
 // isMetricsReader checks the metrics token in constant time.
 func (a *api) isMetricsReader(r *http.Request) bool {
 	t, ok := bearer(r)
-	return ok && len(a.metricsToken) > 0 && subtle.ConstantTimeCompare([]byte(t), a.metricsToken) == 1
+	m := a.metricsToken.Load()
+	return ok && m != nil && len(*m) > 0 && subtle.ConstantTimeCompare([]byte(t), *m) == 1
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -523,3 +525,9 @@ func (l *rateLimiter) allow() bool {
 
 // StatusCode is the HTTP status of the answer (the dashboard shows it too).
 func (e *apiError) StatusCode() int { return e.status }
+
+// setMetricsToken sets the token that may read /metrics ("": none).
+func (a *api) setMetricsToken(t string) {
+	b := []byte(t)
+	a.metricsToken.Store(&b)
+}

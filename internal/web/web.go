@@ -484,6 +484,8 @@ func (h *Handler) startSession(w http.ResponseWriter, r *http.Request, who acces
 	s := &session{csrf: randomToken(), expires: now.Add(h.opts.SessionTTL), user: who.SessionName()}
 	if s.user != "" {
 		s.cred = who.Credential
+	} else {
+		s.cred = h.acc.AdminSessionTag() // ends when the admin token is replaced
 	}
 	if _, err := h.opts.Sessions.PruneSessions(r.Context(), now); err != nil {
 		h.log.Error("dashboard session prune failed", "err", err)

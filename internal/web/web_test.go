@@ -443,3 +443,26 @@ func TestSessionsSurviveRestart(t *testing.T) {
 		t.Fatalf("devices after logout and a restart: %d", st)
 	}
 }
+
+// A dashboard session logged in with the admin token ends when the token
+// is replaced (a rotated --admin-token-file and SIGHUP), and a login with
+// the new token works; user sessions are not concerned.
+func TestAdminTokenReplacedEndsItsSessions(t *testing.T) {
+	s := newSite(t, 1)
+	s.login()
+	if st, _, _ := s.get("/ui/devices"); st != http.StatusOK {
+		t.Fatalf("devices after login: %d", st)
+	}
+	s.acc.SetAdminToken(token + "-rotated")
+	if st, _, _ := s.get("/ui/devices"); st == http.StatusOK {
+		t.Fatalf("devices with a session of the replaced admin token: %d, want it ended", st)
+	}
+	_, _, body := s.get("/ui/login")
+	st, hdr, _ := s.post("/ui/login", url.Values{"csrf": {csrfOf(t, body)}, "username": {"admin"}, "password": {token + "-rotated"}, "next": {"/ui/devices"}}, nil)
+	if st != http.StatusSeeOther || hdr.Get("Location") != "/ui/devices" {
+		t.Fatalf("login with the new admin token: %d %v", st, hdr)
+	}
+	if st, _, _ := s.get("/ui/devices"); st != http.StatusOK {
+		t.Fatalf("devices after a login with the new admin token: %d", st)
+	}
+}

@@ -18,11 +18,16 @@ type SecretFiles struct {
 	names []string
 }
 
-// DefineSecretFiles defines the NAME-file flags of names on fs.
+// DefineSecretFiles defines the NAME-file flags of names on fs. The named
+// flags are secrets: --help never shows their defaults (a default taken
+// from the environment would be printed).
 func DefineSecretFiles(fs *flag.FlagSet, names ...string) *SecretFiles {
 	s := &SecretFiles{fs: fs, files: map[string]*string{}, names: names}
 	for _, n := range names {
 		s.files[n] = fs.String(n+"-file", "", "file holding --"+n+" (one line), instead of the flag")
+		if f := fs.Lookup(n); f != nil {
+			f.DefValue = ""
+		}
 	}
 	secretFilesMu.Lock()
 	secretFilesOf[fs] = s

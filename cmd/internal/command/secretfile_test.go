@@ -1,6 +1,8 @@
 package command
 
 import (
+	"bytes"
+	"errors"
 	"flag"
 	"io"
 	"os"
@@ -50,5 +52,25 @@ func TestSecretFiles(t *testing.T) {
 		if err != nil || *secret != tc.want || fs.Lookup("token").Value.String() != "s3cret" {
 			t.Errorf("%q: %v, secret %q token %q, want %q and the token from $DROVER_TOKEN_FILE", tc.args, err, *secret, fs.Lookup("token").Value.String(), tc.want)
 		}
+	}
+}
+
+// A secret's default (here from the environment, as emulate's --secret
+// takes $DROVER_ENROLLMENT_SECRET) is never shown by --help.
+func TestSecretDefaultsNotInHelp(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.String("secret", "from-the-environment", "the secret")
+	fs.String("name", "shown-default", "not a secret")
+	DefineSecretFiles(fs, "secret")
+	var out bytes.Buffer
+	err := Load(fs, []string{"--help"}, Env{Stdout: &out, Stderr: io.Discard, Getenv: func(string) string { return "" }})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	if strings.Contains(out.String(), "from-the-environment") || !strings.Contains(out.String(), "shown-default") || !strings.Contains(out.String(), "-secret-file") {
+		t.Errorf("--help:\n%s", out.String())
+	}
+	if v := fs.Lookup("secret").Value.String(); v != "from-the-environment" {
+		t.Errorf("the secret's value %q, want its default kept", v)
 	}
 }

@@ -18,7 +18,9 @@ type Session struct {
 	Expires time.Time
 	// User is the user logged in (internal/access); "" the admin token.
 	User string
-	// Credential is how: "password"; "" for the admin token.
+	// Credential is how: "password", "oidc"…; for the admin token a
+	// digest of it (access.Service.AdminSessionTag), "" when stored by an
+	// earlier version.
 	Credential string
 }
 
