@@ -249,12 +249,15 @@ func TestSeamBackupRestoresEveryKindOfData(t *testing.T) {
 	defer db.Close()
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		var state string
-		db.QueryRow(`SELECT state FROM rollout_devices WHERE device_id = ?`, devs[0].ID).Scan(&state)
-		if state == "downloading" {
+		var progress int64
+		db.QueryRow(`SELECT state, progress FROM rollout_devices WHERE device_id = ?`, devs[0].ID).Scan(&state, &progress)
+		// The device may be stored as downloading (the download started)
+		// a turn before its reported progress is.
+		if state == "downloading" && progress == 4096 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the download's progress was not stored within 20 s (state %q)", state)
+			t.Fatalf("the download's progress was not stored within 20 s (state %q, progress %d)", state, progress)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
