@@ -20,6 +20,7 @@ import (
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/httpclose"
 	"github.com/drover/drover/internal/protocol"
 	fastjson "github.com/goccy/go-json"
 	"github.com/prometheus/client_golang/prometheus"
@@ -221,18 +222,13 @@ func bodyTooLarge(limit int64, firmware bool) error {
 	return &protocol.Error{Code: protocol.CodeTooLarge, Message: "body exceeds " + strconv.FormatInt(limit, 10) + " bytes"}
 }
 
-// closeAfter closes an HTTP/1 connection after the answer, which is sent
-// without reading the rest of the request body: net/http would otherwise
-// read up to 256 KiB of it, before the answer and again after it, waiting
-// for bytes a client declared and may never send (until the 30 s read
-// timeout).
-// HTTP/2 resets the stream instead.
-func closeAfter(w http.ResponseWriter, r *http.Request) {
-	if r.ProtoMajor != 1 {
-		return
-	}
-	w.Header().Set("Connection", "close")
-	http.NewResponseController(w).SetReadDeadline(time.Now())
+// closeAfter marks the answer as the connection's last, sent without
+// reading the rest of the request body: net/http would otherwise read up
+// to 256 KiB of it before the answer, waiting for bytes a client declared
+// and may never send. Run the function it returns after the answer:
+// defer closeAfter(w, r)().
+func closeAfter(w http.ResponseWriter, r *http.Request) func() {
+	return httpclose.After(w, r)
 }
 
 // readBody reads a bounded request body into a pooled buffer; wrap has

@@ -248,7 +248,7 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 		// A declared body over the limit is refused before anything
 		// else, and before it is read (fail closes the connection).
 		if r.ContentLength > limit {
-			closeAfter(w, r)
+			defer closeAfter(w, r)()
 			a.fail(w, &rt, bodyTooLarge(limit, rt.stream))
 			return
 		}
@@ -296,7 +296,7 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 		}
 		if err != nil {
 			if answerError(err).status == http.StatusRequestEntityTooLarge {
-				closeAfter(w, r) // the rest of the body stays unread
+				defer closeAfter(w, r)() // the rest of the body stays unread
 			}
 			a.fail(w, &rt, err)
 			return
@@ -328,7 +328,7 @@ func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > protocol.MaxBodyBytes { // none of them reads a body
-			closeAfter(w, r)
+			defer closeAfter(w, r)()
 			a.fail(w, &rt, bodyTooLarge(protocol.MaxBodyBytes, false))
 			return
 		}
@@ -363,7 +363,7 @@ type unchangedBody struct{ v any }
 func (a *api) unrouted(w http.ResponseWriter, r *http.Request) {
 	other := &route{endpoint: "other"}
 	if r.ContentLength > protocol.MaxBodyBytes {
-		closeAfter(w, r) // answered without reading the body
+		defer closeAfter(w, r)() // answered without reading the body
 	}
 	if _, pattern := a.allowed.Handler(r); pattern != "" {
 		allow := strings.Join(a.methods[pattern], ", ")

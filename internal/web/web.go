@@ -22,6 +22,7 @@ import (
 	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/httpclose"
 	"github.com/drover/drover/internal/web/sessions"
 )
 
@@ -374,10 +375,7 @@ func refuseDeclared(w http.ResponseWriter, r *http.Request, limit int64) bool {
 	if r.ContentLength <= limit {
 		return false
 	}
-	if r.ProtoMajor == 1 {
-		w.Header().Set("Connection", "close")
-		http.NewResponseController(w).SetReadDeadline(time.Now())
-	}
+	defer httpclose.After(w, r)()
 	http.Error(w, "the form is larger than "+strconv.FormatInt(limit, 10)+" bytes", http.StatusRequestEntityTooLarge)
 	return true
 }
