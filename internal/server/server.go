@@ -25,9 +25,9 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/sessions"
 	"github.com/drover/drover/internal/store"
 	"github.com/drover/drover/internal/web"
-	"github.com/drover/drover/internal/web/sessions"
 )
 
 // Version is the build's version.

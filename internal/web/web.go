@@ -22,7 +22,7 @@ import (
 	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/web/sessions"
+	"github.com/drover/drover/internal/sessions"
 )
 
 //go:embed templates/*.html

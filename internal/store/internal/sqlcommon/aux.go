@@ -11,7 +11,7 @@ import (
 
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/web/sessions"
+	"github.com/drover/drover/internal/sessions"
 )
 
 // Aux implements alert.Store, fleet.LabelStore and sessions.Store on the
