@@ -35,10 +35,10 @@ var migrations embed.FS
 // max_allowed_packet in use (4 MiB, MySQL 5.7; MariaDB's is 16 MiB).
 const maxStatement = 1 << 20
 
-// Store is a fleet.Store on MariaDB or MySQL. The embedded Aux keeps
-// alerts, labels, settings and sessions (migration 011).
+// Store is a fleet.Store on MariaDB or MySQL. The embedded Tables keep
+// alerts, settings, labels, sessions, users, commands and firmware.
 type Store struct {
-	*sqlcommon.Aux
+	sqlcommon.Tables
 	*sqlcommon.Samples // History, DeviceState, PruneHistory, DropHistory
 	db                 *sql.DB
 	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
@@ -140,7 +140,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	s.db.SetMaxOpenConns(8)
 	s.db.SetMaxIdleConns(8)
 	s.db.SetConnMaxIdleTime(time.Minute)
-	s.Aux = &sqlcommon.Aux{R: s.db, W: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
+	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: s.db, W: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost})
 	s.Samples = &sqlcommon.Samples{DB: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
 	s.policyStore = newPolicyStore(s.db)
 	return s, nil

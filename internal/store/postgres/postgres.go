@@ -28,11 +28,11 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Store is a fleet.Store on PostgreSQL. The embedded Aux keeps alerts,
-// labels, settings and sessions (migration 011) through database/sql on
-// the same pool.
+// Store is a fleet.Store on PostgreSQL. The embedded Tables keep alerts,
+// settings, labels, sessions, users, commands and firmware through
+// database/sql on the same pool.
 type Store struct {
-	*sqlcommon.Aux
+	sqlcommon.Tables
 	*sqlcommon.Samples // History, DeviceState, PruneHistory, DropHistory
 	pool               *pgxpool.Pool
 	lock               *lock    // nil: no instance lock (drover migrate, cluster mode)
@@ -91,7 +91,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 		return nil, err
 	}
 	db := stdlib.OpenDBFromPool(s.pool)
-	s.Aux = &sqlcommon.Aux{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost}
+	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost})
 	s.Samples = &sqlcommon.Samples{DB: db, D: sqlcommon.Postgres, Writable: s.LockLost}
 	s.policyStore = newPolicyStore(db)
 	return s, nil
@@ -130,7 +130,7 @@ func Migrate(ctx context.Context, cc *pgx.ConnConfig) (int, error) {
 
 // Close closes the pool and releases the instance lock.
 func (s *Store) Close() error {
-	s.Aux.R.Close()
+	s.Tables.Base.R.Close()
 	s.pool.Close()
 	if s.lock != nil {
 		s.lock.close()

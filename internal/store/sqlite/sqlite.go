@@ -27,10 +27,10 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Store is a fleet.Store on SQLite. The embedded Aux keeps alerts,
-// labels, settings and sessions (migrations 002 and 011).
+// Store is a fleet.Store on SQLite. The embedded Tables keep alerts,
+// settings, labels, sessions, users, commands and firmware.
 type Store struct {
-	*sqlcommon.Aux
+	sqlcommon.Tables
 	w    *sql.DB // the one writer
 	r    *sql.DB // readers
 	lock *instlock.FileLock
@@ -153,8 +153,8 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
-	s := &Store{Aux: &sqlcommon.Aux{R: r, W: w, D: sqlcommon.SQLite}, w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
-	s.Aux.Writable = s.LockLost
+	s := &Store{w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
+	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: r, W: w, D: sqlcommon.SQLite, Writable: s.LockLost})
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
 		s.closeDBs()
