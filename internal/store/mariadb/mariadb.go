@@ -201,48 +201,7 @@ func (s *Store) Close() error {
 
 // Load implements fleet.Store.
 func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	var res fleet.LoadResult
-	rows, err := s.db.QueryContext(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	for rows.Next() {
-		var p fleet.Profile
-		var created, updated int64
-		if err := rows.Scan(&p.ID, &p.DeviceType, &p.Firmware, &p.Version, (*[]byte)(&p.Config), &p.PushInterval, &created, &updated); err != nil {
-			rows.Close()
-			return res, err
-		}
-		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
-		res.Profiles = append(res.Profiles, p)
-		res.MaxProfileID = max(res.MaxProfileID, p.ID)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return res, err
-	}
-	rows, err = s.db.QueryContext(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
-		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var d fleet.DeviceRecord
-		var registered, lastSeen, seq int64
-		if err := rows.Scan(&d.ID, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
-			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, (*[]byte)(&d.State.State)); err != nil {
-			return res, err
-		}
-		d.RegisteredAt = time.Unix(registered, 0).UTC()
-		d.State.LastSeen = batchutil.FromLastSeen(lastSeen)
-		d.State.DeviceID, d.State.Seq, d.State.Firmware = d.ID, uint64(seq), d.Firmware
-		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
-		if err := each(d); err != nil {
-			return res, err
-		}
-	}
-	return res, rows.Err()
+	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.db)}.Load(ctx, each)
 }
 
 // Commit implements fleet.Store. Deadlocks and lock wait timeouts with a

@@ -141,53 +141,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Load implements fleet.Store.
+// Load implements fleet.Store, on pgx's own rows.
 func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	var res fleet.LoadResult
-	rows, err := s.pool.Query(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	for rows.Next() {
-		var p fleet.Profile
-		var id, created, updated int64
-		if err := rows.Scan(&id, &p.DeviceType, &p.Firmware, &p.Version, (*[]byte)(&p.Config), &p.PushInterval, &created, &updated); err != nil {
-			rows.Close()
-			return res, err
-		}
-		p.ID = uint64(id)
-		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
-		res.Profiles = append(res.Profiles, p)
-		res.MaxProfileID = max(res.MaxProfileID, p.ID)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return res, err
-	}
-	rows, err = s.pool.Query(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
-		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var d fleet.DeviceRecord
-		var id, registered, lastSeen, seq int64
-		var configError []byte
-		if err := rows.Scan(&id, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
-			&lastSeen, &seq, &d.State.AppliedVersion, &configError, (*[]byte)(&d.State.State)); err != nil {
-			return res, err
-		}
-		d.ID = uint64(id)
-		d.RegisteredAt = time.Unix(registered, 0).UTC()
-		d.State.LastSeen = batchutil.FromLastSeen(lastSeen)
-		d.State.DeviceID, d.State.Seq, d.State.Firmware, d.State.ConfigError = d.ID, uint64(seq), d.Firmware, string(configError)
-		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
-		if err := each(d); err != nil {
-			return res, err
-		}
-	}
-	return res, rows.Err()
+	return sqlcommon.Loader{Query: func(ctx context.Context, q string) (sqlcommon.Rows, error) { return s.pool.Query(ctx, q) }}.Load(ctx, each)
 }
 
 const (

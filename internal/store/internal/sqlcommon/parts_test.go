@@ -1,10 +1,13 @@
 package sqlcommon
 
 import (
+	"bytes"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -52,5 +55,30 @@ func TestMethodsBesideTheirType(t *testing.T) {
 	}
 	if len(methods) == 0 {
 		t.Fatal("no methods found")
+	}
+}
+
+// The adapters share one Load (load.go): none reads the devices or the
+// profiles tables at start with a copy of its own.
+func TestOneLoad(t *testing.T) {
+	for _, dir := range []string{"../../sqlite", "../../postgres", "../../mariadb"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("%s: no Go files (%v)", dir, err)
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range []string{"FROM devices ORDER BY id", "FROM profiles ORDER BY id"} {
+				if bytes.Contains(b, []byte(q)) {
+					t.Errorf("%s reads %q: a Load of its own", f, q)
+				}
+			}
+		}
 	}
 }
