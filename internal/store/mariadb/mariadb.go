@@ -22,6 +22,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/batchutil"
 	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/internal/sqlcommon"
@@ -189,6 +190,9 @@ func (s *Store) InnoDBSizes(ctx context.Context) (pool, redoLog int64, err error
 	}
 	return pool, redoLog, nil
 }
+
+// Extras implements contract.Store: InnoDB's sizes, for advice.
+func (s *Store) Extras() contract.Extras { return contract.Extras{InnoDBSizes: s.InnoDBSizes} }
 
 // Close closes the connection pool and releases the instance lock.
 func (s *Store) Close() error {

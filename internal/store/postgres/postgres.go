@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/batchutil"
 	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/internal/sqlcommon"
@@ -127,6 +128,9 @@ func Migrate(ctx context.Context, cc *pgx.ConnConfig) (int, error) {
 	_, err = db.ExecContext(ctx, `SELECT pg_advisory_unlock(7283409581)`)
 	return n, err
 }
+
+// Extras implements contract.Store: the checkpoint settings, for advice.
+func (s *Store) Extras() contract.Extras { return contract.Extras{CheckpointRoom: s.CheckpointRoom} }
 
 // Close closes the pool and releases the instance lock.
 func (s *Store) Close() error {

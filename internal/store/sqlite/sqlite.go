@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/internal/sqlcommon"
 	"github.com/drover/drover/internal/store/migrate"
@@ -49,6 +50,9 @@ type upkeepReport func(work string, items int64, start time.Time, err error)
 // (the checkpointer, the state log's merger, the history archiver, and their
 // gentle drops), from now on.
 func (s *Store) ObserveUpkeep(f fleet.UpkeepObserver) { s.upkeep.Store(&f) }
+
+// Extras implements contract.Store: the background work's reports.
+func (s *Store) Extras() contract.Extras { return contract.Extras{ObserveUpkeep: s.ObserveUpkeep} }
 
 // untilStop returns a context cancelled once stop closes (or cancel is
 // called): the background loops' work ends with the store.
