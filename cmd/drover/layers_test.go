@@ -47,11 +47,11 @@ func TestImportLayers(t *testing.T) {
 		"internal/logcat":            {},
 		"internal/netlab":            {},
 		"internal/alert":             {"internal/fleet", "internal/protocol", "internal/alert"},
-		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert", "internal/render", "internal/web/sessions", "internal/access", "internal/httpclose"},
-		"internal/web/sessions":      {},
+		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert", "internal/render", "internal/sessions", "internal/access", "internal/httpclose"},
+		"internal/sessions":          {},
 		"internal/access":            {},
-		"internal/store/contract":    {"internal/fleet", "internal/alert", "internal/web/sessions", "internal/access"},
-		"internal/cluster":           {"internal/fleet", "internal/store/contract", "internal/protocol", "internal/alert", "internal/web/sessions", "internal/access"},
+		"internal/store/contract":    {"internal/fleet", "internal/alert", "internal/sessions", "internal/access"},
+		"internal/cluster":           {"internal/fleet", "internal/store/contract", "internal/protocol", "internal/alert", "internal/sessions", "internal/access"},
 		"cmd/internal/command":       {},
 		"cmd/internal/agentcmd":      {"cmd/internal/command", "internal/agent"},
 		"cmd/drover-agent":           {"cmd/internal/command", "cmd/internal/agentcmd"},
@@ -77,6 +77,20 @@ func TestImportLayers(t *testing.T) {
 		for _, i := range local(pkg) {
 			if !slices.Contains(rule, i) {
 				t.Errorf("%s imports %s; docs/architecture.md allows %v", pkg, i, rule)
+			}
+		}
+	}
+	// The store depends on nothing above it: not the dashboard (whose
+	// login store is the leaf internal/sessions), the server or the cluster.
+	for pkg := range imports {
+		if pkg != "internal/store" && !strings.HasPrefix(pkg, "internal/store/") {
+			continue
+		}
+		for _, i := range local(pkg) {
+			for _, above := range []string{"internal/web", "internal/server", "internal/cluster"} {
+				if i == above || strings.HasPrefix(i, above+"/") {
+					t.Errorf("%s imports %s, above the store", pkg, i)
+				}
 			}
 		}
 	}

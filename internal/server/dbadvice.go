@@ -1,21 +1,6 @@
 package server
 
-import (
-	"context"
-	"time"
-)
-
-// checkpointRoomer is a store whose database checkpoints by WAL volume and
-// time (PostgreSQL: postgres.Store.CheckpointRoom).
-type checkpointRoomer interface {
-	CheckpointRoom(ctx context.Context) (maxWAL int64, timeout time.Duration, err error)
-}
-
-// innodbSizer is a store on InnoDB, whose buffer pool and redo log have set
-// sizes (MariaDB: mariadb.Store.InnoDBSizes).
-type innodbSizer interface {
-	InnoDBSizes(ctx context.Context) (pool, redoLog int64, err error)
-}
+import "context"
 
 // From largeFleet devices on, PostgreSQL's default max_wal_size (1 GB) is
 // full within tens of seconds of pushes, and each checkpoint's writes stall
@@ -60,8 +45,12 @@ func needsRedoLog(devices int, redoLog int64) bool {
 // the fleet it holds: PostgreSQL checkpointing too often, MariaDB's buffer
 // pool smaller than the devices or its redo log short.
 func (s *Server) adviseDatabase(ctx context.Context, devices int) {
-	if c, ok := s.store.(checkpointRoomer); ok {
-		wal, timeout, err := c.CheckpointRoom(ctx)
+	if s.store == nil {
+		return
+	}
+	x := s.store.Extras()
+	if x.CheckpointRoom != nil {
+		wal, timeout, err := x.CheckpointRoom(ctx)
 		if err != nil {
 			s.log.Debug("checkpoint settings not read", "err", err)
 		} else if needsCheckpointRoom(devices, wal) {
@@ -69,8 +58,8 @@ func (s *Server) adviseDatabase(ctx context.Context, devices int) {
 				"max_wal_size_mb", wal>>20, "checkpoint_timeout", timeout, "advice", "max_wal_size 16GB, checkpoint_timeout 15min (docs/persistence.md)")
 		}
 	}
-	if i, ok := s.store.(innodbSizer); ok {
-		pool, redoLog, err := i.InnoDBSizes(ctx)
+	if x.InnoDBSizes != nil {
+		pool, redoLog, err := x.InnoDBSizes(ctx)
 		if err != nil {
 			s.log.Debug("InnoDB sizes not read", "err", err)
 			return

@@ -65,6 +65,8 @@ type innodbStore struct {
 
 func (i innodbStore) InnoDBSizes(context.Context) (int64, int64, error) { return i.pool, i.log, nil }
 
+func (i innodbStore) Extras() store.Extras { return store.Extras{InnoDBSizes: i.InnoDBSizes} }
+
 // Each warning is logged at start for a large fleet on a small setting,
 // the buffer pool's with the advised size, and not otherwise.
 func TestAdviseInnoDB(t *testing.T) {

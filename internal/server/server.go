@@ -25,9 +25,9 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/sessions"
 	"github.com/drover/drover/internal/store"
 	"github.com/drover/drover/internal/web"
-	"github.com/drover/drover/internal/web/sessions"
 )
 
 // Version is the build's version.
@@ -176,12 +176,12 @@ const slowUpkeep = time.Second
 // watchUpkeep exports the store's background work (SQLite's; the other
 // backends have none) and logs its slow and failed steps.
 func (s *Server) watchUpkeep() {
-	u, ok := s.store.(interface{ ObserveUpkeep(fleet.UpkeepObserver) })
-	if !ok {
+	observe := s.store.Extras().ObserveUpkeep
+	if observe == nil {
 		return
 	}
 	var failing sync.Map // work → true while it fails
-	u.ObserveUpkeep(func(work string, items int64, took time.Duration, err error) {
+	observe(func(work string, items int64, took time.Duration, err error) {
 		s.m.observeUpkeep(work, items, took, err)
 		if err != nil {
 			if _, was := failing.Swap(work, true); !was {

@@ -23,7 +23,7 @@ import (
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/httpclose"
-	"github.com/drover/drover/internal/web/sessions"
+	"github.com/drover/drover/internal/sessions"
 )
 
 //go:embed templates/*.html

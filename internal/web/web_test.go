@@ -19,8 +19,8 @@ import (
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/sessions"
 	"github.com/drover/drover/internal/web"
-	"github.com/drover/drover/internal/web/sessions"
 	"golang.org/x/crypto/bcrypt"
 )
 

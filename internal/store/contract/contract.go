@@ -13,7 +13,7 @@ import (
 	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/web/sessions"
+	"github.com/drover/drover/internal/sessions"
 )
 
 // Store is what the server takes.
@@ -26,6 +26,23 @@ type Store interface {
 	// server took this store's instance lock, else nil. From then on this
 	// server must not acknowledge writes: its commits fail.
 	LockLost() error
+	// Extras returns what the backend offers beyond the contract.
+	Extras() Extras
+}
+
+// Extras are a backend's capabilities beyond the contract, each nil where
+// the backend has none: what the server watches and advises on.
+type Extras struct {
+	// ObserveUpkeep has f told about each step of the store's background
+	// work from now on (SQLite: checkpoints, state log merges, history
+	// archiving and their drops).
+	ObserveUpkeep func(f fleet.UpkeepObserver)
+	// CheckpointRoom reads PostgreSQL's max_wal_size (bytes) and
+	// checkpoint_timeout.
+	CheckpointRoom func(ctx context.Context) (maxWAL int64, timeout time.Duration, err error)
+	// InnoDBSizes reads InnoDB's buffer pool and redo log sizes in bytes
+	// (MariaDB, MySQL).
+	InnoDBSizes func(ctx context.Context) (pool, redoLog int64, err error)
 }
 
 // Cluster is a store that serves one node of a cluster (PostgreSQL only,

@@ -22,6 +22,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/batchutil"
 	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/internal/sqlcommon"
@@ -35,10 +36,10 @@ var migrations embed.FS
 // max_allowed_packet in use (4 MiB, MySQL 5.7; MariaDB's is 16 MiB).
 const maxStatement = 1 << 20
 
-// Store is a fleet.Store on MariaDB or MySQL. The embedded Aux keeps
-// alerts, labels, settings and sessions (migration 011).
+// Store is a fleet.Store on MariaDB or MySQL. The embedded Tables keep
+// alerts, settings, labels, sessions, users, commands and firmware.
 type Store struct {
-	*sqlcommon.Aux
+	sqlcommon.Tables
 	*sqlcommon.Samples // History, DeviceState, PruneHistory, DropHistory
 	db                 *sql.DB
 	lock               *lock // nil: no instance lock (drover migrate, cluster mode)
@@ -140,7 +141,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	s.db.SetMaxOpenConns(8)
 	s.db.SetMaxIdleConns(8)
 	s.db.SetConnMaxIdleTime(time.Minute)
-	s.Aux = &sqlcommon.Aux{R: s.db, W: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
+	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: s.db, W: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost})
 	s.Samples = &sqlcommon.Samples{DB: s.db, D: sqlcommon.MariaDB, Writable: s.LockLost}
 	s.policyStore = newPolicyStore(s.db)
 	return s, nil
@@ -190,6 +191,9 @@ func (s *Store) InnoDBSizes(ctx context.Context) (pool, redoLog int64, err error
 	return pool, redoLog, nil
 }
 
+// Extras implements contract.Store: InnoDB's sizes, for advice.
+func (s *Store) Extras() contract.Extras { return contract.Extras{InnoDBSizes: s.InnoDBSizes} }
+
 // Close closes the connection pool and releases the instance lock.
 func (s *Store) Close() error {
 	err := s.db.Close()
@@ -201,48 +205,7 @@ func (s *Store) Close() error {
 
 // Load implements fleet.Store.
 func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	var res fleet.LoadResult
-	rows, err := s.db.QueryContext(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	for rows.Next() {
-		var p fleet.Profile
-		var created, updated int64
-		if err := rows.Scan(&p.ID, &p.DeviceType, &p.Firmware, &p.Version, (*[]byte)(&p.Config), &p.PushInterval, &created, &updated); err != nil {
-			rows.Close()
-			return res, err
-		}
-		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
-		res.Profiles = append(res.Profiles, p)
-		res.MaxProfileID = max(res.MaxProfileID, p.ID)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return res, err
-	}
-	rows, err = s.db.QueryContext(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
-		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var d fleet.DeviceRecord
-		var registered, lastSeen, seq int64
-		if err := rows.Scan(&d.ID, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
-			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, (*[]byte)(&d.State.State)); err != nil {
-			return res, err
-		}
-		d.RegisteredAt = time.Unix(registered, 0).UTC()
-		d.State.LastSeen = batchutil.FromLastSeen(lastSeen)
-		d.State.DeviceID, d.State.Seq, d.State.Firmware = d.ID, uint64(seq), d.Firmware
-		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
-		if err := each(d); err != nil {
-			return res, err
-		}
-	}
-	return res, rows.Err()
+	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.db)}.Load(ctx, each)
 }
 
 // Commit implements fleet.Store. Deadlocks and lock wait timeouts with a

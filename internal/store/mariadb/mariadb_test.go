@@ -101,7 +101,11 @@ func TestInnoDBSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	pool, redoLog, err := s.InnoDBSizes(ctx)
+	sizes := s.Extras().InnoDBSizes // as the server reads it
+	if sizes == nil || s.Extras().CheckpointRoom != nil || s.Extras().ObserveUpkeep != nil {
+		t.Fatalf("Extras: %+v, want InnoDBSizes only", s.Extras())
+	}
+	pool, redoLog, err := sizes(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/batchutil"
 	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/internal/sqlcommon"
@@ -28,11 +29,11 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Store is a fleet.Store on PostgreSQL. The embedded Aux keeps alerts,
-// labels, settings and sessions (migration 011) through database/sql on
-// the same pool.
+// Store is a fleet.Store on PostgreSQL. The embedded Tables keep alerts,
+// settings, labels, sessions, users, commands and firmware through
+// database/sql on the same pool.
 type Store struct {
-	*sqlcommon.Aux
+	sqlcommon.Tables
 	*sqlcommon.Samples // History, DeviceState, PruneHistory, DropHistory
 	pool               *pgxpool.Pool
 	lock               *lock    // nil: no instance lock (drover migrate, cluster mode)
@@ -91,7 +92,7 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 		return nil, err
 	}
 	db := stdlib.OpenDBFromPool(s.pool)
-	s.Aux = &sqlcommon.Aux{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost}
+	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost})
 	s.Samples = &sqlcommon.Samples{DB: db, D: sqlcommon.Postgres, Writable: s.LockLost}
 	s.policyStore = newPolicyStore(db)
 	return s, nil
@@ -128,9 +129,12 @@ func Migrate(ctx context.Context, cc *pgx.ConnConfig) (int, error) {
 	return n, err
 }
 
+// Extras implements contract.Store: the checkpoint settings, for advice.
+func (s *Store) Extras() contract.Extras { return contract.Extras{CheckpointRoom: s.CheckpointRoom} }
+
 // Close closes the pool and releases the instance lock.
 func (s *Store) Close() error {
-	s.Aux.R.Close()
+	s.Tables.Base.R.Close()
 	s.pool.Close()
 	if s.lock != nil {
 		s.lock.close()
@@ -141,53 +145,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Load implements fleet.Store.
+// Load implements fleet.Store, on pgx's own rows.
 func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	var res fleet.LoadResult
-	rows, err := s.pool.Query(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	for rows.Next() {
-		var p fleet.Profile
-		var id, created, updated int64
-		if err := rows.Scan(&id, &p.DeviceType, &p.Firmware, &p.Version, (*[]byte)(&p.Config), &p.PushInterval, &created, &updated); err != nil {
-			rows.Close()
-			return res, err
-		}
-		p.ID = uint64(id)
-		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
-		res.Profiles = append(res.Profiles, p)
-		res.MaxProfileID = max(res.MaxProfileID, p.ID)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return res, err
-	}
-	rows, err = s.pool.Query(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
-		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var d fleet.DeviceRecord
-		var id, registered, lastSeen, seq int64
-		var configError []byte
-		if err := rows.Scan(&id, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
-			&lastSeen, &seq, &d.State.AppliedVersion, &configError, (*[]byte)(&d.State.State)); err != nil {
-			return res, err
-		}
-		d.ID = uint64(id)
-		d.RegisteredAt = time.Unix(registered, 0).UTC()
-		d.State.LastSeen = batchutil.FromLastSeen(lastSeen)
-		d.State.DeviceID, d.State.Seq, d.State.Firmware, d.State.ConfigError = d.ID, uint64(seq), d.Firmware, string(configError)
-		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
-		if err := each(d); err != nil {
-			return res, err
-		}
-	}
-	return res, rows.Err()
+	return sqlcommon.Loader{Query: func(ctx context.Context, q string) (sqlcommon.Rows, error) { return s.pool.Query(ctx, q) }}.Load(ctx, each)
 }
 
 const (

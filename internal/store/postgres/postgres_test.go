@@ -96,7 +96,11 @@ func TestCheckpointRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	wal, timeout, err := s.CheckpointRoom(ctx)
+	room := s.Extras().CheckpointRoom // as the server reads it
+	if room == nil || s.Extras().InnoDBSizes != nil || s.Extras().ObserveUpkeep != nil {
+		t.Fatalf("Extras: %+v, want CheckpointRoom only", s.Extras())
+	}
+	wal, timeout, err := room(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

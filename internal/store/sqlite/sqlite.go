@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/instlock"
 	"github.com/drover/drover/internal/store/internal/sqlcommon"
 	"github.com/drover/drover/internal/store/migrate"
@@ -27,10 +28,10 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Store is a fleet.Store on SQLite. The embedded Aux keeps alerts,
-// labels, settings and sessions (migrations 002 and 011).
+// Store is a fleet.Store on SQLite. The embedded Tables keep alerts,
+// settings, labels, sessions, users, commands and firmware.
 type Store struct {
-	*sqlcommon.Aux
+	sqlcommon.Tables
 	w    *sql.DB // the one writer
 	r    *sql.DB // readers
 	lock *instlock.FileLock
@@ -49,6 +50,9 @@ type upkeepReport func(work string, items int64, start time.Time, err error)
 // (the checkpointer, the state log's merger, the history archiver, and their
 // gentle drops), from now on.
 func (s *Store) ObserveUpkeep(f fleet.UpkeepObserver) { s.upkeep.Store(&f) }
+
+// Extras implements contract.Store: the background work's reports.
+func (s *Store) Extras() contract.Extras { return contract.Extras{ObserveUpkeep: s.ObserveUpkeep} }
 
 // untilStop returns a context cancelled once stop closes (or cancel is
 // called): the background loops' work ends with the store.
@@ -153,8 +157,8 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
-	s := &Store{Aux: &sqlcommon.Aux{R: r, W: w, D: sqlcommon.SQLite}, w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
-	s.Aux.Writable = s.LockLost
+	s := &Store{w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
+	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: r, W: w, D: sqlcommon.SQLite, Writable: s.LockLost})
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
 		s.closeDBs()
@@ -204,59 +208,17 @@ func (s *Store) closeDBs() error {
 	return errors.Join(s.ckpt.close(), s.closeHistory(), s.r.Close(), s.w.Close())
 }
 
-// Load implements fleet.Store.
+// Load implements fleet.Store. A device's newest state may be in the
+// state log.
 func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	var res fleet.LoadResult
-	rows, err := s.r.QueryContext(ctx, `SELECT id, device_type, firmware, version, config, push_interval, created_at, updated_at FROM profiles ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	for rows.Next() {
-		var p fleet.Profile
-		var config string
-		var created, updated int64
-		if err := rows.Scan(&p.ID, &p.DeviceType, &p.Firmware, &p.Version, &config, &p.PushInterval, &created, &updated); err != nil {
-			rows.Close()
-			return res, err
-		}
-		p.Config = []byte(config)
-		p.CreatedAt, p.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
-		res.Profiles = append(res.Profiles, p)
-		res.MaxProfileID = max(res.MaxProfileID, p.ID)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return res, err
-	}
-	rows, err = s.r.QueryContext(ctx, `SELECT id, machine_id, device_type, model, firmware, serial, token_hash, registered_at,
-		last_seen, seq, applied_version, config_error, state FROM devices ORDER BY id`)
-	if err != nil {
-		return res, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var d fleet.DeviceRecord
-		var registered, lastSeen, seq int64
-		if err := rows.Scan(&d.ID, &d.MachineID, &d.DeviceType, &d.Model, &d.Firmware, &d.Serial, &d.TokenHash, &registered,
-			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, (*[]byte)(&d.State.State)); err != nil {
-			return res, err
-		}
-		d.RegisteredAt = time.Unix(registered, 0).UTC()
-		// The device's newest state may be in the state log.
-		if _, err := s.logged(ctx, d.ID, `firmware, last_seen, seq, applied_version, config_error, state`, &d.Firmware,
-			&lastSeen, &seq, &d.State.AppliedVersion, &d.State.ConfigError, (*[]byte)(&d.State.State)); err != nil {
-			return res, err
-		}
-		if lastSeen != 0 {
-			d.State.LastSeen = time.Unix(0, lastSeen).UTC()
-		}
-		d.State.DeviceID, d.State.Seq, d.State.Firmware = d.ID, uint64(seq), d.Firmware
-		res.MaxDeviceID = max(res.MaxDeviceID, d.ID)
-		if err := each(d); err != nil {
-			return res, err
-		}
-	}
-	return res, rows.Err()
+	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.r), Newest: s.newestState}.Load(ctx, each)
+}
+
+// newestState reads a device's state from the state log, where it is.
+func (s *Store) newestState(ctx context.Context, r *sqlcommon.DeviceRow) error {
+	_, err := s.logged(ctx, uint64(r.ID), `firmware, last_seen, seq, applied_version, config_error, state`, &r.Firmware,
+		&r.LastSeen, &r.Seq, &r.AppliedVersion, &r.ConfigError, &r.State)
+	return err
 }
 
 const (

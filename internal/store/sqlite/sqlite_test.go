@@ -13,6 +13,19 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, newDB)
 }
 
+// The store offers the server its background work's reports, and none
+// of the other backends' advice.
+func TestExtras(t *testing.T) {
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "drover.db"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if x := s.Extras(); x.ObserveUpkeep == nil || x.CheckpointRoom != nil || x.InnoDBSizes != nil {
+		t.Errorf("Extras: %+v, want ObserveUpkeep only", x)
+	}
+}
+
 func BenchmarkService(b *testing.B) { storetest.Bench(b, newDB) }
 
 func newDB(t testing.TB) storetest.Opener {

@@ -9,7 +9,7 @@ import (
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/alert/alerttest"
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/web/sessions"
+	"github.com/drover/drover/internal/sessions"
 )
 
 // testAlerts runs the alert store checks (alerttest, which MemStore passes

@@ -13,10 +13,13 @@ import (
 // Users, API tokens and the audit log (access.Store) on the tables of each
 // adapter's 090_access migration.
 
-var _ access.Store = (*Aux)(nil)
+// Access implements access.Store.
+type Access struct{ *Base }
+
+var _ access.Store = (*Access)(nil)
 
 // SaveUser implements access.Store.
-func (a *Aux) SaveUser(ctx context.Context, u access.User) error {
+func (a *Access) SaveUser(ctx context.Context, u access.User) error {
 	_, err := a.exec(ctx, a.D.q(`INSERT INTO users (name, role, password_hash, created_at, updated_at) VALUES (?, ?, ?, ?, ?)`+
 		a.D.upsert("name", "role", "password_hash", "created_at", "updated_at")),
 		u.Name, u.Role.String(), u.PasswordHash, ms(u.CreatedAt), ms(u.UpdatedAt))
@@ -24,7 +27,7 @@ func (a *Aux) SaveUser(ctx context.Context, u access.User) error {
 }
 
 // DeleteUser implements access.Store.
-func (a *Aux) DeleteUser(ctx context.Context, name string) error {
+func (a *Access) DeleteUser(ctx context.Context, name string) error {
 	return a.tx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, a.D.q(`DELETE FROM users WHERE name = ?`), name)
 		if err != nil {
@@ -53,7 +56,7 @@ func scanUser(sc interface{ Scan(...any) error }) (access.User, error) {
 }
 
 // User implements access.Store.
-func (a *Aux) User(ctx context.Context, name string) (access.User, error) {
+func (a *Access) User(ctx context.Context, name string) (access.User, error) {
 	u, err := scanUser(a.R.QueryRowContext(ctx, a.D.q(`SELECT `+userCols+` FROM users WHERE name = ?`), name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return access.User{}, access.ErrNotFound
@@ -62,7 +65,7 @@ func (a *Aux) User(ctx context.Context, name string) (access.User, error) {
 }
 
 // Users implements access.Store.
-func (a *Aux) Users(ctx context.Context) ([]access.User, error) {
+func (a *Access) Users(ctx context.Context) ([]access.User, error) {
 	rows, err := a.R.QueryContext(ctx, `SELECT `+userCols+` FROM users ORDER BY name`)
 	if err != nil {
 		return nil, err
@@ -82,7 +85,7 @@ func (a *Aux) Users(ctx context.Context) ([]access.User, error) {
 const tokenCols = `id, user_name, name, hash, created_at, expires_at, last_used, revoked_at`
 
 // SaveToken implements access.Store.
-func (a *Aux) SaveToken(ctx context.Context, t access.Token) error {
+func (a *Access) SaveToken(ctx context.Context, t access.Token) error {
 	_, err := a.exec(ctx, a.D.q(`INSERT INTO api_tokens (`+tokenCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`+
 		a.D.upsert("id", "user_name", "name", "hash", "created_at", "expires_at", "last_used", "revoked_at")),
 		t.ID, t.User, t.Name, t.Hash, ms(t.CreatedAt), ms(t.ExpiresAt), ms(t.LastUsed), ms(t.RevokedAt))
@@ -100,7 +103,7 @@ func scanToken(sc interface{ Scan(...any) error }) (access.Token, error) {
 }
 
 // Tokens implements access.Store.
-func (a *Aux) Tokens(ctx context.Context) ([]access.Token, error) {
+func (a *Access) Tokens(ctx context.Context) ([]access.Token, error) {
 	rows, err := a.R.QueryContext(ctx, `SELECT `+tokenCols+` FROM api_tokens ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
@@ -118,7 +121,7 @@ func (a *Aux) Tokens(ctx context.Context) ([]access.Token, error) {
 }
 
 // TokenByHash implements access.Store.
-func (a *Aux) TokenByHash(ctx context.Context, hash []byte) (access.Token, error) {
+func (a *Access) TokenByHash(ctx context.Context, hash []byte) (access.Token, error) {
 	t, err := scanToken(a.R.QueryRowContext(ctx, a.D.q(`SELECT `+tokenCols+` FROM api_tokens WHERE hash = ?`), hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return access.Token{}, access.ErrNotFound
@@ -127,20 +130,20 @@ func (a *Aux) TokenByHash(ctx context.Context, hash []byte) (access.Token, error
 }
 
 // TouchToken implements access.Store.
-func (a *Aux) TouchToken(ctx context.Context, id string, at time.Time) error {
+func (a *Access) TouchToken(ctx context.Context, id string, at time.Time) error {
 	_, err := a.exec(ctx, a.D.q(`UPDATE api_tokens SET last_used = ? WHERE id = ?`), ms(at), id)
 	return err
 }
 
 // AddAudit implements access.Store.
-func (a *Aux) AddAudit(ctx context.Context, e access.Entry) error {
+func (a *Access) AddAudit(ctx context.Context, e access.Entry) error {
 	_, err := a.exec(ctx, a.D.q(`INSERT INTO audit_log (at, actor, credential, remote, action, object, before_json, after_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
 		ms(e.At), e.Actor, e.Credential, e.Remote, e.Action, e.Object, string(e.Before), string(e.After))
 	return err
 }
 
 // Audit implements access.Store; its conditions are access.AuditFilter.Matches.
-func (a *Aux) Audit(ctx context.Context, f access.AuditFilter) ([]access.Entry, error) {
+func (a *Access) Audit(ctx context.Context, f access.AuditFilter) ([]access.Entry, error) {
 	q := `SELECT id, at, actor, credential, remote, action, object, before_json, after_json FROM audit_log WHERE 1 = 1`
 	var args []any
 	if f.Actor != "" {
@@ -199,7 +202,7 @@ func (a *Aux) Audit(ctx context.Context, f access.AuditFilter) ([]access.Entry, 
 }
 
 // PruneAudit implements access.Store.
-func (a *Aux) PruneAudit(ctx context.Context, before time.Time) (int64, error) {
+func (a *Access) PruneAudit(ctx context.Context, before time.Time) (int64, error) {
 	res, err := a.exec(ctx, a.D.q(`DELETE FROM audit_log WHERE at < ?`), before.UnixMilli())
 	if err != nil {
 		return 0, err

@@ -15,7 +15,10 @@ import (
 // Remote commands (fleet.CommandStore) on the tables of each adapter's
 // 070_commands migration. Times are unix ms; states their names.
 
-var _ fleet.CommandStore = (*Aux)(nil)
+// Commands implements fleet.CommandStore.
+type Commands struct{ *Base }
+
+var _ fleet.CommandStore = (*Commands)(nil)
 
 const jobCols = `id, kind, args, timeout, target, filter, device_id, state, created_at, expires_at, total, creating, cursor_id, last_id`
 
@@ -42,7 +45,7 @@ func devCmdArgs(c fleet.DeviceCommand) []any {
 func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?, ", n), ", ") }
 
 // LoadCommands implements fleet.CommandStore.
-func (a *Aux) LoadCommands(ctx context.Context, each func(fleet.DeviceCommand) error) ([]fleet.JobRecord, error) {
+func (a *Commands) LoadCommands(ctx context.Context, each func(fleet.DeviceCommand) error) ([]fleet.JobRecord, error) {
 	jobs, err := a.jobs(ctx, `SELECT `+jobCols+` FROM command_jobs ORDER BY id`,
 		`SELECT job_id, state, count(*) FROM device_commands GROUP BY job_id, state`)
 	if err != nil {
@@ -68,7 +71,7 @@ func (a *Aux) LoadCommands(ctx context.Context, each func(fleet.DeviceCommand) e
 // ReadJobs reads the jobs of ids that are stored, in ID order, with
 // their counts by state if counts (cluster mode: the database holds the
 // cluster's counts; fleet.ClusterStore).
-func (a *Aux) ReadJobs(ctx context.Context, ids []uint64, counts bool) ([]fleet.JobRecord, error) {
+func (a *Commands) ReadJobs(ctx context.Context, ids []uint64, counts bool) ([]fleet.JobRecord, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -86,7 +89,7 @@ func (a *Aux) ReadJobs(ctx context.Context, ids []uint64, counts bool) ([]fleet.
 
 // jobs reads the jobs query q selects and fills their counts from counts
 // (job_id, state, count rows; "": none).
-func (a *Aux) jobs(ctx context.Context, q, counts string) ([]fleet.JobRecord, error) {
+func (a *Commands) jobs(ctx context.Context, q, counts string) ([]fleet.JobRecord, error) {
 	rows, err := a.R.QueryContext(ctx, q)
 	if err != nil {
 		return nil, err
@@ -168,7 +171,7 @@ func scanDevCmd(rows *sql.Rows) (fleet.DeviceCommand, error) {
 
 // saveJob inserts j or, when stored, replaces the columns update names
 // (none: all).
-func (a *Aux) saveJob(ctx context.Context, tx *sql.Tx, j fleet.JobRecord, update ...string) error {
+func (a *Commands) saveJob(ctx context.Context, tx *sql.Tx, j fleet.JobRecord, update ...string) error {
 	args, err := jobArgs(j)
 	if err != nil {
 		return err
@@ -182,14 +185,14 @@ func (a *Aux) saveJob(ctx context.Context, tx *sql.Tx, j fleet.JobRecord, update
 }
 
 // SaveJob implements fleet.CommandStore.
-func (a *Aux) SaveJob(ctx context.Context, j fleet.JobRecord) error {
+func (a *Commands) SaveJob(ctx context.Context, j fleet.JobRecord) error {
 	return a.tx(ctx, func(tx *sql.Tx) error { return a.saveJob(ctx, tx, j) })
 }
 
 // AddDeviceCommands implements fleet.CommandStore: a stored job keeps its
 // state (a pause or cancel meanwhile, from another node in cluster mode);
 // only its progress is written.
-func (a *Aux) AddDeviceCommands(ctx context.Context, j fleet.JobRecord, cmds []fleet.DeviceCommand) error {
+func (a *Commands) AddDeviceCommands(ctx context.Context, j fleet.JobRecord, cmds []fleet.DeviceCommand) error {
 	return a.tx(ctx, func(tx *sql.Tx) error {
 		if len(cmds) > 0 {
 			st, err := tx.PrepareContext(ctx, a.D.q(a.D.insertIgnore(`INSERT INTO device_commands (`+devCmdCols+`) VALUES (`+placeholders(11)+`)`)))
@@ -208,14 +211,14 @@ func (a *Aux) AddDeviceCommands(ctx context.Context, j fleet.JobRecord, cmds []f
 }
 
 // SaveDeviceCommands implements fleet.CommandStore.
-func (a *Aux) SaveDeviceCommands(ctx context.Context, cmds []fleet.DeviceCommand) error {
+func (a *Commands) SaveDeviceCommands(ctx context.Context, cmds []fleet.DeviceCommand) error {
 	cols := strings.Split(strings.ReplaceAll(devCmdCols, " ", ""), ",")
 	q := `INSERT INTO device_commands (` + devCmdCols + `) VALUES (` + placeholders(len(cols)) + `)` + a.D.upsert("job_id, device_id", cols[2:]...)
 	return a.execEach(ctx, q, len(cmds), func(i int) ([]any, error) { return devCmdArgs(cmds[i]), nil })
 }
 
 // FinishQueued implements fleet.CommandStore.
-func (a *Aux) FinishQueued(ctx context.Context, jobID uint64, state fleet.CommandState, at time.Time) (int64, error) {
+func (a *Commands) FinishQueued(ctx context.Context, jobID uint64, state fleet.CommandState, at time.Time) (int64, error) {
 	res, err := a.exec(ctx, a.D.q(`UPDATE device_commands SET state = ?, finished_at = ? WHERE job_id = ? AND state = 'queued'`),
 		state.String(), ms(at), int64(jobID))
 	if err != nil {
@@ -225,7 +228,7 @@ func (a *Aux) FinishQueued(ctx context.Context, jobID uint64, state fleet.Comman
 }
 
 // DeviceCommands implements fleet.CommandStore.
-func (a *Aux) DeviceCommands(ctx context.Context, q fleet.CommandQuery) ([]fleet.DeviceCommand, error) {
+func (a *Commands) DeviceCommands(ctx context.Context, q fleet.CommandQuery) ([]fleet.DeviceCommand, error) {
 	var where []string
 	var args []any
 	order := `device_id`

@@ -1,8 +1,13 @@
 // Package sqlcommon is the part of the store contract that the SQL
-// adapters share word for word — alert rules and events, sync history,
-// settings, labels, dashboard sessions and ID high-water marks — over
-// database/sql, with a Dialect for what differs: placeholders, upserts and
-// bounded deletes.
+// adapters share word for word, over database/sql, with a Dialect for
+// what differs: placeholders, upserts and bounded deletes. Each purpose is
+// one type in the file of its name, on a Base (base.go: the pools, the
+// instance lock's check, ID high-water marks): Alerts (rules, alert and
+// sync events), Settings, Labels, Sessions, Access (users, API tokens,
+// audit log), Commands, Firmware (artifacts, rollouts, profile
+// revisions), which Tables composes; Policy (the profile policy), Samples
+// (history reads on PostgreSQL and MariaDB) and Load (devices and
+// profiles at start) stand on their own.
 package sqlcommon
 
 import (

@@ -13,10 +13,13 @@ import (
 	"github.com/drover/drover/internal/fleet"
 )
 
-var _ fleet.FirmwareStore = (*Aux)(nil)
+// Firmware implements fleet.FirmwareStore.
+type Firmware struct{ *Base }
+
+var _ fleet.FirmwareStore = (*Firmware)(nil)
 
 // LoadFirmware implements fleet.FirmwareStore.
-func (a *Aux) LoadFirmware(ctx context.Context) (fleet.FirmwareData, error) {
+func (a *Firmware) LoadFirmware(ctx context.Context) (fleet.FirmwareData, error) {
 	var out fleet.FirmwareData
 	var err error
 	if out.MaxFirmwareID, err = a.maxID(ctx, "firmware", "firmware"); err != nil {
@@ -47,7 +50,7 @@ func (a *Aux) LoadFirmware(ctx context.Context) (fleet.FirmwareData, error) {
 	return out, err
 }
 
-func (a *Aux) jsonRows(ctx context.Context, q string, each func([]byte) error) error {
+func (a *Firmware) jsonRows(ctx context.Context, q string, each func([]byte) error) error {
 	rows, err := a.R.QueryContext(ctx, q)
 	if err != nil {
 		return err
@@ -65,7 +68,7 @@ func (a *Aux) jsonRows(ctx context.Context, q string, each func([]byte) error) e
 	return rows.Err()
 }
 
-func (a *Aux) rolloutDevices(ctx context.Context, q string, args ...any) ([]fleet.RolloutDevice, error) {
+func (a *Firmware) rolloutDevices(ctx context.Context, q string, args ...any) ([]fleet.RolloutDevice, error) {
 	rows, err := a.R.QueryContext(ctx, a.D.q(q), args...)
 	if err != nil {
 		return nil, err
@@ -87,7 +90,7 @@ func (a *Aux) rolloutDevices(ctx context.Context, q string, args ...any) ([]flee
 }
 
 // SaveFirmware implements fleet.FirmwareStore.
-func (a *Aux) SaveFirmware(ctx context.Context, f fleet.Firmware) error {
+func (a *Firmware) SaveFirmware(ctx context.Context, f fleet.Firmware) error {
 	spec, err := json.Marshal(f)
 	if err != nil {
 		return err
@@ -101,13 +104,13 @@ func (a *Aux) SaveFirmware(ctx context.Context, f fleet.Firmware) error {
 }
 
 // DeleteFirmware implements fleet.FirmwareStore.
-func (a *Aux) DeleteFirmware(ctx context.Context, id uint64) error {
+func (a *Firmware) DeleteFirmware(ctx context.Context, id uint64) error {
 	_, err := a.exec(ctx, a.D.q(`DELETE FROM firmware WHERE id = ?`), int64(id))
 	return err
 }
 
 // SaveRollout implements fleet.FirmwareStore.
-func (a *Aux) SaveRollout(ctx context.Context, r fleet.Rollout) error {
+func (a *Firmware) SaveRollout(ctx context.Context, r fleet.Rollout) error {
 	spec, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -119,7 +122,7 @@ func (a *Aux) SaveRollout(ctx context.Context, r fleet.Rollout) error {
 }
 
 // SaveRolloutDevices implements fleet.FirmwareStore, in one transaction.
-func (a *Aux) SaveRolloutDevices(ctx context.Context, ds []fleet.RolloutDevice) error {
+func (a *Firmware) SaveRolloutDevices(ctx context.Context, ds []fleet.RolloutDevice) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -132,7 +135,7 @@ func (a *Aux) SaveRolloutDevices(ctx context.Context, ds []fleet.RolloutDevice) 
 }
 
 // RolloutDevices implements fleet.FirmwareStore.
-func (a *Aux) RolloutDevices(ctx context.Context, rolloutID uint64) ([]fleet.RolloutDevice, error) {
+func (a *Firmware) RolloutDevices(ctx context.Context, rolloutID uint64) ([]fleet.RolloutDevice, error) {
 	return a.rolloutDevices(ctx, `SELECT rollout_id, device_id, wave, state, progress, reason, from_fw, updated_at
 		FROM rollout_devices WHERE rollout_id = ? ORDER BY device_id`, int64(rolloutID))
 }
@@ -143,7 +146,7 @@ func (a *Aux) RolloutDevices(ctx context.Context, rolloutID uint64) ([]fleet.Rol
 // read the same highest number, one insert wins and the other, skipped by
 // the key, reads again in a new transaction (each sees the other's
 // commit) and takes the next number.
-func (a *Aux) AddProfileRevision(ctx context.Context, r fleet.ProfileRevision) (fleet.ProfileRevision, error) {
+func (a *Firmware) AddProfileRevision(ctx context.Context, r fleet.ProfileRevision) (fleet.ProfileRevision, error) {
 	ins := a.D.q(a.D.insertIgnore(`INSERT INTO profile_revisions (profile_id, rev, version, config, push_interval, by_whom, at, note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`))
 	for range revisionTries {
 		stored := false
@@ -173,7 +176,7 @@ func (a *Aux) AddProfileRevision(ctx context.Context, r fleet.ProfileRevision) (
 const revisionTries = 50
 
 // ProfileRevisions implements fleet.FirmwareStore.
-func (a *Aux) ProfileRevisions(ctx context.Context, profileID uint64) ([]fleet.ProfileRevision, error) {
+func (a *Firmware) ProfileRevisions(ctx context.Context, profileID uint64) ([]fleet.ProfileRevision, error) {
 	rows, err := a.R.QueryContext(ctx, a.D.q(`SELECT rev, version, config, push_interval, by_whom, at, note FROM profile_revisions WHERE profile_id = ? ORDER BY rev`), int64(profileID))
 	if err != nil {
 		return nil, err
