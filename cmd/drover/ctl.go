@@ -51,12 +51,12 @@ var ctlGroups = []ctlGroup{
 
 // filterFlags defines the devices filter's flags.
 func filterFlags(fs *flag.FlagSet, f *ctl.Filter) {
-	fs.StringVar(&f.SyncState, "sync-state", "", "devices in this sync state (synchronized, pending, error, …; as the API's sync_state)")
+	fs.StringVar(&f.SyncState, "sync-state", "", "devices in this sync state: arriving, synchronized, sync_pending or sync_error")
 	fs.StringVar(&f.Liveness, "liveness", "", "devices of this liveness: online, late, offline or unknown")
 	fs.StringVar(&f.DeviceType, "device-type", "", "devices of this device type")
 	fs.StringVar(&f.Firmware, "firmware", "", "devices on this firmware version")
 	fs.StringVar(&f.ProfileID, "profile-id", "", "devices of this profile (ID)")
-	fs.StringVar(&f.Q, "q", "", "devices whose machine ID, serial, model or type contain this text")
+	fs.StringVar(&f.Q, "q", "", "devices whose machine ID or serial contains this text")
 	fs.Var((*listFlag)(&f.Labels), "label", "devices carrying this label (repeat: all of them)")
 }
 
@@ -97,7 +97,7 @@ var ctlCommands = []ctlCommand{
 	{group: "devices", name: "list", summary: "list devices (one page; the API's filters, order and paging)", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
 		var q ctl.DeviceQuery
 		filterFlags(fs, &q.Filter)
-		fs.StringVar(&q.Admission, "admission", "", "devices of this admission state (admitted, pending, rejected, blocked, decommissioned, reenroll)")
+		fs.StringVar(&q.Admission, "admission", "", "devices of this admission state: active, pending, blocked, decommissioned or reenroll")
 		fs.StringVar(&q.Quota, "quota", "", "devices whose push quota is hit, lifted, or hit for this reason")
 		fs.StringVar(&q.Sort, "sort", "", "order: id, machine_id, device_type, firmware, last_seen or sync_state (default id)")
 		fs.StringVar(&q.Dir, "dir", "", "asc or desc")
@@ -109,7 +109,7 @@ var ctlCommands = []ctlCommand{
 	{group: "devices", name: "export", summary: "write every matching device as CSV (the API's export, streamed)", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
 		var q ctl.DeviceQuery
 		filterFlags(fs, &q.Filter)
-		fs.StringVar(&q.Admission, "admission", "", "devices of this admission state")
+		fs.StringVar(&q.Admission, "admission", "", "devices of this admission state: active, pending, blocked, decommissioned or reenroll")
 		fs.StringVar(&q.Quota, "quota", "", "devices whose push quota is hit, lifted, or hit for this reason")
 		fs.StringVar(&q.Sort, "sort", "", "order: id, machine_id, device_type, firmware, last_seen or sync_state (default id)")
 		fs.StringVar(&q.Dir, "dir", "", "asc or desc")
