@@ -334,29 +334,49 @@ func ctlGlobalFlags(fs *flag.FlagSet, cfg *ctl.Config, asJSON *bool) {
 	fs.BoolVar(asJSON, "json", false, "the same as --output json")
 }
 
-// ctlFlagSet is the flag set of c with the global flags; run is its run.
-func ctlFlagSet(c ctlCommand, env command.Env) (fs *flag.FlagSet, cfg *ctl.Config, asJSON *bool, run ctlRun) {
-	cfg = new(ctl.Config)
-	*cfg = ctl.DefaultConfig()
-	asJSON = new(bool)
+// ctlFlagSet is the command line of c: the shared settings' flags (bound
+// to nothing: ctlSettings reads them) and the command's own; run is its
+// run.
+func ctlFlagSet(c ctlCommand, env command.Env) (fs *flag.FlagSet, run ctlRun) {
 	fs = flag.NewFlagSet("drover ctl "+c.group+" "+c.name, flag.ContinueOnError)
 	if !c.offline {
-		ctlGlobalFlags(fs, cfg, asJSON)
+		cfg := ctl.DefaultConfig()
+		ctlGlobalFlags(fs, &cfg, new(bool))
+		fs.String("api-token-file", "", "file holding --api-token (one line), instead of the flag")
+		fs.String("config", "", "TOML file of the shared settings (server, api-token-file, ca-cert, output, …); also $DROVER_CONFIG")
 	}
 	run = c.flags(fs, env)
-	return fs, cfg, asJSON, run
+	return fs, run
 }
 
-// ctlKeys is every flag name of every ctl command: one config file serves
-// them all (and drover serve: its keys too).
-func ctlKeys() []string {
-	keys := serveKeys()
-	for _, c := range ctlCommands {
-		fs, _, _, _ := ctlFlagSet(c, command.Env{})
-		keys = append(keys, command.Names(fs)...)
-		keys = append(keys, "api-token-file")
+// ctlSettings reads the settings every ctl command shares through the one
+// loader: the flags of them given on the command line (in given), then
+// DROVER_*, then the config file (which may be drover serve's). A
+// command's own flags (filters, limits, targets) come from its command
+// line only: an environment set for an agent (DROVER_DEVICE_TYPE, …) or a
+// key in a file never narrows a listing or changes a command's target.
+func ctlSettings(given *flag.FlagSet, env command.Env) (ctl.Config, error) {
+	cfg := ctl.DefaultConfig()
+	var asJSON bool
+	fs := flag.NewFlagSet(given.Name(), flag.ContinueOnError)
+	ctlGlobalFlags(fs, &cfg, &asJSON)
+	command.DefineSecretFiles(fs, "api-token")
+	var args []string
+	given.Visit(func(f *flag.Flag) {
+		if f.Name == "config" || fs.Lookup(f.Name) != nil {
+			args = append(args, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	if err := command.Load(fs, args, env, serveKeys()...); err != nil {
+		return cfg, err
 	}
-	return keys
+	if asJSON {
+		if cfg.Output != ctl.OutputTable && cfg.Output != ctl.OutputJSON {
+			return cfg, command.Usagef("--json and --output %s: give one", cfg.Output)
+		}
+		cfg.Output = ctl.OutputJSON
+	}
+	return cfg, nil
 }
 
 // ctlTop is drover's commands for completion (set by init: the commands
@@ -382,11 +402,7 @@ func ctlTree() ctl.Tree {
 			if c.group != g.name {
 				continue
 			}
-			fs, _, _, _ := ctlFlagSet(c, command.Env{})
-			if !c.offline {
-				command.DefineSecretFiles(fs, "api-token")
-				fs.String("config", "", "")
-			}
+			fs, _ := ctlFlagSet(c, command.Env{})
 			cc := ctl.Command{Item: ctl.Item{Name: c.name, Summary: c.summary}}
 			fs.VisitAll(func(f *flag.Flag) {
 				cc.Flags = append(cc.Flags, ctl.Item{Name: f.Name, Summary: firstLine(f.Usage)})
@@ -468,15 +484,18 @@ func ctlCmd(ctx context.Context, args []string, env command.Env) error {
 }
 
 func ctlRunCommand(ctx context.Context, c ctlCommand, args []string, env command.Env) error {
-	fs, cfg, asJSON, run := ctlFlagSet(c, env)
+	fs, run := ctlFlagSet(c, env)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: drover ctl %s %s [flags] %s\n\n%s\n\nflags:\n", c.group, c.name, c.args, c.summary)
+		fmt.Fprintf(fs.Output(), "usage: drover ctl %s %s [flags] %s\n\n%s\n", c.group, c.name, c.args, c.summary)
+		if !c.offline {
+			fmt.Fprint(fs.Output(), "\nShared settings, also from DROVER_<NAME> or the --config file: --server,\n"+
+				"--api-token or --api-token-file, --ca-cert, --insecure, --http-timeout,\n"+
+				"--output, --json. The command's other flags come from its command line only.\n")
+		}
+		fmt.Fprint(fs.Output(), "\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if !c.offline {
-		command.DefineSecretFiles(fs, "api-token")
-	}
-	if err := command.Load(fs, interleaved(fs, args), env, ctlKeys()...); err != nil {
+	if err := command.Parse(fs, interleaved(fs, args), env); err != nil {
 		return err
 	}
 	a := fs.Args()
@@ -490,11 +509,9 @@ func ctlRunCommand(ctx context.Context, c ctlCommand, args []string, env command
 	if c.offline {
 		return run(ctx, nil, a)
 	}
-	if *asJSON {
-		if cfg.Output != ctl.OutputTable && cfg.Output != ctl.OutputJSON {
-			return command.Usagef("--json and --output %s: give one", cfg.Output)
-		}
-		cfg.Output = ctl.OutputJSON
+	cfg, err := ctlSettings(fs, env)
+	if err != nil {
+		return err
 	}
 	if c.group == "devices" && c.name == "export" {
 		cfg.Output = ctl.OutputCSV
@@ -502,7 +519,7 @@ func ctlRunCommand(ctx context.Context, c ctlCommand, args []string, env command
 		return command.Usagef("--output csv: only devices list and export have CSV")
 	}
 	cfg.Stdout, cfg.Stderr = env.Stdout, env.Stderr
-	cl, err := ctl.New(*cfg)
+	cl, err := ctl.New(cfg)
 	if err != nil {
 		return err
 	}

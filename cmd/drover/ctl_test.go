@@ -380,6 +380,22 @@ func TestCtlConfigSources(t *testing.T) {
 	if r := runCtl(map[string]string{"DROVER_CONFIG": conf}, "users", "whoami", "--output", "table"); r.code != 0 || json.Valid([]byte(r.stdout)) {
 		t.Fatalf("flag over file: exit %d %s", r.code, r.stdout)
 	}
+	// A command's own flags come from its command line only: an agent's
+	// DROVER_DEVICE_TYPE does not narrow a listing, and a file key of one
+	// is refused.
+	registerDevice(t, s, "cfg-1", "router")
+	if r := runCtl(map[string]string{"DROVER_CONFIG": conf, "DROVER_DEVICE_TYPE": "switch", "DROVER_LIMIT": "x"}, "devices", "list"); r.code != 0 || !strings.Contains(r.stdout, "cfg-1") {
+		t.Fatalf("DROVER_DEVICE_TYPE filtered devices list: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	os.WriteFile(filepath.Join(dir, "limit.toml"), []byte(fmt.Sprintf("server = %q\nlimit = 5\n", s.URL)), 0o600)
+	if r := runCtl(map[string]string{"DROVER_CONFIG": filepath.Join(dir, "limit.toml")}, "devices", "list"); r.code != 2 || !strings.Contains(r.stderr, `unknown key "limit"`) {
+		t.Fatalf("limit in the config file: exit %d %s", r.code, r.stderr)
+	}
+	// drover serve's file serves: its keys are not errors.
+	os.WriteFile(filepath.Join(dir, "serve.toml"), []byte(fmt.Sprintf("server = %q\nca-cert = %q\napi-token = %q\npush-interval = 60\n", s.URL, ca, s.AdminToken)), 0o600)
+	if r := runCtl(map[string]string{"DROVER_CONFIG": filepath.Join(dir, "serve.toml")}, "users", "whoami"); r.code != 0 {
+		t.Fatalf("serve's keys in the file: exit %d %s", r.code, r.stderr)
+	}
 	// Without the CA the self-signed certificate is refused, never skipped.
 	if r := runCtl(map[string]string{"DROVER_SERVER": s.URL, "DROVER_API_TOKEN": s.AdminToken}, "users", "whoami"); r.code != 1 || !strings.Contains(r.stderr, "certificate") {
 		t.Fatalf("no CA: exit %d %s", r.code, r.stderr)
