@@ -441,29 +441,22 @@ func TestCtlCompletion(t *testing.T) {
 	if code := run(context.Background(), []string{"ctl", "completion", "tcsh"}, testEnv(nil, &bytes.Buffer{}, &errb, nil)); code != 2 {
 		t.Errorf("completion tcsh: exit %d, want 2", code)
 	}
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("no bash")
+	script := func(sh string) string {
+		var out bytes.Buffer
+		run(context.Background(), []string{"ctl", "completion", sh}, testEnv(nil, &out, &errb, nil))
+		file := filepath.Join(t.TempDir(), "drover."+sh)
+		os.WriteFile(file, out.Bytes(), 0o600)
+		return file
 	}
-	var script bytes.Buffer
-	run(context.Background(), []string{"ctl", "completion", "bash"}, testEnv(nil, &script, &errb, nil))
-	file := filepath.Join(t.TempDir(), "drover.bash")
-	os.WriteFile(file, script.Bytes(), 0o600)
-	complete := func(words ...string) string {
-		t.Helper()
-		// COMP_WORDS as bash fills it, the cursor on the last word.
-		quoted := make([]string, len(words))
+	quote := func(words []string) string {
+		q := make([]string, len(words))
 		for i, w := range words {
-			quoted[i] = fmt.Sprintf("%q", w)
+			q[i] = fmt.Sprintf("%q", w)
 		}
-		prog := fmt.Sprintf(`source %q; COMP_WORDS=(%s); COMP_CWORD=%d; _drover; echo "${COMPREPLY[*]}"`, file, strings.Join(quoted, " "), len(words)-1)
-		out, err := exec.Command(bash, "--norc", "-c", prog).CombinedOutput()
-		if err != nil {
-			t.Fatalf("bash: %v\n%s", err, out)
-		}
-		return strings.TrimSpace(string(out))
+		return strings.Join(q, " ")
 	}
-	for _, c := range []struct {
+	// Each shell completes these (the cursor on the last word) to want.
+	cases := []struct {
 		words []string
 		want  string
 	}{
@@ -472,9 +465,74 @@ func TestCtlCompletion(t *testing.T) {
 		{[]string{"drover", "ctl", "commands", "se"}, "send"},
 		{[]string{"drover", "ctl", "commands", "send", "--wa"}, "--wait --wait-timeout"},
 		{[]string{"drover", "ctl", "devices", "list", "--sync"}, "--sync-state"},
-	} {
+	}
+	// zsh: the script's function with the completion system's functions
+	// as stubs that print what they were offered.
+	t.Run("zsh", func(t *testing.T) {
+		zsh, err := exec.LookPath("zsh")
+		if err != nil {
+			t.Skip("no zsh")
+		}
+		file := script("zsh")
+		for _, c := range cases {
+			prog := fmt.Sprintf(`compdef() { :; }
+_describe() { shift 3; local i; for i in ${(P)1}; do print -r -- ${i%%%%:*}; done; }
+compadd() { shift; print -l -- "$@"; }
+_files() { :; }
+source %q; words=(%s); CURRENT=%d; _drover`, file, quote(c.words), len(c.words))
+			out, err := exec.Command(zsh, "-f", "-c", prog).CombinedOutput()
+			if err != nil {
+				t.Fatalf("zsh: %v\n%s", err, out)
+			}
+			var got []string
+			for _, l := range strings.Fields(string(out)) {
+				if strings.HasPrefix(l, c.words[len(c.words)-1]) {
+					got = append(got, l)
+				}
+			}
+			if strings.Join(got, " ") != c.want {
+				t.Errorf("zsh completing %q: %q, want %q", c.words, got, c.want)
+			}
+		}
+	})
+	t.Run("fish", func(t *testing.T) {
+		fish, err := exec.LookPath("fish")
+		if err != nil {
+			t.Skip("no fish")
+		}
+		file := script("fish")
+		for _, c := range cases {
+			out, err := exec.Command(fish, "--no-config", "-c", fmt.Sprintf("source %q; complete -C %q", file, strings.Join(c.words, " "))).CombinedOutput()
+			if err != nil {
+				t.Fatalf("fish: %v\n%s", err, out)
+			}
+			var got []string
+			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				got = append(got, strings.SplitN(l, "\t", 2)[0])
+			}
+			if strings.Join(got, " ") != c.want {
+				t.Errorf("fish completing %q: %q, want %q", c.words, got, c.want)
+			}
+		}
+	})
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	file := script("bash")
+	complete := func(words ...string) string {
+		t.Helper()
+		// COMP_WORDS as bash fills it, the cursor on the last word.
+		prog := fmt.Sprintf(`source %q; COMP_WORDS=(%s); COMP_CWORD=%d; _drover; echo "${COMPREPLY[*]}"`, file, quote(words), len(words)-1)
+		out, err := exec.Command(bash, "--norc", "-c", prog).CombinedOutput()
+		if err != nil {
+			t.Fatalf("bash: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for _, c := range cases {
 		if got := complete(c.words...); got != c.want {
-			t.Errorf("completing %q: %q, want %q", c.words, got, c.want)
+			t.Errorf("bash completing %q: %q, want %q", c.words, got, c.want)
 		}
 	}
 }

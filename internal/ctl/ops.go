@@ -206,7 +206,7 @@ func (c *Client) Labels(ctx context.Context) error {
 	return c.list(raw, "labels", cols("NAME=name", "DEVICES=devices"))
 }
 
-// ErrLabelExists is CreateLabel's answer for a name already in use.
+// errLabelExists is CreateLabel's answer for a name already in use.
 var errLabelExists = &Error{Status: http.StatusConflict, Code: "conflict"}
 
 // CreateLabel makes a new label on the devices f selects; a label of that
