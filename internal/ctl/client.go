@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -112,9 +113,21 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Insecure {
 		tc.InsecureSkipVerify = true
 	}
+	if u.Scheme == "http" && !loopback(u.Hostname()) {
+		fmt.Fprintf(cfg.Stderr, "warning: the token goes to %s unencrypted (http); use https\n", u.Host)
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tc
 	return &Client{cfg: cfg, base: u, hc: &http.Client{Transport: tr, Timeout: cfg.Timeout}, poll: 100 * time.Millisecond}, nil
+}
+
+// loopback tells whether host is this machine.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Close releases idle connections.
