@@ -328,7 +328,7 @@ func ctlGlobalFlags(fs *flag.FlagSet, cfg *ctl.Config, asJSON *bool) {
 	fs.StringVar(&cfg.Server, "server", cfg.Server, "the server's URL")
 	fs.StringVar(&cfg.Token, "api-token", "", "bearer token: a user's API token (drover ctl tokens create) or the admin token")
 	fs.StringVar(&cfg.CACert, "ca-cert", "", "PEM certificate the server's HTTPS must chain to, e.g. its self-signed drover-data/tls/cert.pem (empty: the system's roots)")
-	fs.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server's certificate (a warning at each call; prefer --ca-cert)")
+	fs.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server's certificate (says so on stderr; prefer --ca-cert)")
 	fs.DurationVar(&cfg.Timeout, "http-timeout", cfg.Timeout, "limit of each HTTP request")
 	fs.StringVar(&cfg.Output, "output", cfg.Output, "table (for people), json (the API's answer as is) or csv (devices list and export)")
 	fs.BoolVar(asJSON, "json", false, "the same as --output json")

@@ -53,7 +53,7 @@ type Config struct {
 	// empty: the system's roots.
 	CACert string
 	// Insecure skips the verification of the server's certificate (and
-	// says so on Stderr at each call). Never the default.
+	// says so on Stderr). Never the default.
 	Insecure bool
 	// Timeout bounds each HTTP request.
 	Timeout time.Duration
@@ -112,6 +112,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.Insecure {
 		tc.InsecureSkipVerify = true
+		if u.Scheme == "https" {
+			fmt.Fprintf(cfg.Stderr, "warning: the certificate of %s is not verified (--insecure)\n", u.Host)
+		}
 	}
 	if u.Scheme == "http" && !loopback(u.Hostname()) {
 		fmt.Fprintf(cfg.Stderr, "warning: the token goes to %s unencrypted (http); use https\n", u.Host)
@@ -226,9 +229,6 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 		accept = "application/json"
 	}
 	req.Header.Set("Accept", accept)
-	if c.cfg.Insecure && u.Scheme == "https" {
-		fmt.Fprintf(c.cfg.Stderr, "warning: the certificate of %s is not verified (--insecure)\n", u.Host)
-	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return nil, err
