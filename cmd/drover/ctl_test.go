@@ -9,11 +9,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/drover/drover/internal/server/servertest"
@@ -39,6 +44,36 @@ func ctlRunner(t *testing.T, s *servertest.Server) func(token, stdin string, arg
 		code := run(context.Background(), append([]string{"ctl"}, args...), testEnv(strings.NewReader(stdin), &out, &errb, vars))
 		return ctlResult{code, out.String(), errb.String()}
 	}
+}
+
+// ctlRecorder is ctlRunner through a proxy on loopback that records each
+// request's method and path ("GET /api/v1/devices/3").
+func ctlRecorder(t *testing.T, s *servertest.Server) (func(token, stdin string, args ...string) ctlResult, func() []string) {
+	target, err := url.Parse(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var calls []string
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) { r.SetURL(target) }, Transport: s.Client().Transport}
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls = append(calls, r.Method+" "+r.URL.EscapedPath())
+		mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	return func(token, stdin string, args ...string) ctlResult {
+			t.Helper()
+			var out, errb bytes.Buffer
+			vars := map[string]string{"DROVER_SERVER": proxy.URL, "DROVER_API_TOKEN": token}
+			code := run(context.Background(), append([]string{"ctl"}, args...), testEnv(strings.NewReader(stdin), &out, &errb, vars))
+			return ctlResult{code, out.String(), errb.String()}
+		}, func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(calls)
+		}
 }
 
 // registerDevice registers a device over the device API, pushes its first
@@ -73,9 +108,13 @@ func registerDevice(t *testing.T, s *servertest.Server, machineID, deviceType st
 
 // Every group of drover ctl against a real server: tables, --json parsed
 // as the API's answer, CSV, and the exit codes of each kind of failure.
+//
+// Every request the commands made is an operation of the server's OpenAPI
+// document: the CLI uses the API as documented, and a route renamed on
+// the server fails here.
 func TestCtlCommands(t *testing.T) {
 	s := servertest.Start(t, servertest.Options{})
-	ctl := ctlRunner(t, s)
+	ctl, calls := ctlRecorder(t, s)
 	dev1 := registerDevice(t, s, "ctl-test-1", "router")
 	dev2 := registerDevice(t, s, "ctl-test-2", "router")
 	fw := []byte("firmware image 2.0")
@@ -326,6 +365,35 @@ func TestCtlCommands(t *testing.T) {
 	rows, err := csv.NewReader(strings.NewReader(r.stdout)).ReadAll()
 	if err != nil || len(rows) != 3 || rows[0][0] != "id" {
 		t.Fatalf("export: %v %q", err, r.stdout)
+	}
+
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if st := s.Admin(t, "GET", "/api/v1/openapi.json", nil, &doc); st != 200 || len(doc.Paths) == 0 {
+		t.Fatalf("openapi.json: %d", st)
+	}
+	type op struct {
+		method string
+		path   *regexp.Regexp
+	}
+	var ops []op
+	for p, methods := range doc.Paths {
+		re := regexp.MustCompile("^" + regexp.MustCompile(`\\\{[^}]+\\\}`).ReplaceAllString(regexp.QuoteMeta(p), "[^/]+") + "$")
+		for m := range methods {
+			ops = append(ops, op{strings.ToUpper(m), re})
+		}
+	}
+	seen := map[string]bool{}
+	for _, c := range calls() {
+		method, path, _ := strings.Cut(c, " ")
+		if !slices.ContainsFunc(ops, func(o op) bool { return o.method == method && o.path.MatchString(path) }) {
+			t.Errorf("drover ctl called %s, which the OpenAPI document does not describe", c)
+		}
+		seen[method] = true
+	}
+	if !seen["GET"] || !seen["POST"] || !seen["PATCH"] || !seen["DELETE"] {
+		t.Errorf("requests recorded: %v", seen)
 	}
 }
 
