@@ -106,6 +106,13 @@ var ctlCommands = []ctlCommand{
 		return func(ctx context.Context, c *ctl.Client, _ []string) error { return c.Devices(ctx, q) }
 	}},
 	{group: "devices", name: "get", args: "ID", min: 1, max: 1, summary: "show a device with its reported state", flags: id1((*ctl.Client).Device)},
+	{group: "devices", name: "history", args: "ID", min: 1, max: 1, summary: "a device's state history (--output csv: the API's CSV)", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
+		var q ctl.HistoryQuery
+		fs.StringVar(&q.From, "from", "", "from this time on (RFC 3339, e.g. 2026-11-27T00:00:00Z)")
+		fs.StringVar(&q.To, "to", "", "up to this time (RFC 3339)")
+		fs.IntVar(&q.Limit, "limit", 0, "at most this many samples, 1..10000 (0: the API's default)")
+		return func(ctx context.Context, c *ctl.Client, a []string) error { return c.DeviceHistory(ctx, a[0], q) }
+	}},
 	{group: "devices", name: "export", summary: "write every matching device as CSV (the API's export, streamed)", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
 		var q ctl.DeviceQuery
 		filterFlags(fs, &q.Filter)
@@ -330,7 +337,7 @@ func ctlGlobalFlags(fs *flag.FlagSet, cfg *ctl.Config, asJSON *bool) {
 	fs.StringVar(&cfg.CACert, "ca-cert", "", "PEM certificate the server's HTTPS must chain to, e.g. its self-signed drover-data/tls/cert.pem (empty: the system's roots)")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server's certificate (says so on stderr; prefer --ca-cert)")
 	fs.DurationVar(&cfg.Timeout, "http-timeout", cfg.Timeout, "limit of each HTTP request")
-	fs.StringVar(&cfg.Output, "output", cfg.Output, "table (for people), json (the API's answer as is) or csv (devices list and export)")
+	fs.StringVar(&cfg.Output, "output", cfg.Output, "table (for people), json (the API's answer as is) or csv (devices list, export and history)")
 	fs.BoolVar(asJSON, "json", false, "the same as --output json")
 }
 
@@ -515,8 +522,8 @@ func ctlRunCommand(ctx context.Context, c ctlCommand, args []string, env command
 	}
 	if c.group == "devices" && c.name == "export" {
 		cfg.Output = ctl.OutputCSV
-	} else if cfg.Output == ctl.OutputCSV && !(c.group == "devices" && c.name == "list") {
-		return command.Usagef("--output csv: only devices list and export have CSV")
+	} else if cfg.Output == ctl.OutputCSV && !(c.group == "devices" && (c.name == "list" || c.name == "history")) {
+		return command.Usagef("--output csv: only devices list, export and history have CSV")
 	}
 	cfg.Stdout, cfg.Stderr = env.Stdout, env.Stderr
 	cl, err := ctl.New(cfg)

@@ -162,6 +162,14 @@ func TestCtlCommands(t *testing.T) {
 				t.Errorf("devices get: %v", v)
 			}
 		}},
+		{name: "devices history", args: []string{"devices", "history", "{dev1}"}, out: []string{"AT", "SEQ", "1"}},
+		{name: "devices history json", args: []string{"devices", "history", "{dev1}", "--limit", "5", "--json"}, json: func(t *testing.T, v any) {
+			if ss, _ := v.(map[string]any)["samples"].([]any); len(ss) != 1 {
+				t.Errorf("history: %v", v)
+			}
+		}},
+		{name: "devices history csv", args: []string{"devices", "history", "{dev1}", "--output", "csv"}, out: []string{"at,seq,uptime"}},
+		{name: "devices history bad time", args: []string{"devices", "history", "{dev1}", "--from", "yesterday"}, code: 2, err: []string{"RFC 3339"}},
 		{name: "devices get unknown", args: []string{"devices", "get", "999999"}, code: 3, err: []string{"no device 999999", "404"}},
 		{name: "devices list bad filter", args: []string{"devices", "list", "--sync-state", "bogus"}, code: 2, err: []string{"sync_state must be"}},
 		{name: "devices unknown command", args: []string{"devices", "frobnicate"}, code: 2, err: []string{"unknown command"}},

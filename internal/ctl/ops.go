@@ -91,6 +91,45 @@ func (c *Client) Device(ctx context.Context, id string) error {
 	return c.show(ctx, "/api/v1/devices/"+url.PathEscape(id))
 }
 
+// HistoryQuery bounds a device's history: RFC 3339 times and a number of
+// samples (empty, 0: the API's defaults).
+type HistoryQuery struct {
+	From, To string
+	Limit    int
+}
+
+// DeviceHistory shows a device's state history; with OutputCSV the API's
+// CSV of it.
+func (c *Client) DeviceHistory(ctx context.Context, id string, q HistoryQuery) error {
+	v := url.Values{}
+	if q.From != "" {
+		v.Set("from", q.From)
+	}
+	if q.To != "" {
+		v.Set("to", q.To)
+	}
+	if q.Limit != 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	path := "/api/v1/devices/" + url.PathEscape(id) + "/history"
+	if c.cfg.Output == OutputCSV {
+		v.Set("format", "csv")
+		resp, err := c.send(ctx, "GET", path, v, nil, "text/csv")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(c.cfg.Stdout, resp.Body)
+		return err
+	}
+	raw, err := c.do(ctx, "GET", path, v, nil)
+	if err != nil {
+		return err
+	}
+	return c.list(raw, "samples", cols("AT=at", "SEQ=seq", "UPTIME=uptime", "CPU=cpu", "MEM USED=mem_used", "DISK USED=disk_used",
+		"TEMP=temperature", "RX=rx_bytes", "TX=tx_bytes", "RSSI=rssi"))
+}
+
 // show writes GET path's object.
 func (c *Client) show(ctx context.Context, path string) error {
 	raw, err := c.do(ctx, "GET", path, nil, nil)
