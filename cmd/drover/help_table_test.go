@@ -7,7 +7,8 @@ import (
 	"testing"
 )
 
-// Every subcommand, taken from the commands table (and perf's own list),
+// Every subcommand, taken from the commands table (and perf's own list,
+// and drover ctl's table),
 // answers --help on stdout with exit 0 and an unknown flag on stderr with
 // exit 2. A command added to the table is covered without a new line here.
 func TestEveryCommandHelpAndBadFlag(t *testing.T) {
@@ -17,6 +18,9 @@ func TestEveryCommandHelpAndBadFlag(t *testing.T) {
 	}
 	for _, sub := range []string{"list", "run", "fleet", "report", "compare", "size", "summary", "worker"} {
 		names = append(names, "perf "+sub)
+	}
+	for _, c := range ctlCommands {
+		names = append(names, "ctl "+c.group+" "+c.name)
 	}
 	var perfHelp bytes.Buffer
 	run(context.Background(), []string{"perf", "--help"}, testEnv(nil, &perfHelp, &perfHelp, nil))

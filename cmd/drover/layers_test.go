@@ -46,6 +46,7 @@ func TestImportLayers(t *testing.T) {
 		"internal/hostinfo":          {},
 		"internal/logcat":            {},
 		"internal/netlab":            {},
+		"internal/ctl":               {}, // the operator API over HTTP only
 		"internal/alert":             {"internal/fleet", "internal/protocol", "internal/alert"},
 		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert", "internal/render", "internal/sessions", "internal/access", "internal/httpclose"},
 		"internal/sessions":          {},

@@ -1,8 +1,8 @@
 // Package command is what every drover command shares: the one
 // configuration loader (flags, then DROVER_* environment, then a TOML
 // config file named by --config or DROVER_CONFIG, then the default), the
-// exit codes (0 done or help requested, 1 failed, 2 usage error), signals
-// and the process logger.
+// exit codes (0 done or help requested, 1 failed, 2 usage error, or the
+// code an error carries: Coded), signals and the process logger.
 package command
 
 import (
@@ -55,10 +55,19 @@ func Usage(err error) error {
 	return UsageError{Err: err}
 }
 
+// Coded is an error with an exit code of its own, such as drover ctl's
+// codes for the API's answers (docs/ctl.md).
+type Coded interface {
+	error
+	ExitCode() int
+}
+
 // ExitCode reports err on stderr as prog's and returns the exit code:
-// 0 for nil and requested help, 2 for usage errors, 1 otherwise.
+// 0 for nil and requested help, 2 for usage errors, a Coded error's code,
+// 1 otherwise.
 func ExitCode(prog string, err error, stderr io.Writer) int {
 	var ue UsageError
+	var coded Coded
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
@@ -67,6 +76,9 @@ func ExitCode(prog string, err error, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 		}
 		return 2
+	case errors.As(err, &coded) && coded.ExitCode() != 0:
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		return coded.ExitCode()
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 	return 1

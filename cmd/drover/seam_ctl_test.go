@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The operator CLI × agents' commands seam, through the real binaries:
+// `drover serve`, a `drover agent --connect`, and `drover ctl commands
+// send … --wait` as an operator runs it (server, token and CA from the
+// environment), which must get the device's result, within the push
+// interval, and exit 0; a command the agent refuses makes --wait exit 1
+// with the device's error shown.
+func TestSeamCtlCommandsAgent(t *testing.T) {
+	t.Setenv("DROVER_PUSH_INTERVAL", "600") // a result must not wait for the interval
+	t.Setenv("DROVER_QUOTA_PUSH_RATE", "0")
+	data := t.TempDir()
+	p := startServe(t, data)
+	base := "https://" + p.addr
+	var secrets struct {
+		Enroll string `json:"enrollment_secret"`
+		Admin  string `json:"admin_token"`
+	}
+	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &secrets); err != nil || secrets.Admin == "" {
+		t.Fatalf("secrets.json: %v", err)
+	}
+	caFile := filepath.Join(data, "tls", "cert.pem")
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "command-hook")
+	if err := os.WriteFile(hook, []byte("#!/bin/sh\necho \"hook got $2 $3 on $DROVER_DEVICE_ID\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root, _ := filepath.Abs("../../internal/agent/testdata/root")
+	agent := exec.Command(droverBin, "agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
+		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-ctl", "--root", root, "--command-hook", hook)
+	var agentLog bytes.Buffer
+	agent.Stdout, agent.Stderr = &agentLog, &agentLog
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		agent.Process.Kill()
+		agent.Wait()
+		if t.Failed() {
+			t.Logf("agent log:\n%s", agentLog.String())
+		}
+	})
+
+	ctl := func(args ...string) (int, string, string) {
+		t.Helper()
+		cmd := exec.Command(droverBin, append([]string{"ctl"}, args...)...)
+		cmd.Env = append(os.Environ(), "DROVER_SERVER="+base, "DROVER_API_TOKEN="+secrets.Admin, "DROVER_CA_CERT="+caFile)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, out.String(), errb.String()
+	}
+
+	// The device as the CLI lists it, once it pushed.
+	var id string
+	for deadline := time.Now().Add(60 * time.Second); id == ""; {
+		code, out, errOut := ctl("devices", "list", "--q", "seam-ctl", "--liveness", "online", "--json")
+		if code != 0 {
+			t.Fatalf("devices list: exit %d: %s", code, errOut)
+		}
+		var list struct {
+			Devices []struct {
+				ID string `json:"id"`
+			} `json:"devices"`
+		}
+		if err := json.Unmarshal([]byte(out), &list); err != nil {
+			t.Fatalf("devices list --json: %v\n%s", err, out)
+		}
+		if len(list.Devices) == 1 {
+			id = list.Devices[0].ID
+		} else if time.Now().After(deadline) {
+			t.Fatal("the agent did not register and push within 60 s")
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	start := time.Now()
+	code, out, errOut := ctl("commands", "send", "hook", "hello", "world", "--device", id, "--wait", "--wait-timeout", "30s")
+	took := time.Since(start)
+	if code != 0 {
+		t.Fatalf("commands send --wait: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, w := range []string{"DEVICE", id, "succeeded", "hook got hello world on " + id} {
+		if !strings.Contains(out, w) {
+			t.Errorf("commands send --wait: stdout lacks %q:\n%s", w, out)
+		}
+	}
+	if took > 10*time.Second {
+		t.Errorf("commands send --wait took %v (push interval 600 s): the result did not come over the connection", took)
+	}
+
+	// The same as JSON, to a label, parsed as the API's results.
+	if code, _, errOut := ctl("labels", "create", "seam", "--q", "seam-ctl"); code != 0 {
+		t.Fatalf("labels create: exit %d %s", code, errOut)
+	}
+	code, out, errOut = ctl("commands", "send", "hook", "to", "label", "--label", "seam", "--wait", "--json")
+	if code != 0 {
+		t.Fatalf("commands send --label --wait --json: exit %d %s", code, errOut)
+	}
+	var res struct {
+		Commands []struct {
+			DeviceID string   `json:"device_id"`
+			State    string   `json:"state"`
+			Output   []string `json:"output"`
+		} `json:"commands"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Commands) != 1 || res.Commands[0].State != "succeeded" ||
+		res.Commands[0].DeviceID != id || !strings.Contains(strings.Join(res.Commands[0].Output, "\n"), "hook got to label") {
+		t.Fatalf("commands send --label --wait --json: %v\n%s", err, out)
+	}
+
+	// A command the agent does not allow: the device's error, exit 1.
+	code, out, errOut = ctl("commands", "send", "reboot", "--device", id, "--wait", "--wait-timeout", "30s")
+	if code != 1 || !strings.Contains(out, "failed") || !strings.Contains(errOut, "1 of 1 devices failed") {
+		t.Fatalf("reboot refused by the agent: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
