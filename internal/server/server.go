@@ -8,7 +8,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"golang.org/x/crypto/acme"
 	"golang.org/x/crypto/acme/autocert"
 	"log/slog"
 	"net"
@@ -356,34 +355,6 @@ func (s *Server) listen(context.Context) error {
 		s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, ErrorLog: errLog}
 	}
 	return nil
-}
-
-type tlsLn struct {
-	net.Listener
-	cfg *tls.Config
-}
-
-// tlsListener serves TLS per tlsPolicy (tlspolicy.go) with session
-// resumption (tickets, keys rotated by crypto/tls) and HTTP/1.1 only: device
-// agents do one request per connection or keep-alive, and HTTP/2 only adds
-// cost for them.
-func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), c *Config) (net.Listener, error) {
-	cfg := &tls.Config{
-		GetCertificate: getCert,
-		NextProtos:     []string{"http/1.1"},
-	}
-	if len(c.acmeDomains()) > 0 {
-		cfg.NextProtos = append(cfg.NextProtos, acme.ALPNProto) // tls-alpn-01 challenges
-	}
-	if err := tlsPolicy(cfg, c.TLSAllowLegacyCBC, c.TLSKeyExchange, c.TLSMaxVersion); err != nil {
-		return nil, err
-	}
-	if c.TLSTicketKeys != "" {
-		if err := setTicketKeys(cfg, c.TLSTicketKeys); err != nil {
-			return nil, err
-		}
-	}
-	return &tlsLn{Listener: tls.NewListener(ln, cfg), cfg: cfg}, nil
 }
 
 // HTTPSAddr is the bound HTTPS address, or "".

@@ -5,17 +5,15 @@ package server
 // stable codes), the operator's admission API and client-certificate TLS.
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strconv"
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/server/transport"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -35,7 +33,7 @@ type acceptedBody struct {
 // registerDevice is POST /api/v1/register.
 func (a *api) registerDevice(r *http.Request) (any, error) {
 	if a.regLimit != nil {
-		if ok, wait := a.regLimit.allow(r.RemoteAddr, time.Now()); !ok {
+		if ok, wait := a.regLimit.Allow(r.RemoteAddr, time.Now()); !ok {
 			return nil, rateLimited(wait)
 		}
 	}
@@ -205,26 +203,6 @@ func (a *api) removePreauthorized(r *http.Request) (any, error) {
 	return map[string]any{"removed": m}, nil
 }
 
-// clientAuth makes the HTTPS listener ask for client certificates signed by
-// the configured CA. Certificates are verified when given; whether one is
-// required is the fleet's rule (-require-client-cert), so that the
-// operator API and dashboard keep working without one.
-func clientAuth(cfg *tls.Config, caFile string) error {
-	if caFile == "" {
-		return nil
-	}
-	pemBytes, err := os.ReadFile(caFile)
-	if err != nil {
-		return fmt.Errorf("client CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pemBytes) {
-		return fmt.Errorf("client CA %s: no PEM certificate in it", caFile)
-	}
-	cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
-	return nil
-}
-
 // parsePolicy checks -admission.
 func parsePolicy(v string) (fleet.Policy, error) {
 	p, ok := fleet.ParsePolicy(v)
@@ -245,16 +223,16 @@ func (c *Config) validateTrust() error {
 	if c.RegisterRate < 0 || c.RegisterRatePerAddress < 0 || c.RegisterBurst < 0 || c.RegisterBurstPerAddress < 0 {
 		return errors.New("registration rates and bursts must not be negative")
 	}
-	if _, err := parsePrefixes(c.RegisterRateExempt); err != nil {
+	if _, err := transport.ParsePrefixes(c.RegisterRateExempt); err != nil {
 		return fmt.Errorf("-register-rate-exempt: %w", err)
 	}
 	return nil
 }
 
 // registerLimits are the configured registration limits.
-func (c *Config) registerLimits() RegisterLimits {
-	exempt, _ := parsePrefixes(c.RegisterRateExempt) // checked by Validate
-	return RegisterLimits{Rate: c.RegisterRate, Burst: c.RegisterBurst, PerAddress: c.RegisterRatePerAddress,
+func (c *Config) registerLimits() transport.RegisterLimits {
+	exempt, _ := transport.ParsePrefixes(c.RegisterRateExempt) // checked by Validate
+	return transport.RegisterLimits{Rate: c.RegisterRate, Burst: c.RegisterBurst, PerAddress: c.RegisterRatePerAddress,
 		PerAddressBurst: c.RegisterBurstPerAddress, Exempt: exempt}
 }
 
@@ -279,3 +257,8 @@ func (c *admissionCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(requests))
 }
+
+// The registration limiter as the api and New name it.
+type regLimiter = transport.RegisterLimiter
+
+var newRegLimiter = transport.NewRegisterLimiter
