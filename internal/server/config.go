@@ -90,7 +90,8 @@ type Config struct {
 	// shared by cluster nodes; "": crypto/tls's own, per process.
 	TLSTicketKeys     string
 	TLSAllowLegacyCBC bool
-	// Device admission and trust (trust.go, docs/operations.md#security).
+	// Device admission and trust (register.go, admission.go,
+	// docs/operations.md#security).
 	Admission               string
 	ClientCA                string
 	RequireClientCert       bool
