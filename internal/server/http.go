@@ -347,44 +347,6 @@ func pathID(r *http.Request) (uint64, error) {
 	return id, nil
 }
 
-func (a *api) listProfiles(r *http.Request) (any, error) {
-	return map[string]any{"profiles": a.fleet.Profiles()}, nil
-}
-
-func (a *api) getProfile(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	p, ok := a.fleet.Profile(id)
-	if !ok {
-		return nil, notFound("profile " + strconv.FormatUint(id, 10))
-	}
-	return p, nil
-}
-
-func (a *api) updateProfile(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	var u fleet.ProfileUpdate
-	if err := decodeStrict(r, "profile update: ", &u); err != nil {
-		return nil, err
-	}
-	if u.By, err = changedBy(r); err != nil {
-		return nil, err
-	}
-	p, changed, err := a.fleet.ApplyProfileUpdate(r.Context(), id, u)
-	if err != nil {
-		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
-	}
-	if !changed {
-		return unchangedBody{p}, nil
-	}
-	return p, nil
-}
-
 // overloadWatch reports 503s for overload within the last minute.
 type overloadWatch struct {
 	refused func() uint64 // device requests refused for overload so far
