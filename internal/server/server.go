@@ -49,7 +49,7 @@ type Server struct {
 	debugSrv  *http.Server                    // pprof, on debugLn; closed when Serve returns
 	handler   http.Handler                    // routes.go
 	cert      atomic.Pointer[tls.Certificate] // served on httpsLn; Reload replaces it
-	acme      *autocert.Manager               // certificates of -acme-domains (acme.go), or nil
+	acme      *autocert.Manager               // certificates of -acme-domains (tls.go), or nil
 	servers   []*http.Server
 	gate      *acceptGate // the device listeners' (gate.go)
 	storeErr  atomic.Pointer[string]
@@ -57,9 +57,9 @@ type Server struct {
 	stopHolds chan struct{} // closed on draining: held over-quota answers go out
 	pruneDone chan struct{}
 	hub       *hub            // devices' persistent connections (connect.go)
-	alerts    *alert.Engine   // alerts_api.go
+	alerts    *alert.Engine   // alerts.go
 	acc       *access.Service // users, tokens, audit log (authz.go)
-	node      *cluster.Node   // cluster mode (cluster_api.go); nil: not
+	node      *cluster.Node   // cluster mode (cluster.go); nil: not
 	cstore    store.Cluster   // the store, in cluster mode
 
 	metricsLn  net.Listener
