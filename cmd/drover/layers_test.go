@@ -59,6 +59,7 @@ func TestImportLayers(t *testing.T) {
 		"internal/store/migrate":     {},
 		"internal/store/dbtest":      {},
 		"internal/server/servertest": {"internal/server"},
+		"internal/server/transport":  {"internal/protocol"},
 	}
 	for pkg := range imports {
 		if strings.HasPrefix(pkg, "internal/") {

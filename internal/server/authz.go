@@ -301,3 +301,20 @@ func (a *api) audited(rt *route, r *http.Request) (any, error) {
 	a.record(r.Context(), who, r, rt.method+" "+rt.path, obj, before, after)
 	return v, nil
 }
+
+// changedBy names who makes a change: a user's name, or for the admin
+// token "api", or "api:<name>" with the X-Drover-Operator header (a label
+// the admin token's holder chooses).
+func changedBy(r *http.Request) (string, error) {
+	if who, ok := actorOf(r); ok && who.Name != access.AdminActor {
+		return who.Name, nil
+	}
+	n := r.Header.Get("X-Drover-Operator")
+	if n == "" {
+		return "api", nil
+	}
+	if len(n) > 64 || strings.ContainsFunc(n, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		return "", badField("X-Drover-Operator must be at most 64 printable bytes")
+	}
+	return "api:" + n, nil
+}

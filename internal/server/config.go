@@ -81,16 +81,17 @@ type Config struct {
 	// for a Prometheus on a network devices cannot reach; "" for none.
 	MetricsListen string
 
-	// TLS policy of -listen (tlspolicy.go).
+	// TLS policy of -listen (transport.Policy).
 	TLSKeyExchange string
 	// TLSMaxVersion caps the listener's TLS version
 	// (protocol.TLSMaxVersion): "1.3" or "1.2".
 	TLSMaxVersion string
-	// TLSTicketKeys names a file of session ticket keys (ticketkeys.go)
+	// TLSTicketKeys names a file of session ticket keys (transport.SetTicketKeys)
 	// shared by cluster nodes; "": crypto/tls's own, per process.
 	TLSTicketKeys     string
 	TLSAllowLegacyCBC bool
-	// Device admission and trust (trust.go, docs/operations.md#security).
+	// Device admission and trust (register.go, admission.go,
+	// docs/operations.md#security).
 	Admission               string
 	ClientCA                string
 	RequireClientCert       bool
@@ -118,7 +119,7 @@ type Config struct {
 	FirmwareMaxSize     int64
 	RolloutInterval     time.Duration
 	FirmwareDownloadMax time.Duration
-	// ACME (acme.go): certificates for ACMEDomains (comma-separated; "":
+	// ACME (transport.NewACME): certificates for ACMEDomains (comma-separated; "":
 	// off) from the ACME directory ACMEDirectoryURL, kept in ACMECacheDir
 	// ("": DataDir/acme), account e-mail ACMEEmail; ACMECACert is a PEM
 	// file of the CA that signs the directory's HTTPS certificate (a

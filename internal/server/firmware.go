@@ -1,6 +1,7 @@
 package server
 
-// Firmware files, rollouts and profile history over HTTP (docs/firmware.md).
+// Firmware files over HTTP (docs/firmware.md); rollouts are in
+// rollouts.go, a profile's history in profiles.go.
 // Uploads stream to a temporary file while SHA-256 is computed, within
 // -firmware-max-size, and are renamed into place; downloads are
 // http.ServeContent on the open file (Range, If-Range, no copy through
@@ -10,7 +11,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -132,23 +132,6 @@ func (ff *firmwareFiles) extend(w http.ResponseWriter) {
 	deadline := time.Now().Add(ff.downloadMax)
 	rc.SetReadDeadline(deadline)
 	rc.SetWriteDeadline(deadline)
-}
-
-// changedBy names who makes a change: a user's name, or for the admin
-// token "api", or "api:<name>" with the X-Drover-Operator header (a label
-// the admin token's holder chooses).
-func changedBy(r *http.Request) (string, error) {
-	if who, ok := actorOf(r); ok && who.Name != access.AdminActor {
-		return who.Name, nil
-	}
-	n := r.Header.Get("X-Drover-Operator")
-	if n == "" {
-		return "api", nil
-	}
-	if len(n) > 64 || strings.ContainsFunc(n, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
-		return "", badField("X-Drover-Operator must be at most 64 printable bytes")
-	}
-	return "api:" + n, nil
 }
 
 func (a *api) listFirmware(*http.Request) (any, error) {
@@ -406,143 +389,4 @@ func (a *api) firmwareFile(w http.ResponseWriter, r *http.Request) {
 	a.m.firmwareDownloads.Inc()
 	notBusy(r) // paced by the device's link, not the server (gate.go)
 	http.ServeContent(w, r, "", f.CreatedAt, file)
-}
-
-func (a *api) listRollouts(*http.Request) (any, error) {
-	return map[string]any{"rollouts": a.fleet.Rollouts()}, nil
-}
-
-func (a *api) createRollout(r *http.Request) (any, error) {
-	by, err := changedBy(r)
-	if err != nil {
-		return nil, err
-	}
-	spec := fleet.DefaultRolloutSpec()
-	in := struct {
-		*fleet.RolloutSpec
-		FirmwareID json.Number `json:"firmware_id"` // a decimal string, as firmware answers give it, or a number
-	}{RolloutSpec: &spec}
-	if err := decodeStrict(r, "rollout: ", &in); err != nil {
-		return nil, err
-	}
-	if in.FirmwareID != "" {
-		if spec.FirmwareID, err = strconv.ParseUint(string(in.FirmwareID), 10, 64); err != nil {
-			return nil, badField("rollout: firmware_id must be a firmware ID")
-		}
-	}
-	ro, err := a.fleet.CreateRollout(r.Context(), spec, by)
-	if err != nil {
-		return nil, err
-	}
-	return created(ro), nil
-}
-
-func (a *api) getRollout(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	ro, ok := a.fleet.RolloutByID(id)
-	if !ok {
-		return nil, notFound("rollout " + strconv.FormatUint(id, 10))
-	}
-	return ro, nil
-}
-
-// rolloutDevices pages a rollout's devices: ?state=&after=<device id>&limit=.
-func (a *api) rolloutDevices(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	q := r.URL.Query()
-	c, err := cursor(r, "after")
-	if err != nil {
-		return nil, err
-	}
-	after, err := optUint(c)
-	if err != nil {
-		return nil, badField("cursor must be a next_cursor value")
-	}
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
-			return nil, badField("limit must be 1..1000")
-		}
-	}
-	st := q.Get("state")
-	if st != "" && !strings.Contains(" "+strings.Join(fleet.RolloutDeviceStates, " ")+" ", " "+st+" ") {
-		return nil, badField("state must be one of " + strings.Join(fleet.RolloutDeviceStates, ", "))
-	}
-	ds, err := a.fleet.RolloutDevices(r.Context(), id, st, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]any{"devices": ds}
-	if len(ds) == limit {
-		out["next_cursor"] = strconv.FormatUint(ds[len(ds)-1].DeviceID, 10)
-	}
-	return out, nil
-}
-
-func (a *api) controlRollout(action string) apiFunc {
-	return func(r *http.Request) (any, error) {
-		id, err := pathID(r)
-		if err != nil {
-			return nil, err
-		}
-		by, err := changedBy(r)
-		if err != nil {
-			return nil, err
-		}
-		return a.fleet.ControlRollout(r.Context(), id, action, by)
-	}
-}
-
-func (a *api) profileHistory(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	h, err := a.fleet.ProfileHistory(r.Context(), id)
-	if err != nil {
-		return nil, err
-	}
-	return map[string]any{"revisions": h}, nil
-}
-
-func (a *api) profileDiff(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	q := r.URL.Query()
-	from, err1 := strconv.Atoi(q.Get("from"))
-	to, err2 := strconv.Atoi(q.Get("to"))
-	if err1 != nil || err2 != nil {
-		return nil, badField("from and to must be revision numbers")
-	}
-	d, err := a.fleet.ProfileDiff(r.Context(), id, from, to)
-	if err != nil {
-		return nil, err
-	}
-	return map[string]any{"from": from, "to": to, "changes": d}, nil
-}
-
-func (a *api) rollbackProfile(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	by, err := changedBy(r)
-	if err != nil {
-		return nil, err
-	}
-	var body struct {
-		Rev int `json:"rev"`
-	}
-	if err := decodeStrict(r, "rollback: ", &body); err != nil {
-		return nil, err
-	}
-	return a.fleet.RollbackProfile(r.Context(), id, body.Rev, by)
 }

@@ -1,15 +1,11 @@
 package server
 
 import (
-	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
-	"time"
+
+	"github.com/drover/drover/internal/server/transport"
 )
 
 // Reload applies what can change while the server runs: the secret files
@@ -42,7 +38,7 @@ func (s *Server) Reload(cfg Config) error {
 		return nil
 	}
 	if cfg.TLSTicketKeys != "" {
-		if err := setTicketKeys(s.httpsLn.(*tlsLn).cfg, cfg.TLSTicketKeys); err != nil {
+		if err := transport.SetTicketKeys(s.httpsLn.(*tlsLn).cfg, cfg.TLSTicketKeys); err != nil {
 			return err
 		}
 		s.log.Info("reload: TLS session ticket keys", "path", cfg.TLSTicketKeys)
@@ -53,30 +49,6 @@ func (s *Server) Reload(cfg Config) error {
 		certPath, keyPath = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	}
 	return s.loadCert(certPath, keyPath)
-}
-
-// loadCert reads a certificate and key and serves them on new
-// connections; on error the certificate in use stays.
-func (s *Server) loadCert(certPath, keyPath string) error {
-	cert, err := tls.LoadX509KeyPair(certPath, keyPath)
-	if err != nil {
-		return fmt.Errorf("tls: %w", err)
-	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		return fmt.Errorf("tls: %s: %w", certPath, err)
-	}
-	cert.Leaf = leaf
-	s.cert.Store(&cert)
-	s.log.Info("reload: TLS certificate", "path", certPath, "subject", leaf.Subject.String(), "not_after", leaf.NotAfter.UTC())
-	return nil
-}
-
-func (s *Server) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	if s.useACME(hello) {
-		return s.acme.GetCertificate(hello)
-	}
-	return s.cert.Load(), nil
 }
 
 // reloadSecrets puts in force the secrets of next that differ from the
@@ -137,41 +109,4 @@ func restartNeeded(cur, next Config) []string {
 		}
 	}
 	return out
-}
-
-// watchCertFiles reloads -tls-cert and -tls-key when either file changes
-// (size or modification time, checked every interval), so that a renewed
-// certificate (certbot, cert-manager) is served without SIGHUP. A pair
-// that does not load (one file replaced, the other not yet) is tried again
-// at the next change or check.
-func (s *Server) watchCertFiles(ctx context.Context, interval time.Duration) {
-	if interval <= 0 || s.httpsLn == nil || s.cfg.TLSCert == "" {
-		return
-	}
-	stamp := func() string {
-		var b strings.Builder
-		for _, p := range []string{s.cfg.TLSCert, s.cfg.TLSKey} {
-			if fi, err := os.Stat(p); err == nil {
-				fmt.Fprintf(&b, "%d/%d;", fi.Size(), fi.ModTime().UnixNano())
-			}
-		}
-		return b.String()
-	}
-	last := stamp()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if now := stamp(); now != last {
-			if err := s.loadCert(s.cfg.TLSCert, s.cfg.TLSKey); err != nil {
-				s.log.Warn("tls: changed certificate files do not load; the old certificate stays in use", "err", err)
-				continue
-			}
-			last = now
-		}
-	}
 }

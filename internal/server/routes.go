@@ -306,7 +306,7 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			rt.ok(v).Inc()
 		}
 		switch c := v.(type) {
-		case streamBody: // CSV exports (export.go)
+		case streamBody: // CSV exports (csvexport.go)
 			c(w)
 			return
 		case createdBody:

@@ -1,23 +1,14 @@
 package server
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/drover/drover/internal/fsutil"
 )
@@ -128,82 +119,4 @@ func loadSecrets(dir string, given Secrets) (Secrets, Generated, error) {
 		s.AdminToken = given.AdminToken
 	}
 	return s, gen, nil
-}
-
-// loadCertificate returns the operator's certificate, or the self-signed one
-// in data-dir/tls, generating it on first start.
-func loadCertificate(cfg *Config) (tls.Certificate, bool, error) {
-	if cfg.TLSCert != "" {
-		c, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		return c, false, err
-	}
-	dir := filepath.Join(cfg.DataDir, "tls")
-	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if c, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil {
-		return c, false, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return tls.Certificate{}, false, fmt.Errorf("%s: %w", dir, err)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return tls.Certificate{}, false, err
-	}
-	certPEM, keyPEM, err := selfSigned()
-	if err != nil {
-		return tls.Certificate{}, false, err
-	}
-	if err := fsutil.WriteFileAtomic(keyPath, keyPEM, 0o600); err != nil {
-		return tls.Certificate{}, false, err
-	}
-	if err := fsutil.WriteFileAtomic(certPath, certPEM, 0o644); err != nil {
-		return tls.Certificate{}, false, err
-	}
-	c, err := tls.X509KeyPair(certPEM, keyPEM)
-	return c, true, err
-}
-
-// selfSigned makes a 10-year ECDSA P-256 certificate for this host's names.
-func selfSigned() (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	if err != nil {
-		return nil, nil, err
-	}
-	names := []string{"localhost"}
-	if h, err := os.Hostname(); err == nil && h != "" && h != "localhost" {
-		names = append(names, h)
-	}
-	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
-				ips = append(ips, n.IP)
-			}
-		}
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: names[len(names)-1], Organization: []string{"Drover self-signed"}},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.AddDate(10, 0, 0),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		DNSNames:              names,
-		IPAddresses:           ips,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, nil, err
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
 }

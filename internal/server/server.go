@@ -8,7 +8,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"golang.org/x/crypto/acme"
 	"golang.org/x/crypto/acme/autocert"
 	"log/slog"
 	"net"
@@ -50,7 +49,7 @@ type Server struct {
 	debugSrv  *http.Server                    // pprof, on debugLn; closed when Serve returns
 	handler   http.Handler                    // routes.go
 	cert      atomic.Pointer[tls.Certificate] // served on httpsLn; Reload replaces it
-	acme      *autocert.Manager               // certificates of -acme-domains (acme.go), or nil
+	acme      *autocert.Manager               // certificates of -acme-domains (tls.go), or nil
 	servers   []*http.Server
 	gate      *acceptGate // the device listeners' (gate.go)
 	storeErr  atomic.Pointer[string]
@@ -58,9 +57,9 @@ type Server struct {
 	stopHolds chan struct{} // closed on draining: held over-quota answers go out
 	pruneDone chan struct{}
 	hub       *hub            // devices' persistent connections (connect.go)
-	alerts    *alert.Engine   // alerts_api.go
+	alerts    *alert.Engine   // alerts.go
 	acc       *access.Service // users, tokens, audit log (authz.go)
-	node      *cluster.Node   // cluster mode (cluster_api.go); nil: not
+	node      *cluster.Node   // cluster mode (cluster.go); nil: not
 	cstore    store.Cluster   // the store, in cluster mode
 
 	metricsLn  net.Listener
@@ -356,34 +355,6 @@ func (s *Server) listen(context.Context) error {
 		s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, ErrorLog: errLog}
 	}
 	return nil
-}
-
-type tlsLn struct {
-	net.Listener
-	cfg *tls.Config
-}
-
-// tlsListener serves TLS per tlsPolicy (tlspolicy.go) with session
-// resumption (tickets, keys rotated by crypto/tls) and HTTP/1.1 only: device
-// agents do one request per connection or keep-alive, and HTTP/2 only adds
-// cost for them.
-func tlsListener(ln net.Listener, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), c *Config) (net.Listener, error) {
-	cfg := &tls.Config{
-		GetCertificate: getCert,
-		NextProtos:     []string{"http/1.1"},
-	}
-	if len(c.acmeDomains()) > 0 {
-		cfg.NextProtos = append(cfg.NextProtos, acme.ALPNProto) // tls-alpn-01 challenges
-	}
-	if err := tlsPolicy(cfg, c.TLSAllowLegacyCBC, c.TLSKeyExchange, c.TLSMaxVersion); err != nil {
-		return nil, err
-	}
-	if c.TLSTicketKeys != "" {
-		if err := setTicketKeys(cfg, c.TLSTicketKeys); err != nil {
-			return nil, err
-		}
-	}
-	return &tlsLn{Listener: tls.NewListener(ln, cfg), cfg: cfg}, nil
 }
 
 // HTTPSAddr is the bound HTTPS address, or "".

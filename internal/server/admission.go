@@ -1,86 +1,20 @@
 package server
 
-// Device admission over HTTP: the registration's proofs (bearer token,
-// client certificate), its answers (202 while pending, 403/409/429 with
-// stable codes), the operator's admission API and client-certificate TLS.
+// Device admission over HTTP: the operator's admission API (approve,
+// reject, block, decommission, delete a device), enrollment tokens,
+// preauthorized machines, the -admission policy and its metrics.
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strconv"
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
-	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/server/transport"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// Outcomes of drover_registrations_total added by admission.
-const (
-	outPending     = "pending"
-	outRateLimited = "rate_limited"
-	outRefused     = "refused" // blocked, decommissioned, not preauthorized, conflicting
-)
-
-// acceptedBody is an answer sent with 202 Accepted and Retry-After.
-type acceptedBody struct {
-	v          any
-	retryAfter int
-}
-
-// registerDevice is POST /api/v1/register.
-func (a *api) registerDevice(r *http.Request) (any, error) {
-	if a.regLimit != nil {
-		if ok, wait := a.regLimit.allow(r.RemoteAddr, time.Now()); !ok {
-			return nil, rateLimited(wait)
-		}
-	}
-	buf, err := readBody(r)
-	if err != nil {
-		return nil, err
-	}
-	req, err := protocol.DecodeRegister(buf.Bytes())
-	putBuf(buf)
-	pr := fleet.Proof{Source: r.RemoteAddr, CertNames: certNames(r)}
-	if errors.Is(err, protocol.ErrNoCredential) && len(pr.CertNames) > 0 {
-		err = nil // a client certificate is the credential (docs/protocol.md)
-	}
-	if err != nil {
-		return nil, err
-	}
-	pr.Token, _ = bearer(r)
-	resp, err := a.fleet.RegisterWith(r.Context(), req, pr)
-	if err != nil {
-		return nil, err
-	}
-	if resp.Pending {
-		return acceptedBody{v: resp, retryAfter: resp.RetryAfter}, nil
-	}
-	return resp, nil
-}
-
-// certNames are the CN and SANs of the verified client certificate, if any.
-func certNames(r *http.Request) []string {
-	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
-		return nil
-	}
-	c := r.TLS.VerifiedChains[0][0]
-	names := append([]string{c.Subject.CommonName}, c.DNSNames...)
-	for _, u := range c.URIs {
-		names = append(names, u.String())
-	}
-	return names
-}
-
-func rateLimited(wait time.Duration) *apiError {
-	secs := max(1, int((wait+time.Second-1)/time.Second))
-	return &apiError{status: http.StatusTooManyRequests, code: "rate_limited", outcome: outRateLimited,
-		msg: "too many registrations; retry after " + strconv.Itoa(secs) + " s", retryAfter: secs, spread: true}
-}
 
 // admissionAnswer maps admission errors to answers; nil for other errors.
 func admissionAnswer(err error) *apiError {
@@ -107,28 +41,6 @@ func admissionAnswer(err error) *apiError {
 		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: err.Error(), outcome: outInvalid}
 	}
 	return nil
-}
-
-// actor names who made an operator request, for the log.
-func actor(r *http.Request) string { return "admin-token@" + r.RemoteAddr }
-
-// admitDevice is POST /api/v1/devices/{id}/{approve,reject,block,decommission}
-// and DELETE /api/v1/devices/{id}.
-func (a *api) admitDevice(action fleet.Action) apiFunc {
-	return func(r *http.Request) (any, error) {
-		id, err := pathID(r)
-		if err != nil {
-			return nil, err
-		}
-		d, err := a.fleet.Admit(r.Context(), id, action, actor(r))
-		if err != nil {
-			return nil, ifNotFound(err, "device "+r.PathValue("id"))
-		}
-		if action == fleet.Delete || (action == fleet.Reject && d.ID == 0) {
-			return map[string]any{"deleted": true, "id": strconv.FormatUint(id, 10)}, nil
-		}
-		return d, nil
-	}
 }
 
 func (a *api) listEnrollmentTokens(r *http.Request) (any, error) {
@@ -205,26 +117,6 @@ func (a *api) removePreauthorized(r *http.Request) (any, error) {
 	return map[string]any{"removed": m}, nil
 }
 
-// clientAuth makes the HTTPS listener ask for client certificates signed by
-// the configured CA. Certificates are verified when given; whether one is
-// required is the fleet's rule (-require-client-cert), so that the
-// operator API and dashboard keep working without one.
-func clientAuth(cfg *tls.Config, caFile string) error {
-	if caFile == "" {
-		return nil
-	}
-	pemBytes, err := os.ReadFile(caFile)
-	if err != nil {
-		return fmt.Errorf("client CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pemBytes) {
-		return fmt.Errorf("client CA %s: no PEM certificate in it", caFile)
-	}
-	cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
-	return nil
-}
-
 // parsePolicy checks -admission.
 func parsePolicy(v string) (fleet.Policy, error) {
 	p, ok := fleet.ParsePolicy(v)
@@ -245,17 +137,10 @@ func (c *Config) validateTrust() error {
 	if c.RegisterRate < 0 || c.RegisterRatePerAddress < 0 || c.RegisterBurst < 0 || c.RegisterBurstPerAddress < 0 {
 		return errors.New("registration rates and bursts must not be negative")
 	}
-	if _, err := parsePrefixes(c.RegisterRateExempt); err != nil {
+	if _, err := transport.ParsePrefixes(c.RegisterRateExempt); err != nil {
 		return fmt.Errorf("-register-rate-exempt: %w", err)
 	}
 	return nil
-}
-
-// registerLimits are the configured registration limits.
-func (c *Config) registerLimits() RegisterLimits {
-	exempt, _ := parsePrefixes(c.RegisterRateExempt) // checked by Validate
-	return RegisterLimits{Rate: c.RegisterRate, Burst: c.RegisterBurst, PerAddress: c.RegisterRatePerAddress,
-		PerAddressBurst: c.RegisterBurstPerAddress, Exempt: exempt}
 }
 
 // admissionCollector reports devices by admission state and the
@@ -279,3 +164,6 @@ func (c *admissionCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(requests))
 }
+
+// actor names who made an operator request, for the log.
+func actor(r *http.Request) string { return "admin-token@" + r.RemoteAddr }

@@ -1,4 +1,4 @@
-package server
+package transport
 
 import (
 	"net"
@@ -23,8 +23,9 @@ type RegisterLimits struct {
 // dropped early, and addresses that find no room share one limiter.
 const maxTracked = 100_000
 
-// regLimiter applies RegisterLimits with golang.org/x/time/rate buckets.
-type regLimiter struct {
+// RegisterLimiter applies RegisterLimits with golang.org/x/time/rate
+// buckets. It is safe for concurrent use.
+type RegisterLimiter struct {
 	total  *rate.Limiter // nil: unlimited
 	per    rate.Limit
 	burst  int
@@ -41,11 +42,12 @@ type addrLimit struct {
 	seen time.Time
 }
 
-func newRegLimiter(l RegisterLimits) *regLimiter {
+// NewRegisterLimiter is the limiter of l, or nil when l limits nothing.
+func NewRegisterLimiter(l RegisterLimits) *RegisterLimiter {
 	if l.Rate <= 0 && l.PerAddress <= 0 {
 		return nil
 	}
-	rl := &regLimiter{per: rate.Limit(l.PerAddress), burst: max(1, l.PerAddressBurst), exempt: l.Exempt, addrs: map[netip.Addr]*addrLimit{}}
+	rl := &RegisterLimiter{per: rate.Limit(l.PerAddress), burst: max(1, l.PerAddressBurst), exempt: l.Exempt, addrs: map[netip.Addr]*addrLimit{}}
 	if l.Rate > 0 {
 		rl.total = rate.NewLimiter(rate.Limit(l.Rate), max(1, l.Burst))
 	}
@@ -68,8 +70,9 @@ func take(lim *rate.Limiter, now time.Time) (bool, time.Duration) {
 	return true, 0
 }
 
-// allow decides one registration from remote (host:port).
-func (l *regLimiter) allow(remote string, now time.Time) (bool, time.Duration) {
+// Allow decides one registration from remote (host:port) at now; refused,
+// it tells how long until one would be allowed.
+func (l *RegisterLimiter) Allow(remote string, now time.Time) (bool, time.Duration) {
 	if l.per > 0 {
 		if lim := l.limiterFor(remote, now); lim != nil {
 			if ok, wait := take(lim, now); !ok {
@@ -84,7 +87,7 @@ func (l *regLimiter) allow(remote string, now time.Time) (bool, time.Duration) {
 }
 
 // limiterFor finds the address's bucket; nil when it is exempt.
-func (l *regLimiter) limiterFor(remote string, now time.Time) *rate.Limiter {
+func (l *RegisterLimiter) limiterFor(remote string, now time.Time) *rate.Limiter {
 	host := remote
 	if h, _, err := net.SplitHostPort(remote); err == nil {
 		host = h
@@ -121,7 +124,7 @@ func (l *regLimiter) limiterFor(remote string, now time.Time) *rate.Limiter {
 
 // sweep drops addresses whose bucket has refilled (idle long enough that a
 // fresh bucket is the same); l.mu held.
-func (l *regLimiter) sweep(now time.Time) {
+func (l *RegisterLimiter) sweep(now time.Time) {
 	l.lastSweep = now
 	idle := time.Duration(float64(l.burst)/float64(l.per)*float64(time.Second)) + time.Second
 	for a, e := range l.addrs {
@@ -131,8 +134,9 @@ func (l *regLimiter) sweep(now time.Time) {
 	}
 }
 
-// parsePrefixes reads a comma-separated list of CIDR prefixes or addresses.
-func parsePrefixes(v string) ([]netip.Prefix, error) {
+// ParsePrefixes reads a comma-separated list of CIDR prefixes or addresses
+// (RegisterLimits.Exempt).
+func ParsePrefixes(v string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, f := range strings.Split(v, ",") {
 		f = strings.TrimSpace(f)

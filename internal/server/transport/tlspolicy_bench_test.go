@@ -1,6 +1,6 @@
 //go:build linux
 
-package server
+package transport
 
 import (
 	"crypto/tls"
@@ -27,9 +27,9 @@ import (
 // -tags purego, crypto runs without assembly, as on a MIPS or 32-bit ARM
 // router.
 //
-//	go test -run '^$' -bench TLSHandshake -benchtime 1000x -count 5 ./internal/server/
+//	go test -run '^$' -bench TLSHandshake -benchtime 1000x -count 5 ./internal/server/transport/
 func BenchmarkTLSHandshake(b *testing.B) {
-	certPEM, keyPEM, err := selfSigned()
+	certPEM, keyPEM, err := SelfSigned()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -44,12 +44,12 @@ func BenchmarkTLSHandshake(b *testing.B) {
 		want                 tls.CurveID
 		maxVersion           uint16
 	}{
-		{"x25519", protocol.KeyExchangeX25519, KeyExchangeClassic, tls.X25519, tls.VersionTLS13},
-		{"p256", protocol.KeyExchangeP256, KeyExchangeClassic, tls.CurveP256, tls.VersionTLS13},
-		{"hybrid", protocol.KeyExchangeHybrid, KeyExchangeHybrid, tls.X25519MLKEM768, tls.VersionTLS13},
+		{"x25519", protocol.KeyExchangeX25519, protocol.KeyExchangeClassic, tls.X25519, tls.VersionTLS13},
+		{"p256", protocol.KeyExchangeP256, protocol.KeyExchangeClassic, tls.CurveP256, tls.VersionTLS13},
+		{"hybrid", protocol.KeyExchangeHybrid, protocol.KeyExchangeHybrid, tls.X25519MLKEM768, tls.VersionTLS13},
 		// For comparison: TLS 1.2 resumes from a ticket without a key
 		// exchange (and so without forward secrecy for the resumed session).
-		{"x25519-tls1.2", protocol.KeyExchangeX25519, KeyExchangeClassic, tls.X25519, tls.VersionTLS12},
+		{"x25519-tls1.2", protocol.KeyExchangeX25519, protocol.KeyExchangeClassic, tls.X25519, tls.VersionTLS12},
 	} {
 		for _, resumed := range []bool{false, true} {
 			name := c.name + "/full"
@@ -65,7 +65,7 @@ func BenchmarkTLSHandshake(b *testing.B) {
 
 func benchHandshake(b *testing.B, cert tls.Certificate, pool *x509.CertPool, clientKX, serverKX string, want tls.CurveID, maxVersion uint16, resumed bool) {
 	srvCfg := &tls.Config{Certificates: []tls.Certificate{cert}}
-	if err := tlsPolicy(srvCfg, false, serverKX, "1.3"); err != nil {
+	if err := (Policy{KeyExchange: serverKX, MaxVersion: "1.3"}).Apply(srvCfg); err != nil {
 		b.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,5 +1,8 @@
 package server
 
+// Cluster mode (docs/cluster.md): joining the cluster, the node's loops
+// and metrics, GET /api/v1/cluster.
+
 import (
 	"context"
 	"net/http"

@@ -69,3 +69,51 @@ func TestProfilePutUnchangedKeepsVersion(t *testing.T) {
 		t.Fatalf("device after a change: %d %v", st, d["sync_state"])
 	}
 }
+
+func TestProfilePolicyAPI(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{Quotas: true})
+	c := &client{t: t, s: s, url: s.URL}
+	_, token := c.register("m-1")
+	c.register("m-2")
+	st, _, out := c.do("GET", "/api/v1/profiles/policy", s.AdminToken, nil)
+	if st != 200 || out["mode"] != "create" || out["carry"] != "inherit" || out["create_limit"] != 10.0 {
+		t.Fatalf("default policy: %d %v", st, out)
+	}
+	if st, _, out := c.do("PUT", "/api/v1/profiles/policy", s.AdminToken, `{"mode":"sometimes"}`); st != 400 || out["error"].(map[string]any)["code"] != "invalid_field" {
+		t.Fatalf("bad mode: %d %v", st, out)
+	}
+	if st, _, out := c.do("PUT", "/api/v1/profiles/policy", s.AdminToken, `{"mode":"join"}`); st != 200 || out["mode"] != "join" || out["carry"] != "inherit" {
+		t.Fatalf("join: %d %v", st, out)
+	}
+	body := `{"seq":1,"config_version":0,"state":{"firmware":"7.0.0"}}`
+	if st, _, out := c.do("POST", "/api/v1/push", token, body); st != 200 {
+		t.Fatalf("push: %d %v", st, out)
+	}
+	st, _, out = c.do("GET", "/api/v1/profiles/pending", s.AdminToken, nil)
+	pend, _ := out["pending"].([]any)
+	if st != 200 || len(pend) != 1 || pend[0].(map[string]any)["firmware"] != "7.0.0" || pend[0].(map[string]any)["devices"] != 1.0 {
+		t.Fatalf("pending: %d %v", st, out)
+	}
+	if st, _, _ := c.do("POST", "/api/v1/profiles/approve", s.AdminToken, `{"device_type":"ICR-3241","firmware":"9"}`); st != 404 {
+		t.Fatalf("approve unknown: %d", st)
+	}
+	st, _, out = c.do("POST", "/api/v1/profiles/approve", s.AdminToken, `{"device_type":"ICR-3241","firmware":"7.0.0"}`)
+	if st != 201 || out["firmware"] != "7.0.0" {
+		t.Fatalf("approve: %d %v", st, out)
+	}
+	// Profile 1 (6.3.5) is used by m-2: refused; a dry-run cleanup of
+	// young profiles finds nothing.
+	if st, _, out := c.do("DELETE", "/api/v1/profiles/1", s.AdminToken, nil); st != 409 {
+		t.Fatalf("delete in use: %d %v", st, out)
+	}
+	st, _, out = c.do("POST", "/api/v1/profiles/cleanup", s.AdminToken, `{"min_age":0,"dry_run":true}`)
+	if del, _ := out["deleted"].([]any); st != 200 || len(del) != 0 || out["dry_run"] != true {
+		t.Fatalf("cleanup: %d %v", st, out)
+	}
+	if st, _, _ := c.do("DELETE", "/api/v1/profiles/77", s.AdminToken, nil); st != 404 {
+		t.Fatalf("delete unknown: %d", st)
+	}
+	if st, _, _ := c.do("POST", "/api/v1/profiles/cleanup", s.AdminToken, `{"min_age":-1}`); st != 400 {
+		t.Fatalf("negative min_age: %d", st)
+	}
+}

@@ -1,7 +1,7 @@
 package server
 
-// Quotas and the profile policy in the operator API (docs/operations.md,
-// "Quotas" and "Profile policy"), and their metrics.
+// Quotas in the operator API (docs/operations.md, "Quotas"): the quotas
+// in force, one device's, lifting and restoring it, and their metrics.
 
 import (
 	"net/http"
@@ -95,65 +95,6 @@ func (a *api) restoreQuota(r *http.Request) (any, error) {
 		return nil, ifNotFound(err, "lifted or hit quota of device "+strconv.FormatUint(id, 10))
 	}
 	return map[string]any{"device_id": strconv.FormatUint(id, 10), "restored": true}, nil
-}
-
-func (a *api) getProfilePolicy(r *http.Request) (any, error) {
-	return a.fleet.ProfilePolicy(), nil
-}
-
-func (a *api) putProfilePolicy(r *http.Request) (any, error) {
-	p := a.fleet.ProfilePolicy()
-	if err := decodeStrict(r, "profile policy: ", &p); err != nil {
-		return nil, err
-	}
-	return a.fleet.SetProfilePolicy(r.Context(), p)
-}
-
-func (a *api) pendingFirmware(r *http.Request) (any, error) {
-	return map[string]any{"pending": a.fleet.PendingFirmware()}, nil
-}
-
-func (a *api) approveFirmware(r *http.Request) (any, error) {
-	var in struct {
-		DeviceType string `json:"device_type"`
-		Firmware   string `json:"firmware"`
-		Carry      string `json:"carry"`
-	}
-	if err := decodeStrict(r, "approval: ", &in); err != nil {
-		return nil, err
-	}
-	p, err := a.fleet.ApproveFirmware(r.Context(), in.DeviceType, in.Firmware, in.Carry)
-	if err != nil {
-		return nil, err
-	}
-	return created(p), nil
-}
-
-func (a *api) deleteProfile(r *http.Request) (any, error) {
-	id, err := pathID(r)
-	if err != nil {
-		return nil, err
-	}
-	if err := a.fleet.DeleteProfile(r.Context(), id); err != nil {
-		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
-	}
-	return map[string]any{"deleted": strconv.FormatUint(id, 10)}, nil
-}
-
-// cleanupProfiles deletes unused profiles: {"min_age": seconds (default
-// 3600), "dry_run": bool}.
-func (a *api) cleanupProfiles(r *http.Request) (any, error) {
-	in := struct {
-		MinAge int  `json:"min_age"`
-		DryRun bool `json:"dry_run"`
-	}{MinAge: 3600}
-	if err := decodeStrict(r, "cleanup: ", &in); err != nil {
-		return nil, err
-	}
-	if in.MinAge < 0 {
-		return nil, badField("min_age must be seconds, 0 or more")
-	}
-	return a.fleet.CleanupProfiles(r.Context(), time.Duration(in.MinAge)*time.Second, in.DryRun)
 }
 
 // quotaCollector exports quota hits, computed when scraped.

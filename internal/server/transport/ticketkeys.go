@@ -1,4 +1,4 @@
-package server
+package transport
 
 import (
 	"crypto/tls"
@@ -9,12 +9,12 @@ import (
 	"strings"
 )
 
-// setTicketKeys gives c the session ticket keys of the file at path: one
+// SetTicketKeys gives c the session ticket keys of the file at path: one
 // base64 32-byte key a line ('#' comments and blank lines skipped), the
 // first encrypting new tickets, all of them decrypting. Nodes given the
 // same file resume each other's sessions; rotating means putting a new key
 // first, keeping the previous one a while, and SIGHUP.
-func setTicketKeys(c *tls.Config, path string) error {
+func SetTicketKeys(c *tls.Config, path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("-tls-ticket-keys: %w", err)

@@ -1,5 +1,8 @@
 package server
 
+// Device labels in the operator API (docs/alerts.md#labels): list them,
+// assign one to the devices of a filter, delete one.
+
 import (
 	"errors"
 	"net/http"

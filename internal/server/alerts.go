@@ -1,5 +1,8 @@
 package server
 
+// Alerts (docs/alerts.md): the engine's setup and loop, and the operator
+// API of alerts, rules, deliveries and SMTP settings.
+
 import (
 	"context"
 	"net/http"

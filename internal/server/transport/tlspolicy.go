@@ -1,4 +1,4 @@
-package server
+package transport
 
 import (
 	"crypto/tls"
@@ -6,7 +6,8 @@ import (
 	"github.com/drover/drover/internal/protocol"
 )
 
-// TLS policy of the HTTPS listener (docs/operations.md, "Security"):
+// Policy is the TLS policy of the HTTPS listener (docs/operations.md,
+// "Security"):
 //   - TLS 1.3 preferred; TLS 1.2 only with forward-secret AEAD suites
 //     (ECDHE with AES-GCM or ChaCha20-Poly1305). TLS 1.0 and 1.1 never.
 //   - tls-allow-legacy-cbc adds the ECDHE AES-CBC-SHA1 suites to TLS 1.2
@@ -20,12 +21,11 @@ import (
 //   - tls-max-version 1.2 caps the listener at TLS 1.2: a resumed session
 //     then skips the key exchange (less CPU per new connection, no forward
 //     secrecy for resumed sessions).
-
-// Values of Config.TLSKeyExchange (any list protocol.KeyExchangeGroups takes).
-const (
-	KeyExchangeHybrid  = protocol.KeyExchangeHybrid
-	KeyExchangeClassic = protocol.KeyExchangeClassic
-)
+type Policy struct {
+	AllowLegacyCBC bool   // tls-allow-legacy-cbc
+	KeyExchange    string // tls-key-exchange: any list protocol.KeyExchangeGroups takes
+	MaxVersion     string // tls-max-version: "1.2", "1.3" or "" (protocol.TLSMaxVersion)
+}
 
 // tls12AEADSuites are the TLS 1.2 suites offered by default: ECDHE key
 // exchange (forward secrecy) with an AEAD cipher, for ECDSA certificates (the
@@ -49,18 +49,18 @@ var tls12LegacyCBCSuites = []uint16{
 	tls.TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA,
 }
 
-// tlsPolicy sets versions, TLS 1.2 suites and key exchanges on c.
-func tlsPolicy(c *tls.Config, allowLegacyCBC bool, keyExchange, maxVersion string) error {
-	groups, err := protocol.KeyExchangeGroups(keyExchange)
+// Apply sets versions, TLS 1.2 suites and key exchanges of p on c.
+func (p Policy) Apply(c *tls.Config) error {
+	groups, err := protocol.KeyExchangeGroups(p.KeyExchange)
 	if err != nil {
 		return err
 	}
 	c.MinVersion = tls.VersionTLS12
-	if c.MaxVersion, err = protocol.TLSMaxVersion(maxVersion); err != nil {
+	if c.MaxVersion, err = protocol.TLSMaxVersion(p.MaxVersion); err != nil {
 		return err
 	}
 	c.CipherSuites = append([]uint16(nil), tls12AEADSuites...)
-	if allowLegacyCBC {
+	if p.AllowLegacyCBC {
 		c.CipherSuites = append(c.CipherSuites, tls12LegacyCBCSuites...)
 	}
 	c.CurvePreferences = groups

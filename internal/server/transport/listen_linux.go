@@ -1,4 +1,4 @@
-package server
+package transport
 
 import (
 	"context"
@@ -8,13 +8,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// listenDevices opens a device listener with TCP_DEFER_ACCEPT: the kernel
+// Listen opens a device listener with TCP_DEFER_ACCEPT: the kernel
 // hands a connection to accept only once its first bytes (the request, or
 // TLS's ClientHello) have arrived, so the server never parks a goroutine
 // waiting for them, and connections that send nothing cost no accept and
-// take no busy slot of the accept gate (gate.go). A connection silent for
+// take no busy slot of the server's accept gate. A connection silent for
 // longer than the timeout is accepted anyway, as without the option.
-func listenDevices(addr string) (net.Listener, error) {
+func Listen(addr string) (net.Listener, error) {
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {

@@ -1,0 +1,105 @@
+package server
+
+// Firmware rollouts in the operator API (docs/firmware.md): start one,
+// follow it device by device, pause, resume or abort it. The firmware
+// files are in firmware.go.
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/drover/drover/internal/fleet"
+)
+
+func (a *api) listRollouts(*http.Request) (any, error) {
+	return map[string]any{"rollouts": a.fleet.Rollouts()}, nil
+}
+
+func (a *api) createRollout(r *http.Request) (any, error) {
+	by, err := changedBy(r)
+	if err != nil {
+		return nil, err
+	}
+	spec := fleet.DefaultRolloutSpec()
+	in := struct {
+		*fleet.RolloutSpec
+		FirmwareID json.Number `json:"firmware_id"` // a decimal string, as firmware answers give it, or a number
+	}{RolloutSpec: &spec}
+	if err := decodeStrict(r, "rollout: ", &in); err != nil {
+		return nil, err
+	}
+	if in.FirmwareID != "" {
+		if spec.FirmwareID, err = strconv.ParseUint(string(in.FirmwareID), 10, 64); err != nil {
+			return nil, badField("rollout: firmware_id must be a firmware ID")
+		}
+	}
+	ro, err := a.fleet.CreateRollout(r.Context(), spec, by)
+	if err != nil {
+		return nil, err
+	}
+	return created(ro), nil
+}
+
+func (a *api) getRollout(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	ro, ok := a.fleet.RolloutByID(id)
+	if !ok {
+		return nil, notFound("rollout " + strconv.FormatUint(id, 10))
+	}
+	return ro, nil
+}
+
+// rolloutDevices pages a rollout's devices: ?state=&after=<device id>&limit=.
+func (a *api) rolloutDevices(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	c, err := cursor(r, "after")
+	if err != nil {
+		return nil, err
+	}
+	after, err := optUint(c)
+	if err != nil {
+		return nil, badField("cursor must be a next_cursor value")
+	}
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > 1000 {
+			return nil, badField("limit must be 1..1000")
+		}
+	}
+	st := q.Get("state")
+	if st != "" && !strings.Contains(" "+strings.Join(fleet.RolloutDeviceStates, " ")+" ", " "+st+" ") {
+		return nil, badField("state must be one of " + strings.Join(fleet.RolloutDeviceStates, ", "))
+	}
+	ds, err := a.fleet.RolloutDevices(r.Context(), id, st, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]any{"devices": ds}
+	if len(ds) == limit {
+		out["next_cursor"] = strconv.FormatUint(ds[len(ds)-1].DeviceID, 10)
+	}
+	return out, nil
+}
+
+func (a *api) controlRollout(action string) apiFunc {
+	return func(r *http.Request) (any, error) {
+		id, err := pathID(r)
+		if err != nil {
+			return nil, err
+		}
+		by, err := changedBy(r)
+		if err != nil {
+			return nil, err
+		}
+		return a.fleet.ControlRollout(r.Context(), id, action, by)
+	}
+}

@@ -1,0 +1,10 @@
+// Package transport holds what the server's listeners need below HTTP:
+// the device listener (Listen), the TLS policy (Policy), session ticket
+// keys (SetTicketKeys), ACME certificates (NewACME), certificate files and
+// their watching (LoadKeyPair, WatchFiles, SelfSigned) and the
+// registration rate limits (RegisterLimiter).
+//
+// It imports nothing of Drover but internal/protocol (the key exchange
+// and TLS version names shared with the agent): the server composes it
+// with its configuration, and error messages name the server's flags.
+package transport
