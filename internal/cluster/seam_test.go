@@ -545,3 +545,93 @@ func TestSeamClusterRollouts(t *testing.T) {
 		t.Fatalf("push on b after the nudge: %d %+v, want configuration version %d", st, ans, v)
 	}
 }
+
+// profileOf reads profile id on n: its status, push interval and version.
+func profileOf(t *testing.T, n *node, id string) (int, int, int64) {
+	t.Helper()
+	st, b := n.do("GET", "/api/v1/profiles/"+id, adminToken, "")
+	var p struct {
+		PushInterval int   `json:"push_interval"`
+		Version      int64 `json:"version"`
+	}
+	if st == 200 && json.Unmarshal(b, &p) != nil {
+		t.Fatalf("profile %s on %s: %s", id, n.name, b)
+	}
+	return st, p.PushInterval, p.Version
+}
+
+// TestSeamClusterProfilePolicy: approving a pending firmware on A moves
+// its devices to their new profile on B too, and tells B's connection to
+// push when what the device gets changed, as on A; a profile deleted on A
+// is gone on B, and a registration on B of its type and firmware makes a
+// new one.
+func TestSeamClusterProfilePolicy(t *testing.T) {
+	_, _, nodes := startCluster(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+
+	t.Run("firmware approved on A", func(t *testing.T) {
+		d := registerAs(t, a, "m-seam-approve", "SEAM-APPROVE", "1.0")
+		old := deviceProfile(t, a, d.DeviceID)
+		patchProfile(t, a, old, `{"push_interval":90}`)
+		if st, body := a.do("PUT", "/api/v1/profiles/policy", adminToken, `{"mode":"join","carry":"inherit","create_limit":10,"create_window":86400}`); st != 200 {
+			t.Fatalf("policy on a: %d %s", st, body)
+		}
+		fwd := &fwDevice{r: d, firmware: "2.0"}
+		fwd.push(t, a, "") // linked to its profile on a: pending
+		within(t, converge, "b has the device on firmware 2.0 and its old profile", func() bool {
+			st, body := b.do("GET", "/api/v1/devices/"+d.DeviceID, adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"firmware":"2.0"`) && deviceProfile(t, b, d.DeviceID) == old
+		})
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.PushInterval != 90 {
+			t.Fatalf("push on b before the approval: %d %+v, want push_interval 90", st, ans)
+		}
+		conn := dial(t, b, d.Token)
+		conn.drain()
+		start := time.Now()
+		st, body := a.do("POST", "/api/v1/profiles/approve", adminToken, `{"device_type":"SEAM-APPROVE","firmware":"2.0","carry":"empty"}`)
+		var p struct {
+			ID string `json:"id"`
+		}
+		if st != 201 || json.Unmarshal(body, &p) != nil || p.ID == "" || p.ID == old {
+			t.Fatalf("approve on a: %d %s", st, body)
+		}
+		if got := deviceProfile(t, a, d.DeviceID); got != p.ID {
+			t.Fatalf("device on a after the approval: profile %s, want %s", got, p.ID)
+		}
+		conn.nudged(t, converge, start, "firmware approved on a")
+		if got := deviceProfile(t, b, d.DeviceID); got != p.ID {
+			t.Fatalf("device on b after the approval: profile %s, want %s", got, p.ID)
+		}
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.PushInterval != 60 {
+			t.Fatalf("push on b after the approval: %d %+v, want the new profile's push_interval 60", st, ans)
+		}
+		for _, n := range nodes {
+			if st, body := n.do("GET", "/api/v1/profiles/pending", adminToken, ""); st != 200 || strings.Contains(string(body), "SEAM-APPROVE") {
+				t.Fatalf("pending firmware on %s after the approval: %d %s", n.name, st, body)
+			}
+		}
+	})
+
+	t.Run("profile deleted on A", func(t *testing.T) {
+		d := registerAs(t, a, "m-seam-del", "SEAM-DEL", "1.0")
+		prof := deviceProfile(t, a, d.DeviceID)
+		within(t, converge, "b knows the device", func() bool { return deviceProfile(t, b, d.DeviceID) == prof })
+		if st, body := a.do("DELETE", "/api/v1/devices/"+d.DeviceID, adminToken, ""); st != 200 {
+			t.Fatalf("delete device on a: %d %s", st, body)
+		}
+		within(t, converge, "b forgets the device", func() bool { return deviceProfile(t, b, d.DeviceID) == "" })
+		if st, body := a.do("DELETE", "/api/v1/profiles/"+prof, adminToken, ""); st != 200 {
+			t.Fatalf("delete profile on a: %d %s", st, body)
+		}
+		within(t, converge, "b forgets the profile", func() bool { st, _, _ := profileOf(t, b, prof); return st == 404 })
+		r := registerAs(t, b, "m-seam-del-2", "SEAM-DEL", "1.0")
+		got := deviceProfile(t, b, r.DeviceID)
+		if got == "" || got == prof {
+			t.Fatalf("registered on b after the deletion: profile %q, want a new one, not %s", got, prof)
+		}
+		within(t, converge, "a knows the new profile", func() bool { return deviceProfile(t, a, r.DeviceID) == got })
+		if st, _, _ := profileOf(t, a, got); st != 200 {
+			t.Fatalf("the new profile %s on a: %d", got, st)
+		}
+	})
+}

@@ -468,30 +468,43 @@ func (s *Service) clusterProfile(ctx context.Context, key profileKey) (*profileE
 	return s.loadProfile(ctx, key)
 }
 
-// refreshProfile replaces profile id in memory with the stored one.
+// refreshProfile replaces profile id in memory with the stored one, or
+// drops it when it is no longer stored (another node deleted it).
 func (s *Service) refreshProfile(ctx context.Context, id uint64) error {
 	p, ok, err := s.opts.Cluster.ReadProfile(ctx, id)
-	if err != nil || !ok {
+	if err != nil {
 		return err
+	}
+	if !ok {
+		ps := s.profiles
+		// As a local deletion: updates and selections wait meanwhile.
+		s.profileWrite.Lock()
+		ps.mu.Lock()
+		ps.dropLocked(id)
+		ps.mu.Unlock()
+		s.profileWrite.Unlock()
+		return nil
 	}
 	s.adoptProfile(p)
 	return nil
 }
 
 // adoptProfile puts a stored profile into memory, replacing this node's
-// copy; it returns the entry.
+// copy; it returns the entry. A profile new to this node for a firmware
+// its devices report takes them, as an approval here would (moveToOwn).
 func (s *Service) adoptProfile(p Profile) *profileEntry {
 	ps := s.profiles
 	ps.mu.Lock()
-	defer ps.mu.Unlock()
 	if e, ok := ps.byID[p.ID]; ok {
 		if cur := e.get(); cur == nil || cur.Version != p.Version || cur.PushInterval != p.PushInterval || !p.UpdatedAt.Before(cur.UpdatedAt) {
 			s.setProfile(e, &p)
 		}
+		ps.mu.Unlock()
 		return e
 	}
 	key := profileKey{p.DeviceType, p.Firmware}
 	if e, ok := ps.byKey[key]; ok {
+		ps.mu.Unlock()
 		return e // being created here; the claim gives it this ID
 	}
 	e := &profileEntry{ready: make(chan struct{})}
@@ -499,7 +512,10 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 	close(e.ready)
 	ps.byKey[key] = e
 	ps.byID[p.ID] = e
+	delete(ps.links, key) // approved on another node
 	ps.created[p.DeviceType] = append(ps.created[p.DeviceType], p.CreatedAt.UnixNano())
+	ps.mu.Unlock()
+	s.moveToOwn(key, e)
 	return e
 }
 
