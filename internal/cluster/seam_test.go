@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -634,4 +635,96 @@ func TestSeamClusterProfilePolicy(t *testing.T) {
 			t.Fatalf("the new profile %s on a: %d", got, st)
 		}
 	})
+}
+
+// TestSeamClusterAlertIDs: alert events raised by a leader and by the
+// node that takes over from it each keep their own event: their IDs come
+// from the database, never from a node's memory of the IDs it saw.
+func TestSeamClusterAlertIDs(t *testing.T) {
+	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url())
+	within(t, 10*time.Second, "a leads", func() bool { return leads(t, a) })
+	b := startNode(t, "b", dsn, nats.url())
+	if st, body := a.do("POST", "/api/v1/alerts/rules", adminToken, `{"name":"rebooted","kind":"reboot","seconds":600}`); st != 201 {
+		t.Fatalf("rule on a: %d %s", st, body)
+	}
+	within(t, 10*time.Second, "b has the rule", func() bool {
+		st, body := b.do("GET", "/api/v1/alerts/rules", adminToken, "")
+		return st == 200 && strings.Contains(string(body), `"rebooted"`)
+	})
+	const each = 3
+	var regs []registration
+	for i := range 2 * each {
+		regs = append(regs, registerAs(t, a, fmt.Sprintf("m-seam-alert-%d", i), "SEAM-ALERT", "1.0"))
+	}
+	within(t, converge, "b knows the devices", func() bool {
+		for _, r := range regs {
+			if deviceProfile(t, b, r.DeviceID) == "" {
+				return false
+			}
+		}
+		return true
+	})
+	// reboot pushes uptime 1000, then 5, on n: the leader raises an alert.
+	reboot := func(n *node, r registration) {
+		for _, up := range []int{1000, 5} {
+			seqMu.Lock()
+			seq[r.Token]++
+			s := seq[r.Token]
+			seqMu.Unlock()
+			if st, body := n.do("POST", "/api/v1/push", r.Token, fmt.Sprintf(`{"seq":%d,"config_version":0,"state":{"uptime":%d}}`, s, up)); st != 200 {
+				t.Fatalf("push on %s: %d %s", n.name, st, body)
+			}
+		}
+	}
+	// events lists the stored alert events as n shows them: IDs, and how
+	// many events.
+	events := func(n *node) (map[string]bool, int) {
+		st, body := n.do("GET", "/api/v1/alerts?limit=100", adminToken, "")
+		var v struct {
+			Alerts []struct {
+				ID       string `json:"id"`
+				DeviceID string `json:"device_id"`
+			} `json:"alerts"`
+		}
+		if st != 200 || json.Unmarshal(body, &v) != nil {
+			t.Fatalf("alerts on %s: %d %s", n.name, st, body)
+		}
+		ids := map[string]bool{}
+		for _, e := range v.Alerts {
+			ids[e.ID] = true
+		}
+		return ids, len(v.Alerts)
+	}
+	for _, r := range regs[:each] {
+		reboot(a, r)
+	}
+	within(t, 5*time.Second, "a stored its alerts", func() bool { _, n := events(a); return n == each })
+
+	// A stops; B takes over and raises alerts at once, before any check
+	// of its own.
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-a.exited:
+		a.exited <- err
+	case <-time.After(30 * time.Second):
+		t.Fatal("a did not stop")
+	}
+	within(t, 10*time.Second, "b leads", func() bool { return leads(t, b) })
+	for _, r := range regs[each:] {
+		reboot(b, r)
+	}
+	within(t, 5*time.Second, "b stored every alert", func() bool {
+		ids, n := events(b)
+		if len(ids) != n {
+			t.Fatalf("alerts on b: %d events, %d IDs", n, len(ids))
+		}
+		return n == 2*each
+	})
+	for _, n := range []*node{a, b} {
+		if l := n.logs(); strings.Contains(l, "no event ID") {
+			t.Errorf("node %s logged a missing event ID:\n%s", n.name, tail(l))
+		}
+	}
 }

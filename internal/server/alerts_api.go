@@ -38,6 +38,8 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 	}
 	if s.cstore != nil {
 		opts.NextRuleID = s.cstore.NextRuleID // other nodes create rules at the same moment
+		// The leadership moves, and two nodes may both lead for a moment.
+		opts.NextEventIDs = s.cstore.NextEventIDs
 	}
 	eng, err := alert.New(ctx, opts)
 	if err != nil {
