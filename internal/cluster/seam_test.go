@@ -563,7 +563,8 @@ func profileOf(t *testing.T, n *node, id string) (int, int, int64) {
 
 // TestSeamClusterProfilePolicy: approving a pending firmware on A moves
 // its devices to their new profile on B too, and tells B's connection to
-// push when what the device gets changed, as on A; a profile deleted on A
+// push when what the device gets changed, as on A; a firmware linked to
+// a profile on A is pending on B too, and approved there; a profile deleted on A
 // is gone on B, and a registration on B of its type and firmware makes a
 // new one.
 func TestSeamClusterProfilePolicy(t *testing.T) {
@@ -611,6 +612,33 @@ func TestSeamClusterProfilePolicy(t *testing.T) {
 				t.Fatalf("pending firmware on %s after the approval: %d %s", n.name, st, body)
 			}
 		}
+	})
+
+	t.Run("firmware linked on A, approved on B", func(t *testing.T) {
+		d := registerAs(t, a, "m-seam-link", "SEAM-LINK", "1.0")
+		old := deviceProfile(t, a, d.DeviceID)
+		fwd := &fwDevice{r: d, firmware: "3.0"}
+		fwd.push(t, a, "")
+		within(t, converge, "b lists the firmware linked on a as pending", func() bool {
+			st, body := b.do("GET", "/api/v1/profiles/pending", adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"device_type":"SEAM-LINK","firmware":"3.0"`)
+		})
+		st, body := b.do("POST", "/api/v1/profiles/approve", adminToken, `{"device_type":"SEAM-LINK","firmware":"3.0"}`)
+		var p struct {
+			ID string `json:"id"`
+		}
+		if st != 201 || json.Unmarshal(body, &p) != nil || p.ID == "" || p.ID == old {
+			t.Fatalf("approve on b: %d %s", st, body)
+		}
+		within(t, converge, "the device on its new profile on both nodes, nothing pending", func() bool {
+			for _, n := range nodes {
+				st, body := n.do("GET", "/api/v1/profiles/pending", adminToken, "")
+				if deviceProfile(t, n, d.DeviceID) != p.ID || st != 200 || strings.Contains(string(body), "SEAM-LINK") {
+					return false
+				}
+			}
+			return true
+		})
 	})
 
 	t.Run("profile deleted on A", func(t *testing.T) {

@@ -343,7 +343,10 @@ func (s *Service) lookAgain(ctx context.Context) (bool, error) {
 }
 
 // reloadPolicy replaces the profile policy and the quota lifts with the
-// stored ones (firmware links are read at start only).
+// stored ones, and takes the firmware links other nodes made: their
+// devices here go to the linked profile (moveToOwn), as on the node that
+// linked them. A link ends with its approval or its profile's deletion,
+// each read back as a profile change.
 func (s *Service) reloadPolicy(ctx context.Context) error {
 	st := s.policy.store
 	if st == nil {
@@ -367,6 +370,26 @@ func (s *Service) reloadPolicy(ctx context.Context) error {
 	}
 	q.anyLifted.Store(len(q.lifted) > 0)
 	q.mu.Unlock()
+	ps := s.profiles
+	var taken []*linkEntry
+	ps.mu.Lock()
+	for _, l := range data.Links {
+		key := profileKey{l.DeviceType, l.Firmware}
+		e, ok := ps.byID[l.ProfileID]
+		if _, own := ps.byKey[key]; own || !ok {
+			continue // approved meanwhile, or its profile is gone
+		}
+		if cur, ok := ps.links[key]; ok && cur.entry == e {
+			continue
+		}
+		le := &linkEntry{link: l, entry: e}
+		ps.links[key] = le
+		taken = append(taken, le)
+	}
+	ps.mu.Unlock()
+	for _, le := range taken {
+		s.moveToOwn(profileKey{le.link.DeviceType, le.link.Firmware}, le.entry)
+	}
 	return nil
 }
 

@@ -333,7 +333,9 @@ func (s *Service) saveLink(ctx context.Context, l ProfileLink) {
 	defer s.policy.mu.Unlock()
 	if err := st.SaveProfileLink(context.WithoutCancel(ctx), l); err != nil {
 		s.log.Warn("storing a firmware link failed", "device_type", l.DeviceType, "firmware", l.Firmware, "err", err)
+		return
 	}
+	s.noteChange(ctx, ChangePolicy, 0) // other nodes list it as pending too
 }
 
 // loadProfile attaches a loaded device's profile: its own, a link, or the
@@ -446,12 +448,13 @@ func (s *Service) ApproveFirmware(ctx context.Context, deviceType, firmware, car
 }
 
 // moveToOwn points every device of key's type and firmware that is on
-// another profile at e, key's own profile now, and tells those holding a
-// persistent connection to push when what they get changes (the
-// configuration's version or the push interval). This is the one path of
-// an approval, made here (ApproveFirmware) or read back from the change
-// log after another node made it (adoptProfile). It returns how many
-// devices moved.
+// another profile at e, the profile key's devices use now (its own, or
+// the one it is linked to), and tells those holding a persistent
+// connection to push when what they get changes (the configuration's
+// version or the push interval). This is the one path of an approval or
+// a link, made here (ApproveFirmware) or read back from the change log
+// after another node made it (adoptProfile, reloadPolicy). It returns how
+// many devices moved.
 func (s *Service) moveToOwn(key profileKey, e *profileEntry) int {
 	var nudge []uint64
 	moved := 0
