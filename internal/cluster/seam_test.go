@@ -756,3 +756,51 @@ func TestSeamClusterAlertIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestSeamClusterAccess: an operator's role changed or API token revoked
+// on A holds on B at once, as on A, not when B's cache of users and
+// tokens expires: B drops it when it reads the change log entry.
+func TestSeamClusterAccess(t *testing.T) {
+	_, _, nodes := startCluster(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+	if st, body := a.do("POST", "/api/v1/users", adminToken, `{"name":"seam-op","role":"admin","password":"seam-password-1"}`); st != 201 {
+		t.Fatalf("user on a: %d %s", st, body)
+	}
+	st, body := a.do("POST", "/api/v1/tokens", adminToken, `{"user":"seam-op","name":"seam"}`)
+	var tok struct {
+		ID    string `json:"id"`
+		Token string `json:"token"`
+	}
+	if st != 201 || json.Unmarshal(body, &tok) != nil || tok.Token == "" {
+		t.Fatalf("token on a: %d %s", st, body)
+	}
+	// The store's own cache bound is 2 s: each change must hold on B well
+	// within it, right after B used (and cached) the token.
+	const limit = 500 * time.Millisecond
+
+	t.Run("role changed on A", func(t *testing.T) {
+		if st, body := b.do("GET", "/api/v1/users", tok.Token, ""); st != 200 {
+			t.Fatalf("admin call on b: %d %s", st, body)
+		}
+		if st, body := a.do("PATCH", "/api/v1/users/seam-op", adminToken, `{"role":"viewer"}`); st != 200 {
+			t.Fatalf("role change on a: %d %s", st, body)
+		}
+		within(t, limit, "b refuses the viewer an admin call", func() bool {
+			st, _ := b.do("GET", "/api/v1/users", tok.Token, "")
+			return st == 403
+		})
+	})
+
+	t.Run("token revoked on A", func(t *testing.T) {
+		if st, body := b.do("GET", "/api/v1/devices", tok.Token, ""); st != 200 {
+			t.Fatalf("viewer call on b: %d %s", st, body)
+		}
+		if st, body := a.do("DELETE", "/api/v1/tokens/"+tok.ID, adminToken, ""); st != 200 {
+			t.Fatalf("revoke on a: %d %s", st, body)
+		}
+		within(t, limit, "b refuses the revoked token", func() bool {
+			st, _ := b.do("GET", "/api/v1/devices", tok.Token, "")
+			return st == 401
+		})
+	})
+}

@@ -112,6 +112,9 @@ const (
 	// done, or given a batch of devices: read the job back and its queued
 	// devices past those this node read.
 	ChangeJob ChangeKind = 8
+	// ChangeAccess: an operator user or API token made, changed, revoked
+	// or deleted: drop what is cached of them (OnChange).
+	ChangeAccess ChangeKind = 9
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -161,6 +164,9 @@ type clusterState struct {
 	// entry for the device drops its entries all the same.
 	mu      sync.Mutex
 	refused map[uint64][]refusedToken
+	// hooks apply the change log entries of kinds the fleet does not
+	// keep (OnChange); mu held.
+	hooks map[ChangeKind]func(context.Context, Change) error
 	// reads bounds the database reads for refused tokens that are not
 	// remembered (unknown devices, new wrong tokens): beyond it the push
 	// is answered 503 with Retry-After, never a wrong 401.
@@ -250,7 +256,32 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 	case ChangeJob:
 		return s.refreshJob(ctx, c.ID)
 	}
+	s.cluster.mu.Lock()
+	fn := s.cluster.hooks[c.Kind]
+	s.cluster.mu.Unlock()
+	if fn != nil {
+		return fn(ctx, c)
+	}
 	return nil
+}
+
+// OnChange sets what applies a change log entry of a kind the fleet does
+// not keep (ChangeAccess): the server's other parts read their changes
+// back through the same change log.
+func (s *Service) OnChange(kind ChangeKind, fn func(ctx context.Context, c Change) error) {
+	s.cluster.mu.Lock()
+	defer s.cluster.mu.Unlock()
+	if s.cluster.hooks == nil {
+		s.cluster.hooks = map[ChangeKind]func(context.Context, Change) error{}
+	}
+	s.cluster.hooks[kind] = fn
+}
+
+// NoteChange, in cluster mode, logs a change of a kind the fleet does not
+// keep (OnChange), right after it was stored; without a cluster it does
+// nothing.
+func (s *Service) NoteChange(ctx context.Context, kind ChangeKind, id uint64) {
+	s.noteChange(ctx, kind, id)
 }
 
 // noteChange, in cluster mode, logs a change made outside the grouped
