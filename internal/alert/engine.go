@@ -54,6 +54,10 @@ type Options struct {
 	// used, ascending: the database's, in a cluster, where the leadership
 	// moves and two servers may both lead for a moment.
 	NextEventIDs func(ctx context.Context, n int) ([]uint64, error)
+	// OnChange, when set, runs after a rule or the e-mail settings
+	// changed here were stored: in a cluster it tells the other servers,
+	// which then call Reload, so that the change holds there at once.
+	OnChange func(ctx context.Context)
 }
 
 // Hook forwards fleet pushes to an Engine created after the fleet.
@@ -806,7 +810,26 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	if prev != nil && prev.gen != c.gen {
 		e.retire(prev, changeReason(&prev.Rule, &r))
 	}
+	e.changed(ctx)
 	return r, nil
+}
+
+// changed tells the other servers of a change stored here
+// (Options.OnChange).
+func (e *Engine) changed(ctx context.Context) {
+	if e.opts.OnChange != nil {
+		e.opts.OnChange(ctx)
+	}
+}
+
+// Reload reads the rules and the e-mail settings back from the store:
+// another server of a cluster changed them. Rules whose condition did not
+// change keep their state, as after a change made here.
+func (e *Engine) Reload(ctx context.Context) error {
+	if err := e.reloadRules(ctx); err != nil {
+		return err
+	}
+	return e.loadSMTP(ctx)
 }
 
 // DeleteRule deletes a rule and clears its active alerts.
@@ -825,6 +848,7 @@ func (e *Engine) DeleteRule(ctx context.Context, id uint64) error {
 	next := slices.Delete(slices.Clone(list), i, i+1)
 	e.rules.Store(&next)
 	e.retire(prev, ReasonRuleGone)
+	e.changed(ctx)
 	return nil
 }
 

@@ -492,6 +492,7 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 	e.notify.mu.Lock()
 	e.notify.smtp = s
 	e.notify.mu.Unlock()
+	e.changed(ctx)
 	return s, nil
 }
 
@@ -539,7 +540,9 @@ func (e *Engine) loadSMTP(ctx context.Context) error {
 			return fmt.Errorf("sealing the stored SMTP password: %w", err)
 		}
 	}
+	e.notify.mu.Lock()
 	e.notify.smtp = s
+	e.notify.mu.Unlock()
 	return nil
 }
 

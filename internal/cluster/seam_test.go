@@ -804,3 +804,46 @@ func TestSeamClusterAccess(t *testing.T) {
 		})
 	})
 }
+
+// TestSeamClusterAlertSettings: an alert rule made on B, which does not
+// lead, is evaluated by the leader A at its next push, not at its next
+// check; e-mail settings set on B are the leader's at once, not after
+// its restart.
+func TestSeamClusterAlertSettings(t *testing.T) {
+	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url())
+	within(t, 10*time.Second, "a leads", func() bool { return leads(t, a) })
+	b := startNode(t, "b", dsn, nats.url())
+	d := registerAs(t, a, "m-seam-alert-rule", "SEAM-ALERT-RULE", "1.0")
+	// A's own check reloads the rules every 5 s: the rule must hold on A
+	// well within that.
+	const limit = 400 * time.Millisecond
+
+	t.Run("rule made on B", func(t *testing.T) {
+		if st, body := b.do("POST", "/api/v1/alerts/rules", adminToken, `{"name":"seam-hot","kind":"cpu_above","threshold":50}`); st != 201 {
+			t.Fatalf("rule on b: %d %s", st, body)
+		}
+		within(t, limit, "a raises the alert of the rule made on b", func() bool {
+			seqMu.Lock()
+			seq[d.Token]++
+			s := seq[d.Token]
+			seqMu.Unlock()
+			if st, body := a.do("POST", "/api/v1/push", d.Token, fmt.Sprintf(`{"seq":%d,"config_version":0,"state":{"cpu":90}}`, s)); st != 200 {
+				t.Fatalf("push on a: %d %s", st, body)
+			}
+			st, body := a.do("GET", "/api/v1/alerts?device_id="+d.DeviceID, adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"seam-hot"`)
+		})
+	})
+
+	t.Run("e-mail settings set on B", func(t *testing.T) {
+		if st, body := b.do("PUT", "/api/v1/alerts/smtp", adminToken, `{"addr":"smtp.seam.example:587","from":"drover@seam.example"}`); st != 200 {
+			t.Fatalf("smtp on b: %d %s", st, body)
+		}
+		within(t, converge, "a has the e-mail settings set on b", func() bool {
+			st, body := a.do("GET", "/api/v1/alerts/smtp", adminToken, "")
+			return st == 200 && strings.Contains(string(body), "smtp.seam.example:587")
+		})
+	})
+}

@@ -115,6 +115,9 @@ const (
 	// ChangeAccess: an operator user or API token made, changed, revoked
 	// or deleted: drop what is cached of them (OnChange).
 	ChangeAccess ChangeKind = 9
+	// ChangeAlerts: an alert rule made, changed or deleted, or the e-mail
+	// settings changed: read them back (OnChange).
+	ChangeAlerts ChangeKind = 10
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -266,7 +269,7 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 }
 
 // OnChange sets what applies a change log entry of a kind the fleet does
-// not keep (ChangeAccess): the server's other parts read their changes
+// not keep (ChangeAccess, ChangeAlerts): the server's other parts read their changes
 // back through the same change log.
 func (s *Service) OnChange(kind ChangeKind, fn func(ctx context.Context, c Change) error) {
 	s.cluster.mu.Lock()
