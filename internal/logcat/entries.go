@@ -301,7 +301,7 @@ var entries = []Entry{
 		Do:    "Check the database (`err`)."},
 	{Key: "cluster-change-not-logged", Level: "WARN", Msg: "cluster: change stored but not logged; other nodes see it at their restart", Area: "Cluster",
 		Means: "A change (`kind`, `id`) was stored but its change log entry was not.",
-		Costs: "Other nodes do not see the change until they restart.",
+		Costs: "Other nodes do not see the change until they restart (operator users and tokens: until their 2 s cache expires; alert rules: until their next check, 5 s; e-mail settings: until they restart).",
 		Do:    "Check the database (`err`); restart the other nodes to be sure."},
 	{Key: "cluster-device-read-back-firmware", Level: "WARN", Msg: "cluster: reading back a device that changed firmware failed", Area: "Cluster",
 		Means: "A device that moved to another firmware could not be read back from the database.",
