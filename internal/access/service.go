@@ -28,6 +28,10 @@ type Options struct {
 	// another server of a cluster takes effect within it, one made here
 	// at once.
 	CacheTTL time.Duration
+	// OnChange, when set, runs after a change of users or tokens made
+	// here is stored: in a cluster it tells the other servers, which then
+	// call Forget, so that the change holds there at once too.
+	OnChange func(ctx context.Context)
 	// BcryptCost of new passwords (default bcrypt.DefaultCost).
 	BcryptCost int
 	Logger     *slog.Logger
@@ -100,7 +104,20 @@ func New(o Options) *Service {
 	return &Service{o: o, log: o.Logger, users: map[string]cachedUser{}, tokens: map[string]cachedToken{}}
 }
 
-// forget drops every cached user and token (after a change here).
+// changed drops every cached user and token after a change here, and
+// tells the other servers (Options.OnChange).
+func (s *Service) changed(ctx context.Context) {
+	s.forget()
+	if s.o.OnChange != nil {
+		s.o.OnChange(ctx)
+	}
+}
+
+// Forget drops every cached user and token: another server of a cluster
+// changed them. It is the same as after a change made here.
+func (s *Service) Forget() { s.forget() }
+
+// forget drops every cached user and token.
 func (s *Service) forget() {
 	s.mu.Lock()
 	clear(s.users)
@@ -328,7 +345,7 @@ func (s *Service) AddUser(ctx context.Context, name string, role Role, password 
 	if err := s.o.Store.SaveUser(ctx, u); err != nil {
 		return User{}, err
 	}
-	s.forget()
+	s.changed(ctx)
 	return u, nil
 }
 
@@ -361,7 +378,7 @@ func (s *Service) UpdateUser(ctx context.Context, name string, c UserChange) (Us
 	if err := s.o.Store.SaveUser(ctx, u); err != nil {
 		return User{}, err
 	}
-	s.forget()
+	s.changed(ctx)
 	return u, nil
 }
 
@@ -371,7 +388,7 @@ func (s *Service) DeleteUser(ctx context.Context, name string) error {
 	if err := s.o.Store.DeleteUser(ctx, name); err != nil {
 		return err
 	}
-	s.forget()
+	s.changed(ctx)
 	return nil
 }
 
@@ -450,7 +467,7 @@ func (s *Service) RevokeToken(ctx context.Context, id string) (Token, error) {
 			return Token{}, err
 		}
 	}
-	s.forget()
+	s.changed(ctx)
 	return t, nil
 }
 
@@ -502,7 +519,7 @@ func (s *Service) ExternalLogin(ctx context.Context, name string, role Role, via
 		if err := s.o.Store.SaveUser(ctx, u); err != nil {
 			return Actor{}, err
 		}
-		s.forget()
+		s.changed(ctx)
 	}
 	return Actor{Name: u.Name, Role: u.Role, Credential: via}, nil
 }

@@ -50,6 +50,14 @@ type Options struct {
 	// NextRuleID, when set, hands out new rules' IDs: the database's, in
 	// a cluster, where other servers create rules at the same moment.
 	NextRuleID func(ctx context.Context) (uint64, error)
+	// NextEventIDs, when set, hands out n new event IDs no server has
+	// used, ascending: the database's, in a cluster, where the leadership
+	// moves and two servers may both lead for a moment.
+	NextEventIDs func(ctx context.Context, n int) ([]uint64, error)
+	// OnChange, when set, runs after a rule or the e-mail settings
+	// changed here were stored: in a cluster it tells the other servers,
+	// which then call Reload, so that the change holds there at once.
+	OnChange func(ctx context.Context)
 }
 
 // Hook forwards fleet pushes to an Engine created after the fleet.
@@ -82,6 +90,11 @@ type Engine struct {
 	slots  slotTable
 
 	nextEvent atomic.Uint64
+	// With Options.NextEventIDs: IDs the database handed out, not used
+	// yet (idMu held); topping says a top-up runs.
+	idMu    sync.Mutex
+	freeIDs []uint64
+	topping atomic.Bool
 
 	qmu        sync.Mutex
 	qEvents    []Event
@@ -383,10 +396,74 @@ func (e *Engine) pushed(sh *shard, r *compiled, dev uint64, at time.Time) {
 	sh.mu.Unlock()
 }
 
-// raise makes a new event; the shard lock is held.
+// Event IDs from the database (Options.NextEventIDs) are taken in blocks
+// of eventIDBlock, topped up in the background below eventIDLow.
+const (
+	eventIDBlock = 256
+	eventIDLow   = 64
+)
+
+// newEventID hands out a new event's ID. With Options.NextEventIDs it is
+// one the database handed out; when the database cannot hand one out, ok
+// is false and no event is raised now: the condition holds at its next
+// evaluation (a push, a check) and raises it then, never under an ID
+// another server may use.
+func (e *Engine) newEventID() (uint64, bool) {
+	if e.opts.NextEventIDs == nil {
+		return e.nextEvent.Add(1), true
+	}
+	e.idMu.Lock()
+	defer e.idMu.Unlock()
+	if len(e.freeIDs) == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ids, err := e.opts.NextEventIDs(ctx, eventIDBlock)
+		cancel()
+		if err != nil || len(ids) == 0 {
+			e.log.Warn("alert not raised: no event ID from the database", "err", err)
+			return 0, false
+		}
+		e.freeIDs = ids
+	}
+	id := e.freeIDs[0]
+	e.freeIDs = e.freeIDs[1:]
+	if len(e.freeIDs) < eventIDLow && e.topping.CompareAndSwap(false, true) {
+		go e.topUpIDs()
+	}
+	return id, true
+}
+
+// topUpIDs adds a block of event IDs from the database to the free ones.
+func (e *Engine) topUpIDs() {
+	defer e.topping.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ids, err := e.opts.NextEventIDs(ctx, eventIDBlock)
+	if err != nil {
+		return // the next raise that finds none asks again
+	}
+	e.idMu.Lock()
+	e.freeIDs = append(e.freeIDs, ids...)
+	e.idMu.Unlock()
+}
+
+// dropIDs forgets the free event IDs, at a change of leadership: the next
+// ones come from the database, above every ID handed out before, so that
+// a new leader's events sort after the old one's.
+func (e *Engine) dropIDs() {
+	e.idMu.Lock()
+	e.freeIDs = nil
+	e.idMu.Unlock()
+}
+
+// raise makes a new event; the shard lock is held. It returns nil when no
+// event ID can be had (newEventID).
 func (e *Engine) raise(r *compiled, dev uint64, devType string, v float64, at time.Time, msg string) *Event {
+	id, ok := e.newEventID()
+	if !ok {
+		return nil // raised at the condition's next evaluation
+	}
 	ev := &Event{
-		ID: e.nextEvent.Add(1), RuleID: r.ID, Rule: r.Name, Kind: r.Kind, Severity: r.Severity,
+		ID: id, RuleID: r.ID, Rule: r.Name, Kind: r.Kind, Severity: r.Severity,
 		DeviceID: dev, DeviceType: devType, State: Raised, Value: v, Message: msg, RaisedAt: at.UTC(),
 	}
 	r.stats.active.Add(1)
@@ -584,10 +661,10 @@ func (e *Engine) Check(now time.Time) {
 				c := sh.m[k]
 				switch {
 				case silent > limit && c == nil && !r.gone.Load():
-					c = &cell{}
-					sh.m[k] = c
-					c.active = e.raise(r, d.ID, d.DeviceType, silent.Seconds(), now,
-						fmt.Sprintf("no push for %s (limit %s)", silent.Round(time.Second), limit))
+					if ev := e.raise(r, d.ID, d.DeviceType, silent.Seconds(), now,
+						fmt.Sprintf("no push for %s (limit %s)", silent.Round(time.Second), limit)); ev != nil {
+						sh.m[k] = &cell{active: ev} // else raised at the next check
+					}
 				case silent <= limit && c != nil:
 					if c.active != nil {
 						e.clear(r, c.active, now, ReasonPushedAgain)
@@ -733,7 +810,26 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 	if prev != nil && prev.gen != c.gen {
 		e.retire(prev, changeReason(&prev.Rule, &r))
 	}
+	e.changed(ctx)
 	return r, nil
+}
+
+// changed tells the other servers of a change stored here
+// (Options.OnChange).
+func (e *Engine) changed(ctx context.Context) {
+	if e.opts.OnChange != nil {
+		e.opts.OnChange(ctx)
+	}
+}
+
+// Reload reads the rules and the e-mail settings back from the store:
+// another server of a cluster changed them. Rules whose condition did not
+// change keep their state, as after a change made here.
+func (e *Engine) Reload(ctx context.Context) error {
+	if err := e.reloadRules(ctx); err != nil {
+		return err
+	}
+	return e.loadSMTP(ctx)
 }
 
 // DeleteRule deletes a rule and clears its active alerts.
@@ -752,6 +848,7 @@ func (e *Engine) DeleteRule(ctx context.Context, id uint64) error {
 	next := slices.Delete(slices.Clone(list), i, i+1)
 	e.rules.Store(&next)
 	e.retire(prev, ReasonRuleGone)
+	e.changed(ctx)
 	return nil
 }
 
@@ -928,6 +1025,7 @@ func (e *Engine) follow(ctx context.Context, leading *bool) bool {
 	for _, r := range *e.rules.Load() {
 		r.stats.active.Store(0)
 	}
+	e.dropIDs()
 	if !now {
 		return false
 	}

@@ -547,6 +547,7 @@ func (e *Engine) SetSMTP(ctx context.Context, s SMTPSettings) (SMTPSettings, err
 	e.notify.mu.Lock()
 	e.notify.smtp = s
 	e.notify.mu.Unlock()
+	e.changed(ctx)
 	return s, nil
 }
 
@@ -594,7 +595,9 @@ func (e *Engine) loadSMTP(ctx context.Context) error {
 			return fmt.Errorf("sealing the stored SMTP password: %w", err)
 		}
 	}
+	e.notify.mu.Lock()
 	e.notify.smtp = s
+	e.notify.mu.Unlock()
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -544,4 +545,314 @@ func TestSeamClusterRollouts(t *testing.T) {
 	if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.Config == nil || ans.Config.Version != v {
 		t.Fatalf("push on b after the nudge: %d %+v, want configuration version %d", st, ans, v)
 	}
+}
+
+// profileOf reads profile id on n: its status, push interval and version.
+func profileOf(t *testing.T, n *node, id string) (int, int, int64) {
+	t.Helper()
+	st, b := n.do("GET", "/api/v1/profiles/"+id, adminToken, "")
+	var p struct {
+		PushInterval int   `json:"push_interval"`
+		Version      int64 `json:"version"`
+	}
+	if st == 200 && json.Unmarshal(b, &p) != nil {
+		t.Fatalf("profile %s on %s: %s", id, n.name, b)
+	}
+	return st, p.PushInterval, p.Version
+}
+
+// TestSeamClusterProfilePolicy: approving a pending firmware on A moves
+// its devices to their new profile on B too, and tells B's connection to
+// push when what the device gets changed, as on A; a firmware linked to
+// a profile on A is pending on B too, and approved there; a profile deleted on A
+// is gone on B, and a registration on B of its type and firmware makes a
+// new one.
+func TestSeamClusterProfilePolicy(t *testing.T) {
+	_, _, nodes := startCluster(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+
+	t.Run("firmware approved on A", func(t *testing.T) {
+		d := registerAs(t, a, "m-seam-approve", "SEAM-APPROVE", "1.0")
+		old := deviceProfile(t, a, d.DeviceID)
+		patchProfile(t, a, old, `{"push_interval":90}`)
+		if st, body := a.do("PUT", "/api/v1/profiles/policy", adminToken, `{"mode":"join","carry":"inherit","create_limit":10,"create_window":86400}`); st != 200 {
+			t.Fatalf("policy on a: %d %s", st, body)
+		}
+		fwd := &fwDevice{r: d, firmware: "2.0"}
+		fwd.push(t, a, "") // linked to its profile on a: pending
+		within(t, converge, "b has the device on firmware 2.0 and its old profile", func() bool {
+			st, body := b.do("GET", "/api/v1/devices/"+d.DeviceID, adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"firmware":"2.0"`) && deviceProfile(t, b, d.DeviceID) == old
+		})
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.PushInterval != 90 {
+			t.Fatalf("push on b before the approval: %d %+v, want push_interval 90", st, ans)
+		}
+		conn := dial(t, b, d.Token)
+		conn.drain()
+		start := time.Now()
+		st, body := a.do("POST", "/api/v1/profiles/approve", adminToken, `{"device_type":"SEAM-APPROVE","firmware":"2.0","carry":"empty"}`)
+		var p struct {
+			ID string `json:"id"`
+		}
+		if st != 201 || json.Unmarshal(body, &p) != nil || p.ID == "" || p.ID == old {
+			t.Fatalf("approve on a: %d %s", st, body)
+		}
+		if got := deviceProfile(t, a, d.DeviceID); got != p.ID {
+			t.Fatalf("device on a after the approval: profile %s, want %s", got, p.ID)
+		}
+		conn.nudged(t, converge, start, "firmware approved on a")
+		if got := deviceProfile(t, b, d.DeviceID); got != p.ID {
+			t.Fatalf("device on b after the approval: profile %s, want %s", got, p.ID)
+		}
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.PushInterval != 60 {
+			t.Fatalf("push on b after the approval: %d %+v, want the new profile's push_interval 60", st, ans)
+		}
+		for _, n := range nodes {
+			if st, body := n.do("GET", "/api/v1/profiles/pending", adminToken, ""); st != 200 || strings.Contains(string(body), "SEAM-APPROVE") {
+				t.Fatalf("pending firmware on %s after the approval: %d %s", n.name, st, body)
+			}
+		}
+	})
+
+	t.Run("firmware linked on A, approved on B", func(t *testing.T) {
+		d := registerAs(t, a, "m-seam-link", "SEAM-LINK", "1.0")
+		old := deviceProfile(t, a, d.DeviceID)
+		fwd := &fwDevice{r: d, firmware: "3.0"}
+		fwd.push(t, a, "")
+		within(t, converge, "b lists the firmware linked on a as pending", func() bool {
+			st, body := b.do("GET", "/api/v1/profiles/pending", adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"device_type":"SEAM-LINK","firmware":"3.0"`)
+		})
+		st, body := b.do("POST", "/api/v1/profiles/approve", adminToken, `{"device_type":"SEAM-LINK","firmware":"3.0"}`)
+		var p struct {
+			ID string `json:"id"`
+		}
+		if st != 201 || json.Unmarshal(body, &p) != nil || p.ID == "" || p.ID == old {
+			t.Fatalf("approve on b: %d %s", st, body)
+		}
+		within(t, converge, "the device on its new profile on both nodes, nothing pending", func() bool {
+			for _, n := range nodes {
+				st, body := n.do("GET", "/api/v1/profiles/pending", adminToken, "")
+				if deviceProfile(t, n, d.DeviceID) != p.ID || st != 200 || strings.Contains(string(body), "SEAM-LINK") {
+					return false
+				}
+			}
+			return true
+		})
+	})
+
+	t.Run("profile deleted on A", func(t *testing.T) {
+		d := registerAs(t, a, "m-seam-del", "SEAM-DEL", "1.0")
+		prof := deviceProfile(t, a, d.DeviceID)
+		within(t, converge, "b knows the device", func() bool { return deviceProfile(t, b, d.DeviceID) == prof })
+		if st, body := a.do("DELETE", "/api/v1/devices/"+d.DeviceID, adminToken, ""); st != 200 {
+			t.Fatalf("delete device on a: %d %s", st, body)
+		}
+		within(t, converge, "b forgets the device", func() bool { return deviceProfile(t, b, d.DeviceID) == "" })
+		if st, body := a.do("DELETE", "/api/v1/profiles/"+prof, adminToken, ""); st != 200 {
+			t.Fatalf("delete profile on a: %d %s", st, body)
+		}
+		within(t, converge, "b forgets the profile", func() bool { st, _, _ := profileOf(t, b, prof); return st == 404 })
+		r := registerAs(t, b, "m-seam-del-2", "SEAM-DEL", "1.0")
+		got := deviceProfile(t, b, r.DeviceID)
+		if got == "" || got == prof {
+			t.Fatalf("registered on b after the deletion: profile %q, want a new one, not %s", got, prof)
+		}
+		within(t, converge, "a knows the new profile", func() bool { return deviceProfile(t, a, r.DeviceID) == got })
+		if st, _, _ := profileOf(t, a, got); st != 200 {
+			t.Fatalf("the new profile %s on a: %d", got, st)
+		}
+	})
+}
+
+// TestSeamClusterAlertIDs: alert events raised by a leader and by the
+// node that takes over from it each keep their own event: their IDs come
+// from the database, never from a node's memory of the IDs it saw.
+func TestSeamClusterAlertIDs(t *testing.T) {
+	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url())
+	within(t, 10*time.Second, "a leads", func() bool { return leads(t, a) })
+	b := startNode(t, "b", dsn, nats.url())
+	if st, body := a.do("POST", "/api/v1/alerts/rules", adminToken, `{"name":"rebooted","kind":"reboot","seconds":600}`); st != 201 {
+		t.Fatalf("rule on a: %d %s", st, body)
+	}
+	within(t, 10*time.Second, "b has the rule", func() bool {
+		st, body := b.do("GET", "/api/v1/alerts/rules", adminToken, "")
+		return st == 200 && strings.Contains(string(body), `"rebooted"`)
+	})
+	const each = 3
+	var regs []registration
+	for i := range 2 * each {
+		regs = append(regs, registerAs(t, a, fmt.Sprintf("m-seam-alert-%d", i), "SEAM-ALERT", "1.0"))
+	}
+	within(t, converge, "b knows the devices", func() bool {
+		for _, r := range regs {
+			if deviceProfile(t, b, r.DeviceID) == "" {
+				return false
+			}
+		}
+		return true
+	})
+	// reboot pushes uptime 1000, then 5, on n: the leader raises an alert.
+	reboot := func(n *node, r registration) {
+		for _, up := range []int{1000, 5} {
+			seqMu.Lock()
+			seq[r.Token]++
+			s := seq[r.Token]
+			seqMu.Unlock()
+			if st, body := n.do("POST", "/api/v1/push", r.Token, fmt.Sprintf(`{"seq":%d,"config_version":0,"state":{"uptime":%d}}`, s, up)); st != 200 {
+				t.Fatalf("push on %s: %d %s", n.name, st, body)
+			}
+		}
+	}
+	// events lists the stored alert events as n shows them: IDs, and how
+	// many events.
+	events := func(n *node) (map[string]bool, int) {
+		st, body := n.do("GET", "/api/v1/alerts?limit=100", adminToken, "")
+		var v struct {
+			Alerts []struct {
+				ID       string `json:"id"`
+				DeviceID string `json:"device_id"`
+			} `json:"alerts"`
+		}
+		if st != 200 || json.Unmarshal(body, &v) != nil {
+			t.Fatalf("alerts on %s: %d %s", n.name, st, body)
+		}
+		ids := map[string]bool{}
+		for _, e := range v.Alerts {
+			ids[e.ID] = true
+		}
+		return ids, len(v.Alerts)
+	}
+	for _, r := range regs[:each] {
+		reboot(a, r)
+	}
+	within(t, 5*time.Second, "a stored its alerts", func() bool { _, n := events(a); return n == each })
+
+	// A stops; B takes over and raises alerts at once, before any check
+	// of its own.
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-a.exited:
+		a.exited <- err
+	case <-time.After(30 * time.Second):
+		t.Fatal("a did not stop")
+	}
+	within(t, 10*time.Second, "b leads", func() bool { return leads(t, b) })
+	for _, r := range regs[each:] {
+		reboot(b, r)
+	}
+	within(t, 5*time.Second, "b stored every alert", func() bool {
+		ids, n := events(b)
+		if len(ids) != n {
+			t.Fatalf("alerts on b: %d events, %d IDs", n, len(ids))
+		}
+		return n == 2*each
+	})
+	for _, n := range []*node{a, b} {
+		if l := n.logs(); strings.Contains(l, "no event ID") {
+			t.Errorf("node %s logged a missing event ID:\n%s", n.name, tail(l))
+		}
+	}
+}
+
+// TestSeamClusterAccess: an operator's role changed or API token revoked
+// on A holds on B at once, as on A, not when B's cache of users and
+// tokens expires: B drops it when it reads the change log entry.
+func TestSeamClusterAccess(t *testing.T) {
+	_, _, nodes := startCluster(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+	if st, body := a.do("POST", "/api/v1/users", adminToken, `{"name":"seam-op","role":"admin","password":"seam-password-1"}`); st != 201 {
+		t.Fatalf("user on a: %d %s", st, body)
+	}
+	st, body := a.do("POST", "/api/v1/tokens", adminToken, `{"user":"seam-op","name":"seam"}`)
+	var tok struct {
+		ID    string `json:"id"`
+		Token string `json:"token"`
+	}
+	if st != 201 || json.Unmarshal(body, &tok) != nil || tok.Token == "" {
+		t.Fatalf("token on a: %d %s", st, body)
+	}
+	// B's cache lasts 2 s: each change must hold on B within the bound of
+	// every other change, right after B used (and cached) the token.
+	const limit = converge
+
+	t.Run("role changed on A", func(t *testing.T) {
+		if st, body := b.do("GET", "/api/v1/users", tok.Token, ""); st != 200 {
+			t.Fatalf("admin call on b: %d %s", st, body)
+		}
+		if st, body := a.do("PATCH", "/api/v1/users/seam-op", adminToken, `{"role":"viewer"}`); st != 200 {
+			t.Fatalf("role change on a: %d %s", st, body)
+		}
+		within(t, limit, "b refuses the viewer an admin call", func() bool {
+			st, _ := b.do("GET", "/api/v1/users", tok.Token, "")
+			return st == 403
+		})
+	})
+
+	t.Run("token revoked on A", func(t *testing.T) {
+		// A new token: B caches it at its first use, just below.
+		st, body := a.do("POST", "/api/v1/tokens", adminToken, `{"user":"seam-op","name":"seam-2"}`)
+		var tok struct {
+			ID    string `json:"id"`
+			Token string `json:"token"`
+		}
+		if st != 201 || json.Unmarshal(body, &tok) != nil || tok.Token == "" {
+			t.Fatalf("token on a: %d %s", st, body)
+		}
+		if st, body := b.do("GET", "/api/v1/devices", tok.Token, ""); st != 200 {
+			t.Fatalf("viewer call on b: %d %s", st, body)
+		}
+		if st, body := a.do("DELETE", "/api/v1/tokens/"+tok.ID, adminToken, ""); st != 200 {
+			t.Fatalf("revoke on a: %d %s", st, body)
+		}
+		within(t, limit, "b refuses the revoked token", func() bool {
+			st, _ := b.do("GET", "/api/v1/devices", tok.Token, "")
+			return st == 401
+		})
+	})
+}
+
+// TestSeamClusterAlertSettings: an alert rule made on B, which does not
+// lead, is evaluated by the leader A at its next push, not at its next
+// check; e-mail settings set on B are the leader's at once, not after
+// its restart.
+func TestSeamClusterAlertSettings(t *testing.T) {
+	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url())
+	within(t, 10*time.Second, "a leads", func() bool { return leads(t, a) })
+	b := startNode(t, "b", dsn, nats.url())
+	d := registerAs(t, a, "m-seam-alert-rule", "SEAM-ALERT-RULE", "1.0")
+	// A's own check reloads the rules every 5 s: the rule must hold on A
+	// within the bound of every other change.
+	const limit = converge
+
+	t.Run("rule made on B", func(t *testing.T) {
+		if st, body := b.do("POST", "/api/v1/alerts/rules", adminToken, `{"name":"seam-hot","kind":"cpu_above","threshold":50}`); st != 201 {
+			t.Fatalf("rule on b: %d %s", st, body)
+		}
+		within(t, limit, "a raises the alert of the rule made on b", func() bool {
+			seqMu.Lock()
+			seq[d.Token]++
+			s := seq[d.Token]
+			seqMu.Unlock()
+			if st, body := a.do("POST", "/api/v1/push", d.Token, fmt.Sprintf(`{"seq":%d,"config_version":0,"state":{"cpu":90}}`, s)); st != 200 {
+				t.Fatalf("push on a: %d %s", st, body)
+			}
+			st, body := a.do("GET", "/api/v1/alerts?device_id="+d.DeviceID, adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"seam-hot"`)
+		})
+	})
+
+	t.Run("e-mail settings set on B", func(t *testing.T) {
+		if st, body := b.do("PUT", "/api/v1/alerts/smtp", adminToken, `{"addr":"smtp.seam.example:587","from":"drover@seam.example"}`); st != 200 {
+			t.Fatalf("smtp on b: %d %s", st, body)
+		}
+		within(t, converge, "a has the e-mail settings set on b", func() bool {
+			st, body := a.do("GET", "/api/v1/alerts/smtp", adminToken, "")
+			return st == 200 && strings.Contains(string(body), "smtp.seam.example:587")
+		})
+	})
 }

@@ -112,6 +112,12 @@ const (
 	// done, or given a batch of devices: read the job back and its queued
 	// devices past those this node read.
 	ChangeJob ChangeKind = 8
+	// ChangeAccess: an operator user or API token made, changed, revoked
+	// or deleted: drop what is cached of them (OnChange).
+	ChangeAccess ChangeKind = 9
+	// ChangeAlerts: an alert rule made, changed or deleted, or the e-mail
+	// settings changed: read them back (OnChange).
+	ChangeAlerts ChangeKind = 10
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -161,6 +167,9 @@ type clusterState struct {
 	// entry for the device drops its entries all the same.
 	mu      sync.Mutex
 	refused map[uint64][]refusedToken
+	// hooks apply the change log entries of kinds the fleet does not
+	// keep (OnChange); mu held.
+	hooks map[ChangeKind]func(context.Context, Change) error
 	// reads bounds the database reads for refused tokens that are not
 	// remembered (unknown devices, new wrong tokens): beyond it the push
 	// is answered 503 with Retry-After, never a wrong 401.
@@ -250,7 +259,32 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 	case ChangeJob:
 		return s.refreshJob(ctx, c.ID)
 	}
+	s.cluster.mu.Lock()
+	fn := s.cluster.hooks[c.Kind]
+	s.cluster.mu.Unlock()
+	if fn != nil {
+		return fn(ctx, c)
+	}
 	return nil
+}
+
+// OnChange sets what applies a change log entry of a kind the fleet does
+// not keep (ChangeAccess, ChangeAlerts): the server's other parts read their changes
+// back through the same change log.
+func (s *Service) OnChange(kind ChangeKind, fn func(ctx context.Context, c Change) error) {
+	s.cluster.mu.Lock()
+	defer s.cluster.mu.Unlock()
+	if s.cluster.hooks == nil {
+		s.cluster.hooks = map[ChangeKind]func(context.Context, Change) error{}
+	}
+	s.cluster.hooks[kind] = fn
+}
+
+// NoteChange, in cluster mode, logs a change of a kind the fleet does not
+// keep (OnChange), right after it was stored; without a cluster it does
+// nothing.
+func (s *Service) NoteChange(ctx context.Context, kind ChangeKind, id uint64) {
+	s.noteChange(ctx, kind, id)
 }
 
 // noteChange, in cluster mode, logs a change made outside the grouped
@@ -343,7 +377,10 @@ func (s *Service) lookAgain(ctx context.Context) (bool, error) {
 }
 
 // reloadPolicy replaces the profile policy and the quota lifts with the
-// stored ones (firmware links are read at start only).
+// stored ones, and takes the firmware links other nodes made: their
+// devices here go to the linked profile (moveToOwn), as on the node that
+// linked them. A link ends with its approval or its profile's deletion,
+// each read back as a profile change.
 func (s *Service) reloadPolicy(ctx context.Context) error {
 	st := s.policy.store
 	if st == nil {
@@ -367,6 +404,26 @@ func (s *Service) reloadPolicy(ctx context.Context) error {
 	}
 	q.anyLifted.Store(len(q.lifted) > 0)
 	q.mu.Unlock()
+	ps := s.profiles
+	var taken []*linkEntry
+	ps.mu.Lock()
+	for _, l := range data.Links {
+		key := profileKey{l.DeviceType, l.Firmware}
+		e, ok := ps.byID[l.ProfileID]
+		if _, own := ps.byKey[key]; own || !ok {
+			continue // approved meanwhile, or its profile is gone
+		}
+		if cur, ok := ps.links[key]; ok && cur.entry == e {
+			continue
+		}
+		le := &linkEntry{link: l, entry: e}
+		ps.links[key] = le
+		taken = append(taken, le)
+	}
+	ps.mu.Unlock()
+	for _, le := range taken {
+		s.moveToOwn(profileKey{le.link.DeviceType, le.link.Firmware}, le.entry)
+	}
 	return nil
 }
 
@@ -468,30 +525,43 @@ func (s *Service) clusterProfile(ctx context.Context, key profileKey) (*profileE
 	return s.loadProfile(ctx, key)
 }
 
-// refreshProfile replaces profile id in memory with the stored one.
+// refreshProfile replaces profile id in memory with the stored one, or
+// drops it when it is no longer stored (another node deleted it).
 func (s *Service) refreshProfile(ctx context.Context, id uint64) error {
 	p, ok, err := s.opts.Cluster.ReadProfile(ctx, id)
-	if err != nil || !ok {
+	if err != nil {
 		return err
+	}
+	if !ok {
+		ps := s.profiles
+		// As a local deletion: updates and selections wait meanwhile.
+		s.profileWrite.Lock()
+		ps.mu.Lock()
+		ps.dropLocked(id)
+		ps.mu.Unlock()
+		s.profileWrite.Unlock()
+		return nil
 	}
 	s.adoptProfile(p)
 	return nil
 }
 
 // adoptProfile puts a stored profile into memory, replacing this node's
-// copy; it returns the entry.
+// copy; it returns the entry. A profile new to this node for a firmware
+// its devices report takes them, as an approval here would (moveToOwn).
 func (s *Service) adoptProfile(p Profile) *profileEntry {
 	ps := s.profiles
 	ps.mu.Lock()
-	defer ps.mu.Unlock()
 	if e, ok := ps.byID[p.ID]; ok {
 		if cur := e.get(); cur == nil || cur.Version != p.Version || cur.PushInterval != p.PushInterval || !p.UpdatedAt.Before(cur.UpdatedAt) {
 			s.setProfile(e, &p)
 		}
+		ps.mu.Unlock()
 		return e
 	}
 	key := profileKey{p.DeviceType, p.Firmware}
 	if e, ok := ps.byKey[key]; ok {
+		ps.mu.Unlock()
 		return e // being created here; the claim gives it this ID
 	}
 	e := &profileEntry{ready: make(chan struct{})}
@@ -499,7 +569,10 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 	close(e.ready)
 	ps.byKey[key] = e
 	ps.byID[p.ID] = e
+	delete(ps.links, key) // approved on another node
 	ps.created[p.DeviceType] = append(ps.created[p.DeviceType], p.CreatedAt.UnixNano())
+	ps.mu.Unlock()
+	s.moveToOwn(key, e)
 	return e
 }
 

@@ -333,7 +333,9 @@ func (s *Service) saveLink(ctx context.Context, l ProfileLink) {
 	defer s.policy.mu.Unlock()
 	if err := st.SaveProfileLink(context.WithoutCancel(ctx), l); err != nil {
 		s.log.Warn("storing a firmware link failed", "device_type", l.DeviceType, "firmware", l.Firmware, "err", err)
+		return
 	}
+	s.noteChange(ctx, ChangePolicy, 0) // other nodes list it as pending too
 }
 
 // loadProfile attaches a loaded device's profile: its own, a link, or the
@@ -438,18 +440,40 @@ func (s *Service) ApproveFirmware(ctx context.Context, deviceType, firmware, car
 			s.log.Warn("approve firmware: deleting the link failed", "err", err)
 		}
 	}
-	moved := 0
-	s.each(func(d *device) {
-		if d.deviceType == key.deviceType && d.firmware == key.firmware && d.profile == l.entry {
-			e.users.Add(1)
-			adopt(d, e)
-			moved++
-		}
-	})
+	moved := s.moveToOwn(key, e)
 	e.release() // createProfile's use
 	p := *e.get()
 	s.log.Info("firmware approved", "device_type", deviceType, "firmware", firmware, "profile_id", p.ID, "carry", carry, "devices", moved)
 	return p, nil
+}
+
+// moveToOwn points every device of key's type and firmware that is on
+// another profile at e, the profile key's devices use now (its own, or
+// the one it is linked to), and tells those holding a persistent
+// connection to push when what they get changes (the configuration's
+// version or the push interval). This is the one path of an approval or
+// a link, made here (ApproveFirmware) or read back from the change log
+// after another node made it (adoptProfile, reloadPolicy). It returns how
+// many devices moved.
+func (s *Service) moveToOwn(key profileKey, e *profileEntry) int {
+	var nudge []uint64
+	moved := 0
+	p := e.get()
+	s.each(func(d *device) {
+		if d.deviceType != key.deviceType || d.firmware != key.firmware || d.profile == e {
+			return
+		}
+		if prev := d.profile.get(); prev.Version != p.Version || prev.PushInterval != p.PushInterval {
+			nudge = append(nudge, d.id)
+		}
+		e.users.Add(1)
+		adopt(d, e)
+		moved++
+	})
+	for _, id := range nudge {
+		s.cmds.notifyDevice(id)
+	}
+	return moved
 }
 
 // flushPersist returns once every write acknowledged before it is in the
@@ -538,16 +562,30 @@ func (s *Service) deleteProfiles(ctx context.Context, dryRun bool, pick func(*pr
 		}
 	}
 	for _, id := range ids {
-		e := ps.byID[id]
-		p := e.get()
-		delete(ps.byID, id)
-		delete(ps.byKey, profileKey{p.DeviceType, p.Firmware})
-		for k, l := range ps.links {
-			if l.entry == e {
-				delete(ps.links, k)
-			}
-		}
+		ps.dropLocked(id)
+		s.noteChange(ctx, ChangeProfile, id)
 	}
 	s.log.Info("profiles deleted", "count", len(ids), "ids", ids)
 	return res, nil
+}
+
+// dropLocked removes deleted profile id from memory, with the links to it
+// (ps.mu held): the one path of a deletion, made here (deleteProfiles) or
+// read back from the change log after another node made it
+// (refreshProfile).
+func (ps *profiles) dropLocked(id uint64) {
+	e, ok := ps.byID[id]
+	if !ok {
+		return
+	}
+	p := e.get()
+	delete(ps.byID, id)
+	if k := (profileKey{p.DeviceType, p.Firmware}); ps.byKey[k] == e {
+		delete(ps.byKey, k)
+	}
+	for k, l := range ps.links {
+		if l.entry == e {
+			delete(ps.links, k)
+		}
+	}
 }

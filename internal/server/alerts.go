@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/alert"
+	"github.com/drover/drover/internal/fleet"
 )
 
 // setupAlerts starts the alert engine's state; the engine runs from Serve
@@ -33,12 +34,26 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 	}
 	if s.cstore != nil {
 		opts.NextRuleID = s.cstore.NextRuleID // other nodes create rules at the same moment
+		// The leadership moves, and two nodes may both lead for a moment.
+		opts.NextEventIDs = s.cstore.NextEventIDs
+		// A rule or the e-mail settings changed here hold on every node
+		// at once: the others read them back at the change log entry.
+		opts.OnChange = func(ctx context.Context) { s.fleet.NoteChange(ctx, fleet.ChangeAlerts, 0) }
 	}
 	eng, err := alert.New(ctx, opts)
 	if err != nil {
 		return err
 	}
 	s.alerts = eng
+	if s.cstore != nil {
+		s.fleet.OnChange(fleet.ChangeAlerts, func(ctx context.Context, _ fleet.Change) error {
+			if err := eng.Reload(ctx); err != nil {
+				// Never holds the change log up: every check reloads the rules.
+				s.log.Warn("alert rules not reloaded", "err", err)
+			}
+			return nil
+		})
+	}
 	s.m.reg.MustRegister(eng.Collector())
 	return nil
 }

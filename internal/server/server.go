@@ -229,7 +229,16 @@ func (s *Server) loadFleet(ctx context.Context) error {
 
 // buildHandler builds the API and the dashboard behind one routes table.
 func (s *Server) buildHandler(context.Context) error {
-	s.acc = access.New(access.Options{Store: s.accessStore(), AdminToken: s.Secrets.AdminToken, Logger: s.log})
+	ao := access.Options{Store: s.accessStore(), AdminToken: s.Secrets.AdminToken, Logger: s.log}
+	if s.cstore != nil {
+		// A user or token changed here holds on every node at once: the
+		// others drop their cache when they read the change log entry.
+		ao.OnChange = func(ctx context.Context) { s.fleet.NoteChange(ctx, fleet.ChangeAccess, 0) }
+	}
+	s.acc = access.New(ao)
+	if s.cstore != nil {
+		s.fleet.OnChange(fleet.ChangeAccess, func(context.Context, fleet.Change) error { s.acc.Forget(); return nil })
+	}
 	a := &api{
 		fleet: s.fleet, alerts: s.alerts, m: s.m, log: s.log,
 		acc:   s.acc,

@@ -66,6 +66,8 @@ type Cluster interface {
 	TryLeader(ctx context.Context) (bool, error)
 	// NextRuleID hands out an alert rule ID no node has used.
 	NextRuleID(ctx context.Context) (uint64, error)
+	// NextEventIDs hands out n alert event IDs no node has used, ascending.
+	NextEventIDs(ctx context.Context, n int) ([]uint64, error)
 	// ClusterID names the cluster (its database), for NATS subjects.
 	ClusterID(ctx context.Context) (string, error)
 	LastChange(ctx context.Context) (int64, error)

@@ -92,6 +92,11 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 				(SELECT coalesce(max(id), 0) FROM alert_rules), (SELECT coalesce(max(high), 0) FROM id_marks WHERE kind = 'rule')) AS m) x
 			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_rule_ids)`)
 	}
+	if err == nil {
+		_, err = s.pool.Exec(ctx, `SELECT setval('cluster_event_ids', m) FROM (SELECT greatest(
+				(SELECT coalesce(max(id), 0) FROM alert_events), (SELECT coalesce(max(high), 0) FROM id_marks WHERE kind = 'event')) AS m) x
+			WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE -1 END FROM cluster_event_ids)`)
+	}
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("postgres: cluster sequences: %w", err)
@@ -365,6 +370,24 @@ func (s *Store) NextRuleID(ctx context.Context) (uint64, error) {
 	var id int64
 	err := s.pool.QueryRow(ctx, `SELECT nextval('cluster_rule_ids')`).Scan(&id)
 	return uint64(id), err
+}
+
+// NextEventIDs hands out n alert event IDs no node has used, ascending
+// (cluster mode: alert.Options.NextEventIDs).
+func (s *Store) NextEventIDs(ctx context.Context, n int) ([]uint64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT nextval('cluster_event_ids') AS id FROM generate_series(1, $1::int) ORDER BY id`, n)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, len(ids))
+	for i, id := range ids {
+		out[i] = uint64(id)
+	}
+	return out, nil
 }
 
 // NextTokenID implements fleet.ClusterStore.
