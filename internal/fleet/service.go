@@ -34,9 +34,6 @@ type Options struct {
 	DefaultPushInterval int // seconds, for profiles created by default
 	Logger              *slog.Logger
 	Now                 func() time.Time
-	// OnPush, when set, is called after every accepted push (for alert
-	// rules). It runs on the request's goroutine: keep it fast.
-	OnPush func(PushEvent)
 	// Admission is the policy for new machine IDs (admission.go).
 	Admission Policy
 	// RequireCertificate refuses registrations without a client
@@ -55,24 +52,6 @@ type Options struct {
 	// rollouts (starts waves, pauses, fails stalled devices): the
 	// cluster's leader (rollout_cluster.go). Nil: it does.
 	RolloutDriver func() bool
-}
-
-// PushEvent describes one accepted push.
-type PushEvent struct {
-	DeviceID   uint64
-	DeviceType string
-	Firmware   string
-	At         time.Time
-	Seq        uint64
-	State      *protocol.State
-	// Applied and desired configuration versions and the device's
-	// config_error, for sync history.
-	ConfigVersion  int64
-	DesiredVersion int64
-	ConfigError    string
-	// FirmwareChanged: this push moved the device to Firmware (cluster
-	// mode tells the other nodes, which read the device back).
-	FirmwareChanged bool
 }
 
 // Service is the fleet.
@@ -106,6 +85,7 @@ type Service struct {
 	cmds   commands      // commands.go
 
 	cluster clusterState // cluster.go
+	events  subscribers  // events.go
 
 	secret enrollmentSecret // secret.go
 }
@@ -420,10 +400,8 @@ func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) 
 		return protocol.PushResponse{}, err
 	}
 	prof := pe.get()
-	if s.opts.OnPush != nil {
-		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State,
-			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: moved})
-	}
+	s.events.pushed(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State,
+		ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: moved})
 	if claim || (s.opts.Cluster != nil && len(p.Results) > 0) {
 		cmds = s.clusterCommandsOnPush(ctx, d, p.Results, claim, now)
 	}
