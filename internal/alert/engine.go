@@ -31,9 +31,6 @@ type Options struct {
 	// roots).
 	SMTPRootCAs *x509.CertPool
 	Retry       Retry // notification retries
-	// Hook, when set, starts passing pushes to the engine once New
-	// returns; give Hook.OnPush to fleet.Options.OnPush.
-	Hook *Hook
 	// SecretKey (32 bytes) seals the SMTP password in the store. Without
 	// it the password is kept in memory only and must be set again after
 	// a restart.
@@ -58,16 +55,6 @@ type Options struct {
 	// changed here were stored: in a cluster it tells the other servers,
 	// which then call Reload, so that the change holds there at once.
 	OnChange func(ctx context.Context)
-}
-
-// Hook forwards fleet pushes to an Engine created after the fleet.
-type Hook struct{ e atomic.Pointer[Engine] }
-
-// OnPush is a fleet.Options.OnPush.
-func (h *Hook) OnPush(ev fleet.PushEvent) {
-	if e := h.e.Load(); e != nil {
-		e.OnPush(ev)
-	}
 }
 
 // Engine evaluates rules on every push and periodically, and keeps the
@@ -196,9 +183,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.fleet.Scan(func(d fleet.DeviceInfo) {
 		e.slots.get(d.ID).Store(uint64(d.SyncState))
 	})
-	if opts.Hook != nil {
-		opts.Hook.e.Store(e)
-	}
+	// Subscribed last: the fleet's pushes reach a loaded engine.
+	e.fleet.Subscribe(fleet.Events{Pushed: e.OnPush})
 	return e, nil
 }
 
@@ -251,7 +237,9 @@ func sameCondition(a, b *Rule) bool {
 		a.Label == b.Label && a.DeviceType == b.DeviceType && a.Disabled == b.Disabled
 }
 
-// OnPush evaluates one accepted push; it is fleet.Options.OnPush.
+// OnPush evaluates one accepted push; New subscribes it to the fleet's
+// pushes (fleet.Events.Pushed), and a cluster's leader passes it the
+// pushes other nodes took.
 func (e *Engine) OnPush(ev fleet.PushEvent) {
 	if e.opts.Leading != nil && !e.opts.Leading() {
 		return

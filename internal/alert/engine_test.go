@@ -47,15 +47,14 @@ func newEnv(t *testing.T, store *alert.MemStore, opts alert.Options) *env {
 	t.Helper()
 	ctx := context.Background()
 	clk := &clock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
-	hook := &alert.Hook{}
-	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, Now: clk.now, OnPush: hook.OnPush})
+	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if store == nil {
 		store = alert.NewMemStore()
 	}
-	opts.Fleet, opts.Store, opts.Now, opts.Hook = fl, store, clk.now, hook
+	opts.Fleet, opts.Store, opts.Now = fl, store, clk.now
 	eng, err := alert.New(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -328,13 +327,12 @@ func TestStoreFailureKeepsEventsQueued(t *testing.T) {
 
 func BenchmarkOnPush(b *testing.B) {
 	ctx := context.Background()
-	hook := &alert.Hook{}
-	fl, _ := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", OnPush: hook.OnPush})
+	fl, _ := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	const n = 10000
 	for i := range n {
 		fl.Register(ctx, protocol.RegisterRequest{MachineID: fmt.Sprint(i), DeviceType: "ICR", Firmware: "1", EnrollmentSecret: "s"})
 	}
-	eng, _ := alert.New(ctx, alert.Options{Fleet: fl, Hook: hook})
+	eng, _ := alert.New(ctx, alert.Options{Fleet: fl})
 	for _, r := range []alert.Rule{
 		{Name: "hot", Kind: alert.TemperatureAbove, Threshold: 80},
 		{Name: "busy", Kind: alert.CPUAbove, Threshold: 90, Pushes: 3},

@@ -16,13 +16,12 @@ import (
 func TestQuotaRule(t *testing.T) {
 	ctx := context.Background()
 	clk := &clock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
-	hook := &alert.Hook{}
-	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, Now: clk.now, OnPush: hook.OnPush,
+	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, Now: clk.now,
 		Quotas: fleet.QuotaOptions{PushRate: 1, PushBurst: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Store: alert.NewMemStore(), Now: clk.now, Hook: hook})
+	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Store: alert.NewMemStore(), Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -457,11 +457,11 @@ func (n *Node) beat(ctx context.Context, natsUp bool) error {
 }
 
 // Forward sets where the leader passes the pushes other nodes took (the
-// alert engine's hook); call it before Run.
+// alert engine); call it before Run.
 func (n *Node) Forward(f func(fleet.PushEvent)) { n.forward = f }
 
-// OnPush notes a push this node took, for the next publication; chain it
-// into fleet.Options.OnPush.
+// OnPush notes a push this node took, for the next publication; subscribe
+// it to the fleet's pushes (fleet.Events.Pushed).
 func (n *Node) OnPush(ev fleet.PushEvent) {
 	n.pmu.Lock()
 	if len(n.pending) < 100000 {

@@ -36,11 +36,11 @@ func TestAdoptedProfileChangeNotifies(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var told []uint64
-	s.OnProfileChange(func(id uint64) {
+	s.Subscribe(Events{ProfileChanged: func(id uint64) {
 		mu.Lock()
 		told = append(told, id)
 		mu.Unlock()
-	})
+	}})
 	at := time.UnixMilli(1_700_000_000_000).UTC()
 	p := Profile{ID: 7, DeviceType: "ICR-3241", Firmware: "6.3.5", Version: 3, Config: json.RawMessage(`{"a":1}`), PushInterval: 200, CreatedAt: at, UpdatedAt: at}
 	steps := []struct {

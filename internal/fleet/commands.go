@@ -185,9 +185,6 @@ type commands struct {
 	store CommandStore // nil: memory only
 	w     cmdWriter
 	wg    sync.WaitGroup // creation goroutines
-	// notify is called for each device that gets a command (OnCommands).
-	notify        atomic.Pointer[func(uint64)]
-	profileNotify atomic.Pointer[func(uint64)] // OnProfileChange
 }
 
 func (c *commands) init() {
@@ -535,7 +532,7 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 		enqueue(d, &devCmd{job: j, state: CmdQueued, queuedAt: now.UnixNano()})
 		d.mu.Unlock()
 		j.counts[CmdQueued].Add(1)
-		s.cmds.notifyDevice(id)
+		s.events.commandsQueued(id)
 	}
 	j.mu.Lock()
 	j.rec.Cursor, j.rec.Creating = rec.Cursor, rec.Creating
@@ -971,27 +968,6 @@ func UnmarshalOutput(s string) ([]string, error) {
 	var out []string
 	err := json.Unmarshal([]byte(s), &out)
 	return out, err
-}
-
-// OnProfileChange sets fn to be called with a profile's ID after its
-// configuration or interval changed. fn must be fast.
-func (s *Service) OnProfileChange(fn func(profileID uint64)) { s.cmds.profileNotify.Store(&fn) }
-
-func (c *commands) notifyProfile(id uint64) {
-	if fn := c.profileNotify.Load(); fn != nil {
-		(*fn)(id)
-	}
-}
-
-// OnCommands sets fn to be called with a device's ID whenever commands are
-// queued for it (persistent connections tell the device to push at once).
-// fn must be fast and must not call back into the Service.
-func (s *Service) OnCommands(fn func(deviceID uint64)) { s.cmds.notify.Store(&fn) }
-
-func (c *commands) notifyDevice(id uint64) {
-	if fn := c.notify.Load(); fn != nil {
-		(*fn)(id)
-	}
 }
 
 // Authenticate returns the ID of the device a token belongs to, if the

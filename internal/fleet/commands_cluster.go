@@ -153,7 +153,7 @@ func (s *Service) holdPending(ctx context.Context, j *job, id uint64, now int64)
 		enqueue(d, &devCmd{job: j, state: CmdQueued, queuedAt: now})
 	}
 	d.mu.Unlock()
-	s.cmds.notifyDevice(id)
+	s.events.commandsQueued(id)
 	return nil
 }
 

@@ -471,7 +471,7 @@ func (s *Service) moveToOwn(key profileKey, e *profileEntry) int {
 		moved++
 	})
 	for _, id := range nudge {
-		s.cmds.notifyDevice(id)
+		s.events.deviceMoved(id)
 	}
 	return moved
 }

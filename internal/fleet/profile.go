@@ -156,14 +156,14 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 
 // setProfile makes p the content of e. When what its devices get changes
 // (the configuration's version or the push interval), the devices holding
-// a persistent connection are told to push (OnProfileChange). This is the
+// a persistent connection are told to push (Events.ProfileChanged). This is the
 // one path of a profile's change, made here (UpdateProfile) or read back
 // from the change log after another node made it (adoptProfile), so that
 // a change reaches connected devices the same way whichever node took it.
 func (s *Service) setProfile(e *profileEntry, p *Profile) {
 	prev := e.p.Swap(p)
 	if prev == nil || prev.Version != p.Version || prev.PushInterval != p.PushInterval {
-		s.cmds.notifyProfile(p.ID)
+		s.events.profileChanged(p.ID)
 	}
 }
 

@@ -36,7 +36,6 @@ package fleet
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"math"
 	"slices"
@@ -348,56 +347,6 @@ func (q *quotas) evictOldest() {
 		}
 	}
 	delete(q.hit, oldest)
-}
-
-// PushAuth is a push's token looked up and hashed once (CheckPush), for
-// PushChecked: the device's token hash is still compared under its lock
-// there, so a token revoked in between is refused.
-type PushAuth struct {
-	token string
-	d     *device // nil: the token names no device
-	hash  [32]byte
-}
-
-// Token is the token this PushAuth was made for.
-func (a PushAuth) Token() string { return a.token }
-
-// LookUpToken looks a token's device up and hashes the token, for
-// PushChecked (CheckPush does the same and checks the quota).
-func (s *Service) LookUpToken(token string) PushAuth { return s.auth(token) }
-
-// auth looks a token's device up and hashes the token.
-func (s *Service) auth(token string) PushAuth {
-	d, hash, ok := s.deviceForToken(token)
-	if !ok {
-		return PushAuth{token: token}
-	}
-	return PushAuth{token: token, d: d, hash: hash}
-}
-
-// CheckPush refuses a push over its device's quota before the request
-// body is read and decoded, so that a flooding device costs the server
-// little: a *QuotaError for a valid token over quota, nil otherwise
-// (PushChecked decides the rest, with the PushAuth returned).
-func (s *Service) CheckPush(token string) (PushAuth, error) {
-	a := s.auth(token)
-	d := a.d
-	if s.quota.opts.PushRate <= 0 || d == nil {
-		return a, nil
-	}
-	now := s.now().UnixNano()
-	d.mu.Lock()
-	valid := subtle.ConstantTimeCompare(a.hash[:], d.tokenHash[:]) == 1
-	var wait time.Duration
-	ok := true
-	if valid && d.profile != nil {
-		_, wait, ok, _ = s.quota.pushFree(d, now, d.profile.interval(), false)
-	}
-	d.mu.Unlock()
-	if !valid || ok || s.quota.isLifted(d.id, now) {
-		return a, nil
-	}
-	return a, s.overQuota(d.id, wait, now)
 }
 
 // QuotaFilters are the values of the devices filter's quota parameter:

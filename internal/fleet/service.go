@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -17,8 +16,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/drover/drover/internal/protocol"
 )
 
 // Errors of the fleet's operations.
@@ -34,9 +31,6 @@ type Options struct {
 	DefaultPushInterval int // seconds, for profiles created by default
 	Logger              *slog.Logger
 	Now                 func() time.Time
-	// OnPush, when set, is called after every accepted push (for alert
-	// rules). It runs on the request's goroutine: keep it fast.
-	OnPush func(PushEvent)
 	// Admission is the policy for new machine IDs (admission.go).
 	Admission Policy
 	// RequireCertificate refuses registrations without a client
@@ -55,24 +49,6 @@ type Options struct {
 	// rollouts (starts waves, pauses, fails stalled devices): the
 	// cluster's leader (rollout_cluster.go). Nil: it does.
 	RolloutDriver func() bool
-}
-
-// PushEvent describes one accepted push.
-type PushEvent struct {
-	DeviceID   uint64
-	DeviceType string
-	Firmware   string
-	At         time.Time
-	Seq        uint64
-	State      *protocol.State
-	// Applied and desired configuration versions and the device's
-	// config_error, for sync history.
-	ConfigVersion  int64
-	DesiredVersion int64
-	ConfigError    string
-	// FirmwareChanged: this push moved the device to Firmware (cluster
-	// mode tells the other nodes, which read the device back).
-	FirmwareChanged bool
 }
 
 // Service is the fleet.
@@ -106,6 +82,7 @@ type Service struct {
 	cmds   commands      // commands.go
 
 	cluster clusterState // cluster.go
+	events  subscribers  // events.go
 
 	secret enrollmentSecret // secret.go
 }
@@ -276,201 +253,6 @@ func (s *Service) deviceForToken(token string) (*device, [32]byte, bool) {
 		return nil, [32]byte{}, false
 	}
 	return d, sha256.Sum256([]byte(token)), true
-}
-
-// Push records a device's state and tells it what to change. In cluster
-// mode a token memory refuses is checked against the database first.
-func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest) (protocol.PushResponse, error) {
-	return s.PushChecked(ctx, s.auth(token), p)
-}
-
-// PushChecked is Push with the token already looked up (CheckPush).
-func (s *Service) PushChecked(ctx context.Context, a PushAuth, p protocol.PushRequest) (protocol.PushResponse, error) {
-	resp, err := s.push(ctx, a, p)
-	if errors.Is(err, ErrUnauthorized) {
-		if ok, cerr := s.checkStored(ctx, a.token); cerr != nil {
-			return resp, cerr
-		} else if ok {
-			return s.push(ctx, s.auth(a.token), p)
-		}
-	}
-	return resp, err
-}
-
-func (s *Service) push(ctx context.Context, a PushAuth, p protocol.PushRequest) (protocol.PushResponse, error) {
-	d, hash := a.d, a.hash
-	if d == nil {
-		return protocol.PushResponse{}, ErrUnauthorized
-	}
-	now := s.now()
-	nowNS := now.UnixNano()
-	// A firmware upgrade moves the device to the profile the policy
-	// selects (policy.go); a push over quota is refused before that.
-	var newProfile *profileEntry
-	var newFirmware string
-	if fw := p.State.Firmware; fw != "" {
-		d.mu.Lock()
-		if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
-			d.mu.Unlock()
-			return protocol.PushResponse{}, ErrUnauthorized
-		}
-		changed, deviceType, prev := fw != d.firmware, d.deviceType, d.profile
-		_, wait, ok, _ := s.quota.pushFree(d, nowNS, d.profile.interval(), isStart(p.Started, p.State.Uptime, d.lastSeen, nowNS))
-		d.mu.Unlock()
-		if !ok && !s.quota.isLifted(d.id, nowNS) {
-			return protocol.PushResponse{}, s.overQuota(d.id, wait, nowNS)
-		}
-		if changed {
-			pe, canon, err := s.selectProfile(ctx, profileKey{deviceType, fw}, prev, d.id)
-			if err != nil {
-				return protocol.PushResponse{}, err
-			}
-			newProfile, newFirmware = pe, canon
-		}
-	}
-	d.mu.Lock()
-	if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
-		d.mu.Unlock()
-		if newProfile != nil {
-			newProfile.release()
-		}
-		return protocol.PushResponse{}, ErrUnauthorized
-	}
-	if err := admissionError(d.admission); err != nil { // blocked: nothing is stored
-		d.mu.Unlock()
-		if newProfile != nil {
-			newProfile.release()
-		}
-		return protocol.PushResponse{}, err
-	}
-	start := isStart(p.Started, p.State.Uptime, d.lastSeen, nowNS)
-	tat, wait, ok, free := s.quota.pushFree(d, nowNS, d.profile.interval(), start)
-	if !ok && !s.quota.isLifted(d.id, nowNS) {
-		d.mu.Unlock()
-		if newProfile != nil {
-			newProfile.release()
-		}
-		return protocol.PushResponse{}, s.overQuota(d.id, wait, nowNS)
-	}
-	firmware, pe := d.firmware, d.profile
-	if newProfile != nil && newProfile.get().DeviceType == d.deviceType {
-		firmware, pe = newFirmware, newProfile
-	}
-	lastSample, keep, hit := s.quota.keepSample(d, nowNS, pe.interval())
-	if !keep && s.quota.isLifted(d.id, nowNS) {
-		lastSample, keep, hit = s.quota.ticks(nowNS), true, false
-	}
-	hit = hit && free == counted // a sample dropped from a free push is not the device's doing
-	var cmds []protocol.Command
-	var cmdChanges []DeviceCommand
-	var moved bool // to another firmware
-	claim := false
-	st := StateRecord{
-		DeviceID: d.id, Firmware: firmware, LastSeen: now, Seq: p.Seq,
-		AppliedVersion: p.ConfigVersion, ConfigError: p.ConfigError, State: p.RawState,
-	}
-	sample := sampleOf(d.id, now, &p)
-	ticket, err := s.persist.Enqueue(func(b *Batch) {
-		b.States = append(b.States, st)
-		if keep {
-			b.Samples = append(b.Samples, sample)
-		}
-	})
-	if err == nil {
-		if pe != d.profile {
-			adopt(d, pe)
-		} else if newProfile != nil {
-			newProfile.release()
-		}
-		moved = d.firmware != firmware
-		d.firmware = firmware
-		if ok {
-			d.pushTAT = tat
-		}
-		d.took(free, start)
-		if Behind(p.ConfigVersion, pe.version()) {
-			d.oweConfig(pe.version()) // the answer sends it
-		}
-		d.lastSample = lastSample
-		d.lastSeen, d.seq, d.appliedVersion = nowNS, p.Seq, p.ConfigVersion
-		if d.configError != p.ConfigError {
-			d.configError = strings.Clone(p.ConfigError)
-		}
-		if s.states == nil {
-			d.state = string(p.RawState)
-		}
-		if s.opts.Cluster != nil {
-			// Cluster mode: the database settles delivery (after the
-			// push is stored, below); memory only says whether to ask.
-			claim = d.cmds != nil
-		} else if d.cmds != nil || len(p.Results) > 0 {
-			cmds, cmdChanges = s.commandsOnPush(d, p.Results, nowNS)
-		}
-	} else if newProfile != nil {
-		newProfile.release()
-	}
-	d.mu.Unlock()
-	if err != nil {
-		return protocol.PushResponse{}, err
-	}
-	if hit {
-		s.quota.note(d.id, QuotaHistory, nowNS)
-	}
-	if err := ticket.Wait(ctx); err != nil {
-		return protocol.PushResponse{}, err
-	}
-	prof := pe.get()
-	if s.opts.OnPush != nil {
-		s.opts.OnPush(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: firmware, At: now, Seq: p.Seq, State: &p.State,
-			ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: moved})
-	}
-	if claim || (s.opts.Cluster != nil && len(p.Results) > 0) {
-		cmds = s.clusterCommandsOnPush(ctx, d, p.Results, claim, now)
-	}
-	resp := protocol.PushResponse{PushInterval: prof.PushInterval, Commands: cmds}
-	if err := s.saveCommands(ctx, cmdChanges); err != nil {
-		// Delivered in memory only: they expire without a result.
-		s.log.Warn("push: storing command states failed; commands not sent", "device", d.id, "err", err)
-		resp.Commands = nil
-	} else if len(p.Results) > 0 && s.opts.Cluster == nil {
-		s.closeJobsOf(ctx, p.Results, cmdChanges)
-	}
-	if n := len(resp.Commands); n > 0 { // their results are owed
-		d.mu.Lock()
-		d.owe(n)
-		d.mu.Unlock()
-	}
-	if Behind(p.ConfigVersion, prof.Version) {
-		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
-	}
-	resp.FirmwareUpdate = s.firmwareOnPush(d.id, firmware, p.FirmwareUpdate, now)
-	return resp, nil
-}
-
-// overQuota records a refused push and says when to come back.
-func (s *Service) overQuota(id uint64, wait time.Duration, now int64) error {
-	s.quota.note(id, QuotaPushRate, now)
-	return &QuotaError{DeviceID: id, RetryAfter: wait}
-}
-
-func sampleOf(id uint64, at time.Time, p *protocol.PushRequest) Sample {
-	st := &p.State
-	sm := Sample{
-		DeviceID: id, At: at, Seq: p.Seq, Uptime: st.Uptime, CPU: st.CPU, MemUsed: st.MemUsed,
-		MemTotal: st.MemTotal, DiskUsed: st.DiskUsed, DiskTotal: st.DiskTotal, Temperature: st.Temperature,
-	}
-	if len(st.Interfaces) > 0 {
-		var rx, tx uint64
-		for _, i := range st.Interfaces {
-			rx += i.RxBytes
-			tx += i.TxBytes
-		}
-		sm.RxBytes, sm.TxBytes = &rx, &tx
-	}
-	if g := st.Signal; g != nil {
-		sm.RSSI, sm.RSRP, sm.RSRQ, sm.SINR = g.RSSI, g.RSRP, g.RSRQ, g.SINR
-	}
-	return sm
 }
 
 // Filter selects devices. Zero fields match everything.

@@ -15,7 +15,7 @@ import (
 
 // setupAlerts starts the alert engine's state; the engine runs from Serve
 // (startAlerts).
-func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
+func (s *Server) setupAlerts(ctx context.Context) error {
 	var as alert.Store // nil: memory mode, kept in memory
 	if s.store != nil {
 		as = s.store
@@ -25,7 +25,7 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 		return err
 	}
 	s.smtpPassword = smtpPassword
-	opts := alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention, Hook: hook,
+	opts := alert.Options{Fleet: s.fleet, Store: as, Logger: s.log, Retention: s.cfg.HistoryRetention,
 		SecretKey: s.Secrets.settingsKey(), SMTPPassword: smtpPassword}
 	if s.node != nil {
 		// The leader alone raises alerts (docs/cluster.md); it checks
@@ -53,6 +53,9 @@ func (s *Server) setupAlerts(ctx context.Context, hook *alert.Hook) error {
 			}
 			return nil
 		})
+	}
+	if s.node != nil {
+		s.node.Forward(eng.OnPush) // other nodes' pushes, for the alert engine of the leader
 	}
 	s.m.reg.MustRegister(eng.Collector())
 	return nil

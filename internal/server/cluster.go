@@ -34,12 +34,6 @@ func (s *Server) joinCluster(ctx context.Context, opts *fleet.Options) error {
 	opts.Cluster = s.cstore
 	opts.ClusterRollouts = s.cstore
 	opts.RolloutDriver = n.Leader // the leader drives the rollouts (docs/firmware.md)
-	onPush := opts.OnPush
-	n.Forward(onPush) // other nodes' pushes, for the alert engine of the leader
-	opts.OnPush = func(ev fleet.PushEvent) {
-		onPush(ev)
-		n.OnPush(ev)
-	}
 	return nil
 }
 

@@ -277,22 +277,22 @@ func (a *api) push(r *http.Request) (any, error) {
 	if !ok {
 		return nil, errNoBearer
 	}
-	// A device over its quota was refused before (refuseOverQuota), which
-	// left the token looked up and hashed on the connection.
-	auth, ok := takePushAuth(r, token)
-	if !ok {
-		auth = a.fleet.LookUpToken(token)
+	req, err := decodePush(r)
+	if err != nil {
+		return nil, err
 	}
+	// admitPush authenticated and admitted it: r's context carries that.
+	return a.fleet.Push(r.Context(), token, req)
+}
+
+// decodePush reads and decodes a push's body.
+func decodePush(r *http.Request) (protocol.PushRequest, error) {
 	buf, err := readBody(r)
 	if err != nil {
-		return nil, err
+		return protocol.PushRequest{}, err
 	}
-	req, err := protocol.DecodePush(buf.Bytes())
-	putBuf(buf)
-	if err != nil {
-		return nil, err
-	}
-	return a.fleet.PushChecked(r.Context(), auth, req)
+	defer putBuf(buf)
+	return protocol.DecodePush(buf.Bytes())
 }
 
 func bearer(r *http.Request) (string, bool) {

@@ -9,9 +9,11 @@ import (
 	"github.com/drover/drover/internal/protocol"
 )
 
-// The quota check's token lookup is handed to the push on the same
-// connection only for the same token, and only once.
-func TestTakePushAuth(t *testing.T) {
+// The push's authentication, checked before the body is read, travels on
+// the request's context to the push handler: the request admitPush
+// returns carries it, for its own token only; the connection keeps
+// nothing of it for the next request.
+func TestPushAuthOnRequestContext(t *testing.T) {
 	ctx := context.Background()
 	f, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
@@ -25,33 +27,31 @@ func TestTakePushAuth(t *testing.T) {
 		return resp.Token
 	}
 	a, b := reg("m-a"), reg("m-b")
-	r := httptest.NewRequest("POST", protocol.PathPush, nil)
-	r = r.WithContext(withConnState(ctx, nil))
-	cs := r.Context().Value(connKey{}).(*connState)
-
-	if _, ok := takePushAuth(r, a); ok {
-		t.Fatal("a PushAuth before any quota check")
+	api := &api{fleet: f, m: newMetrics(), log: discardLogger()}
+	conn := withConnState(ctx, nil)
+	request := func(token string) *httptest.ResponseRecorder {
+		t.Helper()
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("POST", protocol.PathPush, nil).WithContext(conn)
+		r.Header.Set("Authorization", "Bearer "+token)
+		r2, refused := api.admitPush(w, r)
+		if refused {
+			t.Fatalf("token %q refused: %d %s", token, w.Code, w.Body)
+		}
+		if r2 == r || r2.Context().Value(connKey{}) == nil {
+			t.Fatal("the admitted request is not r with the connection's context and the authentication")
+		}
+		if _, err := f.Push(r2.Context(), token, protocol.PushRequest{RawState: []byte(`{}`)}); err != nil {
+			t.Fatalf("push with its authentication: %v", err)
+		}
+		if _, err := f.Push(r2.Context(), token+"x", protocol.PushRequest{RawState: []byte(`{}`)}); err == nil {
+			t.Fatal("a wrong token was accepted with another token's authentication")
+		}
+		return w
 	}
-	auth, err := f.CheckPush(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs.push = auth
-	if _, ok := takePushAuth(r, b); ok {
-		t.Fatal("token b got token a's PushAuth")
-	}
-	cs.push = auth
-	got, ok := takePushAuth(r, a)
-	if !ok || got.Token() != a {
-		t.Fatalf("token a: %v %q", ok, got.Token())
-	}
-	if _, ok := takePushAuth(r, a); ok {
-		t.Fatal("a PushAuth used twice")
-	}
-	if _, err := f.PushChecked(ctx, got, protocol.PushRequest{RawState: []byte(`{}`)}); err != nil {
-		t.Fatalf("push with the PushAuth: %v", err)
-	}
-	if _, err := f.PushChecked(ctx, f.LookUpToken(a+"x"), protocol.PushRequest{RawState: []byte(`{}`)}); err == nil {
-		t.Fatal("a wrong token's PushAuth was accepted")
+	request(a)
+	request(b) // same connection, another token
+	if conn.Value(connKey{}).(*connState).refused.Load() {
+		t.Fatal("connection marked refused")
 	}
 }

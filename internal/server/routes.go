@@ -46,9 +46,10 @@ type route struct {
 	query   []string     // the query parameters fn reads (fn routes only)
 	h       http.Handler // instead of fn: served as is
 	limited bool         // takes a device request slot (503 when none free)
-	// refuse answers the request before a slot is taken when it returns
-	// true (pushes over quota).
-	refuse func(w http.ResponseWriter, r *http.Request) bool
+	// refuse runs before a slot is taken: it answers the request when it
+	// returns true (pushes over quota), or returns the request to go on
+	// with (its context carries what it checked).
+	refuse func(w http.ResponseWriter, r *http.Request) (*http.Request, bool)
 	// stream: the handler bounds the body itself and may take up to
 	// -firmware-download-max (firmware uploads).
 	stream bool
@@ -75,7 +76,7 @@ func (a *api) table() []route {
 		// Device protocol (docs/protocol.md).
 		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.registerDevice, limited: true, outcomes: m.registrations, ok: regOK},
 		{method: "GET", path: protocol.PathConnect, endpoint: "connect", h: a.connectHandler()},
-		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.refuseOverQuota, outcomes: m.pushes, ok: pushOK},
+		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.admitPush, outcomes: m.pushes, ok: pushOK},
 
 		// Operator API (docs/operations.md).
 		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices, query: deviceListQuery},
@@ -261,8 +262,11 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 			return
 		}
 		// Not timed: a refused push may be held on purpose.
-		if rt.refuse != nil && rt.refuse(w, r) {
-			return
+		if rt.refuse != nil {
+			var refused bool
+			if r, refused = rt.refuse(w, r); refused {
+				return
+			}
 		}
 		start := time.Now()
 		defer func() { duration.Observe(time.Since(start).Seconds()) }()

@@ -199,13 +199,12 @@ func (s *Server) watchUpkeep() {
 // engine that watches it.
 func (s *Server) loadFleet(ctx context.Context) error {
 	start := time.Now()
-	hook := &alert.Hook{} // the engine is made after the fleet it watches
 	policy, err := parsePolicy(s.cfg.Admission)
 	if err != nil {
 		return err
 	}
 	opts := fleet.Options{
-		EnrollmentSecret: s.Secrets.EnrollmentSecret, DefaultPushInterval: s.cfg.PushInterval, Logger: s.log, OnPush: hook.OnPush,
+		EnrollmentSecret: s.Secrets.EnrollmentSecret, DefaultPushInterval: s.cfg.PushInterval, Logger: s.log,
 		Admission: policy, RequireCertificate: s.cfg.RequireClientCert,
 		Quotas: s.cfg.quotas(),
 	}
@@ -217,7 +216,17 @@ func (s *Server) loadFleet(ctx context.Context) error {
 		return err
 	}
 	s.m.watchFleet(s.fleet)
-	if err := s.setupAlerts(ctx, hook); err != nil {
+	s.fleet.Subscribe(fleet.Events{
+		CommandsQueued: s.hub.notify, // devices on /api/v1/connect push at once
+		DeviceMoved:    s.hub.notify,
+		ProfileChanged: func(profile uint64) {
+			go s.hub.notifyWhere(func(id uint64) bool { return s.fleet.ProfileOf(id) == profile })
+		},
+	})
+	if s.node != nil {
+		s.fleet.Subscribe(fleet.Events{Pushed: s.node.OnPush}) // published to the other nodes
+	}
+	if err := s.setupAlerts(ctx); err != nil {
 		return err
 	}
 	st := s.fleet.Stats()
@@ -260,10 +269,6 @@ func (s *Server) buildHandler(context.Context) error {
 		a.node = []string{s.cfg.ClusterNode()}
 	}
 	a.hub = s.hub
-	s.fleet.OnCommands(s.hub.notify)
-	s.fleet.OnProfileChange(func(profile uint64) {
-		go s.hub.notifyWhere(func(id uint64) bool { return s.fleet.ProfileOf(id) == profile })
-	})
 	s.stopHolds = make(chan struct{})
 	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}

@@ -35,26 +35,9 @@ const (
 type connState struct {
 	// refused: the last push on this connection was over quota.
 	refused atomic.Bool
-	// push is the token of the push being served looked up and hashed by
-	// refuseOverQuota, for push (takePushAuth). HTTP/1.1 only (the servers
-	// offer no HTTP/2): one request at a time per connection, on the
-	// connection's goroutine.
-	push fleet.PushAuth
 	// gated is the accept gate's record of the connection (gate.go);
 	// nil when it did not come through a gate.
 	gated *gatedConn
-}
-
-// takePushAuth returns the PushAuth refuseOverQuota left for token on r's
-// connection, and clears it.
-func takePushAuth(r *http.Request, token string) (fleet.PushAuth, bool) {
-	cs, _ := r.Context().Value(connKey{}).(*connState)
-	if cs == nil {
-		return fleet.PushAuth{}, false
-	}
-	a := cs.push
-	cs.push = fleet.PushAuth{}
-	return a, a.Token() == token
 }
 
 type connKey struct{}
@@ -132,12 +115,16 @@ func quotaBody(secs int) []byte {
 	return b
 }
 
-// refuseOverQuota answers a push over its device's quota; false when the
-// push goes on (including when it has no bearer token: push says so).
-func (a *api) refuseOverQuota(w http.ResponseWriter, r *http.Request) bool {
+// admitPush authenticates and admits a push before its body is read
+// (fleet.CheckPush) and answers it when it is over its device's quota
+// (true). Otherwise the push goes on with the request it returns, whose
+// context carries the authentication for the push handler (fleet.Push);
+// other refusals are the handler's to give, after the body is decoded.
+// A push without a bearer token goes on as it is: push says so.
+func (a *api) admitPush(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
 	token, ok := bearer(r)
 	if !ok {
-		return false
+		return r, false
 	}
 	auth, err := a.fleet.CheckPush(token)
 	cs, _ := r.Context().Value(connKey{}).(*connState)
@@ -145,9 +132,8 @@ func (a *api) refuseOverQuota(w http.ResponseWriter, r *http.Request) bool {
 	if !over {
 		if cs != nil {
 			cs.refused.Store(false)
-			cs.push = auth
 		}
-		return false
+		return r.WithContext(fleet.WithPushAuth(r.Context(), auth)), false
 	}
 	t := &a.tarpit
 	wait := qe.RetryAfter
@@ -173,5 +159,5 @@ func (a *api) refuseOverQuota(w http.ResponseWriter, r *http.Request) bool {
 	w.Write(body)
 	a.quota429.pushes.Inc()
 	a.quota429.errors.Inc()
-	return true
+	return r, true
 }

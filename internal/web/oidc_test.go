@@ -96,7 +96,7 @@ func TestOIDCLogin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Hook: &alert.Hook{}})
+	eng, err := alert.New(ctx, alert.Options{Fleet: fl})
 	if err != nil {
 		t.Fatal(err)
 	}

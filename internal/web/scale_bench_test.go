@@ -66,8 +66,7 @@ func benchTable(b *testing.B, st contract.Store, n int) {
 	start = time.Now()
 	wt := fleet.NewWriteThrough(st, 0, nil)
 	defer wt.Close(ctx)
-	hook := &alert.Hook{}
-	fl, err := fleet.New(ctx, fleet.StoresOf(st), wt, fleet.Options{EnrollmentSecret: "s", OnPush: hook.OnPush})
+	fl, err := fleet.New(ctx, fleet.StoresOf(st), wt, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -76,7 +75,7 @@ func benchTable(b *testing.B, st contract.Store, n int) {
 	if n, err := fl.AssignLabel(ctx, "north", fleet.Filter{Firmware: "6.2.1", Text: "7"}, false); err != nil || n == 0 {
 		b.Fatalf("label: %d %v", n, err)
 	}
-	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Store: st, Hook: hook})
+	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Store: st})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -42,12 +42,11 @@ type site struct {
 func newSite(t *testing.T, devices int) *site {
 	t.Helper()
 	ctx := context.Background()
-	hook := &alert.Hook{}
-	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60, OnPush: hook.OnPush})
+	fl, err := fleet.New(ctx, fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s", DefaultPushInterval: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := alert.New(ctx, alert.Options{Fleet: fl, Hook: hook})
+	eng, err := alert.New(ctx, alert.Options{Fleet: fl})
 	if err != nil {
 		t.Fatal(err)
 	}
