@@ -30,6 +30,7 @@ var commands = []cmd{
 	{"agent", "run the device agent (register, push state, apply configuration)", func(ctx context.Context, args []string, env command.Env) error {
 		return agentcmd.Run(ctx, "drover agent", args, env)
 	}},
+	{"tunnel", "forward a local port to a host and port as seen from a device (port forwarding)", tunnelCmd},
 	{"emulate", "emulate a fleet of devices against a server and measure it", emulate},
 	{"report", "render drover emulate results as text, Markdown or HTML", report_},
 	{"perf", "run the performance tests and write their protocols", perf_},

@@ -128,6 +128,9 @@ type Config struct {
 	ACMECacheDir     string
 	ACMEEmail        string
 	ACMECACert       string
+	// Tunnel bounds port forwarding sessions (tunnel.go,
+	// docs/remote-access.md).
+	Tunnel TunnelLimits
 }
 
 // DefaultCommitInterval is the default -commit-interval (docs/performance.md,
@@ -184,6 +187,7 @@ func DefaultConfig() Config {
 		RolloutInterval:         2 * time.Second,
 		FirmwareDownloadMax:     6 * time.Hour,
 		NATSURL:                 cluster.DefaultConfig().NATSURL,
+		Tunnel:                  DefaultTunnelLimits(),
 	}
 }
 
@@ -250,6 +254,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("-log-format must be text or json, not %q", c.LogFormat)
+	}
+	if err := c.Tunnel.check(); err != nil {
+		return err
 	}
 	if err := c.validateSecrets(); err != nil {
 		return err

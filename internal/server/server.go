@@ -252,6 +252,7 @@ func (s *Server) buildHandler(context.Context) error {
 		a.node = []string{s.cfg.ClusterNode()}
 	}
 	a.hub = s.hub
+	a.tunnels = newTunnels(s.cfg.Tunnel, s.hub)
 	s.fleet.OnCommands(s.hub.notify)
 	s.fleet.OnProfileChange(func(profile uint64) {
 		go s.hub.notifyWhere(func(id uint64) bool { return s.fleet.ProfileOf(id) == profile })
@@ -523,6 +524,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	<-s.pruneDone
 	<-cmdDone
 	s.hub.close()
+	if s.api != nil && s.api.tunnels != nil {
+		s.api.tunnels.close()
+	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
