@@ -35,80 +35,12 @@ func TestSeamTunnelAgentConnect(t *testing.T) {
 	lanAddr := strings.TrimPrefix(lan.URL, "http://")
 	_, lanPort, _ := net.SplitHostPort(lanAddr)
 
-	data := t.TempDir()
-	p := startServe(t, data, "--tunnel-max-per-device", "4")
-	base := "https://" + p.addr
-	var secrets struct {
-		Enroll string `json:"enrollment_secret"`
-		Admin  string `json:"admin_token"`
-	}
-	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &secrets); err != nil || secrets.Admin == "" {
-		t.Fatalf("secrets.json: %v", err)
-	}
-	caFile := filepath.Join(data, "tls", "cert.pem")
-	certPEM, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	defer c.CloseIdleConnections()
+	r := startTunnelRig(t, "127.0.0.1:"+lanPort, "--tunnel-max-per-device", "4")
+	base, caFile, dev, operator, viewer, agentLog := r.base, r.caFile, r.dev, r.operator, r.viewer, r.agentLog
 	api := func(path, body string, into any) int {
 		t.Helper()
-		return call(t, c, base+path, secrets.Admin, body, into)
+		return call(t, r.client, base+path, r.admin, body, into)
 	}
-	token := func(name, role string) string {
-		if st := api("/api/v1/users", fmt.Sprintf(`{"name":%q,"role":%q}`, name, role), &map[string]any{}); st != 201 {
-			t.Fatalf("user %s: %d", name, st)
-		}
-		var tok struct{ Token string }
-		if st := api("/api/v1/tokens", fmt.Sprintf(`{"user":%q,"name":"cli"}`, name), &tok); st != 201 {
-			t.Fatalf("token %s: %d", name, st)
-		}
-		return tok.Token
-	}
-	operator, viewer := token("olga", "operator"), token("vera", "viewer")
-
-	dir := t.TempDir()
-	root, _ := filepath.Abs("../../internal/agent/testdata/root")
-	agentCmd := exec.Command(droverBin, "agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
-		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-tunnel", "--root", root,
-		"--tunnel-allow", "127.0.0.1:"+lanPort)
-	var agentLog bytes.Buffer
-	agentCmd.Stdout, agentCmd.Stderr = &agentLog, &agentLog
-	if err := agentCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { agentCmd.Process.Kill(); agentCmd.Wait() })
-	connected := regexp.MustCompile(`(?m)^drover_device_connections 1$`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		req, _ := http.NewRequest("GET", base+"/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+secrets.Admin)
-		if resp, err := c.Do(req); err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if connected.Match(b) {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent did not connect within 30 s:\n%s", agentLog.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	var devices struct {
-		Devices []struct{ ID string }
-	}
-	if st := api("/api/v1/devices", "", &devices); st != 200 || len(devices.Devices) != 1 {
-		t.Fatalf("devices: %d %+v", st, devices)
-	}
-	dev := devices.Devices[0].ID
 
 	tunnelArgs := func(tok, spec string) []string {
 		return []string{"tunnel", "--server", base, "--token", tok, "--ca-cert", caFile, dev, spec}
@@ -157,7 +89,7 @@ func TestSeamTunnelAgentConnect(t *testing.T) {
 			After         map[string]any
 		}
 	}
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for api("/api/v1/audit?action=tunnel+end", "", &audit) == 200 && len(audit.Entries) < 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("audit rows of the sessions' ends: %+v", audit)
@@ -170,4 +102,94 @@ func TestSeamTunnelAgentConnect(t *testing.T) {
 			t.Errorf("audit row %+v", e)
 		}
 	}
+}
+
+// tunnelRig is a real drover serve and a real drover agent --connect with
+// an allow-list, and an operator's and a viewer's tokens.
+type tunnelRig struct {
+	serve                   *proc
+	base, caFile, dev       string
+	admin, operator, viewer string
+	client                  *http.Client
+	agent                   *exec.Cmd
+	agentLog                *bytes.Buffer
+}
+
+func startTunnelRig(t *testing.T, allow string, serveFlags ...string) *tunnelRig {
+	t.Helper()
+	data := t.TempDir()
+	p := startServe(t, data, serveFlags...)
+	base := "https://" + p.addr
+	var secrets struct {
+		Enroll string `json:"enrollment_secret"`
+		Admin  string `json:"admin_token"`
+	}
+	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &secrets); err != nil || secrets.Admin == "" {
+		t.Fatalf("secrets.json: %v", err)
+	}
+	caFile := filepath.Join(data, "tls", "cert.pem")
+	certPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	t.Cleanup(c.CloseIdleConnections)
+	api := func(path, body string, into any) int {
+		t.Helper()
+		return call(t, c, base+path, secrets.Admin, body, into)
+	}
+	token := func(name, role string) string {
+		if st := api("/api/v1/users", fmt.Sprintf(`{"name":%q,"role":%q}`, name, role), &map[string]any{}); st != 201 {
+			t.Fatalf("user %s: %d", name, st)
+		}
+		var tok struct{ Token string }
+		if st := api("/api/v1/tokens", fmt.Sprintf(`{"user":%q,"name":"cli"}`, name), &tok); st != 201 {
+			t.Fatalf("token %s: %d", name, st)
+		}
+		return tok.Token
+	}
+	operator, viewer := token("olga", "operator"), token("vera", "viewer")
+
+	dir := t.TempDir()
+	root, _ := filepath.Abs("../../internal/agent/testdata/root")
+	agentCmd := exec.Command(droverBin, "agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
+		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-tunnel", "--root", root,
+		"--tunnel-allow", allow)
+	agentLog := &bytes.Buffer{}
+	agentCmd.Stdout, agentCmd.Stderr = agentLog, agentLog
+	if err := agentCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { agentCmd.Process.Kill(); agentCmd.Wait() })
+	connected := regexp.MustCompile(`(?m)^drover_device_connections 1$`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequest("GET", base+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+secrets.Admin)
+		if resp, err := c.Do(req); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if connected.Match(b) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not connect within 30 s:\n%s", agentLog.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var devices struct {
+		Devices []struct{ ID string }
+	}
+	if st := api("/api/v1/devices", "", &devices); st != 200 || len(devices.Devices) != 1 {
+		t.Fatalf("devices: %d %+v", st, devices)
+	}
+	return &tunnelRig{serve: p, base: base, caFile: caFile, dev: devices.Devices[0].ID, admin: secrets.Admin,
+		operator: operator, viewer: viewer, client: c, agent: agentCmd, agentLog: agentLog}
 }

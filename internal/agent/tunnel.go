@@ -58,7 +58,7 @@ func (a *Agent) serveLink(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ws.SetReadLimit(1 << 20) // a yamux frame: at most one stream window
+	ws.SetReadLimit(tunnel.MaxMessage)
 	lctx, lcancel := context.WithCancel(ctx)
 	defer lcancel()
 	nc := websocket.NetConn(lctx, ws, websocket.MessageBinary)

@@ -329,7 +329,7 @@ func (a *api) tunnelLink(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // answered by Accept
 	}
-	ws.SetReadLimit(1 << 20) // a yamux frame: at most one stream window
+	ws.SetReadLimit(tunnel.MaxMessage)
 	ctx, cancel := context.WithCancel(context.Background())
 	nc := websocket.NetConn(ctx, ws, websocket.MessageBinary)
 	sess, err := yamux.Client(nc, tunnel.SessionConfig())

@@ -87,6 +87,16 @@ func ReadLine(r io.Reader, v any) error {
 	return nil
 }
 
+// StreamWindow is the most a stream may have in flight before its reader
+// takes it: a stream's buffer grows to it only when its reader lags (the
+// default 256 KiB held bulk transfers to a quarter of loopback's speed on
+// a busy machine).
+const StreamWindow = 2 << 20
+
+// MaxMessage bounds a link's WebSocket message: a yamux frame, at most one
+// window and its header.
+const MaxMessage = StreamWindow + 64
+
 // SessionConfig is the yamux configuration of both ends: keep-alives
 // every 30 s find a dead link, yamux logs nowhere (errors surface as the
 // session's end).
@@ -98,6 +108,7 @@ func SessionConfig() *yamux.Config {
 	c.StreamOpenTimeout = 30 * time.Second
 	c.StreamCloseTimeout = time.Minute
 	c.AcceptBacklog = 64
+	c.MaxStreamWindowSize = StreamWindow
 	return c
 }
 
@@ -125,7 +136,7 @@ func Pipe(a, b net.Conn, ab, ba *Counter) error {
 	}
 	cp := func(dst, src net.Conn, c *Counter) {
 		defer wg.Done()
-		buf := make([]byte, 32<<10)
+		buf := make([]byte, 64<<10)
 		for {
 			n, err := src.Read(buf)
 			if n > 0 {
