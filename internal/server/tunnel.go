@@ -69,8 +69,10 @@ type tunnels struct {
 	perDevice map[uint64]int
 	total     int
 	open      map[uint64]func() // session ID → ends it (server stopping)
-	stopped   bool
-	nextID    atomic.Uint64
+	// ended is done when every tracked session's end is in the audit log.
+	ended   sync.WaitGroup
+	stopped bool
+	nextID  atomic.Uint64
 }
 
 // tunnelLink is one device's yamux session.
@@ -259,13 +261,16 @@ func (t *tunnels) track(id uint64, end func()) bool {
 		return false
 	}
 	t.open[id] = end
+	t.ended.Add(1)
 	return true
 }
 
+// untrack forgets a tracked session once its end is recorded.
 func (t *tunnels) untrack(id uint64) {
 	t.mu.Lock()
 	delete(t.open, id)
 	t.mu.Unlock()
+	t.ended.Done()
 }
 
 // close ends every session and link (server shutdown).
@@ -286,6 +291,17 @@ func (t *tunnels) close() {
 	}
 	for _, l := range links {
 		l.sess.Close()
+	}
+	// The sessions' last audit rows are written before the store closes
+	// (bounded: a row that cannot be written is logged).
+	done := make(chan struct{})
+	go func() {
+		t.ended.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
 	}
 }
 
@@ -478,14 +494,19 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.record(r.Context(), who, r, "tunnel open", object, nil, auditJSON(rec))
-	rec.EndReason = a.pipeTunnel(id, op, st, l, &rec)
+	var tracked bool
+	rec.EndReason, tracked = a.pipeTunnel(id, op, st, l, &rec)
 	rec.EndedAt = time.Now().UTC()
 	a.record(r.Context(), who, r, "tunnel end", object, nil, auditJSON(rec))
+	if tracked {
+		a.tunnels.untrack(id)
+	}
 }
 
 // pipeTunnel carries one session until it ends, within the limits; it
-// returns why it ended and fills rec's byte counts.
-func (a *api) pipeTunnel(id uint64, op net.Conn, st *yamux.Stream, l *tunnelLink, rec *tunnelSession) string {
+// returns why it ended, fills rec's byte counts and says whether the
+// session is tracked (the caller untracks it once its end is recorded).
+func (a *api) pipeTunnel(id uint64, op net.Conn, st *yamux.Stream, l *tunnelLink, rec *tunnelSession) (string, bool) {
 	lim := a.tunnels.lim
 	var why atomic.Value
 	end := func(reason string) {
@@ -493,10 +514,10 @@ func (a *api) pipeTunnel(id uint64, op net.Conn, st *yamux.Stream, l *tunnelLink
 		op.Close()
 		st.Close()
 	}
-	if !a.tunnels.track(id, func() { end(tunnelStopping) }) {
+	tracked := a.tunnels.track(id, func() { end(tunnelStopping) })
+	if !tracked {
 		end(tunnelStopping)
 	}
-	defer a.tunnels.untrack(id)
 	up, down, last := tunnel.NewCounters()
 	done := make(chan struct{})
 	go func() {
@@ -524,15 +545,15 @@ func (a *api) pipeTunnel(id uint64, op net.Conn, st *yamux.Stream, l *tunnelLink
 	close(done)
 	rec.ToDevice, rec.FromDevice = up.N(), down.N()
 	if r, ok := why.Load().(string); ok {
-		return r
+		return r, tracked
 	}
 	if l.sess.IsClosed() {
-		return tunnelLinkLost
+		return tunnelLinkLost, tracked
 	}
 	if err != nil {
-		return tunnelClosed + ": " + err.Error()
+		return tunnelClosed + ": " + err.Error(), tracked
 	}
-	return tunnelClosed
+	return tunnelClosed, tracked
 }
 
 // agentRefusal is the API error of an agent's refusal.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/server"
+	"github.com/drover/drover/internal/server/servertest"
 	"github.com/drover/drover/internal/tunnel"
 )
 
@@ -285,5 +286,36 @@ func TestTunnelTotalLimit(t *testing.T) {
 	defer a.Close()
 	if _, err := r.operatorC.Dial(context.Background(), r.device, echo); apiCode(err) != "tunnel_limit" || !strings.Contains(err.Error(), "-tunnel-max-total") {
 		t.Fatalf("second session: %v, want the total limit", err)
+	}
+}
+
+// TestTunnelServerStopEndsSessions: a stopping server ends the open
+// sessions and writes their end to the audit log before its store closes.
+func TestTunnelServerStopEndsSessions(t *testing.T) {
+	echo := echoServer(t)
+	dir := t.TempDir()
+	r := startRig(t, echo, func(c *server.Config) { c.DataDir = dir })
+	c, err := r.operatorC.Dial(context.Background(), r.device, echo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, c); err != nil && !errors.Is(err, net.ErrClosed) {
+		t.Logf("read after stop: %v", err)
+	}
+	again := servertest.Start(t, servertest.Options{DataDir: dir})
+	var out struct{ Entries []auditEntry }
+	if st := again.Admin(t, "GET", "/api/v1/audit?action=tunnel+end", nil, &out); st != 200 || len(out.Entries) != 1 ||
+		out.Entries[0].After.EndReason != "server_stopping" || out.Entries[0].After.ToDevice != 4 || out.Entries[0].After.FromDevice != 4 {
+		t.Fatalf("audit after the restart: %d %+v", st, out.Entries)
 	}
 }
