@@ -253,6 +253,7 @@ func (s *Server) buildHandler(context.Context) error {
 	}
 	a.hub = s.hub
 	a.tunnels = newTunnels(s.cfg.Tunnel, s.hub)
+	a.tunnels.register(s.m.reg)
 	s.fleet.OnCommands(s.hub.notify)
 	s.fleet.OnProfileChange(func(profile uint64) {
 		go s.hub.notifyWhere(func(id uint64) bool { return s.fleet.ProfileOf(id) == profile })

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/drover/drover/internal/tunnel"
 	"github.com/hashicorp/yamux"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TunnelLimits bound port forwarding sessions (docs/remote-access.md).
@@ -69,10 +71,44 @@ type tunnels struct {
 	perDevice map[uint64]int
 	total     int
 	open      map[uint64]func() // session ID → ends it (server stopping)
+	m         tunnelMetrics
 	// ended is done when every tracked session's end is in the audit log.
 	ended   sync.WaitGroup
 	stopped bool
 	nextID  atomic.Uint64
+}
+
+// tunnelMetrics are the tunnels' counters (docs/operations.md#metrics).
+type tunnelMetrics struct {
+	ended   *prometheus.CounterVec // sessions ended, by reason
+	refused *prometheus.CounterVec // tunnels refused, by error code
+	bytes   *prometheus.CounterVec // bytes carried, by direction
+}
+
+// register adds the tunnels' metrics to reg.
+func (t *tunnels) register(reg prometheus.Registerer) {
+	t.m = tunnelMetrics{
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_tunnel_sessions_ended_total",
+			Help: "Port forwarding sessions ended, by reason."}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_tunnel_refused_total",
+			Help: "Port forwarding sessions refused, by error code."}, []string{"code"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_tunnel_bytes_total",
+			Help: "Bytes carried by port forwarding sessions: to_device, from_device."}, []string{"direction"}),
+	}
+	for _, r := range []string{tunnelClosed, tunnelIdle, tunnelMaxDuration, tunnelLinkLost, tunnelStopping} {
+		t.m.ended.WithLabelValues(r)
+	}
+	t.m.bytes.WithLabelValues("to_device")
+	t.m.bytes.WithLabelValues("from_device")
+	reg.MustRegister(t.m.ended, t.m.refused, t.m.bytes,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_tunnel_sessions", Help: "Port forwarding sessions open."},
+			func() float64 { return float64(t.openSessions()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_tunnel_links", Help: "Devices' tunnel links open."},
+			func() float64 {
+				t.mu.Lock()
+				defer t.mu.Unlock()
+				return float64(len(t.links))
+			}))
 }
 
 // tunnelLink is one device's yamux session.
@@ -425,6 +461,9 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 	object := "/api/v1/devices/" + strconv.FormatUint(dev, 10)
 	rec := tunnelSession{Destination: dest, StartedAt: time.Now().UTC()}
 	refuse := func(err error) {
+		if upgrade && a.tunnels.m.refused != nil {
+			a.tunnels.m.refused.WithLabelValues(answerError(err).code).Inc()
+		}
 		if upgrade {
 			rec.EndedAt, rec.EndReason = time.Now().UTC(), "refused: "+answerError(err).code
 			a.record(r.Context(), who, r, "tunnel refused", object, nil, auditJSON(rec))
@@ -497,6 +536,11 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 	var tracked bool
 	rec.EndReason, tracked = a.pipeTunnel(id, op, st, l, &rec)
 	rec.EndedAt = time.Now().UTC()
+	if m := a.tunnels.m; m.ended != nil {
+		m.ended.WithLabelValues(strings.SplitN(rec.EndReason, ":", 2)[0]).Inc()
+		m.bytes.WithLabelValues("to_device").Add(float64(rec.ToDevice))
+		m.bytes.WithLabelValues("from_device").Add(float64(rec.FromDevice))
+	}
 	a.record(r.Context(), who, r, "tunnel end", object, nil, auditJSON(rec))
 	if tracked {
 		a.tunnels.untrack(id)

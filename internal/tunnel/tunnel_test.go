@@ -108,6 +108,9 @@ func TestTunnelRefusals(t *testing.T) {
 		refused[0].Object != "/api/v1/devices/"+r.device {
 		t.Errorf("audit of refusals: %+v", refused)
 	}
+	if n := r.s.Metric("drover_tunnel_refused_total", map[string]string{"code": "destination_not_allowed"}); n != 3 {
+		t.Errorf("drover_tunnel_refused_total{code=destination_not_allowed} %v, want 3", n)
+	}
 	if err := r.viewerC.Check(ctx, r.device, echo); apiCode(err) != "forbidden" {
 		t.Errorf("viewer: %v, want forbidden", err)
 	}
@@ -144,6 +147,7 @@ func otherPort(port string) int {
 func TestTunnelTransfers(t *testing.T) {
 	echo := echoServer(t)
 	r := startRig(t, echo, nil)
+	var total int64
 	for _, size := range []int{1 << 20, 100 << 20} {
 		if testing.Short() && size > 1<<20 {
 			continue
@@ -187,6 +191,18 @@ func TestTunnelTransfers(t *testing.T) {
 		if open := r.audit(t, "tunnel open"); len(open) == 0 || open[0].After.Session != e.After.Session {
 			t.Errorf("no audit row for the session's opening: %+v", open)
 		}
+		total += int64(size)
+		for _, dir := range []string{"to_device", "from_device"} {
+			if n := r.s.Metric("drover_tunnel_bytes_total", map[string]string{"direction": dir}); n != float64(total) {
+				t.Errorf("drover_tunnel_bytes_total{direction=%q} %v, want %d", dir, n, total)
+			}
+		}
+	}
+	if n := r.s.Metric("drover_tunnel_sessions_ended_total", map[string]string{"reason": "closed"}); n != 2 && !testing.Short() {
+		t.Errorf("drover_tunnel_sessions_ended_total{reason=closed} %v, want 2", n)
+	}
+	if n := r.s.Metric("drover_tunnel_sessions", nil); n != 0 {
+		t.Errorf("drover_tunnel_sessions %v after the sessions ended", n)
 	}
 }
 
