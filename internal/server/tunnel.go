@@ -454,7 +454,8 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, rt, errBadTunnel)
 		return
 	}
-	if _, err := a.fleet.Device(r.Context(), dev); err != nil {
+	d, err := a.fleet.Device(r.Context(), dev)
+	if err != nil {
 		a.fail(w, rt, ifNotFound(err, "device "+strconv.FormatUint(dev, 10)))
 		return
 	}
@@ -469,6 +470,11 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 			a.record(r.Context(), who, r, "tunnel refused", object, nil, auditJSON(rec))
 		}
 		a.fail(w, rt, err)
+	}
+	if d.Admission != "" && d.Admission != "active" {
+		refuse(&apiError{status: http.StatusConflict, code: "device_not_active",
+			msg: fmt.Sprintf("device %d is %s: no tunnel reaches it", dev, d.Admission)})
+		return
 	}
 	id, release, err := a.tunnels.reserve(dev)
 	if err != nil {

@@ -56,6 +56,13 @@ func TestTunnelOldAgentsAndStrayDevices(t *testing.T) {
 	if err := op.Check(ctx, id, "127.0.0.1:22"); tunnelCode(err) != "device_not_connected" {
 		t.Fatalf("no connection: %v", err)
 	}
+	blockedID, _ := c.register("m-tunnel-blocked")
+	if st, _, out := c.do("POST", "/api/v1/devices/"+blockedID+"/block", s.AdminToken, nil); st != 200 {
+		t.Fatalf("block: %d %v", st, out)
+	}
+	if err := op.Check(ctx, blockedID, "127.0.0.1:22"); tunnelCode(err) != "device_not_active" || !strings.Contains(err.Error(), "blocked") {
+		t.Fatalf("blocked device: %v", err)
+	}
 
 	ws := dialConnect(t, s, token)
 	waitMetric(t, s, "drover_device_connections", 1)
