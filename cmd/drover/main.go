@@ -31,6 +31,7 @@ var commands = []cmd{
 		return agentcmd.Run(ctx, "drover agent", args, env)
 	}},
 	{"ctl", "operate a running server through its API: devices, profiles, labels, commands, rollouts, users", ctlCmd},
+	{"tunnel", "forward a local port to a host and port as seen from a device (port forwarding)", tunnelCmd},
 	{"emulate", "emulate a fleet of devices against a server and measure it", emulate},
 	{"report", "render drover emulate results as text, Markdown or HTML", report_},
 	{"perf", "run the performance tests and write their protocols", perf_},

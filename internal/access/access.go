@@ -31,6 +31,32 @@ const (
 
 var roleNames = [...]string{None: "none", Viewer: "viewer", Operator: "operator", Admin: "admin"}
 
+// Permission is something a role may do that its level alone does not
+// name; the permissions table below gives the least role of each.
+type Permission uint8
+
+const (
+	// RemoteAccess: open tunnels to the devices and the hosts behind them
+	// (port forwarding, docs/remote-access.md).
+	RemoteAccess Permission = iota + 1
+)
+
+// permissions is the least role of each permission.
+var permissions = map[Permission]Role{
+	RemoteAccess: Operator,
+}
+
+// Least is the least role that has p (Admin for an unknown permission).
+func (p Permission) Least() Role {
+	if r, ok := permissions[p]; ok {
+		return r
+	}
+	return Admin
+}
+
+// May says whether role r has permission p.
+func (r Role) May(p Permission) bool { return r >= p.Least() }
+
 func (r Role) String() string {
 	if int(r) < len(roleNames) {
 		return roleNames[r]

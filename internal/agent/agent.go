@@ -21,6 +21,7 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/fsutil"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/tunnel"
 )
 
 // Config is everything the agent can be told; Main fills it from flags.
@@ -49,6 +50,9 @@ type Config struct {
 	// Connect holds a persistent connection to the server, which then
 	// reaches the device within a second (connect.go).
 	Connect bool
+	// TunnelAllow is what the server may reach through this device when
+	// it asks for a tunnel (tunnel.go); empty: nothing.
+	TunnelAllow *tunnel.AllowList
 
 	Identity  Identity // empty fields are read from the system
 	MachineID string   // empty: the one kept in StateDir, derived once (identity.go)
@@ -138,6 +142,7 @@ type Agent struct {
 	// with, and the server's requests to push now.
 	connToken atomic.Value // string
 	nudges    chan struct{}
+	linkOpen  atomic.Bool // the tunnel link is open (tunnel.go)
 	bo        backoff
 	lock      *os.File
 	sleep     func(context.Context, time.Duration) bool // replaced in tests

@@ -57,11 +57,17 @@ func (a *Agent) holdConnection(ctx context.Context) {
 				break
 			}
 			var m struct{ Type string }
-			if json.Unmarshal(msg, &m) == nil && m.Type == "push" {
+			if json.Unmarshal(msg, &m) != nil {
+				continue
+			}
+			switch m.Type {
+			case "push":
 				select {
 				case a.nudges <- struct{}{}:
 				default:
 				}
+			case "tunnel":
+				a.openLink(ctx)
 			}
 		}
 		ws.CloseNow()

@@ -25,6 +25,7 @@ const (
 	operator                  // change the fleet
 	admin                     // users, tokens, credentials, settings
 	metricsReader             // any user, or the metrics token
+	remoteAccess              // access.RemoteAccess: tunnels to devices
 )
 
 // role is the least role a need asks for (None: no user needed).
@@ -36,6 +37,8 @@ func (n need) role() access.Role {
 		return access.Operator
 	case admin:
 		return access.Admin
+	case remoteAccess:
+		return access.RemoteAccess.Least()
 	}
 	return access.None
 }

@@ -129,6 +129,9 @@ type Config struct {
 	ACMECacheDir     string
 	ACMEEmail        string
 	ACMECACert       string
+	// Tunnel bounds port forwarding sessions (tunnel.go,
+	// docs/remote-access.md).
+	Tunnel TunnelLimits
 }
 
 // DefaultCommitInterval is the default -commit-interval (docs/performance.md,
@@ -185,6 +188,7 @@ func DefaultConfig() Config {
 		RolloutInterval:         2 * time.Second,
 		FirmwareDownloadMax:     6 * time.Hour,
 		NATSURL:                 cluster.DefaultConfig().NATSURL,
+		Tunnel:                  DefaultTunnelLimits(),
 	}
 }
 
@@ -251,6 +255,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("-log-format must be text or json, not %q", c.LogFormat)
+	}
+	if err := c.Tunnel.check(); err != nil {
+		return err
 	}
 	if err := c.validateSecrets(); err != nil {
 		return err

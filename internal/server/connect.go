@@ -134,6 +134,23 @@ func (h *hub) notify(id uint64) {
 	}
 }
 
+// ask writes msg, a text frame of at most 125 bytes, to the device's
+// connection (tunnel.go); false when it holds none or the write failed.
+func (h *hub) ask(id uint64, msg []byte) bool {
+	h.mu.Lock()
+	c := h.conns[id]
+	h.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	if c.write(opText, msg) != nil {
+		c.end(endWriteFailed)
+		c.nc.Close()
+		return false
+	}
+	return true
+}
+
 // notifyWhere tells every connected device for which match is true.
 func (h *hub) notifyWhere(match func(id uint64) bool) {
 	h.mu.Lock()

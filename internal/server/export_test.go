@@ -22,7 +22,7 @@ type RouteNeed struct{ Method, Path, Need string }
 // RouteNeeds lists the routes table with each route's need.
 func RouteNeeds() []RouteNeed {
 	a := &api{m: newMetrics()}
-	names := map[need]string{public: "public", viewer: "viewer", operator: "operator", admin: "admin", metricsReader: "metrics"}
+	names := map[need]string{public: "public", viewer: "viewer", operator: "operator", admin: "admin", metricsReader: "metrics", remoteAccess: "operator"}
 	var out []RouteNeed
 	for _, rt := range a.table() {
 		out = append(out, RouteNeed{rt.method, rt.path, names[rt.need]})

@@ -46,7 +46,8 @@ type api struct {
 	warnLimit rateLimiter
 	regLimit  *regLimiter // registrations; nil: unlimited
 	fw        firmwareFiles
-	hub       *hub // persistent connections; nil: none (connect.go)
+	hub       *hub     // persistent connections; nil: none (connect.go)
+	tunnels   *tunnels // port forwarding; nil: none (tunnel.go)
 
 	backend, persistence string // GET /api/v1/server (serverinfo.go)
 

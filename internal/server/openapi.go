@@ -58,7 +58,7 @@ func openAPI(table []route) map[string]any {
 
 var pathParam = regexp.MustCompile(`\{([a-z_]+)\}`)
 
-var needNames = map[need]string{public: "public", viewer: "viewer", operator: "operator", admin: "admin", metricsReader: "metrics"}
+var needNames = map[need]string{public: "public", viewer: "viewer", operator: "operator", admin: "admin", metricsReader: "metrics", remoteAccess: "operator"}
 
 func operation(rt route) map[string]any {
 	var params []any

@@ -27,6 +27,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/tunnel"
 	"github.com/drover/drover/internal/web"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -76,11 +77,13 @@ func (a *api) table() []route {
 		// Device protocol (docs/protocol.md).
 		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.registerDevice, limited: true, outcomes: m.registrations, ok: regOK},
 		{method: "GET", path: protocol.PathConnect, endpoint: "connect", h: a.connectHandler()},
+		{method: "GET", path: tunnel.PathLink, endpoint: "tunnel_link", h: a.tunnelLinkHandler()},
 		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.admitPush, outcomes: m.pushes, ok: pushOK},
 
 		// Operator API (docs/operations.md).
 		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices, query: deviceListQuery},
 		{method: "GET", path: "/api/v1/devices/{id}", need: viewer, fn: a.getDevice},
+		{method: "GET", path: "/api/v1/devices/{id}/tunnel", need: remoteAccess, endpoint: "tunnel", h: a.tunnelHandler(), query: q("to")},
 		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory, query: q("from", "to", "limit", "format")},
 		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve)},
 		{method: "POST", path: "/api/v1/devices/{id}/reject", need: operator, fn: a.admitDevice(fleet.Reject)},

@@ -269,6 +269,8 @@ func (s *Server) buildHandler(context.Context) error {
 		a.node = []string{s.cfg.ClusterNode()}
 	}
 	a.hub = s.hub
+	a.tunnels = newTunnels(s.cfg.Tunnel, s.hub)
+	a.tunnels.register(s.m.reg)
 	s.stopHolds = make(chan struct{})
 	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}
@@ -508,6 +510,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	<-s.pruneDone
 	<-cmdDone
 	s.hub.close()
+	if s.api != nil && s.api.tunnels != nil {
+		s.api.tunnels.close()
+	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var wg sync.WaitGroup

@@ -15,13 +15,14 @@ import (
 
 	"github.com/drover/drover/cmd/internal/command"
 	"github.com/drover/drover/internal/agent"
+	"github.com/drover/drover/internal/tunnel"
 )
 
 // Run runs the agent command under the program name prog.
 func Run(ctx context.Context, prog string, args []string, env command.Env) error {
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
-	var secretFile, interfaces, logFormat, logLevel, printPin string
+	var secretFile, interfaces, logFormat, logLevel, printPin, tunnelAllow string
 	var printMachineID bool
 	fs.StringVar(&cfg.Server, "server", "", "server URL, e.g. https://drover.example.com:8443 (required)")
 	fs.StringVar(&cfg.EnrollSecret, "enroll-secret", "", "enrollment secret of the server (needed to register)")
@@ -61,6 +62,7 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	fs.StringVar(&logs, "logs", "", "logs the read-log command may read: comma-separated NAME=PATH, e.g. messages=/var/log/messages")
 	fs.StringVar(&rebootCmd, "reboot-command", rebootCmd, "program and arguments (split at spaces, no shell) the reboot command runs")
 	fs.BoolVar(&cfg.Connect, "connect", false, "hold a persistent connection (WebSocket) to the server, which then reaches this device within a second; pushes go on as usual")
+	fs.StringVar(&tunnelAllow, "tunnel-allow", "", "destinations the server may reach through this device (port forwarding, needs --connect): comma-separated HOST:PORT, IP:PORT or CIDR:PORT, PORT a number, LO-HI or *; empty: none (docs/agent.md)")
 	fs.StringVar(&logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&printPin, "print-pin", "", "print the --pin-pubkey value of a PEM certificate file and exit")
@@ -118,6 +120,11 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	if err := commandFlags(&cfg, kinds, logs, rebootCmd); err != nil {
 		return command.Usage(err)
 	}
+	allow, err := tunnel.ParseAllowList(tunnelAllow)
+	if err != nil {
+		return command.Usage(err)
+	}
+	cfg.TunnelAllow = allow
 	log, _, err := command.NewLogger(env.Stderr, logFormat, logLevel)
 	if err != nil {
 		return err

@@ -1,0 +1,633 @@
+package server
+
+// Port forwarding (docs/remote-access.md). An operator's
+// GET /api/v1/devices/{id}/tunnel?to=HOST:PORT with "Upgrade:
+// drover-tunnel" becomes, after 101, a byte stream to HOST:PORT as seen
+// from the device. The server carries it on the device's tunnel link: a
+// yamux session over a WebSocket the agent opens (GET /api/v1/tunnel) when
+// the server asks on its persistent connection ({"type":"tunnel"}); one
+// link per device, one yamux stream per forwarded connection, closed a
+// minute after its last stream. The server only opens streams: a stream
+// the device opens ends the link. The agent decides from its own
+// allow-list what it reaches. Sessions are limited (per device, in total,
+// idle time, total time) and each is written to the audit log when it
+// opens, when it is refused and when it ends.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/drover/drover/internal/tunnel"
+	"github.com/hashicorp/yamux"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TunnelLimits bound port forwarding sessions (docs/remote-access.md).
+type TunnelLimits struct {
+	PerDevice   int           // open sessions per device
+	Total       int           // open sessions on this server
+	Idle        time.Duration // a session with no byte either way for this long ends
+	MaxDuration time.Duration // a session ends after this, busy or not
+	// Open is how long the device has to open its link when asked, and
+	// its agent to answer a stream's request.
+	Open time.Duration
+}
+
+// DefaultTunnelLimits are serve's defaults.
+func DefaultTunnelLimits() TunnelLimits {
+	return TunnelLimits{PerDevice: 8, Total: 256, Idle: 30 * time.Minute, MaxDuration: 8 * time.Hour, Open: 15 * time.Second}
+}
+
+// check validates the limits.
+func (l TunnelLimits) check() error {
+	if l.PerDevice < 1 || l.Total < 1 {
+		return errors.New("-tunnel-max-per-device and -tunnel-max-total must be at least 1")
+	}
+	if l.Idle < time.Second || l.MaxDuration < time.Second || l.Open < time.Second {
+		return errors.New("-tunnel-idle-timeout, -tunnel-max-duration and -tunnel-open-timeout must be at least 1s")
+	}
+	return nil
+}
+
+// tunnelLinkIdle is how long a link without streams stays open.
+var tunnelLinkIdle = time.Minute
+
+// tunnels holds the devices' links and the open sessions.
+type tunnels struct {
+	lim       TunnelLimits
+	hub       *hub
+	mu        sync.Mutex
+	links     map[uint64]*tunnelLink
+	waits     map[uint64]*linkWait
+	perDevice map[uint64]int
+	total     int
+	open      map[uint64]func() // session ID → ends it (server stopping)
+	m         tunnelMetrics
+	// ended is done when every tracked session's end is in the audit log.
+	ended   sync.WaitGroup
+	stopped bool
+	nextID  atomic.Uint64
+}
+
+// tunnelMetrics are the tunnels' counters (docs/operations.md#metrics).
+type tunnelMetrics struct {
+	ended   *prometheus.CounterVec // sessions ended, by reason
+	refused *prometheus.CounterVec // tunnels refused, by error code
+	bytes   *prometheus.CounterVec // bytes carried, by direction
+}
+
+// register adds the tunnels' metrics to reg.
+func (t *tunnels) register(reg prometheus.Registerer) {
+	t.m = tunnelMetrics{
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_tunnel_sessions_ended_total",
+			Help: "Port forwarding sessions ended, by reason."}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_tunnel_refused_total",
+			Help: "Port forwarding sessions refused, by error code."}, []string{"code"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_tunnel_bytes_total",
+			Help: "Bytes carried by port forwarding sessions: to_device, from_device."}, []string{"direction"}),
+	}
+	for _, r := range []string{tunnelClosed, tunnelIdle, tunnelMaxDuration, tunnelLinkLost, tunnelStopping} {
+		t.m.ended.WithLabelValues(r)
+	}
+	t.m.bytes.WithLabelValues("to_device")
+	t.m.bytes.WithLabelValues("from_device")
+	reg.MustRegister(t.m.ended, t.m.refused, t.m.bytes,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_tunnel_sessions", Help: "Port forwarding sessions open."},
+			func() float64 { return float64(t.openSessions()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_tunnel_links", Help: "Devices' tunnel links open."},
+			func() float64 {
+				t.mu.Lock()
+				defer t.mu.Unlock()
+				return float64(len(t.links))
+			}))
+}
+
+// tunnelLink is one device's yamux session.
+type tunnelLink struct {
+	dev     uint64
+	sess    *yamux.Session
+	streams int // open streams (under tunnels.mu)
+	idle    *time.Timer
+}
+
+// linkWait is a request for a device's link: done is closed when the link
+// arrived (link) or the request failed (err).
+type linkWait struct {
+	done    chan struct{}
+	link    *tunnelLink
+	err     error
+	expires time.Time
+}
+
+func newTunnels(lim TunnelLimits, h *hub) *tunnels {
+	return &tunnels{lim: lim, hub: h, links: map[uint64]*tunnelLink{}, waits: map[uint64]*linkWait{},
+		perDevice: map[uint64]int{}, open: map[uint64]func(){}}
+}
+
+var (
+	errTunnelLimit = func(msg string) error {
+		return &apiError{status: http.StatusTooManyRequests, code: "tunnel_limit", msg: msg, retryAfter: 10}
+	}
+	errNotConnected = &apiError{status: http.StatusConflict, code: "device_not_connected",
+		msg: "the device holds no persistent connection (its agent runs without --connect, or is offline): no tunnel can reach it"}
+	errNoLink = func(d time.Duration) error {
+		return &apiError{status: http.StatusGatewayTimeout, code: "device_no_tunnel",
+			msg: fmt.Sprintf("the device did not open its tunnel link within %v: its agent may not support tunnels (drover-agent before tunnels, or the shell agent)", d)}
+	}
+	errTunnelStopping = &apiError{status: http.StatusServiceUnavailable, code: "unavailable", msg: "the server is stopping", retryAfter: 10}
+	errNotRequested   = &apiError{status: http.StatusConflict, code: "tunnel_not_requested", msg: "the server did not ask this device for a tunnel link"}
+	errBadTunnel      = &apiError{status: http.StatusBadRequest, code: "invalid_upgrade",
+		msg: "a tunnel is opened with Connection: Upgrade and Upgrade: " + tunnel.UpgradeToken + " over HTTP/1.1 (drover tunnel); without them the request only checks"}
+)
+
+// reserve takes a session slot for device dev; release gives it back.
+func (t *tunnels) reserve(dev uint64) (id uint64, release func(), err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.stopped:
+		return 0, nil, errTunnelStopping
+	case t.total >= t.lim.Total:
+		return 0, nil, errTunnelLimit(fmt.Sprintf("this server has %d tunnel sessions open, its limit (-tunnel-max-total)", t.total))
+	case t.perDevice[dev] >= t.lim.PerDevice:
+		return 0, nil, errTunnelLimit(fmt.Sprintf("device %d has %d tunnel sessions open, the limit per device (-tunnel-max-per-device)", dev, t.perDevice[dev]))
+	}
+	t.total++
+	t.perDevice[dev]++
+	var once sync.Once
+	return t.nextID.Add(1), func() {
+		once.Do(func() {
+			t.mu.Lock()
+			t.total--
+			if t.perDevice[dev]--; t.perDevice[dev] == 0 {
+				delete(t.perDevice, dev)
+			}
+			t.mu.Unlock()
+		})
+	}, nil
+}
+
+// link is device dev's link, asking the device for one when it has none.
+func (t *tunnels) link(ctx context.Context, dev uint64) (*tunnelLink, error) {
+	t.mu.Lock()
+	if l := t.links[dev]; l != nil && !l.sess.IsClosed() {
+		t.mu.Unlock()
+		return l, nil
+	}
+	w := t.waits[dev]
+	ask := w == nil || time.Now().After(w.expires)
+	if ask {
+		w = &linkWait{done: make(chan struct{}), expires: time.Now().Add(t.lim.Open)}
+		t.waits[dev] = w
+	}
+	t.mu.Unlock()
+	if ask && !t.hub.ask(dev, tunnel.LinkMessage) {
+		t.mu.Lock()
+		if t.waits[dev] == w {
+			delete(t.waits, dev)
+		}
+		t.mu.Unlock()
+		w.err = errNotConnected
+		close(w.done)
+	}
+	timer := time.NewTimer(time.Until(w.expires))
+	defer timer.Stop()
+	select {
+	case <-w.done:
+		if w.err != nil {
+			return nil, w.err
+		}
+		return w.link, nil
+	case <-timer.C:
+		return nil, errNoLink(t.lim.Open)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// expected says whether the server asked dev for a link.
+func (t *tunnels) expected(dev uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w := t.waits[dev]
+	return w != nil && !t.stopped
+}
+
+// arrive registers dev's new link and hands it to those waiting.
+func (t *tunnels) arrive(dev uint64, sess *yamux.Session) *tunnelLink {
+	l := &tunnelLink{dev: dev, sess: sess}
+	t.mu.Lock()
+	if t.stopped {
+		t.mu.Unlock()
+		sess.Close()
+		return nil
+	}
+	old := t.links[dev]
+	t.links[dev] = l
+	w := t.waits[dev]
+	delete(t.waits, dev)
+	l.idle = time.AfterFunc(tunnelLinkIdle, func() { t.closeIdle(l) })
+	t.mu.Unlock()
+	if old != nil {
+		old.sess.Close()
+	}
+	if w != nil {
+		w.link = l
+		close(w.done)
+	}
+	return l
+}
+
+// gone forgets l once its session ended.
+func (t *tunnels) gone(l *tunnelLink) {
+	t.mu.Lock()
+	if t.links[l.dev] == l {
+		delete(t.links, l.dev)
+	}
+	t.mu.Unlock()
+	l.idle.Stop()
+}
+
+// closeIdle closes l if it has no stream.
+func (t *tunnels) closeIdle(l *tunnelLink) {
+	t.mu.Lock()
+	idle := l.streams == 0
+	t.mu.Unlock()
+	if idle {
+		l.sess.Close()
+	}
+}
+
+// openStream opens a stream on l.
+func (t *tunnels) openStream(l *tunnelLink) (*yamux.Stream, error) {
+	t.mu.Lock()
+	l.streams++
+	l.idle.Stop()
+	t.mu.Unlock()
+	st, err := l.sess.OpenStream()
+	if err != nil {
+		t.streamDone(l)
+		return nil, err
+	}
+	return st, nil
+}
+
+func (t *tunnels) streamDone(l *tunnelLink) {
+	t.mu.Lock()
+	if l.streams--; l.streams == 0 {
+		l.idle.Reset(tunnelLinkIdle)
+	}
+	t.mu.Unlock()
+}
+
+// track registers an open session's end func; false when stopping.
+func (t *tunnels) track(id uint64, end func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return false
+	}
+	t.open[id] = end
+	t.ended.Add(1)
+	return true
+}
+
+// untrack forgets a tracked session once its end is recorded.
+func (t *tunnels) untrack(id uint64) {
+	t.mu.Lock()
+	delete(t.open, id)
+	t.mu.Unlock()
+	t.ended.Done()
+}
+
+// close ends every session and link (server shutdown).
+func (t *tunnels) close() {
+	t.mu.Lock()
+	t.stopped = true
+	ends := make([]func(), 0, len(t.open))
+	for _, e := range t.open {
+		ends = append(ends, e)
+	}
+	links := make([]*tunnelLink, 0, len(t.links))
+	for _, l := range t.links {
+		links = append(links, l)
+	}
+	t.mu.Unlock()
+	for _, e := range ends {
+		e()
+	}
+	for _, l := range links {
+		l.sess.Close()
+	}
+	// The sessions' last audit rows are written before the store closes
+	// (bounded: a row that cannot be written is logged).
+	done := make(chan struct{})
+	go func() {
+		t.ended.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// openSessions is how many sessions are open.
+func (t *tunnels) openSessions() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.total
+}
+
+// tunnelLinkHandler is the device's GET /api/v1/tunnel: a WebSocket
+// carrying the yamux session, accepted only when the server asked.
+func (a *api) tunnelLinkHandler() http.Handler {
+	if a.tunnels == nil {
+		return nil
+	}
+	return http.HandlerFunc(a.tunnelLink)
+}
+
+func (a *api) tunnelLink(w http.ResponseWriter, r *http.Request) {
+	rt := &route{endpoint: "tunnel_link"}
+	token, ok := bearer(r)
+	if !ok {
+		a.fail(w, rt, errNoBearer)
+		return
+	}
+	dev, err := a.fleet.Authenticate(r.Context(), token)
+	if err != nil {
+		a.fail(w, rt, err)
+		return
+	}
+	if !a.tunnels.expected(dev) {
+		a.fail(w, rt, errNotRequested)
+		return
+	}
+	// The link outlives the server's read and write timeouts.
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Time{})
+	rc.SetWriteDeadline(time.Time{})
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	if err != nil {
+		return // answered by Accept
+	}
+	ws.SetReadLimit(tunnel.MaxMessage)
+	ctx, cancel := context.WithCancel(context.Background())
+	nc := websocket.NetConn(ctx, ws, websocket.MessageBinary)
+	sess, err := yamux.Client(nc, tunnel.SessionConfig())
+	if err != nil {
+		cancel()
+		nc.Close()
+		return
+	}
+	l := a.tunnels.arrive(dev, sess)
+	if l == nil {
+		cancel()
+		return
+	}
+	go func() {
+		defer cancel()
+		defer a.tunnels.gone(l)
+		defer sess.Close()
+		// The device side opens nothing toward the operator: a stream it
+		// opens ends the link.
+		if st, err := sess.AcceptStream(); err == nil {
+			st.Close()
+			a.log.Info("tunnel link closed: the device opened a stream", "device_id", dev)
+		}
+	}()
+}
+
+// tunnelSession is one operator session's audit record.
+type tunnelSession struct {
+	Session     uint64    `json:"session"`
+	Destination string    `json:"destination"`
+	StartedAt   time.Time `json:"started_at"`
+	EndedAt     time.Time `json:"ended_at,omitzero"`
+	ToDevice    int64     `json:"bytes_to_device"`
+	FromDevice  int64     `json:"bytes_from_device"`
+	EndReason   string    `json:"end_reason,omitempty"`
+}
+
+// Why a session ended, as the audit log says.
+const (
+	tunnelClosed      = "closed"       // either end closed its connection
+	tunnelIdle        = "idle_timeout" // -tunnel-idle-timeout
+	tunnelMaxDuration = "max_duration" // -tunnel-max-duration
+	tunnelLinkLost    = "link_lost"    // the device's link ended
+	tunnelStopping    = "server_stopping"
+)
+
+// tunnelHandler is the operator's GET /api/v1/devices/{id}/tunnel.
+func (a *api) tunnelHandler() http.Handler {
+	if a.tunnels == nil {
+		return nil
+	}
+	return http.HandlerFunc(a.openTunnel)
+}
+
+func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
+	rt := &route{endpoint: "tunnel"}
+	who, _ := actorOf(r)
+	dev, err := pathID(r)
+	if err != nil {
+		a.fail(w, rt, err)
+		return
+	}
+	dest := r.URL.Query().Get("to")
+	if _, _, err := tunnel.SplitDestination(dest); err != nil {
+		a.fail(w, rt, badField("to: "+err.Error()))
+		return
+	}
+	upgrade := headerHas(r.Header, "Connection", "upgrade")
+	if upgrade && (!headerHas(r.Header, "Upgrade", tunnel.UpgradeToken) || r.ProtoMajor != 1) {
+		a.fail(w, rt, errBadTunnel)
+		return
+	}
+	d, err := a.fleet.Device(r.Context(), dev)
+	if err != nil {
+		a.fail(w, rt, ifNotFound(err, "device "+strconv.FormatUint(dev, 10)))
+		return
+	}
+	object := "/api/v1/devices/" + strconv.FormatUint(dev, 10)
+	rec := tunnelSession{Destination: dest, StartedAt: time.Now().UTC()}
+	refuse := func(err error) {
+		if upgrade && a.tunnels.m.refused != nil {
+			a.tunnels.m.refused.WithLabelValues(answerError(err).code).Inc()
+		}
+		if upgrade {
+			rec.EndedAt, rec.EndReason = time.Now().UTC(), "refused: "+answerError(err).code
+			a.record(r.Context(), who, r, "tunnel refused", object, nil, auditJSON(rec))
+		}
+		a.fail(w, rt, err)
+	}
+	if d.Admission != "" && d.Admission != "active" {
+		refuse(&apiError{status: http.StatusConflict, code: "device_not_active",
+			msg: fmt.Sprintf("device %d is %s: no tunnel reaches it", dev, d.Admission)})
+		return
+	}
+	id, release, err := a.tunnels.reserve(dev)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	defer release()
+	rec.Session = id
+	lim := a.tunnels.lim
+	l, err := a.tunnels.link(r.Context(), dev)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	st, err := a.tunnels.openStream(l)
+	if err != nil {
+		refuse(&apiError{status: http.StatusBadGateway, code: "device_no_tunnel", msg: "the device's tunnel link failed: " + err.Error()})
+		return
+	}
+	defer a.tunnels.streamDone(l)
+	var ans tunnel.Answer
+	st.SetDeadline(time.Now().Add(lim.Open))
+	err = tunnel.WriteLine(st, tunnel.Request{To: dest, Check: !upgrade})
+	if err == nil {
+		err = tunnel.ReadLine(st, &ans)
+	}
+	st.SetDeadline(time.Time{})
+	if err != nil {
+		st.Close()
+		refuse(&apiError{status: http.StatusGatewayTimeout, code: "device_no_tunnel", msg: "the device did not answer the tunnel request: " + err.Error()})
+		return
+	}
+	if ans.Error != "" {
+		st.Close()
+		refuse(agentRefusal(ans))
+		return
+	}
+	if !upgrade {
+		st.Close()
+		writeJSON(w, http.StatusOK, map[string]any{"device_id": strconv.FormatUint(dev, 10), "to": dest, "allowed": true})
+		return
+	}
+	nc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		st.Close()
+		a.fail(w, rt, err)
+		return
+	}
+	nc.SetDeadline(time.Time{})
+	var op net.Conn = nc
+	if n := brw.Reader.Buffered(); n > 0 { // the client's first bytes, sent early
+		op = &bufferedConn{Conn: nc, r: brw.Reader}
+	}
+	answer := "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + tunnel.UpgradeToken + "\r\n" +
+		"X-Drover-Tunnel-Session: " + strconv.FormatUint(id, 10) + "\r\n"
+	if a.node != nil {
+		answer += "X-Drover-Node: " + a.node[0] + "\r\n"
+	}
+	if _, err := nc.Write([]byte(answer + "\r\n")); err != nil {
+		nc.Close()
+		st.Close()
+		return
+	}
+	a.record(r.Context(), who, r, "tunnel open", object, nil, auditJSON(rec))
+	var tracked bool
+	rec.EndReason, tracked = a.pipeTunnel(id, op, st, l, &rec)
+	rec.EndedAt = time.Now().UTC()
+	if m := a.tunnels.m; m.ended != nil {
+		m.ended.WithLabelValues(strings.SplitN(rec.EndReason, ":", 2)[0]).Inc()
+		m.bytes.WithLabelValues("to_device").Add(float64(rec.ToDevice))
+		m.bytes.WithLabelValues("from_device").Add(float64(rec.FromDevice))
+	}
+	a.record(r.Context(), who, r, "tunnel end", object, nil, auditJSON(rec))
+	if tracked {
+		a.tunnels.untrack(id)
+	}
+}
+
+// pipeTunnel carries one session until it ends, within the limits; it
+// returns why it ended, fills rec's byte counts and says whether the
+// session is tracked (the caller untracks it once its end is recorded).
+func (a *api) pipeTunnel(id uint64, op net.Conn, st *yamux.Stream, l *tunnelLink, rec *tunnelSession) (string, bool) {
+	lim := a.tunnels.lim
+	var why atomic.Value
+	end := func(reason string) {
+		why.CompareAndSwap(nil, reason)
+		op.Close()
+		st.Close()
+	}
+	tracked := a.tunnels.track(id, func() { end(tunnelStopping) })
+	if !tracked {
+		end(tunnelStopping)
+	}
+	up, down, last := tunnel.NewCounters()
+	done := make(chan struct{})
+	go func() {
+		tick := min(lim.Idle, lim.MaxDuration) / 10
+		t := time.NewTicker(max(tick, 10*time.Millisecond))
+		defer t.Stop()
+		deadline := time.Now().Add(lim.MaxDuration)
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				switch {
+				case now.After(deadline):
+					end(tunnelMaxDuration)
+					return
+				case now.Sub(time.Unix(0, last.Load())) >= lim.Idle:
+					end(tunnelIdle)
+					return
+				}
+			}
+		}
+	}()
+	err := tunnel.Pipe(op, st, up, down)
+	close(done)
+	rec.ToDevice, rec.FromDevice = up.N(), down.N()
+	if r, ok := why.Load().(string); ok {
+		return r, tracked
+	}
+	if l.sess.IsClosed() {
+		return tunnelLinkLost, tracked
+	}
+	if err != nil {
+		return tunnelClosed + ": " + err.Error(), tracked
+	}
+	return tunnelClosed, tracked
+}
+
+// agentRefusal is the API error of an agent's refusal.
+func agentRefusal(ans tunnel.Answer) error {
+	switch ans.Error {
+	case tunnel.CodeNotAllowed, tunnel.CodeOff:
+		return &apiError{status: http.StatusForbidden, code: "destination_not_allowed", msg: "the device refused: " + ans.Message}
+	case tunnel.CodeUnreachable:
+		return &apiError{status: http.StatusBadGateway, code: "destination_unreachable", msg: "the device could not connect: " + ans.Message}
+	}
+	return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: "the device refused the request: " + ans.Message}
+}
+
+// bufferedConn reads the bytes already buffered first.
+type bufferedConn struct {
+	net.Conn
+	r interface{ Read([]byte) (int, error) }
+}
+
+func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
