@@ -45,6 +45,7 @@ func TestImportLayers(t *testing.T) {
 		"internal/hostinfo":          {},
 		"internal/logcat":            {},
 		"internal/netlab":            {},
+		"internal/testwait":          {},
 		"internal/alert":             {"internal/fleet", "internal/protocol", "internal/alert"},
 		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert", "internal/render", "internal/web/sessions", "internal/access"},
 		"internal/web/sessions":      {},
