@@ -4,6 +4,8 @@
 package testwait
 
 import (
+	"bytes"
+	"sync"
 	"testing"
 	"time"
 )
@@ -37,4 +39,24 @@ func For(t testing.TB, timeout time.Duration, what string, cond func() bool) tim
 		t.Fatalf("timed out after %v waiting for %s", timeout, what)
 	}
 	return time.Since(start)
+}
+
+// Buffer holds what another goroutine writes (a child process's output, a
+// log) while the test reads it, typically in a condition it waits for.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

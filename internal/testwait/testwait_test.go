@@ -53,3 +53,18 @@ func TestForFails(t *testing.T) {
 		t.Fatal("For failed on a condition that held")
 	}
 }
+
+// A Buffer is read while another goroutine writes it (go test -race).
+func TestBufferReadWhileWritten(t *testing.T) {
+	t.Parallel()
+	var b Buffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 100 {
+			b.Write([]byte("x"))
+		}
+	}()
+	For(t, 5*time.Second, "100 bytes written", func() bool { return len(b.String()) == 100 })
+	<-done
+}
