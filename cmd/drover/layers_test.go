@@ -9,6 +9,7 @@ import (
 
 // The import rules of docs/architecture.md, checked on the real graph.
 func TestImportLayers(t *testing.T) {
+	t.Parallel()
 	const mod = "github.com/drover/drover/"
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../../...").Output()
 	if err != nil {
