@@ -87,7 +87,7 @@ func TestLimitsOnThisHost(t *testing.T) {
 			t.Errorf("remove: %v", err)
 		}
 	})
-	// The helper takes 8 MB once told it has been moved.
+	// The child takes 8 MB once told it has been moved.
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldMemory$")
 	cmd.Env = append(os.Environ(), "DROVER_HOSTINFO_HOLD=1")
 	moved, err := cmd.StdinPipe()
