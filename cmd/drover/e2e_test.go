@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 var droverBin string
@@ -49,7 +50,7 @@ func TestMain(m *testing.M) {
 type proc struct {
 	cmd    *exec.Cmd
 	addr   string
-	stdout *bytes.Buffer
+	stdout *testwait.Buffer
 	exited chan error
 	logMu  sync.Mutex
 	log    []string // stderr lines so far
@@ -70,7 +71,7 @@ func startServe(t *testing.T, dataDir string, extra ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(droverBin, append([]string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0"}, extra...)...)
 	stderr, _ := cmd.StderrPipe()
-	p := &proc{cmd: cmd, stdout: &bytes.Buffer{}, exited: make(chan error, 1)}
+	p := &proc{cmd: cmd, stdout: &testwait.Buffer{}, exited: make(chan error, 1)}
 	cmd.Stdout = p.stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -139,12 +140,11 @@ func call(t *testing.T, c *http.Client, url, token, body string, into any) int {
 // The real binary, over real HTTPS with a plain client: register, push,
 // SIGTERM, restart, and everything acknowledged is still there.
 func TestServeEndToEnd(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	p := startServe(t, data)
-	if !strings.Contains(p.stdout.String(), "enrollment secret:") {
-		// stdout is written before listening; give the pipe a moment.
-		time.Sleep(100 * time.Millisecond)
-	}
+	// stdout is written before listening; the pipe may still carry it.
+	testwait.Until(5*time.Second, func() bool { return strings.Contains(p.stdout.String(), "enrollment secret:") })
 	var secrets struct{ EnrollmentSecret, AdminToken string }
 	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
 	if err != nil {
@@ -205,6 +205,7 @@ func TestServeEndToEnd(t *testing.T) {
 }
 
 func TestCLIErrors(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"nonsense"}, {"serve", "--no-such-flag"}, {"serve", "--persistence", "maybe"}} {
 		out, err := exec.Command(droverBin, args...).CombinedOutput()
 		ee, ok := err.(*exec.ExitError)

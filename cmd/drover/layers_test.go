@@ -9,6 +9,7 @@ import (
 
 // The import rules of docs/architecture.md, checked on the real graph.
 func TestImportLayers(t *testing.T) {
+	t.Parallel()
 	const mod = "github.com/drover/drover/"
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../../...").Output()
 	if err != nil {
@@ -48,6 +49,7 @@ func TestImportLayers(t *testing.T) {
 		"internal/logcat":            {},
 		"internal/netlab":            {},
 		"internal/ctl":               {}, // the operator API over HTTP only
+		"internal/testwait":          {},
 		"internal/alert":             {"internal/fleet", "internal/protocol", "internal/alert"},
 		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert", "internal/render", "internal/sessions", "internal/access", "internal/httpclose"},
 		"internal/sessions":          {},

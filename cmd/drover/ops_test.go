@@ -24,6 +24,7 @@ func TestVersionFromBuildInfo(t *testing.T) {
 // drover backup copies a running server's data directory; drover
 // healthcheck says whether it answers.
 func TestBackupAndHealthcheckCommands(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	p := startServe(t, data)
 	if out, err := exec.Command(droverBin, "healthcheck", "--listen", p.addr).CombinedOutput(); err != nil {

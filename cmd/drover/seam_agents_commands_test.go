@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/agent/shelltest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // The agents × commands seam, through the real binaries: `drover serve`,
@@ -128,8 +129,7 @@ echo "$2 is $3"
 		})
 	}
 	ids := map[string]string{} // agent name -> device ID
-	deadline := time.Now().Add(60 * time.Second)
-	for len(ids) < len(runs) {
+	if !testwait.Until(60*time.Second, func() bool {
 		var list struct {
 			Devices []struct {
 				ID        string `json:"id"`
@@ -143,10 +143,9 @@ echo "$2 is $3"
 				ids[strings.TrimPrefix(d.MachineID, "seam-")] = d.ID
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("registered and pushed within 60 s: %v of %d agents", ids, len(runs))
-		}
-		time.Sleep(100 * time.Millisecond)
+		return len(ids) == len(runs)
+	}) {
+		t.Fatalf("registered and pushed within 60 s: %v of %d agents", ids, len(runs))
 	}
 
 	type copyView struct {
@@ -182,10 +181,7 @@ echo "$2 is $3"
 	jobDone := func(who, id string) {
 		t.Helper()
 		var j jobView
-		until := time.Now().Add(time.Second)
-		for api("/api/v1/commands/"+id, "", &j) == 200 && j.State != "done" && time.Now().Before(until) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		testwait.Until(time.Second, func() bool { return api("/api/v1/commands/"+id, "", &j) != 200 || j.State == "done" })
 		if j.State != "done" {
 			t.Errorf("%s: job %s is %q with counts %v after its last copy ended", who, id, j.State, j.Counts)
 		}
@@ -202,24 +198,20 @@ echo "$2 is $3"
 		go func() {
 			defer wg.Done()
 			var list struct{ Commands []copyView }
-			until := time.Now().Add(3*interval*time.Second + 10*time.Second)
-			for {
+			ended := 0
+			if !testwait.Until(3*interval*time.Second+10*time.Second, func() bool {
 				list.Commands = nil
 				api("/api/v1/devices/"+id+"/commands", "", &list)
-				ended := 0
+				ended = 0
 				for _, cp := range list.Commands {
 					if cp.State != "queued" && cp.State != "delivered" {
 						ended++
 					}
 				}
-				if ended == chainLen {
-					break
-				}
-				if time.Now().After(until) {
-					t.Errorf("%s: %d of %d chained commands ended: %+v", r.name, ended, chainLen, list.Commands)
-					return
-				}
-				time.Sleep(50 * time.Millisecond)
+				return ended == chainLen
+			}) {
+				t.Errorf("%s: %d of %d chained commands ended: %+v", r.name, ended, chainLen, list.Commands)
+				return
 			}
 			for _, cp := range list.Commands {
 				checkCopy(r.name, cp)
@@ -246,16 +238,11 @@ echo "$2 is $3"
 		t.Fatalf("bulk send: %d", st)
 	}
 	var j jobView
-	until := time.Now().Add(2*interval*time.Second + 10*time.Second)
-	for {
+	if !testwait.Until(2*interval*time.Second+10*time.Second, func() bool {
 		api("/api/v1/commands/"+bulk.ID, "", &j)
-		if j.Total == len(runs) && j.Counts["succeeded"]+j.Counts["failed"]+j.Counts["expired"]+j.Counts["cancelled"] == j.Total {
-			break
-		}
-		if time.Now().After(until) {
-			t.Fatalf("bulk job: %+v", j)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return j.Total == len(runs) && j.Counts["succeeded"]+j.Counts["failed"]+j.Counts["expired"]+j.Counts["cancelled"] == j.Total
+	}) {
+		t.Fatalf("bulk job: %+v", j)
 	}
 	jobDone("bulk", bulk.ID)
 	var copies struct{ Commands []copyView }

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	_ "modernc.org/sqlite"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // seamClient talks to one drover serve over HTTPS as the operator (the
@@ -120,6 +122,7 @@ func (s *seamClient) must(want int, method, path, token string, body, into any) 
 // same, every firmware file downloads byte for byte, the devices' tokens
 // and the operator's admin token work, and the rollout goes on.
 func TestSeamBackupRestoresEveryKindOfData(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	p := startServe(t, src, "--quota-push-rate", "0")
 	s := newSeamClient(t, src, p.addr)
@@ -229,15 +232,8 @@ func TestSeamBackupRestoresEveryKindOfData(t *testing.T) {
 	}
 	s.must(201, "POST", "/api/v1/rollouts", s.admin, map[string]any{"firmware_id": big, "waves": []string{"100%"}}, &ro)
 	rollout, _ := ro.ID.Int64()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if ans := push(devs[0], nil); ans["firmware_update"] != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the rollout offered no firmware within 20 s")
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !testwait.Until(20*time.Second, func() bool { return push(devs[0], nil)["firmware_update"] != nil }) {
+		t.Fatal("the rollout offered no firmware within 20 s")
 	}
 	push(devs[0], map[string]any{"firmware_update": map[string]any{"rollout": rollout, "state": "downloading", "progress": 4096}})
 	// Rollout progress is written at the rollout's next turn
@@ -247,19 +243,15 @@ func TestSeamBackupRestoresEveryKindOfData(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		var state string
-		var progress int64
+	var state string
+	var progress int64
+	if !testwait.Until(20*time.Second, func() bool {
 		db.QueryRow(`SELECT state, progress FROM rollout_devices WHERE device_id = ?`, devs[0].ID).Scan(&state, &progress)
 		// The device may be stored as downloading (the download started)
 		// a turn before its reported progress is.
-		if state == "downloading" && progress == 4096 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the download's progress was not stored within 20 s (state %q, progress %d)", state, progress)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return state == "downloading" && progress == 4096
+	}) {
+		t.Fatalf("the download's progress was not stored within 20 s (state %q, progress %d)", state, progress)
 	}
 
 	// Back up the running server; restore into a directory that does not
@@ -377,6 +369,7 @@ func TestSeamBackupRestoresEveryKindOfData(t *testing.T) {
 // byte changed, naming the file; it writes nothing. A server started on
 // such a directory warns at start that firmware files are missing.
 func TestSeamBackupRestoreRefusesAnIncompleteBackup(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	p := startServe(t, src)
 	s := newSeamClient(t, src, p.addr)

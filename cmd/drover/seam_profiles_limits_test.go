@@ -73,6 +73,7 @@ func (s *seamServer) do(t *testing.T, method, path, body string, into any) int {
 // holds (as stored, reordered, re-indented) does not make the real agent
 // apply it again, and its device stays synchronized.
 func TestSeamProfilesAgentUnchangedConfig(t *testing.T) {
+	t.Parallel()
 	s := startSeamServer(t)
 	dir := t.TempDir()
 	applied := filepath.Join(dir, "applied.log")
@@ -146,6 +147,7 @@ func TestSeamProfilesAgentUnchangedConfig(t *testing.T) {
 // at once and the connection closed, on the device routes, an operator
 // route and a firmware upload.
 func TestSeamBodyLimitTLS(t *testing.T) {
+	t.Parallel()
 	s := startSeamServer(t)
 	var reg struct{ Token string }
 	body := fmt.Sprintf(`{"machine_id":"seam-limit-1","device_type":"ICR-3241","firmware":"6.3.5","enrollment_secret":%q}`, s.secret)
@@ -197,6 +199,7 @@ func TestSeamBodyLimitTLS(t *testing.T) {
 // Alerts × rule changes: through the real binary, disabling a rule clears
 // its active alert with the documented reason, as deleting one does.
 func TestSeamAlertsRuleDisable(t *testing.T) {
+	t.Parallel()
 	s := startSeamServer(t)
 	var rule map[string]any
 	if st := s.do(t, "POST", "/api/v1/alerts/rules", `{"name":"hot","kind":"temperature_above","threshold":50}`, &rule); st != 201 {

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // quotaPrompt is how long a push the server asked for may take to arrive:
@@ -131,12 +133,8 @@ func (s *quotaSeam) api(method, path, body string, want int, into any) {
 // within polls cond until it holds, for at most d.
 func (s *quotaSeam) within(d time.Duration, what string, cond func() bool) {
 	s.t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testwait.Until(d, cond) {
+		s.t.Fatalf("%s: not within %v", what, d)
 	}
 }
 
@@ -286,6 +284,7 @@ func (s *quotaSeam) goAgent(state string, n int) *proc {
 // connection, then a configuration change: each command is delivered at
 // once, each result accepted, never a 429.
 func TestSeamQuotaCommandsOverConnection(t *testing.T) {
+	t.Parallel()
 	s := newQuotaSeam(t)
 	s.goAgent(t.TempDir(), 1)
 	s.registered()
@@ -309,6 +308,7 @@ func TestSeamQuotaCommandsOverConnection(t *testing.T) {
 // within a minute, three times over, then rebooted by a command: never a
 // 429, never an offender.
 func TestSeamQuotaRestartsAppliesAndResults(t *testing.T) {
+	t.Parallel()
 	s := newQuotaSeam(t)
 	state := t.TempDir()
 	a := s.goAgent(state, 1)
@@ -347,6 +347,7 @@ func TestSeamQuotaRestartsAppliesAndResults(t *testing.T) {
 // gets a new configuration and a command, it applies one, runs the other
 // and reports both at once. Four rounds, nine pushes: never a 429.
 func TestSeamQuotaShellAgent(t *testing.T) {
+	t.Parallel()
 	bb, err := exec.LookPath("busybox")
 	if err == nil {
 		_, err = exec.LookPath("curl")

@@ -133,6 +133,7 @@ func leaks(t *testing.T, dir string, secrets ...string) []string {
 // files unchanged asks for no restart; secrets rotated in their files are
 // in force after SIGHUP, the old ones refused.
 func TestSeamFileSecretsFirstStartReloadLogs(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	names := []string{"enrollment-secret", "admin-token", "metrics-token", "smtp-password"}
@@ -224,6 +225,7 @@ func TestSeamFileSecretsFirstStartReloadLogs(t *testing.T) {
 // One secret given (the admin token, by environment), the other
 // generated: only the generated one is printed and kept in secrets.json.
 func TestSeamFileSecretsMixedFirstStart(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	const admin = "given-admin-token-0123456789"
 	p := startSecretServe(t, data, []string{"DROVER_ADMIN_TOKEN=" + admin})

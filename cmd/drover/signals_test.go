@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // writeCert writes a fresh self-signed certificate for 127.0.0.1 and
@@ -121,6 +123,7 @@ func servedSerial(t *testing.T, addr string) *big.Int {
 // certificate, changes its log level, keeps the old certificate when the
 // new files are bad, and SIGTERM still drains and exits 0.
 func TestSIGHUPReloadsUnderTraffic(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	old := writeCert(t, certFile, keyFile)
@@ -177,9 +180,7 @@ func TestSIGHUPReloadsUnderTraffic(t *testing.T) {
 			}
 		}()
 	}
-	for ok.Load() < 20 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, 60*time.Second, "20 registrations before SIGHUP", func() bool { return ok.Load() >= 20 })
 
 	// A new certificate and a new log level.
 	next := writeCert(t, certFile, keyFile)
@@ -192,9 +193,7 @@ func TestSIGHUPReloadsUnderTraffic(t *testing.T) {
 		t.Fatalf("after SIGHUP: served serial %v, want %v", got, next.SerialNumber)
 	}
 	before := ok.Load()
-	for ok.Load() < before+20 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, 60*time.Second, "20 more registrations after SIGHUP", func() bool { return ok.Load() >= before+20 })
 
 	// Broken files: the reload fails, says so, and the certificate stays.
 	os.WriteFile(certFile, []byte("not a certificate"), 0o644)
@@ -204,9 +203,7 @@ func TestSIGHUPReloadsUnderTraffic(t *testing.T) {
 		t.Fatalf("after a failed reload: served serial %v, want %v", got, next.SerialNumber)
 	}
 	before = ok.Load()
-	for ok.Load() < before+20 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, 60*time.Second, "20 more registrations after the failed reload", func() bool { return ok.Load() >= before+20 })
 	close(stop)
 	wg.Wait()
 	if n := failed.Load(); n != 0 {
@@ -228,6 +225,7 @@ func TestSIGHUPReloadsUnderTraffic(t *testing.T) {
 // The agents do not die on SIGHUP: they log it, keep running and still
 // stop cleanly on SIGTERM.
 func TestAgentsSurviveSIGHUP(t *testing.T) {
+	t.Parallel()
 	agentBin := filepath.Join(filepath.Dir(droverBin), "drover-agent")
 	build := exec.Command("go", "build", "-o", agentBin, "../drover-agent")
 	if out, err := build.CombinedOutput(); err != nil {

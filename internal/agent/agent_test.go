@@ -309,6 +309,7 @@ func TestAgentReportsHookFailureWithoutRetryingAtOnce(t *testing.T) {
 }
 
 func TestAgentHookProblems(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, hook string
 		timeout    time.Duration
@@ -611,6 +612,7 @@ func TestAgentCollectorCommand(t *testing.T) {
 }
 
 func TestAgentStateDirIsExclusive(t *testing.T) {
+	t.Parallel()
 	f := newFakeServer(t)
 	cfg := testConfig(t, f)
 	a, err := New(cfg)

@@ -18,6 +18,7 @@ import (
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // deviceView is the part of the operator API's device the tests read.
@@ -120,13 +121,7 @@ func (r *realServer) register(machineID, deviceType, firmware, deviceKey string)
 
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.For(t, timeout, what, cond)
 }
 
 // countingListener stands in for a server that is down: it accepts TCP
@@ -135,13 +130,8 @@ func countingListener(t testing.TB, addr string) (stop func() int64) {
 	t.Helper()
 	var ln net.Listener
 	var err error
-	for i := 0; i < 50; i++ { // the old server's socket may take a moment to go
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
+	// The old server's socket may take a moment to go.
+	if !testwait.Until(time.Second, func() bool { ln, err = net.Listen("tcp", addr); return err == nil }) {
 		t.Fatal(err)
 	}
 	var n atomic.Int64
@@ -266,6 +256,8 @@ func TestEndToEndGoAgent(t *testing.T) {
 	}
 	seqBefore = d.Seq
 	stop := countingListener(t, addr)
+	// The outage's length is what the attempts are counted over: a wait
+	// for a condition would not bound them.
 	time.Sleep(3 * time.Second)
 	attempts := stop()
 	// Delays of at least 0.1, 0.2, 0.4, 0.5, 0.5 … s: at most about 8 in 3 s.

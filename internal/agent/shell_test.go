@@ -286,6 +286,8 @@ func testShellAgentEndToEnd(t *testing.T, sh shellEnv) {
 	}
 	seqBefore = d.Seq
 	stop := countingListener(t, addr)
+	// The outage's length is what the attempts are counted over: a wait
+	// for a condition would not bound them.
 	time.Sleep(4 * time.Second)
 	attempts := stop()
 	// Delays of at least 1, 1, 1 … s (min 1, max 2, half of it at least).

@@ -18,6 +18,7 @@ import (
 // The agent's key exchange follows its setting against a server that offers
 // both (crypto/tls defaults: hybrid first).
 func TestTLSKeyExchange(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	srv.StartTLS()
 	defer srv.Close()
@@ -51,6 +52,7 @@ func TestTLSKeyExchange(t *testing.T) {
 // server's ticket (at TLS 1.2 too, where --tls-max-version 1.2 on either
 // side lands).
 func TestTLSKeyExchangeAndResumptionWithServer(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		server, agent       string
 		serverMax, agentMax string

@@ -23,17 +23,12 @@ import (
 	"time"
 
 	"github.com/drover/drover/internal/alert"
+	"github.com/drover/drover/internal/testwait"
 )
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, 10*time.Second, what, cond)
 }
 
 func run(t *testing.T, e *env) {

@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 var (
@@ -94,14 +95,15 @@ func (n *natsServer) start() {
 	if err := n.cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
-	for range 100 {
-		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.port)); err == nil {
+	if !testwait.Until(5*time.Second, func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.port))
+		if err == nil {
 			c.Close()
-			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil
+	}) {
+		n.t.Fatal("nats-server did not listen")
 	}
-	n.t.Fatal("nats-server did not listen")
 }
 
 func (n *natsServer) stop() {
@@ -142,7 +144,9 @@ func startNode(t *testing.T, name, dsn, natsURL string, extra ...string) *node {
 		t.Fatal(err)
 	}
 	addr := make(chan string, 1)
+	scanned := make(chan struct{}) // closed once the log is read to its end
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -159,7 +163,10 @@ func startNode(t *testing.T, name, dsn, natsURL string, extra ...string) *node {
 	case a := <-addr:
 		n.base = "http://" + a
 	case err := <-n.exited:
-		time.Sleep(100 * time.Millisecond)
+		select { // the last log lines
+		case <-scanned:
+		case <-time.After(5 * time.Second):
+		}
 		t.Fatalf("node %s exited early: %v\n%s", name, err, n.logs())
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
@@ -275,11 +282,8 @@ func (n *node) metric(name string) float64 {
 func within(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testwait.Until(limit, cond) {
+		t.Fatalf("%s: not within %v", what, limit)
 	}
 	return time.Since(start)
 }
@@ -731,7 +735,7 @@ func TestCluster(t *testing.T) {
 		within(t, 30*time.Second, "the cpu alert", func() bool {
 			cpu(a)
 			cpu(b)
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // paces the pushes while the alert is awaited
 			return events(a, hot.DeviceID)["hot"] > 0
 		})
 		within(t, 30*time.Second, "the offline alert", func() bool { return events(b, silent.DeviceID)["gone"] > 0 })
@@ -739,7 +743,9 @@ func TestCluster(t *testing.T) {
 			cpu(a)
 			cpu(b)
 		}
-		time.Sleep(6 * time.Second) // more than a check of every node
+		// No duplicate may appear: nothing to wait for but more than a
+		// check of every node.
+		time.Sleep(6 * time.Second)
 		for _, n := range []*node{a, b} {
 			// Every node counts the active alerts, leader or not.
 			st, body := n.do("GET", "/api/v1/alerts?state=active", adminToken, "")
@@ -863,6 +869,8 @@ func keepsPushing(t *testing.T, on *node, view []*node) {
 		}
 		return st == 200 && json.Unmarshal(body, &d) == nil && d.Liveness == "online"
 	}
+	// The device pushes every 300 ms for 12 s: the pacing is what is
+	// tested (no offline alert while it pushes), not a wait.
 	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
 		if st, body := on.push(r.Token); st != 200 {
 			t.Fatalf("push on %s: %d %s", on.name, st, body)
@@ -943,7 +951,9 @@ func pushesCostNoReads(t *testing.T, dsn string, a, b *node) {
 	within(t, 3*time.Second, "B took A's pushes as summaries", func() bool {
 		return b.metric("drover_cluster_push_summaries_applied_total") >= summaries+5
 	})
-	time.Sleep(time.Second) // a poll or four, the alert engine's flushes
+	// Nothing may be written: no condition to wait for, only a poll or
+	// four and the alert engine's flushes.
+	time.Sleep(time.Second)
 	if got := count("cluster_changes"); got != changes {
 		t.Errorf("30 pushes wrote %d change log rows, want 0", got-changes)
 	}

@@ -152,7 +152,13 @@ func TestClusterCommands(t *testing.T) {
 		for i := range 6 {
 			devs = append(devs, b.mustRegister(fmt.Sprintf("m-cmd-race-%d", i)))
 		}
-		time.Sleep(converge) // C, where the bulk jobs are made, knows them
+		within(t, converge, "C, where the bulk jobs are made, knows the devices", func() bool {
+			st, body := c.do("GET", "/api/v1/devices?q=m-cmd-race", adminToken, "")
+			var v struct {
+				Devices []json.RawMessage `json:"devices"`
+			}
+			return st == 200 && json.Unmarshal(body, &v) == nil && len(v.Devices) == len(devs)
+		})
 		for round := range 5 {
 			// One device's command, then a bulk one for every device.
 			single := a.send(fmt.Sprintf(`{"kind":"hook","args":["r%d"],"device_id":%q}`, round, devs[0].DeviceID))
@@ -160,7 +166,16 @@ func TestClusterCommands(t *testing.T) {
 			if bulk.Total != len(devs) {
 				t.Fatalf("bulk job targets %d devices, want %d", bulk.Total, len(devs))
 			}
-			time.Sleep(300 * time.Millisecond) // every node has read the jobs
+			within(t, converge, "A and B know the jobs", func() bool {
+				for _, n := range []*node{a, b} {
+					for _, id := range []string{single.ID, bulk.ID} {
+						if st, _ := n.do("GET", "/api/v1/commands/"+id, adminToken, ""); st != 200 {
+							return false
+						}
+					}
+				}
+				return true
+			})
 			var mu sync.Mutex
 			delivered := map[string]int{} // device/job -> deliveries
 			deadline := time.Now().Add(5 * time.Second)
@@ -208,7 +223,14 @@ func TestClusterCommands(t *testing.T) {
 		if st, body := b.do("POST", "/api/v1/commands/"+j.ID+"/pause", adminToken, ""); st != 200 || !strings.Contains(string(body), `"paused"`) {
 			t.Fatalf("pause on B: %d %s", st, body)
 		}
-		time.Sleep(300 * time.Millisecond)
+		within(t, converge, "every node knows the job paused", func() bool {
+			for _, n := range nodes {
+				if n.job(j.ID).State != "paused" {
+					return false
+				}
+			}
+			return true
+		})
 		for _, n := range nodes {
 			if ids := n.pushWith(d.Token, ""); count(ids, j.ID) != 0 {
 				t.Fatalf("a paused job's command delivered on %s", n.name)

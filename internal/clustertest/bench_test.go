@@ -190,7 +190,7 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 	quiet := l.snapshot(t)
 	m.dbPerDevice = float64(quiet.dbSize) / float64(devices)
 	idle := envDuration(t, "DROVER_BENCH_IDLE", "10s")
-	time.Sleep(idle)
+	time.Sleep(idle) // the idle window is what is measured
 	quiet2 := l.snapshot(t)
 	for i := range l.nodes {
 		m.idleNode += float64((quiet2.nodeTicks[i]-quiet.nodeTicks[i])*msPerTick) / idle.Seconds() / float64(n)
@@ -235,7 +235,7 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 	m.wal = float64(after.walLSN-before.walLSN) / p
 	// Where the database's work goes: rows per push by table (the
 	// statistics lag by up to a second: an indication, not a count).
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the statistics' lag: nothing to poll for
 	final := l.snapshot(t)
 	m.changeRows = float64(final.changes-before.changes) / p
 	m.deviceReads = float64(final.deviceReads-before.deviceReads) / p

@@ -173,7 +173,7 @@ func (l *lab) pauseNATS(t *testing.T) {
 	extra := map[string]int64{} // the test's own accepted pushes from here on, by node
 	before := l.counters()
 	em := l.emulate(fleet, "--interval", interval.String(), "--duration", "18s", "--max-retry-wait", "10s")
-	time.Sleep(4 * time.Second)
+	time.Sleep(4 * time.Second) // the scenario: 4 s of load, then the fault
 	if err := l.nats.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func (l *lab) pauseNATS(t *testing.T) {
 			l.nats.Process.Signal(syscall.SIGCONT)
 		}
 	}()
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the changes below fall well inside the pause
 
 	rotated, blocked, deleted, valid := probes[0], probes[1], probes[2], probes[3]
 	oldToken := rotated.token
@@ -250,6 +250,8 @@ func (l *lab) pauseNATS(t *testing.T) {
 		}
 		return allExact
 	}
+	// 5 s of the pause, a round of probe pushes every 200 ms: the pacing
+	// is part of the load the counts are checked against.
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
 		round(false)
 		time.Sleep(200 * time.Millisecond)
@@ -265,7 +267,7 @@ func (l *lab) pauseNATS(t *testing.T) {
 			converged = time.Since(resumed)
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the same pacing as during the pause
 	}
 	if converged < 0 {
 		t.Errorf("15 s after NATS came back the nodes still do not all answer exactly: %v", seen)
@@ -326,11 +328,11 @@ func (l *lab) restartPostgres(t *testing.T) {
 				mu.Lock()
 				answers = append(answers, answer{st, ra, node, k, time.Now(), body})
 				mu.Unlock()
-				time.Sleep(50 * time.Millisecond)
+				time.Sleep(50 * time.Millisecond) // a probe push every 50 ms: load, not a wait
 			}
 		}()
 	}
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // the scenario: 5 s of load, then the fault
 	stopping := time.Now()
 	if err := l.pg.Stop(); err != nil {
 		// Killed: go on, so it restarts for the next scenario.
@@ -338,7 +340,7 @@ func (l *lab) restartPostgres(t *testing.T) {
 	}
 	down := time.Now()
 	t.Logf("PostgreSQL took %v to stop (fast shutdown)", down.Sub(stopping).Round(time.Millisecond))
-	time.Sleep(4 * time.Second)
+	time.Sleep(4 * time.Second) // the outage's length is the scenario
 	if err := l.pg.Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +404,7 @@ func (l *lab) killNode(t *testing.T) {
 	before := l.counters()
 	_, samplesBefore := l.stored()
 	em := l.emulate(fleet, "--interval", interval.String(), "--duration", "20s", "--max-retry-wait", "10s")
-	time.Sleep(6 * time.Second)
+	time.Sleep(6 * time.Second) // the scenario: 6 s of load, then the kill
 	lastScrape, err := l.accepted(victim)
 	if err != nil {
 		t.Fatal(err)
@@ -411,8 +413,8 @@ func (l *lab) killNode(t *testing.T) {
 	killed := time.Now()
 	resumeAfter := killed
 	if len(l.nodes) == 1 {
-		time.Sleep(time.Second)
-		l.start(victim) // its counters start again from 0
+		time.Sleep(time.Second) // the only node stays down a second: the outage
+		l.start(victim)         // its counters start again from 0
 		resumeAfter = time.Now()
 	}
 	sum, acks := em.wait(t)

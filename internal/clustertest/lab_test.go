@@ -23,7 +23,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -34,6 +33,7 @@ import (
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/netlab"
 	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // The lab: every host is a network namespace with one veth on a bridge in
@@ -127,7 +127,7 @@ type lab struct {
 	lbPort  int
 	lbURL   string
 	haproxy *exec.Cmd
-	lbLog   *logBuf
+	lbLog   *testwait.Buffer
 }
 
 // newLab sets up the network, PostgreSQL and NATS; nodes and HAProxy come
@@ -213,7 +213,7 @@ func (l *lab) startNATS() {
 	h := l.natsHost
 	args := append(h.Exec(), sbin("nats-server"), "-a", h.IP, "-p", "4222", "-js", "-sd", filepath.Join(l.dir, "nats"))
 	cmd := exec.Command(args[0], args[1:]...)
-	log := &logBuf{}
+	log := &testwait.Buffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -234,24 +234,6 @@ func waitTCP(addr string, limit time.Duration) error { return netlab.WaitTCP(add
 
 // ---- nodes ----
 
-// logBuf collects a process's output.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func tail(s string) string {
 	if len(s) > 3000 {
 		return "…" + s[len(s)-3000:]
@@ -266,7 +248,7 @@ type node struct {
 	data   string
 	url    string
 	cmd    *exec.Cmd
-	log    *logBuf
+	log    *testwait.Buffer
 	exited chan error
 }
 
@@ -301,7 +283,7 @@ func (l *lab) start(nd *node) {
 		args = append(args, "--cluster", "--nats-url", l.natsURL)
 	}
 	cmd := exec.Command(args[0], args[1:]...)
-	nd.log = &logBuf{}
+	nd.log = &testwait.Buffer{}
 	cmd.Stdout, cmd.Stderr = nd.log, nd.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -310,10 +292,9 @@ func (l *lab) start(nd *node) {
 	nd.cmd, nd.exited = cmd, make(chan error, 1)
 	go func() { nd.exited <- cmd.Wait() }()
 	l.t.Cleanup(func() { cmd.Process.Kill() })
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	if !testwait.Until(60*time.Second, func() bool {
 		if st, _, _ := l.get(nd, "/readyz", ""); st == 200 {
-			return
+			return true
 		}
 		select {
 		case err := <-nd.exited:
@@ -321,10 +302,9 @@ func (l *lab) start(nd *node) {
 			l.t.Fatalf("node %s exited: %v\n%s", nd.name, err, tail(nd.log.String()))
 		default:
 		}
-		if time.Now().After(deadline) {
-			l.t.Fatalf("node %s not ready within 60 s\n%s", nd.name, tail(nd.log.String()))
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		l.t.Fatalf("node %s not ready within 60 s\n%s", nd.name, tail(nd.log.String()))
 	}
 }
 
@@ -381,7 +361,7 @@ func (l *lab) startHAProxy() {
 		l.t.Fatal(err)
 	}
 	cmd := exec.Command(sbin("haproxy"), "-db", "-f", path)
-	l.lbLog = &logBuf{}
+	l.lbLog = &testwait.Buffer{}
 	cmd.Stdout, cmd.Stderr = l.lbLog, l.lbLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -402,16 +382,14 @@ func (l *lab) startHAProxy() {
 		l.t.Fatalf("haproxy: %v\n%s", err, l.lbLog)
 	}
 	// Wait until its first health checks found every node up.
-	deadline := time.Now().Add(30 * time.Second)
 	seen := map[string]bool{}
-	for len(seen) < len(l.nodes) {
-		if time.Now().After(deadline) {
-			l.t.Fatalf("through HAProxy only %v of %d nodes answered within 30 s\n%s", seen, len(l.nodes), l.lbLog)
-		}
+	if !testwait.Until(30*time.Second, func() bool {
 		if st, node, _, _ := l.do(l.lbURL, "GET", "/readyz", "", ""); st == 200 {
 			seen[node] = true
 		}
-		time.Sleep(20 * time.Millisecond)
+		return len(seen) == len(l.nodes)
+	}) {
+		l.t.Fatalf("through HAProxy only %v of %d nodes answered within 30 s\n%s", seen, len(l.nodes), l.lbLog)
 	}
 }
 
@@ -488,7 +466,7 @@ type emulation struct {
 	cmd  *exec.Cmd
 	out  string
 	acks string
-	log  *logBuf
+	log  *testwait.Buffer
 	done chan error
 }
 
@@ -496,7 +474,7 @@ type emulation struct {
 // credentials file keeps tokens and sequence numbers between runs).
 func (l *lab) emulate(devices int, args ...string) *emulation {
 	l.t.Helper()
-	e := &emulation{out: filepath.Join(l.dir, fmt.Sprintf("emulate-%d.jsonl", time.Now().UnixNano())), log: &logBuf{}, done: make(chan error, 1)}
+	e := &emulation{out: filepath.Join(l.dir, fmt.Sprintf("emulate-%d.jsonl", time.Now().UnixNano())), log: &testwait.Buffer{}, done: make(chan error, 1)}
 	e.acks = e.out + ".acks"
 	all := append([]string{"emulate", "--target", l.lbURL, "--ca-cert", l.cert, "--secret", secret,
 		"--devices", strconv.Itoa(devices), "--seed", l.id, "--credentials", filepath.Join(l.dir, "creds.jsonl"),

@@ -10,6 +10,7 @@ import (
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // A rollout to emulated devices: real bytes from the real server at a
@@ -39,16 +40,14 @@ func TestFirmwareRolloutToEmulatedDevices(t *testing.T) {
 		done <- out{sum, err}
 	}()
 	deadline := time.Now().Add(20 * time.Second)
-	for {
+	online := 0
+	if !testwait.Until(time.Until(deadline), func() bool {
 		var list struct{ Devices []json.RawMessage }
 		api("GET", "/api/v1/devices?liveness=online&limit=100", nil, &list)
-		if len(list.Devices) == devices {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d devices online", len(list.Devices), devices)
-		}
-		time.Sleep(100 * time.Millisecond)
+		online = len(list.Devices)
+		return online == devices
+	}) {
+		t.Fatalf("%d of %d devices online", online, devices)
 	}
 	img := make([]byte, size)
 	rand.Read(img)
@@ -62,12 +61,10 @@ func TestFirmwareRolloutToEmulatedDevices(t *testing.T) {
 		State  string
 		Counts map[string]int
 	}
-	for api("GET", "/api/v1/rollouts/1", nil, &ro); ro.State != "done"; api("GET", "/api/v1/rollouts/1", nil, &ro) {
-		if time.Since(deadline) > 0 && time.Since(deadline) > 5*time.Second {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testwait.Until(time.Until(deadline.Add(5*time.Second)), func() bool {
+		api("GET", "/api/v1/rollouts/1", nil, &ro)
+		return ro.State == "done"
+	})
 	o := <-done
 	if o.err != nil {
 		t.Fatal(o.err)

@@ -115,6 +115,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 }
 
 func TestRetriesRunOut(t *testing.T) {
+	t.Parallel()
 	f := newFake(t, false)
 	f.onPush = func(w http.ResponseWriter, machine string, call int) bool {
 		w.Header().Set("Retry-After", "0")
@@ -176,6 +177,7 @@ func TestWrongSecret(t *testing.T) {
 
 // Seed 000: their emulator never re-registered after a failed registration.
 func TestFleetRegistersAgainAfterFailure(t *testing.T) {
+	t.Parallel()
 	f := newFake(t, false)
 	f.onRegister = func(w http.ResponseWriter, machine string, call int) bool {
 		if call == 1 {
@@ -219,7 +221,7 @@ func TestDropsAreClassified(t *testing.T) {
 			c, _, _ := w.(http.Hijacker).Hijack()
 			c.Close()
 			return true
-		case 3: // too slow
+		case 3: // too slow: past the 300 ms timeout under test
 			time.Sleep(700 * time.Millisecond)
 		}
 		return false
@@ -320,7 +322,7 @@ func TestRampFindsBreakingPoint(t *testing.T) {
 			fail(w, 503, "overloaded")
 			return true
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the work that keeps the server busy
 		return false
 	}
 	cfg := f.cfg(ModeRamp, 64)

@@ -67,7 +67,7 @@ func newFake(t testing.TB, tlsServer bool) *fake {
 		f.mu.Lock()
 		f.remotes[host]++
 		f.mu.Unlock()
-		if f.delay > 0 {
+		if f.delay > 0 { // a slow server, as the test asked for
 			time.Sleep(f.delay)
 		}
 		mux.ServeHTTP(w, r)

@@ -11,6 +11,7 @@ import (
 // A 429 over a device's quota is retried after Retry-After and counted as
 // a retry, as a 503 is.
 func TestQuota429IsRetriedAndCounted(t *testing.T) {
+	t.Parallel()
 	f := newFake(t, false)
 	f.onPush = func(w http.ResponseWriter, machine string, call int) bool {
 		if call == 1 {
@@ -39,6 +40,7 @@ func TestQuota429IsRetriedAndCounted(t *testing.T) {
 
 // Retries running out on 429 end as rejected 429s.
 func TestQuota429RetriesRunOut(t *testing.T) {
+	t.Parallel()
 	f := newFake(t, false)
 	f.onPush = func(w http.ResponseWriter, machine string, call int) bool {
 		w.Header().Set("Retry-After", "0")

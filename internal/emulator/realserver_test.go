@@ -19,6 +19,7 @@ import (
 // The emulator's accepted count must equal the server's for the same run,
 // in every load model and connection mode, registrations too.
 func TestAcceptedCountsMatchTheRealServer(t *testing.T) {
+	t.Parallel()
 	srv := servertest.Start(t, servertest.Options{HTTP: true})
 	base := DefaultConfig()
 	base.EnrollmentSecret, base.CACertPEM, base.Seed, base.Devices = srv.EnrollmentSecret, srv.CACertPEM, "real", 60
@@ -70,6 +71,7 @@ func TestAcceptedCountsMatchTheRealServer(t *testing.T) {
 // A device the server no longer knows (its token is refused) registers
 // again; Drover renews it under the same device ID.
 func TestRealServerReregistration(t *testing.T) {
+	t.Parallel()
 	srv := servertest.Start(t, servertest.Options{})
 	cfg := DefaultConfig()
 	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Seed, cfg.Devices = srv.URL, srv.EnrollmentSecret, srv.CACertPEM, "rereg", 5
@@ -97,6 +99,7 @@ func TestRealServerReregistration(t *testing.T) {
 // operations by node, and --acks lists every accepted push with its
 // device, sequence number and node, matching what the server stored.
 func TestAcceptedByNodeAndAcks(t *testing.T) {
+	t.Parallel()
 	srv := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.NodeName = "node-1" }})
 	cfg := DefaultConfig()
 	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Seed, cfg.Devices = srv.URL, srv.EnrollmentSecret, srv.CACertPEM, "acks", 20
@@ -164,6 +167,7 @@ func adminGet(t *testing.T, srv *servertest.Server, path string) *http.Request {
 // persistent connection and the commands sent through the operator API
 // reach the devices over it (op "command"), each followed by a push.
 func TestConnectModeDeliversCommands(t *testing.T) {
+	t.Parallel()
 	srv := servertest.Start(t, servertest.Options{})
 	cfg := DefaultConfig()
 	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Seed, cfg.Devices = srv.URL, srv.EnrollmentSecret, srv.CACertPEM, "connect", 10

@@ -18,6 +18,7 @@ import (
 // back under its old device ID, and the server holds no duplicate.
 // Without the token they wait for an operator.
 func TestWipeReenrollsSameDevices(t *testing.T) {
+	t.Parallel()
 	srv := servertest.Start(t, servertest.Options{})
 	run := func(seed, adminToken string) (wiped, requested, approved, same, moved int) {
 		t.Helper()

@@ -1,13 +1,17 @@
 package hostinfo
 
 import (
+	"bufio"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 func write(t *testing.T, path, s string) {
@@ -83,41 +87,48 @@ func TestLimitsOnThisHost(t *testing.T) {
 			t.Errorf("remove: %v", err)
 		}
 	})
-	// The helper takes 8 MB once it has been moved.
+	// The child takes 8 MB once told it has been moved.
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHoldMemory$")
 	cmd.Env = append(os.Environ(), "DROVER_HOSTINFO_HOLD=1")
+	moved, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer func() { moved.Close(); cmd.Process.Kill(); cmd.Wait() }()
 	if err := lim.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := moved.Write([]byte("moved\n")); err != nil {
 		t.Fatal(err)
 	}
 	c := ReadCgroup(cmd.Process.Pid)
 	if c.Version != lim.Version || c.CPUs != 0.5 || c.MemoryMax != 256<<20 {
 		t.Errorf("cgroup of the moved process: %+v (made v%d)", c, lim.Version)
 	}
-	for end := time.Now().Add(5 * time.Second); c.MemoryCurrent < 8e6 && time.Now().Before(end); {
-		time.Sleep(50 * time.Millisecond)
-		c = ReadCgroup(cmd.Process.Pid)
-	}
-	if c.MemoryCurrent < 8e6 {
+	if !testwait.Until(5*time.Second, func() bool { c = ReadCgroup(cmd.Process.Pid); return c.MemoryCurrent >= 8e6 }) {
 		t.Errorf("the cgroup's memory use does not show the 8 MB taken: %+v", c)
 	}
 }
 
 // TestHelperHoldMemory is the process TestLimitsOnThisHost moves into its
-// cgroup: after a moment it takes 8 MB and holds them until killed.
+// cgroup: once a line on stdin says it was moved, it takes 8 MB and holds
+// them until stdin ends (or it is killed).
 func TestHelperHoldMemory(t *testing.T) {
 	if os.Getenv("DROVER_HOSTINFO_HOLD") != "1" {
 		t.Skip("a helper process of TestLimitsOnThisHost")
 	}
-	time.Sleep(300 * time.Millisecond)
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
 	b := make([]byte, 8<<20)
 	for i := range b {
 		b[i] = 1
 	}
-	time.Sleep(30 * time.Second)
+	io.Copy(io.Discard, in)
 	if b[len(b)-1] != 1 {
 		t.Fatal("lost")
 	}

@@ -6,12 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/internal/netlab"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // Load machines as hosts of their own: the server in one network
@@ -39,7 +39,7 @@ func TestWorkersOnNetnsHosts(t *testing.T) {
 	const secret, admin = "netns-enroll-secret", "netns-admin-token"
 	start := func(h *netlab.Host, name string, args ...string) {
 		cmd := h.Command(droverBin, args...)
-		out := &syncBuf{}
+		out := &testwait.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
@@ -115,23 +115,6 @@ func TestWorkersOnNetnsHosts(t *testing.T) {
 	if md := markdownOf(r); !strings.Contains(md, addrs[0]) || !strings.Contains(md, addrs[1]) {
 		t.Error("the protocol does not name the load machines")
 	}
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func tailOf(s string) string {

@@ -27,6 +27,7 @@ import (
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
 	"github.com/drover/drover/internal/store/sqlite"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // findChromium returns the browser to drive. Without one the test fails
@@ -337,12 +338,8 @@ func TestBrowser(t *testing.T) {
 		chromedp.SendKeys(id("webhook"), hookSrv.URL+"/drover"), chromedp.Click(id("saverule")), chromedp.WaitVisible(id("rules")))
 	shot("rules")
 	devicePush(t, srv, tok, 1002, 1, 82.5)
-	deadline := time.Now().Add(15 * time.Second)
-	for len(hook.events()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the webhook received nothing")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testwait.Until(15*time.Second, func() bool { return len(hook.events()) > 0 }) {
+		t.Fatal("the webhook received nothing")
 	}
 	ev := hook.events()[0]
 	if ev.Rule != "Hot router" || ev.DeviceID != 4243 || ev.State != alert.Raised || ev.Value != 82.5 || ev.Severity != alert.Critical {
