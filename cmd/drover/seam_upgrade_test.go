@@ -1,11 +1,11 @@
 package main
 
 import (
-	"fmt"
 	"bufio"
 	"bytes"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -69,7 +69,7 @@ func TestSeamUpgradeHandoverUnderLoad(t *testing.T) {
 	const devices = 2000
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
-	old := startServe(t, data, "--quota-push-rate", "0", "--quota-history-samples", "0")
+	old := startServe(t, data, "--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0", "--log-level", "debug")
 	secret, admin := serveSecrets(t, data)
 	out, acks := filepath.Join(dir, "emulate.jsonl"), filepath.Join(dir, "acks.jsonl")
 	emu := exec.Command(droverBin, "emulate", "--target", "https://"+old.addr, "--ca-cert", filepath.Join(data, "tls", "cert.pem"),
@@ -140,8 +140,8 @@ func TestSeamUpgradeHandoverUnderLoad(t *testing.T) {
 		t.Errorf("registrations: %+v", reg.Counts)
 	}
 	if push.DroppedTotal() != 0 || push.RejectedTotal() != 0 || push.Aborted != 0 || push.Unregistered != 0 {
-		t.Errorf("pushes not acknowledged across the swap: rejected %v, dropped %v, aborted %d, unregistered %d",
-			push.Rejected, push.Dropped, push.Aborted, push.Unregistered)
+		t.Errorf("pushes not acknowledged across the swap: rejected %v, dropped %v, aborted %d, unregistered %d\n%s",
+			push.Rejected, push.Dropped, push.Aborted, push.Unregistered, emuLog.String())
 	}
 	if push.Accepted < 2*devices {
 		t.Errorf("only %d pushes accepted; the swap did not happen under load", push.Accepted)
@@ -179,8 +179,13 @@ func TestSeamUpgradeHandoverUnderLoad(t *testing.T) {
 		if st := call(t, c, "https://"+old.addr+"/api/v1/devices/"+id+"/history?limit=10000", admin, "", &h); st != http.StatusOK {
 			t.Fatalf("history of device %s: HTTP %d", id, st)
 		}
+		var stored []uint64
 		for _, smp := range h.Samples {
+			stored = append(stored, smp.Seq)
 			delete(seqs, smp.Seq)
+		}
+		if len(seqs) > 0 && lost == 0 {
+			t.Logf("device %s: acknowledged %v not in its history %v", id, seqs, stored)
 		}
 		lost += len(seqs)
 	}
@@ -262,7 +267,9 @@ func TestServeAnswersWhileLoading(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s %s while loading: %v", req.method, req.path, err)
 			}
-			var e struct{ Error struct{ Code, Message string } }
+			var e struct {
+				Error struct{ Code, Message string }
+			}
 			json.NewDecoder(resp.Body).Decode(&e)
 			resp.Body.Close()
 			ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
