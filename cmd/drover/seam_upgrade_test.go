@@ -142,6 +142,16 @@ func TestSeamUpgradeHandoverUnderLoad(t *testing.T) {
 	if push.DroppedTotal() != 0 || push.RejectedTotal() != 0 || push.Aborted != 0 || push.Unregistered != 0 {
 		t.Errorf("pushes not acknowledged across the swap: rejected %v, dropped %v, aborted %d, unregistered %d\n%s",
 			push.Rejected, push.Dropped, push.Aborted, push.Unregistered, emuLog.String())
+		for _, iv := range s.Intervals {
+			if p := iv.Ops[results.OpPush]; p != nil && p.DroppedTotal() > 0 {
+				t.Logf("second %s (SIGUSR2 at %s): dropped %v", time.Unix(iv.TS, 0).UTC().Format("15:04:05"), swapAt.UTC().Format("15:04:05.000"), p.Dropped)
+			}
+		}
+		for _, l := range old.logged() {
+			if !strings.Contains(l, "level=INFO") || strings.Contains(l, "handover") || strings.Contains(l, "stopped") || strings.Contains(l, "listening") || strings.Contains(l, "shutting") {
+				t.Log(l)
+			}
+		}
 	}
 	if push.Accepted < 2*devices {
 		t.Errorf("only %d pushes accepted; the swap did not happen under load", push.Accepted)

@@ -282,7 +282,7 @@ func (s *Server) listen(context.Context) error {
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
-			Handler: s.front(), ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState, ConnState: trackBusy,
+			Handler: s.front(), ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState, ConnState: s.start.connState,
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		}
@@ -482,6 +482,9 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.log.Error("listener failed", "err", serveErr)
 	}
 	s.draining.Store(true)
+	// net/http drops a request read once Shutdown began: stop accepting
+	// first, and let the connections accepted so far send theirs.
+	s.stopAccepting(5 * time.Second)
 	if s.stopHolds != nil {
 		close(s.stopHolds)
 	}

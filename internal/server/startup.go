@@ -9,8 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,7 +30,52 @@ type startup struct {
 	errc      chan error              // a device server that failed
 	inherited map[string]net.Listener // systemd socket activation or a handover
 	raw       map[string]net.Listener // the device sockets by name, under TLS and gate
-	handover  *os.File                // set by a handover: told once the servers answer
+	mu        sync.Mutex
+	fresh     map[net.Conn]struct{} // accepted, no request read yet
+	freshGone chan struct{}         // closed when fresh empties, while stopping
+}
+
+// connState is the device servers' ConnState hook: the accept gate's
+// count, and the connections that have not sent their first request.
+func (st *startup) connState(c net.Conn, state http.ConnState) {
+	trackBusy(c, state)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if state == http.StateNew {
+		if st.fresh == nil {
+			st.fresh = map[net.Conn]struct{}{}
+		}
+		st.fresh[c] = struct{}{}
+		return
+	}
+	delete(st.fresh, c)
+	if len(st.fresh) == 0 && st.freshGone != nil {
+		close(st.freshGone)
+		st.freshGone = nil
+	}
+}
+
+// stopAccepting closes the device listeners and waits, at most wait, for
+// the connections accepted so far to send their first request: net/http's
+// Shutdown closes a connection whose request it reads after Shutdown
+// began, without an answer, and a device that just connected counts such
+// a push lost. Shutdown then answers those requests.
+func (s *Server) stopAccepting(wait time.Duration) {
+	for _, ln := range s.deviceListeners() {
+		ln.Close()
+	}
+	s.start.mu.Lock()
+	if len(s.start.fresh) == 0 {
+		s.start.mu.Unlock()
+		return
+	}
+	gone := make(chan struct{})
+	s.start.freshGone = gone
+	s.start.mu.Unlock()
+	select {
+	case <-gone:
+	case <-time.After(wait):
+	}
 }
 
 // startupRetryAfter bounds the Retry-After of an answer before the fleet
@@ -195,46 +240,22 @@ func testLoadGate() {
 // server keeps serving.
 func (s *Server) Handover(ctx context.Context, exe string, args []string, stdout, stderr *os.File) error {
 	var names []string
-	var files []*os.File
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
+	var lns []net.Listener
 	for _, name := range []string{"https", "http"} {
-		raw := s.start.raw[name]
-		if raw == nil {
-			continue
+		if ln := s.start.raw[name]; ln != nil {
+			names, lns = append(names, name), append(lns, ln)
 		}
-		fl, ok := raw.(interface{ File() (*os.File, error) })
-		if !ok {
-			return fmt.Errorf("handover: the %s listener (%T) has no file", name, raw)
-		}
-		f, err := fl.File()
-		if err != nil {
-			return fmt.Errorf("handover: %w", err)
-		}
-		names, files = append(names, name), append(files, f)
 	}
-	if len(files) == 0 {
+	if len(lns) == 0 {
 		return errors.New("handover: no device listener")
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	cmd := exec.Command(exe, args...)
-	cmd.Env = transport.HandoverEnviron(os.Environ(), names)
-	cmd.ExtraFiles = append(files, w)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	err = cmd.Start()
-	w.Close()
+	proc, r, err := transport.StartHandover(exe, args, os.Environ(), stdout, stderr, names, lns)
 	if err != nil {
 		return fmt.Errorf("handover: %w", err)
 	}
-	go cmd.Wait() // reaped if it ends before this process
-	s.log.Info("handover: new process started", "pid", cmd.Process.Pid, "exe", exe)
+	defer r.Close()
+	go proc.Wait() // reaped if it ends before this process
+	s.log.Info("handover: new process started", "pid", proc.Pid, "exe", exe)
 	got := make(chan error, 1)
 	go func() {
 		var b [1]byte
@@ -249,9 +270,9 @@ func (s *Server) Handover(ctx context.Context, exe string, args []string, stdout
 		err = errors.New("no answer within 1m")
 	}
 	if err != nil {
-		cmd.Process.Kill()
-		return fmt.Errorf("handover: the new process (pid %d) did not take the sockets: %w", cmd.Process.Pid, err)
+		proc.Kill()
+		return fmt.Errorf("handover: the new process (pid %d) did not take the sockets: %w", proc.Pid, err)
 	}
-	s.log.Info("handover: the new process answers; draining", "pid", cmd.Process.Pid)
+	s.log.Info("handover: the new process answers; draining", "pid", proc.Pid)
 	return nil
 }

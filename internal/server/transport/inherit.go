@@ -6,8 +6,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/coreos/go-systemd/v22/activation"
+	"golang.org/x/sys/unix"
 )
 
 // HandoverEnv names, in a process started by a binary handover, the file
@@ -95,4 +97,65 @@ func HandoverEnviron(env []string, names []string) []string {
 		"LISTEN_FDS="+strconv.Itoa(len(names)),
 		"LISTEN_FDNAMES="+strings.Join(names, ":"),
 		HandoverEnv+"="+strconv.Itoa(3+len(names)))
+}
+
+// StartHandover starts exe with args and env on the listeners lns, named
+// names (in order, from descriptor 3; HandoverEnviron's variables added),
+// with stdout and stderr shared. It returns the new process and the read
+// end of its ready descriptor. The sockets are passed as raw descriptors:
+// an os.File of them would switch the socket, which this process still
+// accepts on, to blocking mode on the way.
+func StartHandover(exe string, args []string, env []string, stdout, stderr *os.File, names []string, lns []net.Listener) (*os.Process, *os.File, error) {
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for i, ln := range lns {
+		sc, ok := ln.(syscall.Conn)
+		if !ok {
+			return nil, nil, fmt.Errorf("the %s listener (%T) has no descriptor", names[i], ln)
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return nil, nil, err
+		}
+		var dupErr error
+		err = rc.Control(func(fd uintptr) {
+			var nfd int
+			if nfd, dupErr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 3); dupErr == nil {
+				fds = append(fds, nfd)
+			}
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		if dupErr != nil {
+			return nil, nil, dupErr
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer w.Close()
+	files := []uintptr{os.Stdin.Fd(), stdout.Fd(), stderr.Fd()}
+	for _, fd := range fds {
+		files = append(files, uintptr(fd))
+	}
+	files = append(files, w.Fd())
+	pid, err := syscall.ForkExec(exe, append([]string{exe}, args...), &syscall.ProcAttr{
+		Env: HandoverEnviron(env, names), Files: files,
+	})
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return p, r, nil
 }
