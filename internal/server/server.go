@@ -107,6 +107,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			return nil, err
 		}
 	}
+	s.start.routes.Store(&s.handler) // the start-up answers end (startup.go)
 	ok = true
 	return s, nil
 }
@@ -468,7 +469,6 @@ func (s *Server) Serve(ctx context.Context) error {
 	}()
 	stopAlerts := s.startAlerts()
 	stopNode := s.startNode()
-	s.start.routes.Store(&s.handler) // the start-up answers end (startup.go)
 
 	var serveErr error
 	select {

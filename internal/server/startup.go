@@ -33,6 +33,9 @@ type startup struct {
 	mu        sync.Mutex
 	fresh     map[net.Conn]struct{} // accepted, no request read yet
 	freshGone chan struct{}         // closed when fresh empties, while stopping
+	// handedOver: started by a handover, this process waits for the
+	// store's instance lock that the old one releases once drained.
+	handedOver bool
 }
 
 // connState is the device servers' ConnState hook: the accept gate's
@@ -188,6 +191,7 @@ func (s *Server) answerEarly(context.Context) error {
 		}(s.servers[i], ln)
 	}
 	if f := transport.HandoverReady(); f != nil {
+		s.start.handedOver = true
 		f.Write([]byte{1})
 		f.Close()
 		s.log.Info("handover: answering on the inherited sockets; the old process drains")
@@ -203,7 +207,7 @@ func (s *Server) openStoreWaiting(ctx context.Context) (store.Store, error) {
 	for {
 		st, err := openStore(ctx, s.cfg.dbDSN())
 		var held *store.HeldError
-		if err == nil || !errors.As(err, &held) || time.Now().After(deadline) {
+		if err == nil || !s.start.handedOver || !errors.As(err, &held) || time.Now().After(deadline) {
 			if err == nil {
 				s.start.setPhase("loading the fleet")
 				testLoadGate()
