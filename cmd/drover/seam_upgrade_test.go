@@ -69,7 +69,7 @@ func TestSeamUpgradeHandoverUnderLoad(t *testing.T) {
 	const devices = 2000
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
-	old := startServe(t, data, "--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0", "--log-level", "debug")
+	old := startServe(t, data, "--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0")
 	secret, admin := serveSecrets(t, data)
 	out, acks := filepath.Join(dir, "emulate.jsonl"), filepath.Join(dir, "acks.jsonl")
 	emu := exec.Command(droverBin, "emulate", "--target", "https://"+old.addr, "--ca-cert", filepath.Join(data, "tls", "cert.pem"),
