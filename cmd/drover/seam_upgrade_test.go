@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,24 @@ import (
 	"github.com/drover/drover/internal/emulator/results"
 	"github.com/drover/drover/internal/protocol"
 )
+
+// lockedBuf is a process's output, read while it runs.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
 
 // serveSecrets reads the enrollment secret and admin token a server
 // generated in dataDir.
@@ -75,7 +94,7 @@ func TestSeamUpgradeHandoverUnderLoad(t *testing.T) {
 	emu := exec.Command(droverBin, "emulate", "--target", "https://"+old.addr, "--ca-cert", filepath.Join(data, "tls", "cert.pem"),
 		"--secret", secret, "--devices", strconv.Itoa(devices), "--interval", "5s", "--duration", "20s", "--conn", "new",
 		"--out", out, "--acks", acks, "--progress", "log", "--log-every", "5s")
-	var emuLog bytes.Buffer
+	var emuLog lockedBuf
 	emu.Stdout, emu.Stderr = &emuLog, &emuLog
 	emu.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := emu.Start(); err != nil {
@@ -220,7 +239,7 @@ func TestServeAnswersWhileLoading(t *testing.T) {
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	cmd := exec.Command(droverBin, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", addr)
 	cmd.Env = append(os.Environ(), "DROVER_TEST_LOAD_GATE="+gate)
-	var log bytes.Buffer
+	var log lockedBuf
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -324,4 +343,49 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestServeTakesSystemdSocket starts the binary as systemd socket
+// activation does (LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES=https): it serves
+// on the socket it was given instead of binding --listen.
+func TestServeTakesSystemdSocket(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close() // the socket stays open in f
+	dir := t.TempDir()
+	// sh's exec keeps its PID, which LISTEN_PID must name.
+	cmd := exec.Command("/bin/sh", "-c", `LISTEN_PID=$$ exec "$0" serve --data-dir "$1" --listen 127.0.0.1:0`, droverBin, filepath.Join(dir, "data"))
+	cmd.Env = append(os.Environ(), "LISTEN_FDS=1", "LISTEN_FDNAMES=https")
+	cmd.ExtraFiles = []*os.File{f}
+	var log lockedBuf
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 10 * time.Second}
+	url := "https://" + ln.Addr().String() + "/readyz"
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", url, err, log.String()) // the socket was open all along: never refused
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: HTTP %d after 30 s\n%s", url, resp.StatusCode, log.String())
+		}
+	}
+	if !strings.Contains(log.String(), `msg="listening on an inherited socket" proto=https addr=`+ln.Addr().String()) {
+		t.Errorf("no log of the inherited socket:\n%s", log.String())
+	}
 }
