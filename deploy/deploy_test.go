@@ -243,10 +243,16 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sock, err := os.ReadFile("systemd/drover.socket")
+	if err != nil {
+		t.Fatal(err)
+	}
 	exe, _ := os.Executable()
-	unit := filepath.Join(t.TempDir(), "drover.service")
+	dir := t.TempDir()
+	unit := filepath.Join(dir, "drover.service")
 	os.WriteFile(unit, bytes.ReplaceAll(b, []byte("/usr/local/bin/drover"), []byte(exe)), 0o644)
-	out, err := exec.Command(analyze, "verify", unit).CombinedOutput()
+	os.WriteFile(filepath.Join(dir, "drover.socket"), sock, 0o644)
+	out, err := exec.Command(analyze, "verify", unit, filepath.Join(dir, "drover.socket")).CombinedOutput()
 	if err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}

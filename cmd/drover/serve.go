@@ -2,10 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
+	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"syscall"
 
 	"github.com/drover/drover/cmd/internal/command"
 	"github.com/drover/drover/internal/server"
@@ -95,7 +100,9 @@ func serveConfig(args []string, env command.Env) (server.Config, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: drover serve [flags]\n\nRuns the Drover server. Every flag can also be set as DROVER_<NAME> in the\n"+
 			"environment or as <name> in the --config file. SIGTERM and SIGINT drain and stop it;\n"+
-			"SIGHUP reloads the TLS certificate, the log level and the secret files (*-file).\n\nflags:\n")
+			"SIGHUP reloads the TLS certificate, the log level and the secret files (*-file);\n"+
+			"SIGUSR2 starts the binary again on the listening sockets and drains this process\n"+
+			"(an upgrade that refuses no connection).\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := command.Load(fs, args, env); err != nil {
@@ -105,6 +112,18 @@ func serveConfig(args []string, env command.Env) (server.Config, error) {
 		return cfg, err
 	}
 	return cfg, command.Usage(cfg.Validate())
+}
+
+// errHandedOver ends serving once a new process took the sockets.
+var errHandedOver = errors.New("handed over to a new process")
+
+// fileOr is w when it is a file (a process started by a handover shares
+// it), else def.
+func fileOr(w io.Writer, def *os.File) *os.File {
+	if f, ok := w.(*os.File); ok {
+		return f
+	}
+	return def
 }
 
 // serveKeys are serve's config keys, which other commands' config files may
@@ -137,10 +156,37 @@ func serve(ctx context.Context, args []string, env command.Env) error {
 		// takes about 70 bytes per device off (docs/operations.md, Memory).
 		debug.SetGCPercent(serveGCPercent)
 	}
+	// SIGUSR2 hands the listening sockets over to a new process of the
+	// binary (docs/operations.md, Upgrades); registered before the load, so
+	// that an early one waits instead of killing the process.
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
 	srv, err := server.New(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
+	ctx, handedOver := context.WithCancelCause(ctx)
+	defer handedOver(nil)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-usr2:
+			}
+			exe, err := os.Executable()
+			if err == nil {
+				err = srv.Handover(ctx, exe, os.Args[1:], fileOr(env.Stdout, os.Stdout), fileOr(env.Stderr, os.Stderr))
+			}
+			if err != nil {
+				log.Error("SIGUSR2: handover failed; this process keeps serving", "err", err)
+				continue
+			}
+			handedOver(errHandedOver)
+			return
+		}
+	}()
 	// Only what Drover generated, once; secrets given by flag, environment,
 	// config file or secret file are never printed.
 	fmt.Fprint(env.Stdout, srv.Generated.Notice(cfg.DataDir))

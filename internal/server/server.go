@@ -48,6 +48,7 @@ type Server struct {
 	debugLn   net.Listener
 	debugSrv  *http.Server                    // pprof, on debugLn; closed when Serve returns
 	handler   http.Handler                    // routes.go
+	start     startup                         // listening while loading (startup.go)
 	cert      atomic.Pointer[tls.Certificate] // served on httpsLn; Reload replaces it
 	acme      *autocert.Manager               // certificates of -acme-domains (tls.go), or nil
 	servers   []*http.Server
@@ -95,16 +96,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	}()
 	steps := []func(context.Context) error{
 		s.loadSecrets,     // data directory and credentials
+		s.listen,          // HTTPS, plain HTTP and debug listeners
+		s.answerEarly,     // 503 to devices until the routes are in place
 		s.openPersistence, // store and write mode
 		s.loadFleet,       // devices, profiles, labels, alert rules
 		s.buildHandler,    // the routes table and the dashboard
-		s.listen,          // HTTPS, plain HTTP and debug listeners
 	}
 	for _, step := range steps {
 		if err := step(ctx); err != nil {
 			return nil, err
 		}
 	}
+	s.start.routes.Store(&s.handler) // the start-up answers end (startup.go)
 	ok = true
 	return s, nil
 }
@@ -135,14 +138,14 @@ func (s *Server) openPersistence(ctx context.Context) error {
 				return err
 			}
 			s.store = s.cstore
-		} else if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
+		} else if s.store, err = s.openStoreWaiting(ctx); err != nil {
 			return err
 		}
 		s.watchUpkeep()
 		s.persist = fleet.NewWriteThroughWith(s.store, fleet.WriteThroughOptions{
 			MaxPending: s.cfg.MaxPendingWrites, Observe: s.observeCommit, CommitInterval: s.cfg.CommitInterval, CommitBatch: s.cfg.CommitBatch})
 	case "write-back":
-		if s.store, err = openStore(ctx, s.cfg.dbDSN()); err != nil {
+		if s.store, err = s.openStoreWaiting(ctx); err != nil {
 			return err
 		}
 		s.watchUpkeep()
@@ -296,7 +299,7 @@ func (s *Server) listen(context.Context) error {
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
-			Handler: s.handler, ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState, ConnState: trackBusy,
+			Handler: s.front(), ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState, ConnState: s.start.connState,
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		}
@@ -313,7 +316,7 @@ func (s *Server) listen(context.Context) error {
 		for _, der := range cert.Certificate {
 			s.CertPEM = append(s.CertPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
 		}
-		ln, err := listenDevices(s.cfg.Listen)
+		ln, err := s.deviceListener("https", s.cfg.Listen)
 		if err != nil {
 			return err
 		}
@@ -335,14 +338,14 @@ func (s *Server) listen(context.Context) error {
 		s.servers = append(s.servers, srv)
 	}
 	if s.cfg.HTTPListen != "" {
-		ln, err := listenDevices(s.cfg.HTTPListen)
+		ln, err := s.deviceListener("http", s.cfg.HTTPListen)
 		if err != nil {
 			return err
 		}
 		s.httpLn = &gatedListener{Listener: ln, g: s.gate}
 		srv := newHTTP()
 		if s.acme != nil {
-			srv.Handler = s.acme.HTTPHandler(s.handler) // http-01 challenges; the rest as usual
+			srv.Handler = s.acme.HTTPHandler(s.front()) // http-01 challenges; the rest as usual
 		}
 		s.servers = append(s.servers, srv)
 	}
@@ -450,25 +453,13 @@ func (s *Server) writable() error {
 // Serve answers requests until ctx ends, then drains in-flight requests and
 // pending writes and closes the store.
 func (s *Server) Serve(ctx context.Context) error {
-	errc := make(chan error, 2)
-	lns := []net.Listener{}
-	if s.httpsLn != nil {
-		lns = append(lns, s.httpsLn)
-	}
-	if s.httpLn != nil {
-		lns = append(lns, s.httpLn)
-	}
-	for i, ln := range lns {
+	errc := s.start.errc // the servers answer since New (startup.go)
+	for _, ln := range s.deviceListeners() {
 		proto := "https"
 		if ln == s.httpLn {
 			proto = "http"
 		}
 		s.log.Info("listening", "proto", proto, "addr", ln.Addr().String())
-		go func(srv *http.Server, ln net.Listener) {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}(s.servers[i], ln)
 	}
 	if s.debugSrv != nil {
 		s.log.Info("debug listener", "addr", s.debugLn.Addr().String())
@@ -498,11 +489,18 @@ func (s *Server) Serve(ctx context.Context) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
-		s.log.Info("shutting down", "reason", "signal")
+		reason := "signal"
+		if c := context.Cause(ctx); c != nil && c != ctx.Err() {
+			reason = c.Error() // e.g. a handover (SIGUSR2)
+		}
+		s.log.Info("shutting down", "reason", reason)
 	case serveErr = <-errc:
 		s.log.Error("listener failed", "err", serveErr)
 	}
 	s.draining.Store(true)
+	// net/http drops a request read once Shutdown began: stop accepting
+	// first, and let the connections accepted so far send theirs.
+	s.stopAccepting(5 * time.Second)
 	if s.stopHolds != nil {
 		close(s.stopHolds)
 	}
@@ -588,6 +586,9 @@ func (s *Server) pruneLoop(ctx context.Context) {
 
 // closeAll releases what New opened when New fails.
 func (s *Server) closeAll() {
+	for _, srv := range s.servers {
+		srv.Close()
+	}
 	for _, ln := range []net.Listener{s.httpsLn, s.httpLn, s.debugLn, s.metricsLn} {
 		if ln != nil {
 			ln.Close()

@@ -1,5 +1,7 @@
 // Package transport holds what the server's listeners need below HTTP:
-// the device listener (Listen), the TLS policy (Policy), session ticket
+// the device listener (Listen) and the sockets a process is given by
+// systemd or by the one it replaces (Inherited, HandoverReady), the TLS
+// policy (Policy), session ticket
 // keys (SetTicketKeys), ACME certificates (NewACME), certificate files and
 // their watching (LoadKeyPair, WatchFiles, SelfSigned) and the
 // registration rate limits (RegisterLimiter).
