@@ -1,11 +1,7 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,38 +23,25 @@ import (
 // command is queued by the hook of the one before, so it arrives in the
 // answer to the push carrying the previous result (what an operator
 // sending commands one after another gets). Every result must reach the
-// server within 2 s of its command's delivery, although the push
-// interval is 10 s, with the device's start and finish times shown by
+// server within 5 s of its command's delivery, half the push interval of
+// 10 s: a result held for the next interval comes 10 s later, while the
+// shell agent's result, sent at once, can take seconds on a loaded CI
+// machine (each of its state readings is a process). The device's start
+// and finish times must be shown by
 // the API; every job must be done as its last copy ends, and a bulk job
 // over all four agents too. The push quota is off here: which pushes it
 // counts is the quota × commands seam's test.
 func TestSeamAgentCommands(t *testing.T) {
-	const interval, chainLen, bound = 10, 4, 2 * time.Second
+	const interval, chainLen = 10, 4
+	const bound = interval * time.Second / 2
 	t.Setenv("DROVER_PUSH_INTERVAL", fmt.Sprint(interval))
 	t.Setenv("DROVER_QUOTA_PUSH_RATE", "0")
 	data := t.TempDir()
 	p := startServe(t, data)
 	base := "https://" + p.addr
-	var secrets struct {
-		Enroll string `json:"enrollment_secret"`
-		Admin  string `json:"admin_token"`
-	}
-	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &secrets); err != nil || secrets.Admin == "" {
-		t.Fatalf("secrets.json: %v", err)
-	}
-	caFile := filepath.Join(data, "tls", "cert.pem")
-	certPEM, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	defer c.CloseIdleConnections()
+	secrets := readSecrets(t, data)
+	caFile := caFile(data)
+	c := trustingClient(t, data, 10*time.Second)
 	api := func(path, body string, into any) int {
 		t.Helper()
 		return call(t, c, base+path, secrets.Admin, body, into)

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
@@ -38,25 +36,7 @@ type seamClient struct {
 // token in dataDir/secrets.json.
 func newSeamClient(t *testing.T, dataDir, addr string) *seamClient {
 	t.Helper()
-	certPEM, err := os.ReadFile(filepath.Join(dataDir, "tls", "cert.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	var sec struct {
-		Admin string `json:"admin_token"`
-	}
-	raw, err := os.ReadFile(filepath.Join(dataDir, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &sec); err != nil || sec.Admin == "" {
-		t.Fatalf("secrets.json: %v %q", err, raw)
-	}
-	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	t.Cleanup(c.CloseIdleConnections)
-	return &seamClient{t: t, c: c, base: "https://" + addr, admin: sec.Admin}
+	return &seamClient{t: t, c: trustingClient(t, dataDir, 30*time.Second), base: "https://" + addr, admin: readSecrets(t, dataDir).Admin}
 }
 
 // do sends method path with body (JSON of any value, raw []byte, or nil)

@@ -23,18 +23,8 @@ func TestSeamCtlCommandsAgent(t *testing.T) {
 	data := t.TempDir()
 	p := startServe(t, data)
 	base := "https://" + p.addr
-	var secrets struct {
-		Enroll string `json:"enrollment_secret"`
-		Admin  string `json:"admin_token"`
-	}
-	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &secrets); err != nil || secrets.Admin == "" {
-		t.Fatalf("secrets.json: %v", err)
-	}
-	caFile := filepath.Join(data, "tls", "cert.pem")
+	secrets := readSecrets(t, data)
+	caFile := caFile(data)
 	dir := t.TempDir()
 	hook := filepath.Join(dir, "command-hook")
 	if err := os.WriteFile(hook, []byte("#!/bin/sh\necho \"hook got $2 $3 on $DROVER_DEVICE_ID\"\n"), 0o755); err != nil {

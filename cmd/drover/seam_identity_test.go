@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -30,25 +28,9 @@ func TestSeamIdentityWipedAgent(t *testing.T) {
 	t.Setenv("DROVER_QUOTA_HISTORY_BYTES", "0")
 	data := t.TempDir()
 	p := startServe(t, data)
-	var secrets struct {
-		Enroll string `json:"enrollment_secret"`
-		Admin  string `json:"admin_token"`
-	}
-	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &secrets); err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(data, "tls", "cert.pem")
-	certPEM, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	secrets := readSecrets(t, data)
+	caFile := caFile(data)
+	c := trustingClient(t, data, 10*time.Second)
 	base := "https://" + p.addr
 	api := func(method, path, token, body string, into any) int {
 		t.Helper()

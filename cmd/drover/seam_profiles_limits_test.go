@@ -31,25 +31,10 @@ func startSeamServer(t *testing.T) *seamServer {
 	t.Helper()
 	data := t.TempDir()
 	p := startServe(t, data)
-	raw, err := os.ReadFile(filepath.Join(data, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &seamServer{addr: p.addr, base: "https://" + p.addr, cert: filepath.Join(data, "tls", "cert.pem")}
-	if err := json.Unmarshal(raw, &struct {
-		E *string `json:"enrollment_secret"`
-		A *string `json:"admin_token"`
-	}{&s.secret, &s.admin}); err != nil {
-		t.Fatal(err)
-	}
-	pem, err := os.ReadFile(s.cert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.roots = x509.NewCertPool()
-	s.roots.AppendCertsFromPEM(pem)
-	s.c = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.roots}}}
-	t.Cleanup(s.c.CloseIdleConnections)
+	sec := readSecrets(t, data)
+	s := &seamServer{addr: p.addr, base: "https://" + p.addr, cert: caFile(data), secret: sec.Enroll, admin: sec.Admin}
+	s.c = trustingClient(t, data, 10*time.Second)
+	s.roots = s.c.Transport.(*http.Transport).TLSClientConfig.RootCAs
 	return s
 }
 

@@ -10,8 +10,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,26 +50,9 @@ func newQuotaSeam(t *testing.T) *quotaSeam {
 	s := &quotaSeam{t: t, data: t.TempDir()}
 	p := startServe(t, s.data)
 	s.base = "https://" + p.addr
-	raw, err := os.ReadFile(filepath.Join(s.data, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sec struct {
-		E string `json:"enrollment_secret"`
-		A string `json:"admin_token"`
-	}
-	if err := json.Unmarshal(raw, &sec); err != nil {
-		t.Fatal(err)
-	}
-	s.secret, s.admin = sec.E, sec.A
-	certPEM, err := os.ReadFile(s.cert())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	s.c = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	t.Cleanup(s.c.CloseIdleConnections)
+	sec := readSecrets(t, s.data)
+	s.secret, s.admin = sec.Enroll, sec.Admin
+	s.c = trustingClient(t, s.data, 10*time.Second)
 	dir := t.TempDir()
 	s.cmdHook = filepath.Join(dir, "command-hook")
 	if err := os.WriteFile(s.cmdHook, []byte("#!/bin/sh\necho \"$2 set to $3\"\n"), 0o755); err != nil {

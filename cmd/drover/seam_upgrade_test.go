@@ -41,24 +41,6 @@ func (l *lockedBuf) String() string {
 	return l.b.String()
 }
 
-// serveSecrets reads the enrollment secret and admin token a server
-// generated in dataDir.
-func serveSecrets(t *testing.T, dataDir string) (secret, admin string) {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(dataDir, "secrets.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s struct {
-		E string `json:"enrollment_secret"`
-		A string `json:"admin_token"`
-	}
-	if err := json.Unmarshal(raw, &s); err != nil {
-		t.Fatal(err)
-	}
-	return s.E, s.A
-}
-
 // waitLog waits until a line of p's log matches re and returns its
 // submatches.
 func waitLog(t *testing.T, p *proc, re *regexp.Regexp, within time.Duration) []string {
@@ -89,7 +71,8 @@ func TestSeamUpgradeHandoverUnderLoad(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	old := startServe(t, data, "--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0")
-	secret, admin := serveSecrets(t, data)
+	sec := readSecrets(t, data)
+	secret, admin := sec.Enroll, sec.Admin
 	out, acks := filepath.Join(dir, "emulate.jsonl"), filepath.Join(dir, "acks.jsonl")
 	emu := exec.Command(droverBin, "emulate", "--target", "https://"+old.addr, "--ca-cert", filepath.Join(data, "tls", "cert.pem"),
 		"--secret", secret, "--devices", strconv.Itoa(devices), "--interval", "5s", "--duration", "20s", "--conn", "new",
