@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"encoding/base64"
-	"errors"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,9 +53,6 @@ type Result struct {
 	Next    string   `json:"next_cursor,omitempty"`
 	Total   int      `json:"total"`
 }
-
-// ErrCursor is returned for a cursor that Query did not make.
-var ErrCursor = errors.New("invalid cursor")
 
 // sortKey orders devices: by num, then str, then id.
 type sortKey struct {

@@ -18,11 +18,12 @@ import (
 	"time"
 )
 
-// Errors of the fleet's operations.
+// Errors every room of the fleet returns.
 var (
-	ErrEnrollment   = errors.New("wrong enrollment secret")
-	ErrUnauthorized = errors.New("unknown or revoked token")
-	ErrNotFound     = errors.New("not found")
+	// ErrNotFound is returned for an ID or name the fleet does not hold.
+	ErrNotFound = errors.New("not found")
+	// ErrInvalid is wrapped by every *FieldError.
+	ErrInvalid = errors.New("invalid input")
 )
 
 // Options configure a Service.
