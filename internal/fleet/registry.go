@@ -2,9 +2,13 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -89,3 +93,79 @@ func (m machineIndex) get(machineID string) (uint64, bool) {
 func (m machineIndex) set(machineID string, id uint64) { m[keyOfMachine(machineID)] = id }
 
 func (m machineIndex) delete(machineID string) { delete(m, keyOfMachine(machineID)) }
+
+// place puts d in the registry under its ID and machine ID and returns the
+// device it replaced (nil if none). The caller holds regMu.
+func (s *Service) place(d *device) (old *device) {
+	s.devMu.Lock()
+	for uint64(len(s.devices)) <= d.id {
+		s.devices = append(s.devices, nil)
+	}
+	old, s.devices[d.id] = s.devices[d.id], d
+	s.devMu.Unlock()
+	s.machineIDs.set(d.machineID(), d.id)
+	return old
+}
+
+func (s *Service) get(id uint64) *device {
+	s.devMu.RLock()
+	defer s.devMu.RUnlock()
+	if id >= uint64(len(s.devices)) {
+		return nil
+	}
+	return s.devices[id]
+}
+
+// newToken makes "<device id>.<secret>" and its SHA-256.
+func newToken(id uint64) (string, [32]byte) {
+	var secret [24]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	buf := make([]byte, 0, 20+1+32)
+	buf = strconv.AppendUint(buf, id, 10)
+	buf = append(buf, '.')
+	buf = base64.RawURLEncoding.AppendEncode(buf, secret[:])
+	return string(buf), sha256.Sum256(buf)
+}
+
+// deviceForToken finds the device a token names; the token is checked later
+// under the device lock.
+func (s *Service) deviceForToken(token string) (*device, [32]byte, bool) {
+	dot := strings.IndexByte(token, '.')
+	if dot <= 0 {
+		return nil, [32]byte{}, false
+	}
+	id, err := strconv.ParseUint(token[:dot], 10, 64)
+	if err != nil {
+		return nil, [32]byte{}, false
+	}
+	d := s.get(id)
+	if d == nil {
+		return nil, [32]byte{}, false
+	}
+	return d, sha256.Sum256([]byte(token)), true
+}
+
+// PruneHistory deletes samples older than retention, in chunks so that it
+// never holds the store for long. It returns how many it deleted.
+func (s *Service) PruneHistory(ctx context.Context, retention time.Duration) (int64, error) {
+	if s.store == nil || retention <= 0 {
+		return 0, nil
+	}
+	before := s.now().Add(-retention)
+	var total int64
+	if s.history != nil {
+		n, err := s.history.DropHistory(ctx, before)
+		if total = n; err != nil {
+			return total, err
+		}
+	}
+	for {
+		n, err := s.store.PruneHistory(ctx, before, 10000)
+		total += n
+		if err != nil || n < 10000 {
+			return total, err
+		}
+	}
+}
