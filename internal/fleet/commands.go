@@ -25,9 +25,10 @@ import (
 	"github.com/drover/drover/internal/protocol"
 )
 
-// CommandStore keeps remote commands (commands.go): one row per job and
-// one per targeted device. Every adapter implements it; storetest checks
-// it. Without one (memory mode), commands live in memory only.
+// CommandStore keeps remote commands: one row per job and one per
+// targeted device (the records: command_store.go). Every adapter
+// implements it; storetest checks it. Without one (memory mode), commands
+// live in memory only.
 type CommandStore interface {
 	// LoadCommands returns every job, with its per-device counts by
 	// state, and streams the per-device commands still queued or
