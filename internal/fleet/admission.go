@@ -26,6 +26,35 @@ import (
 	"github.com/drover/drover/internal/protocol"
 )
 
+// TrustStore is implemented by stores that keep device admission: admission
+// states, device key hashes, re-enrollment requests (through Batch.Trust),
+// enrollment tokens and preauthorized machine IDs. Without one, all of it
+// lives in memory only. Every adapter implements it; storetest checks it.
+type TrustStore interface {
+	// LoadTrust streams every device's trust record (devices without one
+	// are active and have no key), then returns the rest.
+	LoadTrust(ctx context.Context, each func(TrustRecord) error) (TrustState, error)
+	// SaveEnrollmentToken inserts or replaces a token by ID.
+	SaveEnrollmentToken(ctx context.Context, t EnrollmentToken) error
+	// AddPreauthorized adds machine IDs (present ones are kept as they are).
+	AddPreauthorized(ctx context.Context, machineIDs []string, at time.Time) error
+	// DeletePreauthorized removes one machine ID; absent is no error.
+	DeletePreauthorized(ctx context.Context, machineID string) error
+}
+
+// Errors of admission. The server answers them with 403 or 409 and a
+// stable JSON error code (docs/protocol.md).
+var (
+	ErrBlocked             = errors.New("this device is blocked by the operator")
+	ErrDecommissioned      = errors.New("this device is decommissioned")
+	ErrNotPreauthorized    = errors.New("this machine ID is not preauthorized")
+	ErrEnrollmentToken     = errors.New("enrollment token unknown, used, revoked, expired or for another machine ID")
+	ErrCertificateRequired = errors.New("a client certificate naming this machine ID is required")
+	ErrEnrollConflict      = errors.New("another registration of this machine ID waits for an operator; it must be rejected first")
+	ErrNothingToDo         = errors.New("the device is not in a state this action applies to")
+	ErrEnrollment          = errors.New("wrong enrollment secret")
+)
+
 // Admission is a device's standing with the operator.
 type Admission uint8
 
@@ -77,18 +106,6 @@ func ParsePolicy(v string) (Policy, bool) {
 	}
 	return 0, false
 }
-
-// Errors of admission. The server answers them with 403 or 409 and a
-// stable JSON error code (docs/protocol.md).
-var (
-	ErrBlocked             = errors.New("this device is blocked by the operator")
-	ErrDecommissioned      = errors.New("this device is decommissioned")
-	ErrNotPreauthorized    = errors.New("this machine ID is not preauthorized")
-	ErrEnrollmentToken     = errors.New("enrollment token unknown, used, revoked, expired or for another machine ID")
-	ErrCertificateRequired = errors.New("a client certificate naming this machine ID is required")
-	ErrEnrollConflict      = errors.New("another registration of this machine ID waits for an operator; it must be rejected first")
-	ErrNothingToDo         = errors.New("the device is not in a state this action applies to")
-)
 
 // PendingRetry is the Retry-After, in seconds, of a pending registration.
 const PendingRetry = 60
@@ -669,12 +686,6 @@ func (s *Service) deleteDevice(ctx context.Context, d *device) error {
 		}
 	}
 	return nil
-}
-
-func (s *Service) labelStore() LabelStore {
-	s.labels.mu.Lock()
-	defer s.labels.mu.Unlock()
-	return s.labels.store
 }
 
 // AdmissionFilter selects devices by admission; the zero value matches all.

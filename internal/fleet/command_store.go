@@ -1,36 +1,8 @@
 package fleet
 
 import (
-	"context"
 	"time"
 )
-
-// CommandStore keeps remote commands (commands.go): one row per job and
-// one per targeted device. Every adapter implements it; storetest checks
-// it. Without one (memory mode), commands live in memory only.
-type CommandStore interface {
-	// LoadCommands returns every job, with its per-device counts by
-	// state, and streams the per-device commands still queued or
-	// delivered.
-	LoadCommands(ctx context.Context, each func(DeviceCommand) error) ([]JobRecord, error)
-	// SaveJob inserts or replaces a job by ID.
-	SaveJob(ctx context.Context, j JobRecord) error
-	// AddDeviceCommands inserts per-device commands (present ones are
-	// kept) and stores their job's progress (Total, Creating, Cursor,
-	// LastID; the whole record if the job is not stored yet: a stored
-	// state stays, so a pause or cancel meanwhile is never undone), in one
-	// transaction.
-	AddDeviceCommands(ctx context.Context, j JobRecord, cmds []DeviceCommand) error
-	// SaveDeviceCommands replaces per-device commands, in one transaction.
-	SaveDeviceCommands(ctx context.Context, cmds []DeviceCommand) error
-	// FinishQueued moves a job's queued commands to state (expired or
-	// cancelled) at at and returns how many moved.
-	FinishQueued(ctx context.Context, jobID uint64, state CommandState, at time.Time) (int64, error)
-	// DeviceCommands lists a job's per-device commands with device ID >
-	// q.After in device ID order, or a device's (q.DeviceID set) newest
-	// first; q.State filters when set.
-	DeviceCommands(ctx context.Context, q CommandQuery) ([]DeviceCommand, error)
-}
 
 // CommandQuery selects per-device commands.
 type CommandQuery struct {

@@ -45,6 +45,14 @@ type FirmwareStore interface {
 	ProfileRevisions(ctx context.Context, profileID uint64) ([]ProfileRevision, error)
 }
 
+// Errors of firmware operations.
+var (
+	ErrFirmwareExists = errors.New("this device type has this firmware version already")
+	ErrFirmwareInUse  = errors.New("a rollout that is not finished uses this firmware")
+	ErrRolloutState   = errors.New("the rollout cannot do this in its state")
+	ErrNoDevices      = errors.New("no device matches the rollout's filter")
+)
+
 // FirmwareData is what LoadFirmware returns.
 type FirmwareData struct {
 	// MaxFirmwareID is the highest firmware ID ever used (deleted ones
@@ -124,14 +132,6 @@ func fieldText(v string, max int) string {
 	}
 	return ""
 }
-
-// Errors of firmware operations.
-var (
-	ErrFirmwareExists = errors.New("this device type has this firmware version already")
-	ErrFirmwareInUse  = errors.New("a rollout that is not finished uses this firmware")
-	ErrRolloutState   = errors.New("the rollout cannot do this in its state")
-	ErrNoDevices      = errors.New("no device matches the rollout's filter")
-)
 
 // firmwareState is the Service's firmware, rollouts and revisions.
 type firmwareState struct {

@@ -381,3 +381,9 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 	}
 	return len(ids), nil
 }
+
+func (s *Service) labelStore() LabelStore {
+	s.labels.mu.Lock()
+	defer s.labels.mu.Unlock()
+	return s.labels.store
+}

@@ -48,6 +48,13 @@ type PolicyStore interface {
 	DeleteProfiles(ctx context.Context, ids []uint64) error
 }
 
+// Errors of profile policy operations.
+var (
+	ErrNotPending    = errors.New("this firmware is not waiting for approval")
+	ErrProfileInUse  = errors.New("devices use this profile")
+	ErrProfileExists = errors.New("this firmware has a profile already")
+)
+
 // PolicyData is what a PolicyStore keeps.
 type PolicyData struct {
 	Policy *ProfilePolicy
@@ -388,13 +395,6 @@ func (s *Service) PendingFirmware() []PendingFirmware {
 	})
 	return out
 }
-
-// Errors of profile policy operations.
-var (
-	ErrNotPending    = errors.New("this firmware is not waiting for approval")
-	ErrProfileInUse  = errors.New("devices use this profile")
-	ErrProfileExists = errors.New("this firmware has a profile already")
-)
 
 // ApproveFirmware gives a linked firmware its own profile: inheriting from
 // the profile its devices use when carry is inherit (empty: the policy's

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -300,4 +301,8 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	s.recordRevision(ctx, &next, by, note)
 	s.log.Info("profile updated", "profile_id", next.ID, "version", next.Version, "by", by, "note", note)
 	return next, true, nil
+}
+
+func sortProfiles(ps []Profile) {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].ID < ps[j].ID })
 }

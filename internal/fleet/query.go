@@ -1,8 +1,8 @@
 package fleet
 
 import (
+	"context"
 	"encoding/base64"
-	"errors"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,9 +54,6 @@ type Result struct {
 	Next    string   `json:"next_cursor,omitempty"`
 	Total   int      `json:"total"`
 }
-
-// ErrCursor is returned for a cursor that Query did not make.
-var ErrCursor = errors.New("invalid cursor")
 
 // sortKey orders devices: by num, then str, then id.
 type sortKey struct {
@@ -335,4 +332,119 @@ func (s *Service) DeviceTypes() (types, firmware []string) {
 	sort.Strings(types)
 	sort.Strings(firmware)
 	return types, firmware
+}
+
+// Filter selects devices. Zero fields match everything.
+type Filter struct {
+	SyncState  *SyncState
+	Liveness   *Liveness
+	DeviceType string
+	Firmware   string
+	ProfileID  uint64
+	Text       string   // substring of machine ID or serial
+	Labels     []uint16 // label IDs (LabelIDs); a device must have all
+	Admission  AdmissionFilter
+	// Quota selects devices by quota (QuotaFilters); set by ParseFilter,
+	// which resolves it.
+	Quota    string
+	quotaIDs map[uint64]struct{}
+}
+
+func (f *Filter) match(d *device, now int64) bool {
+	if f.DeviceType != "" && d.deviceType != f.DeviceType {
+		return false
+	}
+	if f.Firmware != "" && d.firmware != f.Firmware {
+		return false
+	}
+	if f.ProfileID != 0 && d.profile.get().ID != f.ProfileID {
+		return false
+	}
+	if f.SyncState != nil && d.syncState() != *f.SyncState {
+		return false
+	}
+	if f.Liveness != nil && d.liveness(now) != *f.Liveness {
+		return false
+	}
+	if f.Text != "" && !strings.Contains(d.machineID(), f.Text) && !strings.Contains(d.serial(), f.Text) {
+		return false
+	}
+	if len(f.Labels) > 0 && !d.hasLabels(f.Labels) {
+		return false
+	}
+	if f.Quota != "" {
+		if _, ok := f.quotaIDs[d.id]; !ok {
+			return false
+		}
+	}
+	return f.Admission.match(d)
+}
+
+// Device returns one device with its current state.
+func (s *Service) Device(ctx context.Context, id uint64) (Device, error) {
+	d := s.get(id)
+	if d == nil {
+		return Device{}, ErrNotFound
+	}
+	snap := d.snapshot(s.now().UnixNano(), s.states == nil)
+	if s.states != nil && snap.LastSeen != nil {
+		st, err := s.states.DeviceState(ctx, id)
+		if err != nil {
+			return Device{}, err
+		}
+		snap.State = st
+	}
+	return snap, nil
+}
+
+// History reads a device's stored samples.
+func (s *Service) History(ctx context.Context, id uint64, q HistoryQuery) ([]Sample, error) {
+	if s.get(id) == nil {
+		return nil, ErrNotFound
+	}
+	if s.store == nil {
+		return []Sample{}, nil
+	}
+	return s.store.History(ctx, id, q)
+}
+
+// Stats counts devices by sync state and liveness.
+type Stats struct {
+	Devices  int            `json:"devices"`
+	Sync     map[string]int `json:"sync"`
+	Liveness map[string]int `json:"liveness"`
+}
+
+// Counts returns device counts by sync state and by liveness.
+func (s *Service) Counts() (sync [4]int, live [4]int, total int) {
+	now := s.now().UnixNano()
+	s.devMu.RLock()
+	all := s.devices
+	s.devMu.RUnlock()
+	for _, d := range all {
+		if d == nil {
+			continue
+		}
+		d.mu.Lock()
+		if d.profile != nil {
+			sync[d.syncState()]++
+			live[d.liveness(now)]++
+			total++
+		}
+		d.mu.Unlock()
+	}
+	return sync, live, total
+}
+
+// Stats returns Counts with names.
+func (s *Service) Stats() Stats {
+	syncs, lives, total := s.Counts()
+	st := Stats{Devices: total, Sync: map[string]int{}, Liveness: map[string]int{}}
+	for _, v := range AllSyncStates() {
+		st.Sync[v.String()] = syncs[v]
+	}
+	for _, v := range AllLiveness() {
+		st.Liveness[v.String()] = lives[v]
+	}
+	return st
 }

@@ -45,6 +45,12 @@ import (
 	"unicode/utf8"
 )
 
+// ErrQuota is returned by Push for a push beyond the device's quota.
+var ErrQuota = errors.New("push quota exceeded")
+
+// ErrTooManyLifts is returned when 10,000 devices already have lifted quotas.
+var ErrTooManyLifts = errors.New("too many devices with lifted quotas (10000): revoke some first")
+
 // QuotaOptions configure per-device quotas. The zero value has no quotas.
 type QuotaOptions struct {
 	// PushRate is how many pushes per push interval of its profile a
@@ -83,9 +89,6 @@ const (
 var QuotaReasons = []string{QuotaPushRate, QuotaHistory, QuotaProfileCreate}
 
 func reasonIndex(r string) int { return slices.Index(QuotaReasons, r) }
-
-// ErrQuota is returned by Push for a push beyond the device's quota.
-var ErrQuota = errors.New("push quota exceeded")
 
 // QuotaError says which device is over its quota and when it may push again.
 type QuotaError struct {
@@ -447,9 +450,6 @@ func (s *Service) QuotaOf(id uint64) (QuotaHit, bool) {
 	}
 	return QuotaHit{}, false
 }
-
-// ErrTooManyLifts is returned when 10,000 devices already have lifted quotas.
-var ErrTooManyLifts = errors.New("too many devices with lifted quotas (10000): revoke some first")
 
 // CheckLiftNote checks an operator's note on a lift.
 func CheckLiftNote(note string) error {

@@ -25,29 +25,6 @@ import (
 	"time"
 )
 
-// RolloutCluster is what rollouts need from a database several nodes
-// share; the PostgreSQL adapter implements it next to ClusterStore.
-type RolloutCluster interface {
-	// NextRolloutID hands out a rollout ID no node has used.
-	NextRolloutID(ctx context.Context) (uint64, error)
-	// SaveRolloutIf stores r if the stored rollout is still in state
-	// prevState at wave prevWave, with wave (the devices of a wave r
-	// starts) in the same transaction; a rollout stored as aborted also
-	// has its devices still pending or downloading canceled there. ok is
-	// false, and nothing is written, when the stored rollout changed.
-	SaveRolloutIf(ctx context.Context, r Rollout, prevState string, prevWave int, wave []RolloutDevice) (ok bool, err error)
-	// MergeRolloutDevices upserts ds: a stored final state (verified,
-	// failed, canceled) stays; otherwise a final state, or a report at
-	// least as new as the stored one, replaces it.
-	MergeRolloutDevices(ctx context.Context, ds []RolloutDevice) error
-	// SyncRollouts reads the rollouts not finished, those of known, and
-	// those with an ID above after.
-	SyncRollouts(ctx context.Context, known []uint64, after uint64) ([]Rollout, error)
-	// RolloutDevicesWritten reads the devices of rollouts written at or
-	// after since (the database's clock, unix ms), and that clock now.
-	RolloutDevicesWritten(ctx context.Context, rollouts []uint64, since int64) ([]RolloutDevice, int64, error)
-}
-
 // ChangeRollout: a rollout created, started a wave, paused, resumed,
 // aborted or finished: read the rollouts back. (A number of its own, apart
 // from the kinds of cluster.go.)

@@ -1,34 +1,9 @@
 package fleet
 
 import (
-	"context"
 	"encoding/json"
 	"time"
 )
-
-// Store is what the fleet needs from a database. Adapters live in
-// internal/store/<backend>; all of them pass internal/store/storetest.
-type Store interface {
-	// Load streams every stored device, then returns all profiles and the
-	// highest device and profile IDs in use.
-	Load(ctx context.Context, each func(DeviceRecord) error) (LoadResult, error)
-	// Commit applies one batch atomically and durably (one transaction).
-	Commit(ctx context.Context, b *Batch) error
-	// History returns a device's samples in [q.From, q.To), oldest first.
-	History(ctx context.Context, deviceID uint64, q HistoryQuery) ([]Sample, error)
-	// PruneHistory deletes at most limit samples older than before and
-	// returns how many it deleted.
-	PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error)
-	Close() error
-}
-
-// HistoryDropper drops history by time partitions: DropHistory drops every
-// whole partition older than before, whatever its size (a cheap operation
-// there), and returns how many samples it dropped; a store without
-// partitions drops nothing. PruneHistory then deletes the rest in chunks.
-type HistoryDropper interface {
-	DropHistory(ctx context.Context, before time.Time) (int64, error)
-}
 
 // Backend is every store interface of the fleet in one: what each adapter
 // (internal/store/<backend>) implements.
@@ -64,13 +39,6 @@ func StoresOf(b Backend) Stores {
 		return Stores{}
 	}
 	return Stores{Devices: b, States: b, History: b, Trust: b, Policy: b, Labels: b, Firmware: b, Commands: b}
-}
-
-// StateReader is implemented by stores that read back one device's current
-// state. In write-through mode the fleet then keeps states only in the store,
-// not in memory.
-type StateReader interface {
-	DeviceState(ctx context.Context, deviceID uint64) (json.RawMessage, error)
 }
 
 // LoadResult is what Store.Load returns besides the devices.

@@ -1,25 +1,8 @@
 package fleet
 
 import (
-	"context"
 	"time"
 )
-
-// TrustStore is implemented by stores that keep device admission: admission
-// states, device key hashes, re-enrollment requests (through Batch.Trust),
-// enrollment tokens and preauthorized machine IDs. Without one, all of it
-// lives in memory only. Every adapter implements it; storetest checks it.
-type TrustStore interface {
-	// LoadTrust streams every device's trust record (devices without one
-	// are active and have no key), then returns the rest.
-	LoadTrust(ctx context.Context, each func(TrustRecord) error) (TrustState, error)
-	// SaveEnrollmentToken inserts or replaces a token by ID.
-	SaveEnrollmentToken(ctx context.Context, t EnrollmentToken) error
-	// AddPreauthorized adds machine IDs (present ones are kept as they are).
-	AddPreauthorized(ctx context.Context, machineIDs []string, at time.Time) error
-	// DeletePreauthorized removes one machine ID; absent is no error.
-	DeletePreauthorized(ctx context.Context, machineID string) error
-}
 
 // TrustRecord is one device's admission state as stored, upserted by
 // DeviceID. Deleted removes the device (identity, state, trust; labels

@@ -14,9 +14,6 @@ import (
 	"strings"
 )
 
-// ErrInvalid is wrapped by every *FieldError.
-var ErrInvalid = errors.New("invalid input")
-
 // FieldError is input that breaks a rule. Its message names the field as
 // the API and the dashboard's forms call it.
 type FieldError struct {
