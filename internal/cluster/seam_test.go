@@ -423,7 +423,9 @@ func TestSeamClusterRevisions(t *testing.T) {
 			return `{"label":"both","filter":{"q":"m-rev-labels"}}`
 		})
 		for _, n := range nodes {
-			within(t, converge, "every label on "+n.name, func() bool {
+			// Ten labels through the change log on a busy machine: the
+			// promise here is one label per name, each on its device.
+			within(t, 10*time.Second, "every label on "+n.name, func() bool {
 				st, b := n.do("GET", "/api/v1/labels", adminToken, "")
 				var ls struct {
 					Labels []struct {
