@@ -3,9 +3,12 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // paceClock is a clock the test moves: the committer's waits for the commit
@@ -92,12 +95,10 @@ func (s *paceStore) log() ([]time.Time, []int) {
 // waitCommits waits until n commits have started.
 func (s *paceStore) waitCommits(t *testing.T, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if _, recs := s.log(); len(recs) >= n {
-			return
-		}
-	}
-	t.Fatalf("fewer than %d commits started", n)
+	testwait.For(t, 10*time.Second, fmt.Sprintf("%d commits to start", n), func() bool {
+		_, recs := s.log()
+		return len(recs) >= n
+	})
 }
 
 func newPaced(t *testing.T, maxPending int, interval time.Duration) (*WriteThrough, *paceClock, *paceStore) {
@@ -251,7 +252,7 @@ func TestWriteThroughPacedRealClock(t *testing.T) {
 	var tks []Ticket
 	for time.Since(start) < 300*time.Millisecond {
 		tks = append(tks, enqueueN(t, w, 1)...)
-		time.Sleep(200 * time.Microsecond)
+		time.Sleep(200 * time.Microsecond) // paces the stream of writes: the load under test
 	}
 	waitAll(t, tks)
 	elapsed := time.Since(start)
@@ -278,6 +279,7 @@ func TestWriteThroughCommitBatch(t *testing.T) {
 	waitAll(t, enqueueN(t, w, 1)) // idle: committed at once
 	tks := enqueueN(t, w, batch-1)
 	c.waitSleep(t)
+	// Time for a wrong commit to happen before asserting that none did.
 	time.Sleep(20 * time.Millisecond)
 	if _, recs := st.log(); len(recs) != 1 {
 		t.Fatalf("%d commits before the batch was full, want 1", len(recs))

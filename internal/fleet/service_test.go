@@ -52,7 +52,7 @@ func (s *recStore) Load(ctx context.Context, each func(DeviceRecord) error) (Loa
 }
 
 func (s *recStore) Commit(ctx context.Context, b *Batch) error {
-	time.Sleep(s.delay)
+	time.Sleep(s.delay) // a slow store: the latency the tests put under the service
 	if s.fail.Load() {
 		return errors.New("disk on fire")
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // wbStore is a Store that records the batches committed to it and can fail
@@ -235,13 +237,7 @@ func TestWriteBackPeriodicFlushAndClose(t *testing.T) {
 	st := newWBStore()
 	w := NewWriteBack(st, WriteBackOptions{FlushInterval: 10 * time.Millisecond})
 	enqueueState(t, w, 1, 1)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(st.committed()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no periodic flush within 5 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, 5*time.Second, "a periodic flush", func() bool { return len(st.committed()) > 0 })
 	// Close retries a failing store until it succeeds.
 	st.failN.Store(3)
 	enqueueState(t, w, 1, 2)

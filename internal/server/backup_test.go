@@ -16,6 +16,7 @@ import (
 
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // drover backup copies a running server's SQLite database while devices
@@ -81,9 +82,7 @@ func TestBackupUnderWritesRestoresTheFleet(t *testing.T) {
 			}
 		}()
 	}
-	for written.Load() < 20 && failed.Load() == 0 { // the writers are running
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, 30*time.Second, "the writers running", func() bool { return written.Load() >= 20 || failed.Load() > 0 })
 	atStart := written.Load()
 	dir := filepath.Join(t.TempDir(), "backup")
 	res, err := server.Backup(context.Background(), src.Config, dir)

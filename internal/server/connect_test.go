@@ -10,6 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 func dialConnect(t *testing.T, s *servertest.Server, token string) *websocket.Conn {
@@ -145,11 +146,7 @@ func TestConnectRefusals(t *testing.T) {
 
 func waitMetric(t *testing.T, s *servertest.Server, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.Metric(name, nil) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %v, want %v", name, s.Metric(name, nil), want)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testwait.Until(10*time.Second, func() bool { return s.Metric(name, nil) == want }) {
+		t.Fatalf("%s = %v, want %v", name, s.Metric(name, nil), want)
 	}
 }

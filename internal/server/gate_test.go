@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // With the busy connections at the limit, a new connection is not accepted
@@ -56,10 +58,10 @@ func TestAcceptGateHoldsNewConnectionsWhileBusy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return g.busy.Load() == 0 }, "idle connections still counted busy")
+	testwait.For(t, 10*time.Second, "idle connections no longer counted busy", func() bool { return g.busy.Load() == 0 })
 
 	b1, b2 := get(oneShot, "/block"), get(oneShot, "/block")
-	waitFor(t, func() bool { return entered.Load() == 2 }, "blocking requests not in the handler")
+	testwait.For(t, 10*time.Second, "the blocking requests in the handler", func() bool { return entered.Load() == 2 })
 	third := get(oneShot, "/quick")
 	select {
 	case err := <-third:
@@ -81,17 +83,7 @@ func TestAcceptGateHoldsNewConnectionsWhileBusy(t *testing.T) {
 	if err := held.Write(&m); err != nil || m.GetCounter().GetValue() < 1 {
 		t.Fatal("the wait was not counted")
 	}
-	waitFor(t, func() bool { return g.busy.Load() == 0 }, "busy count leaked")
-}
-
-func waitFor(t *testing.T, ok func() bool, msg string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if ok() {
-			return
-		}
-	}
-	t.Fatal(msg)
+	testwait.For(t, 10*time.Second, "the busy count back to 0 (not leaked)", func() bool { return g.busy.Load() == 0 })
 }
 
 // A request marked notBusy (a download, a held 429) leaves the gate's count.

@@ -10,6 +10,7 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // /metrics shares the port with devices: an anonymous scrape or a device's
@@ -100,12 +101,8 @@ func TestMetricsTokenChecked(t *testing.T) {
 func TestStoreUpkeepMetrics(t *testing.T) {
 	s := servertest.Start(t, servertest.Options{})
 	labels := map[string]string{"work": "checkpoint"}
-	deadline := time.Now().Add(10 * time.Second)
-	for s.Metric("drover_store_upkeep_duration_seconds_count", labels) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint observed in 10 s: %v", s.Metric("drover_store_upkeep_duration_seconds_count", labels))
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !testwait.Until(10*time.Second, func() bool { return s.Metric("drover_store_upkeep_duration_seconds_count", labels) >= 2 }) {
+		t.Fatalf("no checkpoint observed in 10 s: %v", s.Metric("drover_store_upkeep_duration_seconds_count", labels))
 	}
 	if v := s.Metric("drover_store_upkeep_errors_total", labels); v != 0 {
 		t.Errorf("checkpoint errors %v, want 0", v)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // --acme-domains against Pebble, Let's Encrypt's ACME test server, run in
@@ -175,17 +176,15 @@ func waitForDNS(t *testing.T, addr string) {
 		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, network, addr)
 		}}
-		for {
+		var ips []string
+		var err error
+		if !testwait.Until(time.Until(deadline), func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			ips, err := r.LookupHost(ctx, "fleet.drover.test")
-			cancel()
-			if err == nil && len(ips) > 0 && ips[0] == "127.0.0.1" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("test DNS server on %s (%s) not answering: %v %v", addr, network, ips, err)
-			}
-			time.Sleep(20 * time.Millisecond)
+			defer cancel()
+			ips, err = r.LookupHost(ctx, "fleet.drover.test")
+			return err == nil && len(ips) > 0 && ips[0] == "127.0.0.1"
+		}) {
+			t.Fatalf("test DNS server on %s (%s) not answering: %v %v", addr, network, ips, err)
 		}
 	}
 }

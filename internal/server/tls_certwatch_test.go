@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"crypto/tls"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // -tls-cert files replaced on disk (a renewal) are served without SIGHUP
@@ -30,7 +32,8 @@ func TestCertificateFilesReloadWhenChanged(t *testing.T) {
 	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	os.WriteFile(cert, read(a, "cert.pem"), 0o600)
 	os.WriteFile(key, read(a, "key.pem"), 0o600)
-	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) {
+	var log testwait.Buffer
+	s := servertest.Start(t, servertest.Options{Logger: slog.New(slog.NewTextHandler(&log, nil)), Configure: func(c *server.Config) {
 		c.TLSCert, c.TLSKey, c.TLSCertCheck = cert, key, 20*time.Millisecond
 	}})
 	served := func() []byte { return servedOf(t, s) }
@@ -40,18 +43,14 @@ func TestCertificateFilesReloadWhenChanged(t *testing.T) {
 	}
 	// Half replaced: b's certificate with a's key does not load.
 	os.WriteFile(cert, read(b, "cert.pem"), 0o600)
-	time.Sleep(200 * time.Millisecond)
+	testwait.For(t, 10*time.Second, "the half-replaced pair tried", func() bool {
+		return strings.Contains(log.String(), "changed certificate files do not load")
+	})
 	if !bytes.Equal(served(), first) {
 		t.Fatal("a certificate that does not match its key was served")
 	}
 	os.WriteFile(key, read(b, "key.pem"), 0o600)
-	deadline := time.Now().Add(10 * time.Second)
-	for !bytes.Equal(served(), servedOf(t, b)) {
-		if time.Now().After(deadline) {
-			t.Fatal("the renewed certificate was not served within 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.For(t, 10*time.Second, "the renewed certificate served", func() bool { return bytes.Equal(served(), servedOf(t, b)) })
 }
 
 func servedOf(t *testing.T, s *servertest.Server) []byte {

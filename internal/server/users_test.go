@@ -61,7 +61,7 @@ func TestTokenLifecycle(t *testing.T) {
 	if st, _, _ := c.do("GET", "/api/v1/profiles/1", short, nil); st != 200 {
 		t.Fatalf("token before expiry: %d", st)
 	}
-	time.Sleep(1600 * time.Millisecond)
+	time.Sleep(1600 * time.Millisecond) // lets the token's expiry pass: the thing under test
 	if st, _, _ := c.do("GET", "/api/v1/profiles/1", short, nil); st != 401 {
 		t.Fatalf("expired token: %d", st)
 	}

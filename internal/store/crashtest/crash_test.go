@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/testwait"
 )
 
 var (
@@ -144,7 +145,9 @@ func tryStartServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration)
 		t.Fatal(err)
 	}
 	addr := make(chan string, 1)
+	logged := make(chan struct{})
 	go func() {
+		defer close(logged)
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
@@ -153,13 +156,14 @@ func tryStartServe(t *testing.T, dataDir, dsn, mode string, flush time.Duration)
 				addr <- m[1]
 			}
 		}
+		io.Copy(io.Discard, stderr) // past an overlong line
 	}()
-	go func() { s.exited <- cmd.Wait() }()
+	// Wait closes stderr: it comes once every log line has been read.
+	go func() { <-logged; s.exited <- cmd.Wait() }()
 	select {
 	case a := <-addr:
 		s.base = "https://" + a
 	case err := <-s.exited:
-		time.Sleep(100 * time.Millisecond) // the last log lines
 		return nil, fmt.Errorf("drover serve exited early: %v\n%s", err, s.log)
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
@@ -340,6 +344,7 @@ func (s *serve) pushLoad(devs []*device, workers int, stop <-chan struct{}, out 
 				switch {
 				case err != nil:
 					out.failed.Add(1)
+					// A device's pause before it tries again: paces the load.
 					time.Sleep(10 * time.Millisecond)
 				case st == 200:
 					out.ok.Add(1)
@@ -351,6 +356,7 @@ func (s *serve) pushLoad(devs []*device, workers int, stop <-chan struct{}, out 
 					if retryAfter == "" {
 						out.noRetryAfter.Add(1)
 					}
+					// A device's pause before it tries again: paces the load.
 					time.Sleep(5 * time.Millisecond)
 				default:
 					out.other.Add(1)
@@ -436,6 +442,7 @@ func TestKillUnderLoad(t *testing.T) {
 				stop := make(chan struct{})
 				var out outcome
 				wg := s.pushLoad(devs, workers, stop, &out)
+				// The load the kill interrupts: a time under load, not a wait.
 				time.Sleep(load)
 				s.kill() // mid-load: requests are in flight
 				killedAt := time.Now()
@@ -552,9 +559,7 @@ func TestShutdownRightAfterLoad(t *testing.T) {
 			stop := make(chan struct{})
 			var out outcome
 			wg := s.pushLoad(devs, 16, stop, &out)
-			for out.ok.Load() < devices {
-				time.Sleep(10 * time.Millisecond)
-			}
+			testwait.For(t, 5*time.Minute, "a push of every device acknowledged", func() bool { return out.ok.Load() >= devices })
 			close(stop)
 			wg.Wait()
 			took := time.Since(start)
@@ -651,7 +656,7 @@ func TestDatabaseOutage(t *testing.T) {
 						wg.Wait()
 					}
 				}()
-				time.Sleep(500 * time.Millisecond)
+				testwait.For(t, 30*time.Second, "pushes acknowledged before the outage", func() bool { return out.ok.Load() >= int64(len(devs)) })
 				okBefore := out.ok.Load()
 				if err := b.srv.Stop(); err != nil {
 					t.Fatal(err)
@@ -663,6 +668,7 @@ func TestDatabaseOutage(t *testing.T) {
 						b.srv.Restart()
 					}
 				}()
+				// The outage under test: what the server says 1 s into it.
 				time.Sleep(time.Second)
 				readyDown, upDown := s.ready(), -1.0
 				if v, ok := s.metric("drover_store_up"); ok {
@@ -670,6 +676,7 @@ func TestDatabaseOutage(t *testing.T) {
 				}
 				unavailable := out.unavailable.Load()
 				okDuring := out.ok.Load()
+				// The outage under test: what is acknowledged 1 s to 1.5 s into it.
 				time.Sleep(500 * time.Millisecond)
 				okLate := out.ok.Load()
 
@@ -681,15 +688,17 @@ func TestDatabaseOutage(t *testing.T) {
 				// Recovery without restarting drover: commits succeed again
 				// and pushes are acknowledged.
 				recovered := time.Duration(0)
-				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-					n := out.ok.Load()
-					time.Sleep(100 * time.Millisecond)
-					if up, _ := s.metric("drover_store_up"); up == 1 && out.ok.Load() > n+10 && s.ready() == 200 {
-						recovered = time.Since(upAt)
-						break
-					}
+				okUp := out.ok.Load()
+				if testwait.Until(30*time.Second, func() bool {
+					up, _ := s.metric("drover_store_up")
+					return up == 1 && out.ok.Load() > okUp+10 && s.ready() == 200
+				}) {
+					recovered = time.Since(upAt)
+					// The load goes on after the recovery: those pushes are
+					// checked below too.
+					okRecovered := out.ok.Load()
+					testwait.For(t, 30*time.Second, "pushes acknowledged after the recovery", func() bool { return out.ok.Load() >= okRecovered+int64(len(devs)) })
 				}
-				time.Sleep(500 * time.Millisecond)
 				close(stop)
 				wg.Wait()
 				if recovered == 0 {
@@ -851,18 +860,15 @@ func TestLockTakenOver(t *testing.T) {
 					// What write-back acknowledged but has not flushed may be
 					// lost (as at kill -9): wait until the flushes wrote every
 					// registered device.
-					for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+					if !testwait.Until(30*time.Second, func() bool {
 						flushed := 0
 						for _, m := range flushedDevices.FindAllStringSubmatch(first.log.String(), -1) {
 							n, _ := strconv.Atoi(m[1])
 							flushed += n
 						}
-						if flushed >= len(devs) {
-							break
-						}
-						if time.Now().After(deadline) {
-							t.Fatalf("no write-back flush within 30 s\n%s", tail(first.log.String()))
-						}
+						return flushed >= len(devs)
+					}) {
+						t.Fatalf("no write-back flush within 30 s\n%s", tail(first.log.String()))
 					}
 				}
 				var second *serve
@@ -880,14 +886,10 @@ func TestLockTakenOver(t *testing.T) {
 				}
 				var st int
 				var hdr string
-				deadline := time.Now().Add(30 * time.Second)
-				for time.Now().Before(deadline) {
+				testwait.Until(30*time.Second, func() bool {
 					st, hdr, _, _ = first.do("POST", "/api/v1/push", devs[0].token, `{"seq":100,"state":{}}`)
-					if st == 503 {
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
+					return st == 503
+				})
 				if st != 503 || hdr == "" {
 					t.Fatalf("push to the server that lost its lock: %d (Retry-After %q); want 503 with Retry-After\n%s", st, hdr, tail(first.log.String()))
 				}

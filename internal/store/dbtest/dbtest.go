@@ -29,6 +29,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // Kind names a database server.
@@ -255,25 +257,32 @@ func (s *Server) startProcess(ping func(context.Context) error) error {
 	exit := make(chan error, 1)
 	go func() { exit <- cmd.Wait() }()
 	s.cmd, s.exit = cmd, exit
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var exited bool
+	var werr error
+	testwait.Until(60*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := ping(ctx)
+		err = ping(ctx)
 		cancel()
 		if err == nil {
-			return nil
+			return true
 		}
 		select {
-		case werr := <-exit:
-			s.cmd = nil
-			return fmt.Errorf("%s exited during start (%v): %v\n%s", filepath.Base(s.bin), werr, err, s.LogTail())
+		case werr = <-exit:
+			exited = true
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			s.killLocked()
-			return fmt.Errorf("%s did not accept connections within 60 s: %v\n%s", filepath.Base(s.bin), err, s.LogTail())
-		}
-		time.Sleep(50 * time.Millisecond)
+	})
+	switch {
+	case err == nil:
+		return nil
+	case exited:
+		s.cmd = nil
+		return fmt.Errorf("%s exited during start (%v): %v\n%s", filepath.Base(s.bin), werr, err, s.LogTail())
+	default:
+		s.killLocked()
+		return fmt.Errorf("%s did not accept connections within 60 s: %v\n%s", filepath.Base(s.bin), err, s.LogTail())
 	}
 }
 

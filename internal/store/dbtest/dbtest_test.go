@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testwait"
 )
 
 // processGroup names each process of the group with its state and title,
@@ -22,12 +24,10 @@ func TestProcessGroup(t *testing.T) {
 		cmd.Wait()
 	}()
 	var got string
-	for range 100 {
-		if got = processGroup(cmd.Process.Pid); strings.Contains(got, " sleep 30\n") && strings.Contains(got, " sleep 31\n") {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testwait.Until(2*time.Second, func() bool {
+		got = processGroup(cmd.Process.Pid)
+		return strings.Contains(got, " sleep 30\n") && strings.Contains(got, " sleep 31\n")
+	})
 	lines := strings.Split(strings.TrimSpace(got), "\n")
 	if len(lines) != 3 || !strings.Contains(got, " sleep 30\n") || !strings.Contains(got, " sleep 31\n") {
 		t.Fatalf("want the shell and its two sleeps, got:\n%s", got)

@@ -75,6 +75,7 @@ func benchPaced(b *testing.B, tmpl string, devices, rate int, interval time.Dura
 				if i >= b.N {
 					return
 				}
+				// Paces the load at rate: the load under test.
 				time.Sleep(time.Until(start.Add(time.Duration(i) * period)))
 				id := uint64(i)*7919%uint64(devices) + 1 // each device once
 				t0 := time.Now()

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // noMerger stops the background merger for a test: it calls MergeStateLog.
@@ -145,6 +147,7 @@ func TestStateLogMergesUnderCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[uint64]fleet.StateRecord{}
+	var committed atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -167,10 +170,13 @@ func TestStateLogMergesUnderCommits(t *testing.T) {
 				t.Error(err)
 				return
 			}
+			committed.Add(1)
 		}
 	}()
 	for range 5 {
-		time.Sleep(20 * time.Millisecond)
+		// Each merge finds commits made since the one before.
+		since := committed.Load()
+		testwait.For(t, 10*time.Second, "commits since the last merge", func() bool { return committed.Load() >= since+3 })
 		if err := s.MergeStateLog(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"context"
 	"errors"
 	"os"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/contract"
 	"github.com/drover/drover/internal/store/internal/instlock"
+	"github.com/drover/drover/internal/testwait"
 )
 
 // testInstanceLock: while a store is open, opening the same database again
@@ -82,11 +82,7 @@ func RunTakeover(t *testing.T, newDB NewDB, kill func(t testing.TB, s contract.S
 		t.Errorf("the new holder loaded %d devices (device 2 present: %v); want devices 1 and 3", len(l.devices), ok)
 	}
 	// The first server's keeper finds the lock held by the second.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for a.LockLost() == nil && ctx.Err() == nil {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Until(30*time.Second, func() bool { return a.LockLost() != nil })
 	if err := a.LockLost(); err == nil {
 		t.Error("the first server still says it holds the lock")
 	}
