@@ -53,18 +53,21 @@ func (a *Agent) serveLink(ctx context.Context) error {
 	// The link's own transport (one connection, the upgraded one) with a
 	// corkable connection under its TLS.
 	cork := &corkConn{}
-	tr := a.client.http.Transport.(*http.Transport).Clone()
-	var d net.Dialer
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
+	hc := &http.Client{Transport: a.client.http.Transport}
+	if base, ok := a.client.http.Transport.(*http.Transport); ok {
+		tr := base.Clone()
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			cork.set(c)
+			return cork, nil
 		}
-		cork.set(c)
-		return cork, nil
+		defer tr.CloseIdleConnections()
+		hc.Transport = tr
 	}
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: tr}
 	dctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout)
 	ws, _, err := websocket.Dial(dctx, a.client.linkURL(), &websocket.DialOptions{HTTPClient: hc,
 		CompressionMode: websocket.CompressionDisabled,
