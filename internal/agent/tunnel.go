@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -49,7 +50,24 @@ func (a *Agent) openLink(ctx context.Context) {
 
 func (a *Agent) serveLink(ctx context.Context) error {
 	token, _ := a.connToken.Load().(string)
+	// The link's own transport (one connection, the upgraded one) with a
+	// corkable connection under its TLS.
+	cork := &corkConn{}
 	hc := &http.Client{Transport: a.client.http.Transport}
+	if base, ok := a.client.http.Transport.(*http.Transport); ok {
+		tr := base.Clone()
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			cork.set(c)
+			return cork, nil
+		}
+		defer tr.CloseIdleConnections()
+		hc.Transport = tr
+	}
 	dctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout)
 	ws, _, err := websocket.Dial(dctx, a.client.linkURL(), &websocket.DialOptions{HTTPClient: hc,
 		CompressionMode: websocket.CompressionDisabled,
@@ -61,7 +79,7 @@ func (a *Agent) serveLink(ctx context.Context) error {
 	ws.SetReadLimit(tunnel.MaxMessage)
 	lctx, lcancel := context.WithCancel(ctx)
 	defer lcancel()
-	nc := websocket.NetConn(lctx, ws, websocket.MessageBinary)
+	nc := &corkedWriter{Conn: websocket.NetConn(lctx, ws, websocket.MessageBinary), cork: cork}
 	sess, err := yamux.Server(nc, tunnel.SessionConfig())
 	if err != nil {
 		nc.Close()
@@ -133,4 +151,67 @@ func (a *Agent) serveStream(ctx context.Context, st *yamux.Stream) {
 	toDest, fromDest, _ := tunnel.NewCounters()
 	err = tunnel.Pipe(st, dc, toDest, fromDest)
 	a.log.Info("tunnel closed", "to", req.To, "bytes_in", toDest.N(), "bytes_out", fromDest.N(), "err", err)
+}
+
+// corkConn is the link's TCP connection; while corked, writes are held
+// and go out in one write when uncorked. The agent is the WebSocket
+// client and must mask what it sends: the WebSocket library masks in its
+// 4 KiB write buffer and flushes it each time, which without the cork
+// made each 4 KiB a TLS record and a system call of its own.
+type corkConn struct {
+	net.Conn
+	mu     sync.Mutex
+	corked bool
+	held   []byte
+}
+
+func (c *corkConn) set(conn net.Conn) { c.Conn = conn }
+
+func (c *corkConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.corked {
+		c.held = append(c.held, p...)
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *corkConn) cork() {
+	c.mu.Lock()
+	c.corked = true
+	c.mu.Unlock()
+}
+
+// uncork writes what was held.
+func (c *corkConn) uncork() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.corked = false
+	if len(c.held) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.held)
+	if cap(c.held) > 1<<20 {
+		c.held = nil
+	} else {
+		c.held = c.held[:0]
+	}
+	return err
+}
+
+// corkedWriter is the WebSocket connection under the yamux session: each
+// write (one WebSocket message) goes out corked, as one TCP write.
+type corkedWriter struct {
+	net.Conn
+	cork *corkConn
+}
+
+func (w *corkedWriter) Write(p []byte) (int, error) {
+	w.cork.cork()
+	n, err := w.Conn.Write(p)
+	if uerr := w.cork.uncork(); err == nil && uerr != nil {
+		return n, uerr
+	}
+	return n, err
 }

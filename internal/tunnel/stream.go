@@ -136,31 +136,11 @@ func Pipe(a, b net.Conn, ab, ba *Counter) error {
 	}
 	cp := func(dst, src net.Conn, c *Counter) {
 		defer wg.Done()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				if c != nil {
-					c.n.Add(int64(n))
-					if c.last != nil {
-						c.last.Store(time.Now().UnixNano())
-					}
-				}
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					fail(werr)
-					return
-				}
+		if err := copyAhead(dst, src, c); err != nil {
+			if err == errHalfClose {
+				err = nil
 			}
-			if err == io.EOF {
-				if closeWrite(dst) != nil {
-					fail(nil)
-				}
-				return
-			}
-			if err != nil {
-				fail(err)
-				return
-			}
+			fail(err)
 		}
 	}
 	wg.Add(2)
@@ -173,6 +153,90 @@ func Pipe(a, b net.Conn, ab, ba *Counter) error {
 		first = nil
 	}
 	return first
+}
+
+// readBuf is one read's buffer; aheadMax bounds what a direction reads
+// ahead of its writer.
+const (
+	readBuf  = 64 << 10
+	aheadMax = 512 << 10
+)
+
+// errHalfClose is copyAhead's end when dst could not be half-closed: the
+// pipe ends without an error.
+var errHalfClose = errors.New("tunnel: half-close failed")
+
+// copyAhead copies src→dst until src's end (passed on as a half-close) or
+// an error (returned; nil for an orderly end). A reader goroutine reads
+// ahead while dst is being written, and the writer takes everything read
+// so far in one write: a TLS connection returns one 16 KiB record a read,
+// and a yamux stream's write waits for its frame to be sent, so copying
+// read by read left each side idle while the other worked and sent one
+// small frame per record.
+func copyAhead(dst, src net.Conn, c *Counter) error {
+	var (
+		mu      sync.Mutex
+		cond    = sync.NewCond(&mu)
+		pending []byte // read, not yet taken by the writer
+		rerr    error  // the reader's end
+		stopped bool   // the writer gave up
+	)
+	go func() {
+		buf := make([]byte, readBuf)
+		for {
+			n, err := src.Read(buf)
+			mu.Lock()
+			if n > 0 {
+				if c != nil {
+					c.n.Add(int64(n))
+					if c.last != nil {
+						c.last.Store(time.Now().UnixNano())
+					}
+				}
+				for len(pending)+n > aheadMax && !stopped {
+					cond.Wait()
+				}
+				pending = append(pending, buf[:n]...)
+			}
+			if err != nil {
+				rerr = err
+			}
+			end := err != nil || stopped
+			cond.Broadcast()
+			mu.Unlock()
+			if end {
+				return
+			}
+		}
+	}()
+	var out []byte
+	for {
+		mu.Lock()
+		for len(pending) == 0 && rerr == nil {
+			cond.Wait()
+		}
+		if len(pending) == 0 {
+			err := rerr
+			mu.Unlock()
+			if err == io.EOF {
+				if closeWrite(dst) != nil {
+					return errHalfClose
+				}
+				return nil
+			}
+			return err
+		}
+		out, pending = pending, out[:0]
+		cond.Broadcast()
+		mu.Unlock()
+		if _, err := dst.Write(out); err != nil {
+			mu.Lock()
+			stopped = true
+			cond.Broadcast()
+			mu.Unlock()
+			return err
+		}
+	}
 }
 
 // NewCounters are the two counters of a pipe, sharing the time of the last
