@@ -60,7 +60,7 @@ func TestImportLayers(t *testing.T) {
 		"cmd/internal/agentcmd":      {"cmd/internal/command", "internal/agent", "internal/tunnel"},
 		"cmd/drover-agent":           {"cmd/internal/command", "cmd/internal/agentcmd"},
 		"internal/store/migrate":     {},
-		"internal/store/dbtest":      {},
+		"internal/store/dbtest":      {"internal/testwait"},
 		"internal/server/servertest": {"internal/server"},
 		"internal/server/transport":  {"internal/protocol"},
 	}
