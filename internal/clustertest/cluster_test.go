@@ -23,7 +23,8 @@ const (
 
 // TestCluster runs three nodes (one without cluster mode in the build)
 // behind HAProxy and, under the emulator's load: pauses NATS, restarts
-// PostgreSQL, kills a node with SIGKILL. After each, every push the
+// PostgreSQL, replaces every node by a new binary one by one (a rolling
+// upgrade), kills a node with SIGKILL. After each, every push the
 // emulator saw acknowledged is in the database, and the answers were
 // never wrong.
 func TestCluster(t *testing.T) {
@@ -37,6 +38,9 @@ func TestCluster(t *testing.T) {
 	l.register(fleet)
 	t.Run("pause-nats", func(t *testing.T) { l.pauseNATS(t) })
 	t.Run("restart-postgres", func(t *testing.T) { l.restartPostgres(t) })
+	if n > 1 {
+		t.Run("rolling-upgrade", func(t *testing.T) { l.rollingUpgrade(t) })
+	}
 	t.Run("kill-node", func(t *testing.T) { l.killNode(t) })
 }
 

@@ -126,6 +126,7 @@ type lab struct {
 
 	lbPort  int
 	lbURL   string
+	lbAdmin string // HAProxy's runtime API socket
 	haproxy *exec.Cmd
 	lbLog   *testwait.Buffer
 }
@@ -247,6 +248,7 @@ type node struct {
 	host   *host
 	data   string
 	url    string
+	bin    string // the drover binary it runs; empty: the one under test
 	cmd    *exec.Cmd
 	log    *testwait.Buffer
 	exited chan error
@@ -273,7 +275,11 @@ func (l *lab) startNodes(n int) {
 // start (re)starts nd and waits until it is ready.
 func (l *lab) start(nd *node) {
 	l.t.Helper()
-	args := append(nd.host.Exec(), droverBin, "serve", "--data-dir", nd.data, "--listen", nd.host.IP+":8443",
+	bin := nd.bin
+	if bin == "" {
+		bin = droverBin
+	}
+	args := append(nd.host.Exec(), bin, "serve", "--data-dir", nd.data, "--listen", nd.host.IP+":8443",
 		"--db", l.dsn, "--persistence", "write-through", "--node-name", nd.name,
 		"--tls-cert", l.cert, "--tls-key", l.key, "--enrollment-secret", secret, "--admin-token", adminToken,
 		"--quota-push-rate", "0", "--quota-history-samples", "0", "--quota-history-bytes", "0",
@@ -341,8 +347,10 @@ func (l *lab) haproxyConfig() string {
 	cfg = strings.Replace(cfg, "bind :8443", fmt.Sprintf("bind %s:%d", l.hostIP, l.lbPort), 1)
 	cfg = regexp.MustCompile(`(?m)^\s*log /dev/log.*\n`).ReplaceAllString(cfg, "")
 	cfg = regexp.MustCompile(`maxconn \d+`).ReplaceAllString(cfg, "maxconn 8000") // within the test's file limit
-	if n != 1 || !strings.Contains(cfg, "server n1 ") {
-		l.t.Fatalf("deploy/haproxy/drover.cfg: want one `bind :8443` and `server node1 …` lines:\n%s", b)
+	l.lbAdmin = filepath.Join(l.dir, "haproxy.sock")
+	cfg = strings.Replace(cfg, "stats socket /run/haproxy/admin.sock", "stats socket "+l.lbAdmin, 1)
+	if n != 1 || !strings.Contains(cfg, "server n1 ") || !strings.Contains(cfg, l.lbAdmin) {
+		l.t.Fatalf("deploy/haproxy/drover.cfg: want one `bind :8443`, `server node1 …` and `stats socket /run/haproxy/admin.sock` lines:\n%s", b)
 	}
 	return cfg
 }
