@@ -179,9 +179,6 @@ type clusterState struct {
 	// log entries, tokens memory refused, registrations of machine IDs
 	// another node stored).
 	deviceReads atomic.Uint64
-	// commandQueries counts pushes that asked the database about
-	// commands (a command queued for the device, or results).
-	commandQueries atomic.Uint64
 	// refused remembers tokens the database refused a moment ago, so that
 	// a device pushing with a stale token costs one read per
 	// refusedTTL, not one per push. A token refused by the database never
@@ -224,7 +221,7 @@ func (s *Service) ClusterDeviceReads() uint64 { return s.cluster.deviceReads.Loa
 // ClusterCommandQueries counts the pushes that asked the database about
 // commands (cluster mode): pushes without a command queued and without
 // results ask nothing.
-func (s *Service) ClusterCommandQueries() uint64 { return s.cluster.commandQueries.Load() }
+func (s *Service) ClusterCommandQueries() uint64 { return s.commands.queries.Load() }
 
 // wasRefused says whether the database refused this token for device id
 // within refusedTTL.

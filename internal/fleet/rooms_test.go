@@ -106,3 +106,75 @@ func TestRoomsLayout(t *testing.T) {
 		t.Errorf("%s belongs to no room: add it to the table in rooms_test.go and to docs/architecture.md", n)
 	}
 }
+
+// roomFiles are the files of the rooms that are types of their own: every
+// method declared there has the room (or a type of its own, listed too)
+// as receiver, never *Service. The Service embeds the rooms, which is how
+// their exported methods are the Service's.
+var roomFiles = map[string][]string{
+	"commands.go":         {"commands", "CommandState", "JobState", "CommandSpec", "job", "devCmd"},
+	"commands_cluster.go": {"commands", "job"},
+	"command_store.go":    nil,
+}
+
+// serviceFiles are the files of the Service's own room (registry, push,
+// profiles, labels, queries) and of the glue that composes the rooms: the
+// only files with methods on *Service.
+var serviceFiles = []string{"service.go", "registry.go", "push.go", "profile.go", "labels.go", "query.go",
+	"validate.go", "events.go", "authenticate.go",
+	// Not rooms of their own yet.
+	"admission.go", "enrollment.go", "secret.go", "firmware.go", "rollout.go", "rollout_cluster.go",
+	"profilehistory.go", "quota.go", "policy.go", "cluster.go"}
+
+// TestRoomReceivers fails when a method in a room's file has another
+// receiver than the room's types (a method of the Service left, or put,
+// in the room's file), or when the Service has methods outside its own
+// files.
+func TestRoomReceivers(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	service := 0
+	seen := map[string]bool{}
+	for _, p := range pkgs {
+		for path, f := range p.Files {
+			seen[path] = true
+			allowed, isRoom := roomFiles[path]
+			for _, d := range f.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok || fd.Recv == nil {
+					continue
+				}
+				recv := fd.Recv.List[0].Type
+				if st, ok := recv.(*ast.StarExpr); ok {
+					recv = st.X
+				}
+				id, ok := recv.(*ast.Ident)
+				if !ok {
+					t.Errorf("%s: method %s: unexpected receiver", path, fd.Name.Name)
+					continue
+				}
+				if id.Name == "Service" {
+					service++
+					if !slices.Contains(serviceFiles, path) {
+						t.Errorf("%s: method %s is on *Service; the file belongs to a room, whose methods have the room as receiver", path, fd.Name.Name)
+					}
+					continue
+				}
+				if isRoom && !slices.Contains(allowed, id.Name) {
+					t.Errorf("%s: method %s has receiver %s; the room's types are %v", path, fd.Name.Name, id.Name, allowed)
+				}
+			}
+		}
+	}
+	for path := range roomFiles {
+		if !seen[path] {
+			t.Errorf("room file %s is gone: update roomFiles and docs/architecture.md", path)
+		}
+	}
+	t.Logf("the Service has %d methods of its own", service)
+}

@@ -70,12 +70,12 @@ type Service struct {
 	profiles     *profiles
 	profileWrite sync.Mutex // serialises profile updates
 
-	labels labelRegistry // labels.go
-	trust  trustRegistry // enrollment.go
-	quota  *quotas       // quota.go
-	policy policyState   // policy.go
-	fw     firmwareState // firmware.go, rollout.go, profilehistory.go
-	cmds   commands      // commands.go
+	labels   labelRegistry // labels.go
+	trust    trustRegistry // enrollment.go
+	quota    *quotas       // quota.go
+	policy   policyState   // policy.go
+	fw       firmwareState // firmware.go, rollout.go, profilehistory.go
+	commands               // commands.go, commands_cluster.go
 
 	cluster clusterState // cluster.go
 	events  subscribers  // events.go
@@ -107,6 +107,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		machineIDs: make(machineIndex), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
+	s.commands.wire(s)
 	s.trust.init()
 	s.fw.init()
 	if opts.Cluster != nil {
@@ -184,6 +185,21 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 	}
 	return s, nil
+}
+
+// deviceFinder is what the rooms need of the registry: a device by ID,
+// and every device in turn (d.mu held during fn). The Service implements
+// it.
+type deviceFinder interface {
+	get(id uint64) *device
+	each(fn func(d *device))
+}
+
+// lastID is the highest device ID handed out here so far.
+func (s *Service) lastID() uint64 {
+	s.devMu.RLock()
+	defer s.devMu.RUnlock()
+	return uint64(len(s.devices)) - 1
 }
 
 func (s *Service) intern(v string) string {
