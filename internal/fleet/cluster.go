@@ -330,30 +330,6 @@ func (s *Service) reloadLabels(ctx context.Context) error {
 	return s.loadLabelsLocked(ctx, r.store, true)
 }
 
-// reloadEnrollment replaces the enrollment tokens and preauthorized
-// machine IDs with the stored ones.
-func (s *Service) reloadEnrollment(ctx context.Context) error {
-	// Read under the lock: a token this node makes meanwhile is then
-	// either in what is read or made after.
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	st, err := s.opts.Cluster.LoadEnrollment(ctx)
-	if err != nil {
-		return err
-	}
-	r.tokens = make(map[uint64]*EnrollmentToken, len(st.Tokens))
-	for i := range st.Tokens {
-		t := st.Tokens[i]
-		r.tokens[t.ID] = &t
-	}
-	r.preauth = make(map[string]time.Time, len(st.Preauthorized))
-	for _, p := range st.Preauthorized {
-		r.preauth[p.MachineID] = p.AddedAt
-	}
-	return nil
-}
-
 // reloadFirmware replaces the firmware artifacts with the stored ones
 // (a rollout keeps the artifact it was read with: an artifact is never
 // changed, and not deleted while an unfinished rollout uses it).
@@ -376,24 +352,6 @@ func (s *Service) reloadFirmware(ctx context.Context) error {
 		fs.artifacts[f.ID] = &f
 	}
 	return nil
-}
-
-// lookAgain, in cluster mode, reads the enrollment tokens and
-// preauthorized machine IDs back when memory does not know one a
-// registration names: another node may have made it a moment ago. It
-// says whether it read; past storedChecksPerSecond it answers
-// ErrOverloaded (503), not a wrong refusal.
-func (s *Service) lookAgain(ctx context.Context) (bool, error) {
-	if s.opts.Cluster == nil {
-		return false, nil
-	}
-	if !s.cluster.reads.Allow() {
-		return false, ErrOverloaded
-	}
-	if err := s.reloadEnrollment(ctx); err != nil {
-		return false, errors.Join(ErrUnavailable, err)
-	}
-	return true, nil
 }
 
 // reloadPolicy replaces the profile policy and the quota lifts with the

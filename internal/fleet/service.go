@@ -71,7 +71,7 @@ type Service struct {
 	profileWrite sync.Mutex // serialises profile updates
 
 	labels   labelRegistry // labels.go
-	trust    trustRegistry // enrollment.go
+	trust                  // admission.go, enrollment.go, secret.go
 	quota    *quotas       // quota.go
 	policy   policyState   // policy.go
 	fw       firmwareState // firmware.go, rollout.go, profilehistory.go
@@ -80,7 +80,6 @@ type Service struct {
 	cluster clusterState // cluster.go
 	events  subscribers  // events.go
 
-	secret enrollmentSecret // secret.go
 }
 
 // New loads the fleet from its stores (none: in memory) and returns the
@@ -108,7 +107,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		devices: make([]*device, 1, 1024),
 	}
 	s.commands.wire(s)
-	s.trust.init()
+	s.trust.wire(s)
 	s.fw.init()
 	if opts.Cluster != nil {
 		s.cluster.init()
