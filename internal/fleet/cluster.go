@@ -330,30 +330,6 @@ func (s *Service) reloadLabels(ctx context.Context) error {
 	return s.loadLabelsLocked(ctx, r.store, true)
 }
 
-// reloadFirmware replaces the firmware artifacts with the stored ones
-// (a rollout keeps the artifact it was read with: an artifact is never
-// changed, and not deleted while an unfinished rollout uses it).
-func (s *Service) reloadFirmware(ctx context.Context) error {
-	fs := &s.fw
-	if fs.store == nil {
-		return nil
-	}
-	// Read under the lock: an artifact this node adds meanwhile is then
-	// either in what is read or added after.
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	data, err := fs.store.LoadFirmware(ctx)
-	if err != nil {
-		return err
-	}
-	clear(fs.artifacts)
-	for i := range data.Firmware {
-		f := data.Firmware[i]
-		fs.artifacts[f.ID] = &f
-	}
-	return nil
-}
-
 // reloadPolicy replaces the profile policy and the quota lifts with the
 // stored ones, and takes the firmware links other nodes made: their
 // devices here go to the linked profile (moveToOwn), as on the node that

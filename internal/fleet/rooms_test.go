@@ -119,6 +119,10 @@ var roomFiles = map[string][]string{
 	"enrollment.go":       {"trust"},
 	"secret.go":           {"trust"},
 	"trust_store.go":      nil,
+	"firmware.go":         {"firmwareState", "Firmware"},
+	"rollout.go":          {"firmwareState", "rollout", "Rollout", "RolloutSpec", "Window"},
+	"rollout_cluster.go":  {"firmwareState"},
+	"profilehistory.go":   {"firmwareState"},
 }
 
 // serviceFiles are the files of the Service's own room (registry, push,
@@ -127,8 +131,7 @@ var roomFiles = map[string][]string{
 var serviceFiles = []string{"service.go", "registry.go", "push.go", "profile.go", "labels.go", "query.go",
 	"validate.go", "events.go", "authenticate.go", "register.go",
 	// Not rooms of their own yet.
-	"firmware.go", "rollout.go", "rollout_cluster.go",
-	"profilehistory.go", "quota.go", "policy.go", "cluster.go"}
+	"quota.go", "policy.go", "cluster.go"}
 
 // TestRoomReceivers fails when a method in a room's file has another
 // receiver than the room's types (a method of the Service left, or put,

@@ -70,12 +70,12 @@ type Service struct {
 	profiles     *profiles
 	profileWrite sync.Mutex // serialises profile updates
 
-	labels   labelRegistry // labels.go
-	trust                  // admission.go, enrollment.go, secret.go
-	quota    *quotas       // quota.go
-	policy   policyState   // policy.go
-	fw       firmwareState // firmware.go, rollout.go, profilehistory.go
-	commands               // commands.go, commands_cluster.go
+	labels        labelRegistry // labels.go
+	trust                       // admission.go, enrollment.go, secret.go
+	quota         *quotas       // quota.go
+	policy        policyState   // policy.go
+	firmwareState               // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
+	commands                    // commands.go, commands_cluster.go
 
 	cluster clusterState // cluster.go
 	events  subscribers  // events.go
@@ -108,7 +108,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	}
 	s.commands.wire(s)
 	s.trust.wire(s)
-	s.fw.init()
+	s.firmwareState.wire(s)
 	if opts.Cluster != nil {
 		s.cluster.init()
 	}
