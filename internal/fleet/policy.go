@@ -138,6 +138,14 @@ type policyState struct {
 	policy atomic.Pointer[ProfilePolicy]
 }
 
+// locked runs fn under the policy lock with the policy store (nil: memory
+// only): the quotas room stores its lifts there.
+func (p *policyState) locked(fn func(st PolicyStore) error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return fn(p.store)
+}
+
 func (s *Service) profilePolicy() ProfilePolicy { return *s.policy.policy.Load() }
 
 // ProfilePolicy returns the policy in force.

@@ -123,6 +123,7 @@ var roomFiles = map[string][]string{
 	"rollout.go":          {"firmwareState", "rollout", "Rollout", "RolloutSpec", "Window"},
 	"rollout_cluster.go":  {"firmwareState"},
 	"profilehistory.go":   {"firmwareState"},
+	"quota.go":            {"quota", "QuotaError", "device"},
 }
 
 // serviceFiles are the files of the Service's own room (registry, push,
@@ -131,7 +132,7 @@ var roomFiles = map[string][]string{
 var serviceFiles = []string{"service.go", "registry.go", "push.go", "profile.go", "labels.go", "query.go",
 	"validate.go", "events.go", "authenticate.go", "register.go",
 	// Not rooms of their own yet.
-	"quota.go", "policy.go", "cluster.go"}
+	"policy.go", "cluster.go"}
 
 // TestRoomReceivers fails when a method in a room's file has another
 // receiver than the room's types (a method of the Service left, or put,

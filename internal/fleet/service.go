@@ -72,14 +72,13 @@ type Service struct {
 
 	labels        labelRegistry // labels.go
 	trust                       // admission.go, enrollment.go, secret.go
-	quota         *quotas       // quota.go
+	*quota                      // quota.go
 	policy        policyState   // policy.go
 	firmwareState               // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
 	commands                    // commands.go, commands_cluster.go
 
 	cluster clusterState // cluster.go
 	events  subscribers  // events.go
-
 }
 
 // New loads the fleet from its stores (none: in memory) and returns the
@@ -113,6 +112,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		s.cluster.init()
 	}
 	s.quota = newQuotas(opts.Quotas, s.now())
+	s.quota.wire(s)
 	pol := DefaultProfilePolicy()
 	s.policy.policy.Store(&pol)
 	store := st.Devices
