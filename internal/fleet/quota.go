@@ -538,5 +538,13 @@ func (q *quota) RestoreQuota(ctx context.Context, id uint64) error {
 	return nil
 }
 
+// loadLifts takes the stored lifts (New).
+func (q *quota) loadLifts(lifts []QuotaLift) {
+	for _, l := range lifts {
+		q.lifted[l.DeviceID] = l
+	}
+	q.anyLifted.Store(len(q.lifted) > 0)
+}
+
 // QuotaOptions returns the quotas in force.
 func (q *quota) QuotaOptions() QuotaOptions { return q.opts }

@@ -73,7 +73,7 @@ type Service struct {
 	labels        labelRegistry // labels.go
 	trust                       // admission.go, enrollment.go, secret.go
 	*quota                      // quota.go
-	policy        policyState   // policy.go
+	policy                      // policy.go
 	firmwareState               // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
 	commands                    // commands.go, commands_cluster.go
 
@@ -113,8 +113,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	}
 	s.quota = newQuotas(opts.Quotas, s.now())
 	s.quota.wire(s)
-	pol := DefaultProfilePolicy()
-	s.policy.policy.Store(&pol)
+	s.policy.wire(s)
 	store := st.Devices
 	if store == nil {
 		s.profiles = newProfiles(nil, 0)
