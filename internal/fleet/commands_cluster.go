@@ -454,3 +454,8 @@ func (c *commands) finishCluster(ctx context.Context, r JobRecord, state Command
 	c.note(ctx, ChangeJob, r.ID)
 	return nil
 }
+
+// ClusterCommandQueries counts the pushes that asked the database about
+// commands (cluster mode): pushes without a command queued and without
+// results ask nothing.
+func (c *commands) ClusterCommandQueries() uint64 { return c.queries.Load() }

@@ -60,7 +60,7 @@ func (t *trust) wire(s *Service) {
 	t.policy, t.requireCert, t.defaultSecret = s.opts.Admission, s.opts.RequireCertificate, s.opts.EnrollmentSecret
 	t.devs, t.persist, t.cluster, t.now, t.log = s, s.persist, s.opts.Cluster, s.now, s.log
 	t.note = s.noteChange
-	t.mayRead = func() bool { return s.cluster.reads.Allow() }
+	t.mayRead = s.cluster.mayRead
 	t.init()
 }
 

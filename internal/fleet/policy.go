@@ -176,6 +176,27 @@ func (pol *policy) loaded(st PolicyStore, p *ProfilePolicy) error {
 	return nil
 }
 
+// reload, in cluster mode, replaces the policy with the stored one and
+// hands what else is stored (lifts, links) to then, under the lock.
+func (pol *policy) reload(ctx context.Context, then func(PolicyData)) error {
+	st := pol.store
+	if st == nil {
+		return nil
+	}
+	data, err := st.LoadPolicy(ctx)
+	if err != nil {
+		return err
+	}
+	pol.mu.Lock()
+	defer pol.mu.Unlock()
+	if data.Policy != nil && data.Policy.Check() == nil {
+		p := *data.Policy
+		pol.policy.Store(&p)
+	}
+	then(data)
+	return nil
+}
+
 func (pol *policy) profilePolicy() ProfilePolicy { return *pol.policy.Load() }
 
 // ProfilePolicy returns the policy in force.

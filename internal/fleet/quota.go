@@ -546,5 +546,16 @@ func (q *quota) loadLifts(lifts []QuotaLift) {
 	q.anyLifted.Store(len(q.lifted) > 0)
 }
 
+// replaceLifts replaces the lifts with the stored ones (cluster mode).
+func (q *quota) replaceLifts(lifts []QuotaLift) {
+	q.mu.Lock()
+	clear(q.lifted)
+	for _, l := range lifts {
+		q.lifted[l.DeviceID] = l
+	}
+	q.anyLifted.Store(len(q.lifted) > 0)
+	q.mu.Unlock()
+}
+
 // QuotaOptions returns the quotas in force.
 func (q *quota) QuotaOptions() QuotaOptions { return q.opts }

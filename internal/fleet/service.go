@@ -77,8 +77,8 @@ type Service struct {
 	firmwareState               // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
 	commands                    // commands.go, commands_cluster.go
 
-	cluster clusterState // cluster.go
-	events  subscribers  // events.go
+	cluster             // cluster.go
+	events  subscribers // events.go
 }
 
 // New loads the fleet from its stores (none: in memory) and returns the
@@ -108,9 +108,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	s.commands.wire(s)
 	s.trust.wire(s)
 	s.firmwareState.wire(s)
-	if opts.Cluster != nil {
-		s.cluster.init()
-	}
+	s.cluster.wire(s)
 	s.quota = newQuotas(opts.Quotas, s.now())
 	s.quota.wire(s)
 	s.policy.wire(s)
