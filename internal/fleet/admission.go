@@ -19,8 +19,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/drover/drover/internal/protocol"
@@ -54,6 +56,62 @@ var (
 	ErrNothingToDo         = errors.New("the device is not in a state this action applies to")
 	ErrEnrollment          = errors.New("wrong enrollment secret")
 )
+
+// trust is the trust room: who may register and how (the admission
+// policy, the enrollment secret, enrollment tokens, preauthorized machine
+// IDs), and the devices' admission states, which operators change
+// (admission.go). The Service embeds it, so that its exported methods are
+// the Service's; the registry creates and deletes devices (register.go).
+type trust struct {
+	mu        sync.Mutex
+	store     TrustStore // nil: memory only
+	tokens    map[uint64]*EnrollmentToken
+	nextToken uint64
+	preauth   map[string]time.Time
+	secret    enrollmentSecret // secret.go
+
+	// Set by New: the Options of the room, and what it needs of the others.
+	policy        Policy
+	requireCert   bool
+	defaultSecret string // Options.EnrollmentSecret
+	devs          trustDevices
+	persist       Persister
+	cluster       ClusterStore // nil: one server
+	now           func() time.Time
+	log           *slog.Logger
+	// note writes a change log entry (cluster glue, cluster.go).
+	note func(ctx context.Context, kind ChangeKind, id uint64)
+	// mayRead says whether a database read for an unknown token or
+	// machine ID is within the cluster's budget (cluster glue).
+	mayRead func() bool
+}
+
+// trustDevices is what the trust room needs of the registry.
+type trustDevices interface {
+	deviceFinder
+	deviceOf(machineID string) (uint64, bool)
+	deviceForToken(token string) (*device, [32]byte, bool)
+	deleteDevice(ctx context.Context, d *device) error
+	Device(ctx context.Context, id uint64) (Device, error)
+}
+
+// wire gives the room its options and what it needs of the others (New).
+func (t *trust) wire(s *Service) {
+	t.policy, t.requireCert, t.defaultSecret = s.opts.Admission, s.opts.RequireCertificate, s.opts.EnrollmentSecret
+	t.devs, t.persist, t.cluster, t.now, t.log = s, s.persist, s.opts.Cluster, s.now, s.log
+	t.note = s.noteChange
+	t.mayRead = s.cluster.mayRead
+	t.init()
+}
+
+func (t *trust) init() {
+	if t.tokens == nil {
+		t.tokens, t.preauth, t.nextToken = map[uint64]*EnrollmentToken{}, map[string]time.Time{}, 1
+	}
+	if t.nextToken == 0 {
+		t.nextToken = 1
+	}
+}
 
 // Admission is a device's standing with the operator.
 type Admission uint8
