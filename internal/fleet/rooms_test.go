@@ -32,17 +32,23 @@ var rooms = []struct {
 	{"cluster glue", "cluster.go", []string{"ClusterStore", "ClusterCommands", "RolloutCluster"}},
 }
 
-// TestRoomsLayout fails when an exported interface or Err… variable is
-// declared outside its room's file, below a function there, or missing
-// from the table above.
-func TestRoomsLayout(t *testing.T) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {
+// parseFleet parses the package's files but its tests.
+func parseFleet(t *testing.T) map[string]*ast.Package {
+	t.Helper()
+	pkgs, err := parser.ParseDir(token.NewFileSet(), ".", func(fi fs.FileInfo) bool {
 		return !strings.HasSuffix(fi.Name(), "_test.go")
 	}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pkgs
+}
+
+// TestRoomsLayout fails when an exported interface or Err… variable is
+// declared outside its room's file, below a function there, or missing
+// from the table above.
+func TestRoomsLayout(t *testing.T) {
+	pkgs := parseFleet(t)
 	type place struct {
 		file      string
 		afterFunc bool // declared below the file's first function
@@ -147,13 +153,7 @@ var serviceFiles = []string{"service.go", "registry.go", "push.go", "profile.go"
 // in the room's file), or when the Service has methods outside its own
 // files.
 func TestRoomReceivers(t *testing.T) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pkgs := parseFleet(t)
 	service := 0
 	seen := map[string]bool{}
 	for _, p := range pkgs {
