@@ -19,8 +19,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/drover/drover/internal/protocol"
@@ -54,6 +56,62 @@ var (
 	ErrNothingToDo         = errors.New("the device is not in a state this action applies to")
 	ErrEnrollment          = errors.New("wrong enrollment secret")
 )
+
+// trust is the trust room: who may register and how (the admission
+// policy, the enrollment secret, enrollment tokens, preauthorized machine
+// IDs), and the devices' admission states, which operators change
+// (admission.go). The Service embeds it, so that its exported methods are
+// the Service's; the registry creates and deletes devices (register.go).
+type trust struct {
+	mu        sync.Mutex
+	store     TrustStore // nil: memory only
+	tokens    map[uint64]*EnrollmentToken
+	nextToken uint64
+	preauth   map[string]time.Time
+	secret    enrollmentSecret // secret.go
+
+	// Set by New: the Options of the room, and what it needs of the others.
+	policy        Policy
+	requireCert   bool
+	defaultSecret string // Options.EnrollmentSecret
+	devs          trustDevices
+	persist       Persister
+	cluster       ClusterStore // nil: one server
+	now           func() time.Time
+	log           *slog.Logger
+	// note writes a change log entry (cluster glue, cluster.go).
+	note func(ctx context.Context, kind ChangeKind, id uint64)
+	// mayRead says whether a database read for an unknown token or
+	// machine ID is within the cluster's budget (cluster glue).
+	mayRead func() bool
+}
+
+// trustDevices is what the trust room needs of the registry.
+type trustDevices interface {
+	deviceFinder
+	deviceOf(machineID string) (uint64, bool)
+	deviceForToken(token string) (*device, [32]byte, bool)
+	deleteDevice(ctx context.Context, d *device) error
+	Device(ctx context.Context, id uint64) (Device, error)
+}
+
+// wire gives the room its options and what it needs of the others (New).
+func (t *trust) wire(s *Service) {
+	t.policy, t.requireCert, t.defaultSecret = s.opts.Admission, s.opts.RequireCertificate, s.opts.EnrollmentSecret
+	t.devs, t.persist, t.cluster, t.now, t.log = s, s.persist, s.opts.Cluster, s.now, s.log
+	t.note = s.noteChange
+	t.mayRead = s.cluster.mayRead
+	t.init()
+}
+
+func (t *trust) init() {
+	if t.tokens == nil {
+		t.tokens, t.preauth, t.nextToken = map[uint64]*EnrollmentToken{}, map[string]time.Time{}, 1
+	}
+	if t.nextToken == 0 {
+		t.nextToken = 1
+	}
+}
 
 // Admission is a device's standing with the operator.
 type Admission uint8
@@ -141,6 +199,44 @@ type credentials struct {
 	token  *EnrollmentToken // a valid enrollment token (not yet used)
 }
 
+// credentials checks what a registration presents: a certificate naming
+// its machine ID, the enrollment secret, an enrollment token.
+func (t *trust) credentials(ctx context.Context, r protocol.RegisterRequest, pr Proof) (credentials, error) {
+	var c credentials
+	c.cert = slices.Contains(pr.CertNames, r.MachineID)
+	if t.requireCert && !c.cert {
+		return credentials{}, ErrCertificateRequired
+	}
+	c.secret = r.EnrollmentSecret != "" && subtle.ConstantTimeCompare([]byte(r.EnrollmentSecret), []byte(t.enrollmentSecret())) == 1
+	if r.EnrollmentToken != "" {
+		et, err := t.checkEnrollmentToken(ctx, r.EnrollmentToken, r.MachineID)
+		if err != nil {
+			return credentials{}, err
+		}
+		c.token = &et
+	}
+	return c, nil
+}
+
+// admitNew decides on a new machine ID's registration as the admission
+// policy says: refused (an error), admitted, or pending an operator.
+func (t *trust) admitNew(ctx context.Context, machineID string, c credentials) (pending bool, err error) {
+	switch {
+	case c.cert || c.token != nil:
+	case !c.secret:
+		return false, ErrEnrollment
+	case t.policy == PolicyApprove:
+		pending = true
+	case t.policy == PolicyPreauthorized:
+		if ok, err := t.isPreauthorized(ctx, machineID); err != nil {
+			return false, err
+		} else if !ok {
+			return false, ErrNotPreauthorized
+		}
+	}
+	return pending, nil
+}
+
 func newSecret(prefix string) (string, [32]byte) {
 	var b [24]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -198,195 +294,6 @@ func admissionError(a Admission) error {
 	return nil
 }
 
-// Register enrolls a device or re-enrolls it (RegisterWith without a
-// transport proof).
-func (s *Service) Register(ctx context.Context, r protocol.RegisterRequest) (protocol.RegisterResponse, error) {
-	return s.RegisterWith(ctx, r, Proof{})
-}
-
-// RegisterWith enrolls a new machine ID as the admission policy says, or
-// re-enrolls a known one: with a proof of identity it keeps its device ID
-// and history and gets a new token (the old one stops working); with the
-// enrollment secret alone it files a re-enrollment request and gets a
-// pending answer, and its working token is left alone.
-func (s *Service) RegisterWith(ctx context.Context, r protocol.RegisterRequest, pr Proof) (protocol.RegisterResponse, error) {
-	var c credentials
-	c.cert = slices.Contains(pr.CertNames, r.MachineID)
-	if s.opts.RequireCertificate && !c.cert {
-		return protocol.RegisterResponse{}, ErrCertificateRequired
-	}
-	c.secret = r.EnrollmentSecret != "" && subtle.ConstantTimeCompare([]byte(r.EnrollmentSecret), []byte(s.enrollmentSecret())) == 1
-	if r.EnrollmentToken != "" {
-		t, err := s.checkEnrollmentToken(ctx, r.EnrollmentToken, r.MachineID)
-		if err != nil {
-			return protocol.RegisterResponse{}, err
-		}
-		c.token = &t
-	}
-	for {
-		s.regMu.Lock()
-		id, exists := s.machineIDs.get(r.MachineID)
-		s.regMu.Unlock()
-		if exists {
-			if d := s.get(id); d != nil {
-				return s.reregister(ctx, d, r, pr, c)
-			}
-		}
-		if known, err := s.storedElsewhere(ctx, r.MachineID); err != nil {
-			return protocol.RegisterResponse{}, err
-		} else if known {
-			continue // read back: a re-registration
-		}
-		resp, retry, err := s.enroll(ctx, r, pr, c)
-		if !retry {
-			return resp, err
-		}
-	}
-}
-
-// enroll admits or files a new machine ID. retry: the machine ID appeared
-// meanwhile; start over.
-func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Proof, c credentials) (protocol.RegisterResponse, bool, error) {
-	pending := false
-	switch {
-	case c.cert || c.token != nil:
-	case !c.secret:
-		return protocol.RegisterResponse{}, false, ErrEnrollment
-	case s.opts.Admission == PolicyApprove:
-		pending = true
-	case s.opts.Admission == PolicyPreauthorized:
-		if ok, err := s.isPreauthorized(ctx, r.MachineID); err != nil {
-			return protocol.RegisterResponse{}, false, err
-		} else if !ok {
-			return protocol.RegisterResponse{}, false, ErrNotPreauthorized
-		}
-	}
-	// The profile policy picks the profile (policy.go); the new device
-	// takes the selection's use of it.
-	pe, _, err := s.selectProfile(ctx, profileKey{r.DeviceType, r.Firmware}, nil, 0)
-	if err != nil {
-		return protocol.RegisterResponse{}, false, err
-	}
-	now := s.now()
-	if s.opts.Cluster != nil {
-		return s.enrollShared(ctx, r, pr, c, pe, pending, now)
-	}
-	s.regMu.Lock()
-	if _, exists := s.machineIDs.get(r.MachineID); exists {
-		s.regMu.Unlock()
-		pe.release()
-		return protocol.RegisterResponse{}, true, nil
-	}
-	if c.token != nil {
-		if err := s.useEnrollmentToken(ctx, c.token.ID, s.nextID); err != nil {
-			s.regMu.Unlock()
-			pe.release()
-			return protocol.RegisterResponse{}, false, err
-		}
-	}
-	id := s.nextID
-	s.nextID++
-	key, keyHash := newDeviceKey()
-	d := s.newDevice()
-	d.id, d.registeredAt, d.profile, d.keyHash = id, now.Unix(), pe, keyHash
-	d.deviceType, d.model, d.firmware = s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
-	d.setIDs(r.MachineID, r.Serial)
-	var token string
-	if pending {
-		d.admission = Pending
-	} else {
-		token, d.tokenHash = newToken(id)
-	}
-	d.mu.Lock()
-	rec := DeviceRecord{
-		ID: id, MachineID: d.machineID(), DeviceType: d.deviceType, Model: d.model, Firmware: d.firmware,
-		Serial: d.serial(), TokenHash: append([]byte(nil), d.tokenHash[:]...), RegisteredAt: time.Unix(d.registeredAt, 0),
-	}
-	tr := d.trustRecord()
-	ticket, err := s.persist.Enqueue(func(b *Batch) {
-		b.Devices = append(b.Devices, rec)
-		b.Trust = append(b.Trust, tr)
-	})
-	d.mu.Unlock()
-	if err == nil {
-		s.place(d)
-	}
-	s.regMu.Unlock()
-	if err != nil {
-		pe.release()
-		return protocol.RegisterResponse{}, false, err
-	}
-	if err := ticket.Wait(ctx); err != nil {
-		d.mu.Lock()
-		d.unacked = true
-		d.mu.Unlock()
-		return protocol.RegisterResponse{}, false, err
-	}
-	return s.enrolled(r, pr, id, pe, key, token, pending), false, nil
-}
-
-// enrolled is the answer to a new device's registration.
-func (s *Service) enrolled(r protocol.RegisterRequest, pr Proof, id uint64, pe *profileEntry, key, token string, pending bool) protocol.RegisterResponse {
-	resp := protocol.RegisterResponse{DeviceID: strconv.FormatUint(id, 10), PushInterval: pe.interval(), New: true, DeviceKey: key}
-	if pending {
-		s.log.Info("device admission", "action", "request", "device_id", id, "machine_id", r.MachineID, "from", pr.Source, "admission", Pending.String())
-		resp.Pending, resp.RetryAfter = true, PendingRetry
-		resp.Message = "registration waits for an operator's approval; ask again with device_key"
-		return resp
-	}
-	resp.Token = token
-	return resp
-}
-
-// enrollShared is enroll's end in cluster mode: the database hands out the
-// ID and settles which node's registration of a machine ID wins; the loser
-// reads the winner's device back and starts over (retry).
-func (s *Service) enrollShared(ctx context.Context, r protocol.RegisterRequest, pr Proof, c credentials, pe *profileEntry, pending bool, now time.Time) (protocol.RegisterResponse, bool, error) {
-	cs := s.opts.Cluster
-	id, err := cs.NextDeviceID(ctx)
-	if err == nil && c.token != nil {
-		err = s.useEnrollmentToken(ctx, c.token.ID, id)
-	}
-	if err != nil {
-		pe.release()
-		return protocol.RegisterResponse{}, false, err
-	}
-	key, keyHash := newDeviceKey()
-	s.regMu.Lock()
-	d := s.newDevice()
-	d.id, d.registeredAt, d.profile, d.keyHash = id, now.Unix(), pe, keyHash
-	d.deviceType, d.model, d.firmware = s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
-	s.regMu.Unlock()
-	d.setIDs(r.MachineID, r.Serial)
-	var token string
-	if pending {
-		d.admission = Pending
-	} else {
-		token, d.tokenHash = newToken(id)
-	}
-	rec := DeviceRecord{
-		ID: id, MachineID: d.machineID(), DeviceType: d.deviceType, Model: d.model, Firmware: d.firmware,
-		Serial: d.serial(), TokenHash: append([]byte(nil), d.tokenHash[:]...), RegisteredAt: time.Unix(d.registeredAt, 0),
-	}
-	won, err := cs.ClaimDevice(ctx, rec, d.trustRecord())
-	if err != nil || !won {
-		pe.release()
-		if err == nil {
-			err = s.claimLost(ctx, r.MachineID)
-		}
-		return protocol.RegisterResponse{}, err == nil, err
-	}
-	s.regMu.Lock()
-	old := s.place(d)
-	s.regMu.Unlock()
-	if old != nil { // read back from the change log meanwhile
-		old.mu.Lock()
-		adopt(old, nil)
-		old.mu.Unlock()
-	}
-	return s.enrolled(r, pr, id, pe, key, token, pending), false, nil
-}
-
 // decision is what a re-registration of a known device leads to.
 type decision uint8
 
@@ -397,15 +304,18 @@ const (
 	requested          // 202: a new re-enrollment request, with its key
 )
 
-// reregister handles a registration of a known machine ID.
-func (s *Service) reregister(ctx context.Context, d *device, r protocol.RegisterRequest, pr Proof, c credentials) (protocol.RegisterResponse, error) {
+// reregister decides on a registration of a known machine ID: an answer
+// (a refusal, a wait, a new re-enrollment request), or issue: a reissue the
+// registry does (Service.reissue): a new token, and a new key when newKey,
+// the request's key when fromRequest.
+func (t *trust) reregister(ctx context.Context, d *device, r protocol.RegisterRequest, pr Proof, c credentials) (resp protocol.RegisterResponse, issue, newKey, fromRequest bool, err error) {
 	var keyHash keyDigest
 	if r.DeviceKey != "" {
 		keyHash = digestKey(r.DeviceKey)
 	}
 	tokenOK := false
 	if pr.Token != "" {
-		if td, th, ok := s.deviceForToken(pr.Token); ok && td == d {
+		if td, th, ok := t.devs.deviceForToken(pr.Token); ok && td == d {
 			d.mu.Lock()
 			tokenOK = hashEq(th, d.tokenHash)
 			d.mu.Unlock()
@@ -414,13 +324,12 @@ func (s *Service) reregister(ctx context.Context, d *device, r protocol.Register
 	d.mu.Lock()
 	if err := admissionError(d.admission); err != nil {
 		d.mu.Unlock()
-		return protocol.RegisterResponse{}, err
+		return protocol.RegisterResponse{}, false, false, false, err
 	}
 	keyOK := r.DeviceKey != "" && d.keyHash != keyDigest{} && digestEq(keyHash, d.keyHash)
 	reqOK := r.DeviceKey != "" && d.request != nil && digestEq(keyHash, d.request.keyHash)
 	strong := c.cert || c.token != nil // operator-made credentials: admit even a pending device
 	var dec decision
-	newKey := false
 	switch {
 	case d.unacked && (c.secret || strong):
 		// Its first registration failed: nobody holds its credentials.
@@ -431,10 +340,10 @@ func (s *Service) reregister(ctx context.Context, d *device, r protocol.Register
 		dec = waiting
 	case d.admission == Pending && c.secret:
 		d.mu.Unlock()
-		return protocol.RegisterResponse{}, ErrEnrollConflict
+		return protocol.RegisterResponse{}, false, false, false, ErrEnrollConflict
 	case d.admission == Pending:
 		d.mu.Unlock()
-		return protocol.RegisterResponse{}, ErrEnrollment
+		return protocol.RegisterResponse{}, false, false, false, ErrEnrollment
 	case strong || tokenOK || keyOK:
 		dec, newKey = reissue, d.keyHash == keyDigest{} || c.token != nil
 	case reqOK && d.request.approved:
@@ -445,125 +354,40 @@ func (s *Service) reregister(ctx context.Context, d *device, r protocol.Register
 		dec = requested
 	case c.secret:
 		d.mu.Unlock()
-		return protocol.RegisterResponse{}, ErrEnrollConflict
+		return protocol.RegisterResponse{}, false, false, false, ErrEnrollConflict
 	default:
 		d.mu.Unlock()
-		return protocol.RegisterResponse{}, ErrEnrollment
+		return protocol.RegisterResponse{}, false, false, false, ErrEnrollment
 	}
 	id := d.id
-	resp := protocol.RegisterResponse{DeviceID: strconv.FormatUint(id, 10), PushInterval: d.profile.interval()}
+	resp = protocol.RegisterResponse{DeviceID: strconv.FormatUint(id, 10), PushInterval: d.profile.interval()}
 	switch dec {
 	case waiting:
 		d.mu.Unlock()
 		resp.Pending, resp.RetryAfter = true, PendingRetry
 		resp.Message = "registration waits for an operator's approval"
-		return resp, nil
+		return resp, false, false, false, nil
 	case requested:
 		key, kh := newDeviceKey()
 		old := d.request
-		d.request = &enrollRequest{keyHash: kh, at: s.now().UnixNano(), from: pr.Source}
-		tr := d.trustRecord()
-		err := persist(ctx, s.persist, func(b *Batch) { b.Trust = append(b.Trust, tr) })
+		d.request = &enrollRequest{keyHash: kh, at: t.now().UnixNano(), from: pr.Source}
+		trec := d.trustRecord()
+		err := persist(ctx, t.persist, func(b *Batch) { b.Trust = append(b.Trust, trec) })
 		if err != nil {
 			d.request = old
 		}
 		machineID := d.machineID()
 		d.mu.Unlock()
 		if err != nil {
-			return protocol.RegisterResponse{}, err
+			return protocol.RegisterResponse{}, false, false, false, err
 		}
-		s.log.Info("device admission", "action", "reenroll_request", "device_id", id, "machine_id", machineID, "from", pr.Source)
+		t.log.Info("device admission", "action", "reenroll_request", "device_id", id, "machine_id", machineID, "from", pr.Source)
 		resp.Pending, resp.RetryAfter, resp.DeviceKey = true, PendingRetry, key
 		resp.Message = "this machine ID is registered and no proof of identity was given: the re-enrollment request waits for an operator's approval; ask again with device_key"
-		return resp, nil
+		return resp, false, false, false, nil
 	}
 	d.mu.Unlock()
-	return s.reissue(ctx, d, r, c, newKey, reqOK)
-}
-
-// reissue gives a known device a new token (and key), updating its identity
-// fields from the registration.
-func (s *Service) reissue(ctx context.Context, d *device, r protocol.RegisterRequest, c credentials, newKey, fromRequest bool) (protocol.RegisterResponse, error) {
-	d.mu.Lock()
-	prev := d.profile
-	d.mu.Unlock()
-	pe, _, err := s.selectProfile(ctx, profileKey{r.DeviceType, r.Firmware}, prev, d.id)
-	if err != nil {
-		return protocol.RegisterResponse{}, err
-	}
-	if c.token != nil {
-		if err := s.useEnrollmentToken(ctx, c.token.ID, d.id); err != nil {
-			pe.release()
-			return protocol.RegisterResponse{}, err
-		}
-	}
-	s.regMu.Lock()
-	deviceType, model, firmware := s.intern(r.DeviceType), s.intern(r.Model), s.intern(r.Firmware)
-	s.regMu.Unlock()
-	token, hash := newToken(d.id)
-	var key string
-	d.mu.Lock()
-	if err := admissionError(d.admission); err != nil { // blocked meanwhile
-		d.mu.Unlock()
-		pe.release()
-		return protocol.RegisterResponse{}, err
-	}
-	keyHash := d.keyHash
-	switch {
-	case newKey:
-		key, keyHash = newDeviceKey()
-	case fromRequest && d.request != nil:
-		keyHash = d.request.keyHash
-	}
-	// Only the unacknowledged first registration of a pending device gets
-	// here without an operator's credential: it stays pending, new key.
-	stayPending := d.admission == Pending && c.token == nil && !c.cert
-	if stayPending {
-		hash = [32]byte{}
-	}
-	oldAdmission, oldKey, oldReq := d.admission, d.keyHash, d.request
-	if !stayPending {
-		d.admission = Active
-	}
-	d.keyHash, d.request = keyHash, nil
-	tr := d.trustRecord()
-	rec := DeviceRecord{
-		ID: d.id, MachineID: d.machineID(), DeviceType: deviceType, Model: model, Firmware: firmware,
-		Serial: r.Serial, TokenHash: hash[:], RegisteredAt: time.Unix(d.registeredAt, 0),
-	}
-	ticket, err := s.persist.Enqueue(func(b *Batch) {
-		b.Devices = append(b.Devices, rec)
-		b.Trust = append(b.Trust, tr)
-	})
-	if err == nil {
-		d.deviceType, d.model, d.firmware = deviceType, model, firmware
-		if d.serial() != r.Serial {
-			d.setIDs(d.machineID(), r.Serial)
-		}
-		d.tokenHash = hash
-		adopt(d, pe)
-	} else {
-		d.admission, d.keyHash, d.request = oldAdmission, oldKey, oldReq
-		pe.release()
-	}
-	d.mu.Unlock()
-	if err != nil {
-		return protocol.RegisterResponse{}, err
-	}
-	if err := ticket.Wait(ctx); err != nil {
-		return protocol.RegisterResponse{}, err
-	}
-	d.mu.Lock()
-	d.unacked = false
-	d.mu.Unlock()
-	resp := protocol.RegisterResponse{DeviceID: strconv.FormatUint(d.id, 10), PushInterval: pe.interval(), DeviceKey: key}
-	if stayPending {
-		resp.New, resp.Pending, resp.RetryAfter = true, true, PendingRetry
-		resp.Message = "registration waits for an operator's approval; ask again with device_key"
-		return resp, nil
-	}
-	resp.Token = token
-	return resp, nil
+	return protocol.RegisterResponse{}, true, newKey, reqOK, nil
 }
 
 // Action is what an operator does to a device.
@@ -589,8 +413,8 @@ func ParseAction(v string) (Action, bool) {
 
 // Admit applies an operator's action to a device and logs it (who: actor).
 // It returns the device as it is afterwards (zero after a deletion).
-func (s *Service) Admit(ctx context.Context, id uint64, a Action, actor string) (Device, error) {
-	d := s.get(id)
+func (t *trust) Admit(ctx context.Context, id uint64, a Action, actor string) (Device, error) {
+	d := t.devs.get(id)
 	if d == nil {
 		return Device{}, ErrNotFound
 	}
@@ -633,15 +457,15 @@ func (s *Service) Admit(ctx context.Context, id uint64, a Action, actor string) 
 	}
 	if del {
 		d.mu.Unlock()
-		if err := s.deleteDevice(ctx, d); err != nil {
+		if err := t.devs.deleteDevice(ctx, d); err != nil {
 			return Device{}, err
 		}
-		s.log.Info("device admission", "action", string(a), "device_id", id, "machine_id", machineID, "by", actor,
+		t.log.Info("device admission", "action", string(a), "device_id", id, "machine_id", machineID, "by", actor,
 			"was", before.String(), "admission", "deleted")
 		return Device{}, nil
 	}
-	tr := d.trustRecord()
-	err := persist(ctx, s.persist, func(b *Batch) { b.Trust = append(b.Trust, tr) })
+	trec := d.trustRecord()
+	err := persist(ctx, t.persist, func(b *Batch) { b.Trust = append(b.Trust, trec) })
 	if err != nil {
 		d.admission, d.request = before, oldReq
 	}
@@ -650,42 +474,9 @@ func (s *Service) Admit(ctx context.Context, id uint64, a Action, actor string) 
 	if err != nil {
 		return Device{}, err
 	}
-	s.log.Info("device admission", "action", string(a), "device_id", id, "machine_id", machineID, "by", actor,
+	t.log.Info("device admission", "action", string(a), "device_id", id, "machine_id", machineID, "by", actor,
 		"was", before.String(), "admission", after.String(), "request", oldReq != nil)
-	return s.Device(ctx, id)
-}
-
-// deleteDevice removes d from the registry and the store.
-func (s *Service) deleteDevice(ctx context.Context, d *device) error {
-	s.regMu.Lock()
-	defer s.regMu.Unlock()
-	if id, _ := s.machineIDs.get(d.machineID()); id != d.id {
-		return ErrNotFound // deleted meanwhile
-	}
-	d.mu.Lock()
-	labels := d.labels
-	err := persist(ctx, s.persist, func(b *Batch) { b.Trust = append(b.Trust, TrustRecord{DeviceID: d.id, Deleted: true}) })
-	if err == nil {
-		d.tokenHash, d.keyHash, d.request, d.admission = [32]byte{}, keyDigest{}, nil, Blocked
-		adopt(d, nil) // List and Counts skip it from now on
-	}
-	d.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	s.machineIDs.delete(d.machineID())
-	s.devMu.Lock()
-	s.devices[d.id] = nil
-	s.devMu.Unlock()
-	// Label assignments in a label store that keeps them apart.
-	if ls := s.labelStore(); ls != nil {
-		for _, l := range labels {
-			if err := ls.AssignLabel(ctx, l, []uint64{d.id}, false); err != nil {
-				s.log.Warn("device labels not deleted", "device_id", d.id, "err", err)
-			}
-		}
-	}
-	return nil
+	return t.devs.Device(ctx, id)
 }
 
 // AdmissionFilter selects devices by admission; the zero value matches all.
@@ -723,11 +514,11 @@ func (f AdmissionFilter) match(d *device) bool {
 
 // AdmissionCounts counts devices by admission state, and the re-enrollment
 // requests waiting.
-func (s *Service) AdmissionCounts() (map[string]int, int) {
+func (t *trust) AdmissionCounts() (map[string]int, int) {
 	// Counted by value, named once: /metrics calls this over every device.
 	var counts [len(admissionNames) + 1]int // the last: unknown values
 	requests := 0
-	s.each(func(d *device) {
+	t.devs.each(func(d *device) {
 		counts[min(int(d.admission), len(admissionNames))]++
 		if d.request != nil && !d.request.approved {
 			requests++
@@ -742,37 +533,36 @@ func (s *Service) AdmissionCounts() (map[string]int, int) {
 	return out, requests
 }
 
-// loadTrust applies a TrustStore's records; called by New.
-func (s *Service) loadTrust(ctx context.Context, ts TrustStore) error {
-	st, err := ts.LoadTrust(ctx, func(t TrustRecord) error {
-		d := s.get(t.DeviceID)
+// loadTrust applies a TrustStore's records (New, through
+// Service.loadTrust); it returns the highest device ID deleted, which is
+// never handed out again.
+func (t *trust) loadTrust(ctx context.Context, ts TrustStore) (maxDeleted uint64, err error) {
+	st, err := ts.LoadTrust(ctx, func(rec TrustRecord) error {
+		d := t.devs.get(rec.DeviceID)
 		if d == nil {
 			return nil
 		}
-		d.admission = t.Admission
-		copy(d.keyHash[:], t.KeyHash)
-		if rq := t.Request; rq != nil {
+		d.admission = rec.Admission
+		copy(d.keyHash[:], rec.KeyHash)
+		if rq := rec.Request; rq != nil {
 			d.request = &enrollRequest{at: rq.At.UnixNano(), from: rq.From, approved: rq.Approved}
 			copy(d.request.keyHash[:], rq.KeyHash)
 		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("load trust: %w", err)
+		return 0, fmt.Errorf("load trust: %w", err)
 	}
-	s.trust.store = ts
-	s.trust.tokens = make(map[uint64]*EnrollmentToken, len(st.Tokens))
+	t.store = ts
+	t.tokens = make(map[uint64]*EnrollmentToken, len(st.Tokens))
 	for i := range st.Tokens {
-		t := st.Tokens[i]
-		s.trust.tokens[t.ID] = &t
-		s.trust.nextToken = max(s.trust.nextToken, t.ID+1)
+		et := st.Tokens[i]
+		t.tokens[et.ID] = &et
+		t.nextToken = max(t.nextToken, et.ID+1)
 	}
-	s.trust.preauth = make(map[string]time.Time, len(st.Preauthorized))
+	t.preauth = make(map[string]time.Time, len(st.Preauthorized))
 	for _, p := range st.Preauthorized {
-		s.trust.preauth[p.MachineID] = p.AddedAt
+		t.preauth[p.MachineID] = p.AddedAt
 	}
-	if st.MaxDeletedDeviceID >= s.nextID {
-		s.nextID = st.MaxDeletedDeviceID + 1
-	}
-	return nil
+	return st.MaxDeletedDeviceID, nil
 }

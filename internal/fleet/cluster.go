@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,15 +174,16 @@ type PushSummaries struct {
 	Body []byte
 }
 
-// clusterState is the fleet's bookkeeping in cluster mode.
-type clusterState struct {
+// cluster is the cluster glue room: the fleet's bookkeeping in cluster
+// mode, the change log (writing entries, and applying other nodes' ones by
+// handing each to the room that keeps what it names), and the second look
+// at tokens and machine IDs memory does not know. The Service embeds it,
+// so that its exported methods are the Service's.
+type cluster struct {
 	// deviceReads counts devices read back from the database (change
 	// log entries, tokens memory refused, registrations of machine IDs
 	// another node stored).
 	deviceReads atomic.Uint64
-	// commandQueries counts pushes that asked the database about
-	// commands (a command queued for the device, or results).
-	commandQueries atomic.Uint64
 	// refused remembers tokens the database refused a moment ago, so that
 	// a device pushing with a stale token costs one read per
 	// refusedTTL, not one per push. A token refused by the database never
@@ -197,6 +199,23 @@ type clusterState struct {
 	// remembered (unknown devices, new wrong tokens): beyond it the push
 	// is answered 503 with Retry-After, never a wrong 401.
 	reads *rate.Limiter
+
+	// Set by New: what the room needs of the others.
+	store ClusterStore // nil: one server
+	devs  clusterDevices
+	now   func() time.Time
+	log   *slog.Logger
+	// readBack applies a change log entry of a kind the fleet keeps, by
+	// kind: each room's read-back.
+	readBack map[ChangeKind]func(ctx context.Context, id uint64) error
+}
+
+// clusterDevices is what the cluster glue needs of the registry.
+type clusterDevices interface {
+	deviceFinder
+	deviceOf(machineID string) (uint64, bool)
+	// refreshDevice reads a device back from the database (readback.go).
+	refreshDevice(ctx context.Context, id uint64) error
 }
 
 type refusedToken struct {
@@ -213,22 +232,36 @@ const (
 	storedChecksPerSecond = 200
 )
 
-func (c *clusterState) init() {
-	c.reads = rate.NewLimiter(storedChecksPerSecond, storedChecksPerSecond)
+// wire gives the room what it needs of the others (New): the read-back
+// of every kind of change the fleet keeps is the room's that keeps it.
+func (c *cluster) wire(s *Service) {
+	c.store, c.devs, c.now, c.log = s.opts.Cluster, s, s.now, s.log
+	c.readBack = map[ChangeKind]func(context.Context, uint64) error{
+		ChangeDevice:     s.refreshDevice,
+		ChangeProfile:    s.refreshProfile,
+		ChangeLabels:     func(ctx context.Context, _ uint64) error { return s.reloadLabels(ctx) },
+		ChangePolicy:     func(ctx context.Context, _ uint64) error { return s.reloadPolicy(ctx) },
+		ChangeEnrollment: func(ctx context.Context, _ uint64) error { return s.trust.reloadEnrollment(ctx) },
+		ChangeFirmware:   func(ctx context.Context, _ uint64) error { return s.firmwareState.reloadFirmware(ctx) },
+		ChangeRollout:    func(ctx context.Context, _ uint64) error { return s.firmwareState.SyncRollouts(ctx) },
+		ChangeJob:        s.commands.refreshJob,
+	}
+	if c.store != nil {
+		c.reads = rate.NewLimiter(storedChecksPerSecond, storedChecksPerSecond)
+	}
 }
+
+// mayRead says whether a database read for something memory does not know
+// is within the budget (storedChecksPerSecond); cluster mode only.
+func (c *cluster) mayRead() bool { return c.reads.Allow() }
 
 // ClusterDeviceReads counts the devices this node read back from the
 // database (cluster mode).
-func (s *Service) ClusterDeviceReads() uint64 { return s.cluster.deviceReads.Load() }
-
-// ClusterCommandQueries counts the pushes that asked the database about
-// commands (cluster mode): pushes without a command queued and without
-// results ask nothing.
-func (s *Service) ClusterCommandQueries() uint64 { return s.cluster.commandQueries.Load() }
+func (c *cluster) ClusterDeviceReads() uint64 { return c.deviceReads.Load() }
 
 // wasRefused says whether the database refused this token for device id
 // within refusedTTL.
-func (c *clusterState) wasRefused(id uint64, hash [32]byte, now int64) bool {
+func (c *cluster) wasRefused(id uint64, hash [32]byte, now int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range c.refused[id] {
@@ -239,7 +272,7 @@ func (c *clusterState) wasRefused(id uint64, hash [32]byte, now int64) bool {
 	return false
 }
 
-func (c *clusterState) noteRefused(id uint64, hash [32]byte, now int64) {
+func (c *cluster) noteRefused(id uint64, hash [32]byte, now int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.refused == nil || len(c.refused) >= maxRefused {
@@ -254,39 +287,20 @@ func (c *clusterState) noteRefused(id uint64, hash [32]byte, now int64) {
 	c.refused[id] = append(list, refusedToken{hash, now + int64(refusedTTL)})
 }
 
-func (c *clusterState) forget(id uint64) {
-	c.mu.Lock()
-	delete(c.refused, id)
-	c.mu.Unlock()
-}
-
 // ApplyChange reads back what a change names and replaces the memory's
 // copy; the database is the truth.
-func (s *Service) ApplyChange(ctx context.Context, c Change) error {
-	switch c.Kind {
-	case ChangeDevice:
-		s.cluster.forget(c.ID)
-		return s.refreshDevice(ctx, c.ID)
-	case ChangeProfile:
-		return s.refreshProfile(ctx, c.ID)
-	case ChangeLabels:
-		return s.reloadLabels(ctx)
-	case ChangePolicy:
-		return s.reloadPolicy(ctx)
-	case ChangeEnrollment:
-		return s.reloadEnrollment(ctx)
-	case ChangeFirmware:
-		return s.reloadFirmware(ctx)
-	case ChangeRollout:
-		return s.SyncRollouts(ctx)
-	case ChangeJob:
-		return s.refreshJob(ctx, c.ID)
+func (c *cluster) ApplyChange(ctx context.Context, ch Change) error {
+	if ch.Kind == ChangeDevice {
+		c.forget(ch.ID)
 	}
-	s.cluster.mu.Lock()
-	fn := s.cluster.hooks[c.Kind]
-	s.cluster.mu.Unlock()
+	if fn := c.readBack[ch.Kind]; fn != nil {
+		return fn(ctx, ch.ID)
+	}
+	c.mu.Lock()
+	fn := c.hooks[ch.Kind]
+	c.mu.Unlock()
 	if fn != nil {
-		return fn(ctx, c)
+		return fn(ctx, ch)
 	}
 	return nil
 }
@@ -294,309 +308,32 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 // OnChange sets what applies a change log entry of a kind the fleet does
 // not keep (ChangeAccess, ChangeAlerts): the server's other parts read their changes
 // back through the same change log.
-func (s *Service) OnChange(kind ChangeKind, fn func(ctx context.Context, c Change) error) {
-	s.cluster.mu.Lock()
-	defer s.cluster.mu.Unlock()
-	if s.cluster.hooks == nil {
-		s.cluster.hooks = map[ChangeKind]func(context.Context, Change) error{}
+func (c *cluster) OnChange(kind ChangeKind, fn func(ctx context.Context, ch Change) error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hooks == nil {
+		c.hooks = map[ChangeKind]func(context.Context, Change) error{}
 	}
-	s.cluster.hooks[kind] = fn
+	c.hooks[kind] = fn
 }
 
 // NoteChange, in cluster mode, logs a change of a kind the fleet does not
 // keep (OnChange), right after it was stored; without a cluster it does
 // nothing.
-func (s *Service) NoteChange(ctx context.Context, kind ChangeKind, id uint64) {
-	s.noteChange(ctx, kind, id)
+func (c *cluster) NoteChange(ctx context.Context, kind ChangeKind, id uint64) {
+	c.noteChange(ctx, kind, id)
 }
 
 // noteChange, in cluster mode, logs a change made outside the grouped
 // commit, right after it was stored. Should that fail, the change is
 // stored but other nodes learn it at their restart: it is logged.
-func (s *Service) noteChange(ctx context.Context, kind ChangeKind, id uint64) {
-	if s.opts.Cluster == nil {
+func (c *cluster) noteChange(ctx context.Context, kind ChangeKind, id uint64) {
+	if c.store == nil {
 		return
 	}
-	if err := s.opts.Cluster.NoteChange(context.WithoutCancel(ctx), kind, id); err != nil {
-		s.log.Warn("cluster: change stored but not logged; other nodes see it at their restart", "kind", kind, "id", id, "err", err)
+	if err := c.store.NoteChange(context.WithoutCancel(ctx), kind, id); err != nil {
+		c.log.Warn("cluster: change stored but not logged; other nodes see it at their restart", "kind", kind, "id", id, "err", err)
 	}
-}
-
-// reloadLabels replaces every label and assignment with the stored ones.
-func (s *Service) reloadLabels(ctx context.Context) error {
-	r := &s.labels
-	if r.store == nil {
-		return nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return s.loadLabelsLocked(ctx, r.store, true)
-}
-
-// reloadEnrollment replaces the enrollment tokens and preauthorized
-// machine IDs with the stored ones.
-func (s *Service) reloadEnrollment(ctx context.Context) error {
-	// Read under the lock: a token this node makes meanwhile is then
-	// either in what is read or made after.
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	st, err := s.opts.Cluster.LoadEnrollment(ctx)
-	if err != nil {
-		return err
-	}
-	r.tokens = make(map[uint64]*EnrollmentToken, len(st.Tokens))
-	for i := range st.Tokens {
-		t := st.Tokens[i]
-		r.tokens[t.ID] = &t
-	}
-	r.preauth = make(map[string]time.Time, len(st.Preauthorized))
-	for _, p := range st.Preauthorized {
-		r.preauth[p.MachineID] = p.AddedAt
-	}
-	return nil
-}
-
-// reloadFirmware replaces the firmware artifacts with the stored ones
-// (a rollout keeps the artifact it was read with: an artifact is never
-// changed, and not deleted while an unfinished rollout uses it).
-func (s *Service) reloadFirmware(ctx context.Context) error {
-	fs := &s.fw
-	if fs.store == nil {
-		return nil
-	}
-	// Read under the lock: an artifact this node adds meanwhile is then
-	// either in what is read or added after.
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	data, err := fs.store.LoadFirmware(ctx)
-	if err != nil {
-		return err
-	}
-	clear(fs.artifacts)
-	for i := range data.Firmware {
-		f := data.Firmware[i]
-		fs.artifacts[f.ID] = &f
-	}
-	return nil
-}
-
-// lookAgain, in cluster mode, reads the enrollment tokens and
-// preauthorized machine IDs back when memory does not know one a
-// registration names: another node may have made it a moment ago. It
-// says whether it read; past storedChecksPerSecond it answers
-// ErrOverloaded (503), not a wrong refusal.
-func (s *Service) lookAgain(ctx context.Context) (bool, error) {
-	if s.opts.Cluster == nil {
-		return false, nil
-	}
-	if !s.cluster.reads.Allow() {
-		return false, ErrOverloaded
-	}
-	if err := s.reloadEnrollment(ctx); err != nil {
-		return false, errors.Join(ErrUnavailable, err)
-	}
-	return true, nil
-}
-
-// reloadPolicy replaces the profile policy and the quota lifts with the
-// stored ones, and takes the firmware links other nodes made: their
-// devices here go to the linked profile (moveToOwn), as on the node that
-// linked them. A link ends with its approval or its profile's deletion,
-// each read back as a profile change.
-func (s *Service) reloadPolicy(ctx context.Context) error {
-	st := s.policy.store
-	if st == nil {
-		return nil
-	}
-	data, err := st.LoadPolicy(ctx)
-	if err != nil {
-		return err
-	}
-	s.policy.mu.Lock()
-	defer s.policy.mu.Unlock()
-	if data.Policy != nil && data.Policy.Check() == nil {
-		p := *data.Policy
-		s.policy.policy.Store(&p)
-	}
-	q := s.quota
-	q.mu.Lock()
-	clear(q.lifted)
-	for _, l := range data.Lifts {
-		q.lifted[l.DeviceID] = l
-	}
-	q.anyLifted.Store(len(q.lifted) > 0)
-	q.mu.Unlock()
-	ps := s.profiles
-	var taken []*linkEntry
-	ps.mu.Lock()
-	for _, l := range data.Links {
-		key := profileKey{l.DeviceType, l.Firmware}
-		e, ok := ps.byID[l.ProfileID]
-		if _, own := ps.byKey[key]; own || !ok {
-			continue // approved meanwhile, or its profile is gone
-		}
-		if cur, ok := ps.links[key]; ok && cur.entry == e {
-			continue
-		}
-		le := &linkEntry{link: l, entry: e}
-		ps.links[key] = le
-		taken = append(taken, le)
-	}
-	ps.mu.Unlock()
-	for _, le := range taken {
-		s.moveToOwn(profileKey{le.link.DeviceType, le.link.Firmware}, le.entry)
-	}
-	return nil
-}
-
-// refreshDevice replaces device id in memory with the stored one (adds it,
-// or drops it when it is no longer stored).
-func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
-	cs := s.opts.Cluster
-	if cs == nil {
-		return nil
-	}
-	s.cluster.deviceReads.Add(1)
-	rec, tr, ok, err := cs.ReadDevice(ctx, id)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		if d := s.get(id); d != nil {
-			s.forget(d)
-		}
-		return nil
-	}
-	key := profileKey{rec.DeviceType, rec.Firmware}
-	if rec.State.Firmware != "" {
-		key.firmware = rec.State.Firmware
-	}
-	pe, err := s.clusterProfile(ctx, key)
-	if err != nil {
-		return err
-	}
-	s.regMu.Lock()
-	deviceType, model, firmware := s.intern(rec.DeviceType), s.intern(rec.Model), s.intern(key.firmware)
-	d := s.get(id)
-	if d == nil {
-		d = s.newDevice()
-		d.id, d.registeredAt = id, rec.RegisteredAt.Unix()
-		d.setIDs(rec.MachineID, rec.Serial)
-		s.place(d)
-	}
-	s.regMu.Unlock()
-	d.mu.Lock()
-	d.deviceType, d.model, d.firmware = deviceType, model, firmware
-	if d.serial() != rec.Serial {
-		d.setIDs(d.machineID(), rec.Serial)
-	}
-	clear(d.tokenHash[:])
-	copy(d.tokenHash[:], rec.TokenHash)
-	if ls := rec.State.LastSeen.UnixNano(); !rec.State.LastSeen.IsZero() && ls > d.lastSeen {
-		d.lastSeen, d.seq, d.appliedVersion, d.configError = ls, rec.State.Seq, rec.State.AppliedVersion, rec.State.ConfigError
-	}
-	d.admission = tr.Admission
-	clear(d.keyHash[:])
-	copy(d.keyHash[:], tr.KeyHash)
-	d.request = nil
-	if rq := tr.Request; rq != nil {
-		d.request = &enrollRequest{at: rq.At.UnixNano(), from: rq.From, approved: rq.Approved}
-		copy(d.request.keyHash[:], rq.KeyHash)
-	}
-	d.unacked = false
-	adopt(d, pe)
-	d.mu.Unlock()
-	return nil
-}
-
-// forget drops a device another node deleted from memory.
-func (s *Service) forget(d *device) {
-	s.regMu.Lock()
-	if id, _ := s.machineIDs.get(d.machineID()); id == d.id {
-		s.machineIDs.delete(d.machineID())
-	}
-	s.regMu.Unlock()
-	s.devMu.Lock()
-	if d.id < uint64(len(s.devices)) && s.devices[d.id] == d {
-		s.devices[d.id] = nil
-	}
-	s.devMu.Unlock()
-	d.mu.Lock()
-	adopt(d, nil)
-	d.tokenHash = [32]byte{}
-	d.mu.Unlock()
-}
-
-// clusterProfile is loadProfile for a device another node stored: its
-// profile may be one this node has not seen yet.
-func (s *Service) clusterProfile(ctx context.Context, key profileKey) (*profileEntry, error) {
-	ps := s.profiles
-	ps.mu.Lock()
-	_, own := ps.byKey[key]
-	_, linked := ps.links[key]
-	ps.mu.Unlock()
-	if !own && !linked {
-		p, ok, err := s.opts.Cluster.ProfileOf(ctx, key.deviceType, key.firmware)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			s.adoptProfile(p)
-		}
-	}
-	return s.loadProfile(ctx, key)
-}
-
-// refreshProfile replaces profile id in memory with the stored one, or
-// drops it when it is no longer stored (another node deleted it).
-func (s *Service) refreshProfile(ctx context.Context, id uint64) error {
-	p, ok, err := s.opts.Cluster.ReadProfile(ctx, id)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		ps := s.profiles
-		// As a local deletion: updates and selections wait meanwhile.
-		s.profileWrite.Lock()
-		ps.mu.Lock()
-		ps.dropLocked(id)
-		ps.mu.Unlock()
-		s.profileWrite.Unlock()
-		return nil
-	}
-	s.adoptProfile(p)
-	return nil
-}
-
-// adoptProfile puts a stored profile into memory, replacing this node's
-// copy; it returns the entry. A profile new to this node for a firmware
-// its devices report takes them, as an approval here would (moveToOwn).
-func (s *Service) adoptProfile(p Profile) *profileEntry {
-	ps := s.profiles
-	ps.mu.Lock()
-	if e, ok := ps.byID[p.ID]; ok {
-		if cur := e.get(); cur == nil || cur.Version != p.Version || cur.PushInterval != p.PushInterval || !p.UpdatedAt.Before(cur.UpdatedAt) {
-			s.setProfile(e, &p)
-		}
-		ps.mu.Unlock()
-		return e
-	}
-	key := profileKey{p.DeviceType, p.Firmware}
-	if e, ok := ps.byKey[key]; ok {
-		ps.mu.Unlock()
-		return e // being created here; the claim gives it this ID
-	}
-	e := &profileEntry{ready: make(chan struct{})}
-	e.p.Store(&p)
-	close(e.ready)
-	ps.byKey[key] = e
-	ps.byID[p.ID] = e
-	delete(ps.links, key) // approved on another node
-	ps.created[p.DeviceType] = append(ps.created[p.DeviceType], p.CreatedAt.UnixNano())
-	ps.mu.Unlock()
-	s.moveToOwn(key, e)
-	return e
 }
 
 // ApplyStates takes other nodes' pushes (device, last seen, sequence,
@@ -605,16 +342,16 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 // record with a Firmware (the push moved the device to it) that memory
 // does not have makes the device be read back, in the background: its
 // profile may change too (rollouts select devices by firmware).
-func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
+func (c *cluster) ApplyStates(recs []StateRecord) (applied int) {
 	var moved []uint64
 	defer func() {
-		if len(moved) > 0 && s.opts.Cluster != nil {
-			go s.refreshMoved(moved)
+		if len(moved) > 0 && c.store != nil {
+			go c.refreshMoved(moved)
 		}
 	}()
 	for i := range recs {
 		r := &recs[i]
-		d := s.get(r.DeviceID)
+		d := c.devs.get(r.DeviceID)
 		if d == nil || r.LastSeen.IsZero() {
 			continue
 		}
@@ -637,12 +374,12 @@ func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
 
 // refreshMoved reads back devices another node moved to another
 // firmware.
-func (s *Service) refreshMoved(ids []uint64) {
+func (c *cluster) refreshMoved(ids []uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, id := range ids {
-		if err := s.refreshDevice(ctx, id); err != nil {
-			s.log.Warn("cluster: reading back a device that changed firmware failed", "device_id", id, "err", err)
+		if err := c.devs.refreshDevice(ctx, id); err != nil {
+			c.log.Warn("cluster: reading back a device that changed firmware failed", "device_id", id, "err", err)
 		}
 	}
 }
@@ -653,8 +390,8 @@ func (s *Service) refreshMoved(ids []uint64) {
 // is now the device's. A token the database refused within refusedTTL is
 // refused without a read; past storedChecksPerSecond reads it answers
 // ErrOverloaded (503: the device comes back), never a wrong refusal.
-func (s *Service) checkStored(ctx context.Context, token string) (bool, error) {
-	if s.opts.Cluster == nil {
+func (c *cluster) checkStored(ctx context.Context, token string) (bool, error) {
+	if c.store == nil {
 		return false, nil
 	}
 	dot := strings.IndexByte(token, '.')
@@ -666,20 +403,19 @@ func (s *Service) checkStored(ctx context.Context, token string) (bool, error) {
 		return false, nil
 	}
 	hash := sha256.Sum256([]byte(token))
-	now := s.now().UnixNano()
-	c := &s.cluster
+	now := c.now().UnixNano()
 	if c.wasRefused(id, hash, now) {
 		return false, nil
 	}
 	if c.reads != nil && !c.reads.Allow() {
 		return false, ErrOverloaded
 	}
-	if err := s.refreshDevice(ctx, id); err != nil {
-		s.log.Warn("cluster: reading a device back failed", "device_id", id, "err", err)
+	if err := c.devs.refreshDevice(ctx, id); err != nil {
+		c.log.Warn("cluster: reading a device back failed", "device_id", id, "err", err)
 		return false, errors.Join(ErrUnavailable, err)
 	}
 	ok := false
-	if d := s.get(id); d != nil {
+	if d := c.devs.get(id); d != nil {
 		d.mu.Lock()
 		ok = hashEq(hash, d.tokenHash)
 		d.mu.Unlock()
@@ -692,32 +428,36 @@ func (s *Service) checkStored(ctx context.Context, token string) (bool, error) {
 
 // claimLost handles a registration that another node won: the device is
 // read back, so that the registration starts over as a re-registration.
-func (s *Service) claimLost(ctx context.Context, machineID string) error {
-	id, ok, err := s.opts.Cluster.DeviceIDOf(ctx, machineID)
+func (c *cluster) claimLost(ctx context.Context, machineID string) error {
+	id, ok, err := c.store.DeviceIDOf(ctx, machineID)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return fmt.Errorf("cluster: device %q neither stored nor storable", machineID)
 	}
-	return s.refreshDevice(ctx, id)
+	return c.devs.refreshDevice(ctx, id)
 }
 
 // storedElsewhere, in cluster mode, reads back a machine ID this node does
 // not know that another node registered; it says whether it did.
-func (s *Service) storedElsewhere(ctx context.Context, machineID string) (bool, error) {
-	if s.opts.Cluster == nil {
+func (c *cluster) storedElsewhere(ctx context.Context, machineID string) (bool, error) {
+	if c.store == nil {
 		return false, nil
 	}
-	id, ok, err := s.opts.Cluster.DeviceIDOf(ctx, machineID)
+	id, ok, err := c.store.DeviceIDOf(ctx, machineID)
 	if err != nil || !ok {
 		return false, err
 	}
-	if err := s.refreshDevice(ctx, id); err != nil {
+	if err := c.devs.refreshDevice(ctx, id); err != nil {
 		return false, err
 	}
-	s.regMu.Lock()
-	_, known := s.machineIDs.get(machineID)
-	s.regMu.Unlock()
+	_, known := c.devs.deviceOf(machineID)
 	return known, nil
+}
+
+func (c *cluster) forget(id uint64) {
+	c.mu.Lock()
+	delete(c.refused, id)
+	c.mu.Unlock()
 }

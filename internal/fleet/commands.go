@@ -10,10 +10,10 @@ package fleet
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"slices"
 	"sort"
@@ -208,7 +208,9 @@ type devCmd struct {
 // cmdQueue is a device's pending commands; device.cmds is nil without any.
 type cmdQueue struct{ q []*devCmd }
 
-// commands is the Service's command registry.
+// commands is the commands room: the jobs and, through the devices'
+// queues, their per-device copies. The Service embeds it, so that its
+// exported methods are the Service's.
 type commands struct {
 	mu    sync.Mutex // jobs, next
 	jobs  map[uint64]*job
@@ -216,6 +218,36 @@ type commands struct {
 	store CommandStore // nil: memory only
 	w     cmdWriter
 	wg    sync.WaitGroup // creation goroutines
+	// queries counts pushes that asked the database about commands (a
+	// command queued for the device, or results; cluster mode).
+	queries atomic.Uint64
+
+	// What the room needs of the others, set by New.
+	devs    commandTargets
+	cluster ClusterStore // nil: one server
+	now     func() time.Time
+	log     *slog.Logger
+	events  *subscribers // a device's commands were queued
+	// note writes a change log entry (cluster glue, cluster.go).
+	note func(ctx context.Context, kind ChangeKind, id uint64)
+	// refreshDevice reads a device another node registered back from the
+	// database (cluster glue).
+	refreshDevice func(ctx context.Context, id uint64) error
+}
+
+// commandTargets is what the commands room needs of the registry: the
+// devices, and the devices filter (a bulk job's target).
+type commandTargets interface {
+	deviceFinder
+	// lastID is the highest device ID handed out here so far.
+	lastID() uint64
+	ParseFilter(v url.Values) (Filter, error)
+}
+
+// wire gives the room what it needs of the others (New).
+func (c *commands) wire(s *Service) {
+	c.devs, c.cluster, c.now, c.log, c.events = s, s.opts.Cluster, s.now, s.log, &s.events
+	c.note, c.refreshDevice = s.noteChange, s.refreshDevice
 }
 
 func (c *commands) init() {
@@ -234,8 +266,7 @@ type cmdWriter struct {
 }
 
 // save stores recs and returns when they are stored (or failed).
-func (s *Service) saveCommands(ctx context.Context, recs []DeviceCommand) error {
-	c := &s.cmds
+func (c *commands) saveCommands(ctx context.Context, recs []DeviceCommand) error {
 	if c.store == nil || len(recs) == 0 {
 		return nil
 	}
@@ -246,7 +277,7 @@ func (s *Service) saveCommands(ctx context.Context, recs []DeviceCommand) error 
 	w.waiters = append(w.waiters, done)
 	if !w.running {
 		w.running = true
-		go s.writeCommands()
+		go c.writeCommands()
 	}
 	w.mu.Unlock()
 	select {
@@ -257,8 +288,8 @@ func (s *Service) saveCommands(ctx context.Context, recs []DeviceCommand) error 
 	}
 }
 
-func (s *Service) writeCommands() {
-	w := &s.cmds.w
+func (c *commands) writeCommands() {
+	w := &c.w
 	for {
 		w.mu.Lock()
 		recs, waiters := w.pending, w.waiters
@@ -270,10 +301,10 @@ func (s *Service) writeCommands() {
 		}
 		w.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := s.cmds.store.SaveDeviceCommands(ctx, recs)
+		err := c.store.SaveDeviceCommands(ctx, recs)
 		cancel()
 		if err != nil {
-			s.log.Warn("storing command states failed", "commands", len(recs), "err", err)
+			c.log.Warn("storing command states failed", "commands", len(recs), "err", err)
 		}
 		for _, ch := range waiters {
 			ch <- err
@@ -284,8 +315,7 @@ func (s *Service) writeCommands() {
 // loadCommands loads jobs and pending commands from cs and keeps later
 // changes there (New); unfinished bulk creations continue in the
 // background.
-func (s *Service) loadCommands(ctx context.Context, cs CommandStore) error {
-	c := &s.cmds
+func (c *commands) loadCommands(ctx context.Context, cs CommandStore) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.init()
@@ -306,7 +336,7 @@ func (s *Service) loadCommands(ctx context.Context, cs CommandStore) error {
 		c.next = max(c.next, r.ID+1)
 	}
 	for _, dc := range pending {
-		j, d := c.jobs[dc.JobID], s.get(dc.DeviceID)
+		j, d := c.jobs[dc.JobID], c.devs.get(dc.DeviceID)
 		if j == nil {
 			continue
 		}
@@ -314,7 +344,7 @@ func (s *Service) loadCommands(ctx context.Context, cs CommandStore) error {
 			j.move(dc.State, CmdCancelled)
 			continue
 		}
-		if s.opts.Cluster != nil {
+		if c.cluster != nil {
 			// The database tracks delivered ones; memory holds which
 			// devices have queued ones (commands_cluster.go).
 			j.seen = max(j.seen, dc.DeviceID)
@@ -328,22 +358,22 @@ func (s *Service) loadCommands(ctx context.Context, cs CommandStore) error {
 	}
 	c.store = cs
 	for _, j := range c.jobs {
-		if s.opts.Cluster != nil {
+		if c.cluster != nil {
 			// Another node may be queueing it right now: the leader's
 			// sweep takes over a creation that stalled (creationStall).
-			j.progress.Store(s.now().UnixNano())
+			j.progress.Store(c.now().UnixNano())
 			continue
 		}
 		if j.rec.Creating && j.jobState() != JobCancelled {
-			f, err := s.jobFilter(j.rec)
+			f, err := c.jobFilter(j.rec)
 			if err != nil {
 				return fmt.Errorf("job %d: %w", j.rec.ID, err)
 			}
-			ids := s.matching(f, j.rec.Cursor, j.rec.LastID)
+			ids := c.matching(f, j.rec.Cursor, j.rec.LastID)
 			j.mu.Lock()
 			j.rec.Total = j.countTotal() + len(ids)
 			j.mu.Unlock()
-			s.startCreating(j, ids)
+			c.startCreating(j, ids)
 		}
 	}
 	return nil
@@ -391,20 +421,20 @@ func enqueue(d *device, dc *devCmd) {
 }
 
 // jobFilter parses a stored job's filter.
-func (s *Service) jobFilter(r JobRecord) (Filter, error) {
+func (c *commands) jobFilter(r JobRecord) (Filter, error) {
 	v, err := url.ParseQuery(r.Filter)
 	if err != nil {
 		return Filter{}, err
 	}
-	return s.ParseFilter(v)
+	return c.devs.ParseFilter(v)
 }
 
 // matching returns the IDs of devices matching f in (after, last], in ID
 // order (last 0: no bound).
-func (s *Service) matching(f Filter, after, last uint64) []uint64 {
-	now := s.now().UnixNano()
+func (c *commands) matching(f Filter, after, last uint64) []uint64 {
+	now := c.now().UnixNano()
 	var ids []uint64
-	s.each(func(d *device) {
+	c.devs.each(func(d *device) {
 		if d.id > after && (last == 0 || d.id <= last) && f.match(d, now) {
 			ids = append(ids, d.id)
 		}
@@ -414,22 +444,22 @@ func (s *Service) matching(f Filter, after, last uint64) []uint64 {
 
 // SendCommand makes a job of spec for the target and queues it; a bulk
 // job's per-device commands are queued in the background (Job.Creating).
-func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (Job, error) {
+func (c *commands) SendCommand(ctx context.Context, spec CommandSpec, t Target) (Job, error) {
 	if err := spec.Validate(); err != nil {
 		return Job{}, err
 	}
 	// At the store's precision (milliseconds): the job answers the same
 	// before and after a restart or a restore.
-	now := s.now().UTC().Truncate(time.Millisecond)
+	now := c.now().UTC().Truncate(time.Millisecond)
 	rec := JobRecord{Kind: spec.Kind, Args: spec.Args, Timeout: spec.Timeout, CreatedAt: now, ExpiresAt: now.Add(spec.TTL)}
 	var ids []uint64
 	if t.Filter == nil {
-		d := s.get(t.DeviceID)
-		if d == nil && s.opts.Cluster != nil { // registered on another node a moment ago?
-			if err := s.refreshDevice(ctx, t.DeviceID); err != nil {
+		d := c.devs.get(t.DeviceID)
+		if d == nil && c.cluster != nil { // registered on another node a moment ago?
+			if err := c.refreshDevice(ctx, t.DeviceID); err != nil {
 				return Job{}, errors.Join(ErrUnavailable, err)
 			}
-			d = s.get(t.DeviceID)
+			d = c.devs.get(t.DeviceID)
 		}
 		if d == nil {
 			return Job{}, ErrNotFound
@@ -437,22 +467,19 @@ func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (
 		ids = []uint64{d.id}
 		rec.DeviceID, rec.Target = d.id, "device "+strconv.FormatUint(d.id, 10)
 	} else {
-		f, err := s.ParseFilter(t.Filter)
+		f, err := c.devs.ParseFilter(t.Filter)
 		if err != nil {
 			return Job{}, err
 		}
 		rec.Filter = t.Filter.Encode()
 		rec.Target = "devices " + describeFilter(t.Filter)
-		s.devMu.RLock()
-		rec.LastID = uint64(len(s.devices)) - 1
-		s.devMu.RUnlock()
-		ids = s.matching(f, 0, rec.LastID)
+		rec.LastID = c.devs.lastID()
+		ids = c.matching(f, 0, rec.LastID)
 	}
 	rec.Total, rec.Creating = len(ids), true
-	c := &s.cmds
 	var clusterID uint64
-	if s.opts.Cluster != nil { // IDs from the database: other nodes make jobs too
-		id, err := s.opts.Cluster.NextJobID(ctx)
+	if c.cluster != nil { // IDs from the database: other nodes make jobs too
+		id, err := c.cluster.NextJobID(ctx)
 		if err != nil {
 			return Job{}, errors.Join(ErrUnavailable, err)
 		}
@@ -475,11 +502,11 @@ func (s *Service) SendCommand(ctx context.Context, spec CommandSpec, t Target) (
 	c.jobs[rec.ID] = j
 	c.mu.Unlock()
 	if rec.DeviceID != 0 {
-		if err := s.createBatch(ctx, j, ids); err != nil {
+		if err := c.createBatch(ctx, j, ids); err != nil {
 			return Job{}, err
 		}
 	} else {
-		s.startCreating(j, ids)
+		c.startCreating(j, ids)
 	}
 	return j.view(), nil
 }
@@ -498,8 +525,7 @@ func describeFilter(v url.Values) string {
 }
 
 // startCreating queues ids' commands in batches in the background.
-func (s *Service) startCreating(j *job, ids []uint64) {
-	c := &s.cmds
+func (c *commands) startCreating(j *job, ids []uint64) {
 	c.wg.Add(1)
 	j.local.Store(true)
 	go func() {
@@ -516,9 +542,9 @@ func (s *Service) startCreating(j *job, ids []uint64) {
 		}()
 		for len(ids) > 0 || j.creating.Load() {
 			n := min(len(ids), commandBatch)
-			if err := s.createBatch(ctx, j, ids[:n]); err != nil {
+			if err := c.createBatch(ctx, j, ids[:n]); err != nil {
 				if ctx.Err() == nil {
-					s.log.Warn("queueing a job's commands failed; retrying", "job", j.rec.ID, "err", err)
+					c.log.Warn("queueing a job's commands failed; retrying", "job", j.rec.ID, "err", err)
 					select {
 					case <-time.After(5 * time.Second):
 						continue
@@ -534,8 +560,8 @@ func (s *Service) startCreating(j *job, ids []uint64) {
 
 // createBatch stores and queues one batch of a job's per-device commands;
 // the last batch (ids the rest) ends the creation.
-func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
-	now := s.now()
+func (c *commands) createBatch(ctx context.Context, j *job, ids []uint64) error {
+	now := c.now()
 	recs := make([]DeviceCommand, len(ids))
 	for i, id := range ids {
 		recs[i] = DeviceCommand{JobID: j.rec.ID, DeviceID: id, State: CmdQueued, QueuedAt: now.UTC()}
@@ -548,13 +574,13 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 	}
 	last := j.countTotal()+len(ids) >= rec.Total
 	rec.Creating = !last
-	if s.cmds.store != nil {
-		if err := s.cmds.store.AddDeviceCommands(ctx, rec, recs); err != nil {
+	if c.store != nil {
+		if err := c.store.AddDeviceCommands(ctx, rec, recs); err != nil {
 			return err
 		}
 	}
 	for _, id := range ids {
-		d := s.get(id)
+		d := c.devs.get(id)
 		if d == nil {
 			j.counts[CmdCancelled].Add(1)
 			continue
@@ -563,20 +589,20 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 		enqueue(d, &devCmd{job: j, state: CmdQueued, queuedAt: now.UnixNano()})
 		d.mu.Unlock()
 		j.counts[CmdQueued].Add(1)
-		s.events.commandsQueued(id)
+		c.events.commandsQueued(id)
 	}
 	j.mu.Lock()
 	j.rec.Cursor, j.rec.Creating = rec.Cursor, rec.Creating
 	j.mu.Unlock()
 	j.creating.Store(!last)
-	j.progress.Store(s.now().UnixNano())
+	j.progress.Store(c.now().UnixNano())
 	// Cluster mode: the other nodes read the batch's devices back.
-	s.noteChange(ctx, ChangeJob, j.rec.ID)
+	c.note(ctx, ChangeJob, j.rec.ID)
 	if last && j.counts[CmdQueued].Load() == 0 && j.counts[CmdDelivered].Load() == 0 {
 		// Nothing left queued here (no device matched, or those matched
 		// were deleted): the job may have ended already.
-		if err := s.closeJobs(ctx, []uint64{j.rec.ID}); err != nil {
-			s.log.Warn("closing a finished job failed", "job", j.rec.ID, "err", err)
+		if err := c.closeJobs(ctx, []uint64{j.rec.ID}); err != nil {
+			c.log.Warn("closing a finished job failed", "job", j.rec.ID, "err", err)
 		}
 	}
 	return nil
@@ -585,7 +611,7 @@ func (s *Service) createBatch(ctx context.Context, j *job, ids []uint64) error {
 // commandsOnPush takes a push's results and hands out the device's queued
 // commands; d.mu held. It returns the commands for the answer and the
 // state changes to store before answering.
-func (s *Service) commandsOnPush(d *device, results []protocol.CommandResult, now int64) ([]protocol.Command, []DeviceCommand) {
+func (c *commands) commandsOnPush(d *device, results []protocol.CommandResult, now int64) ([]protocol.Command, []DeviceCommand) {
 	var out []protocol.Command
 	var changes []DeviceCommand
 	q := d.cmds
@@ -641,8 +667,8 @@ func (dc *devCmd) record(device uint64, to CommandState, now int64) DeviceComman
 
 // HasCommands reports whether a device has commands waiting for delivery
 // (persistent connections ask it to push at once).
-func (s *Service) HasCommands(id uint64) bool {
-	d := s.get(id)
+func (c *commands) HasCommands(id uint64) bool {
+	d := c.devs.get(id)
 	if d == nil {
 		return false
 	}
@@ -662,11 +688,10 @@ func (s *Service) HasCommands(id uint64) bool {
 // SweepCommands expires undelivered commands of expired jobs and delivered
 // commands whose result is overdue, and marks finished jobs done. The
 // server calls it periodically.
-func (s *Service) SweepCommands(ctx context.Context) error {
-	if s.opts.Cluster != nil {
-		return s.sweepCluster(ctx)
+func (c *commands) SweepCommands(ctx context.Context) error {
+	if c.cluster != nil {
+		return c.sweepCluster(ctx)
 	}
-	c := &s.cmds
 	c.mu.Lock()
 	var live []*job
 	for _, j := range c.jobs {
@@ -678,18 +703,18 @@ func (s *Service) SweepCommands(ctx context.Context) error {
 	if len(live) == 0 {
 		return nil
 	}
-	now := s.now()
+	now := c.now()
 	nowNS := now.UnixNano()
 	var errs []error
 	for _, j := range live {
 		if nowNS > j.rec.ExpiresAt.UnixNano() && j.counts[CmdQueued].Load() > 0 && !j.creating.Load() {
-			if err := s.finishQueued(ctx, j, CmdExpired, now); err != nil {
+			if err := c.finishQueued(ctx, j, CmdExpired, now); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	var overdue []DeviceCommand
-	s.each(func(d *device) {
+	c.devs.each(func(d *device) {
 		if d.cmds == nil {
 			return
 		}
@@ -708,12 +733,12 @@ func (s *Service) SweepCommands(ctx context.Context) error {
 			d.cmds = nil
 		}
 	})
-	if err := s.saveCommands(ctx, overdue); err != nil {
+	if err := c.saveCommands(ctx, overdue); err != nil {
 		errs = append(errs, err)
 	}
 	for _, j := range live {
 		if j.jobState() == JobActive && j.ended() {
-			if _, err := s.moveJob(ctx, j, []JobState{JobActive}, JobDone); err != nil {
+			if _, err := c.moveJob(ctx, j, []JobState{JobActive}, JobDone); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -723,20 +748,20 @@ func (s *Service) SweepCommands(ctx context.Context) error {
 
 // finishQueued moves every queued command of j to state (expired or
 // cancelled), in the store with one statement, then in memory.
-func (s *Service) finishQueued(ctx context.Context, j *job, state CommandState, at time.Time) error {
-	if st := s.cmds.store; st != nil {
+func (c *commands) finishQueued(ctx context.Context, j *job, state CommandState, at time.Time) error {
+	if st := c.store; st != nil {
 		if _, err := st.FinishQueued(ctx, j.rec.ID, state, at); err != nil {
 			return err
 		}
 	}
-	s.unqueue(j, func() { j.move(CmdQueued, state) })
+	c.unqueue(j, func() { j.move(CmdQueued, state) })
 	return nil
 }
 
 // unqueue drops j's queued commands from every device's queue, calling
 // dropped for each.
-func (s *Service) unqueue(j *job, dropped func()) {
-	s.each(func(d *device) {
+func (c *commands) unqueue(j *job, dropped func()) {
+	c.devs.each(func(d *device) {
 		if d.cmds == nil {
 			return
 		}
@@ -755,7 +780,7 @@ func (s *Service) unqueue(j *job, dropped func()) {
 
 // moveJob sets j's state to st if it is one of from, in the store and
 // then in memory; moved says whether it did.
-func (s *Service) moveJob(ctx context.Context, j *job, from []JobState, st JobState) (moved bool, err error) {
+func (c *commands) moveJob(ctx context.Context, j *job, from []JobState, st JobState) (moved bool, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if !slices.Contains(from, j.jobState()) {
@@ -763,8 +788,8 @@ func (s *Service) moveJob(ctx context.Context, j *job, from []JobState, st JobSt
 	}
 	rec := j.rec
 	rec.State = st
-	if s.cmds.store != nil {
-		if err := s.cmds.store.SaveJob(ctx, rec); err != nil {
+	if c.store != nil {
+		if err := c.store.SaveJob(ctx, rec); err != nil {
 			return false, err
 		}
 	}
@@ -782,23 +807,23 @@ func (j *job) ended() bool {
 // closeJobsOf closes the jobs whose copies a push's results ended, if
 // those were their last (changes: what the push changed, one server; in
 // cluster mode the results' jobs).
-func (s *Service) closeJobsOf(ctx context.Context, results []protocol.CommandResult, changes []DeviceCommand) {
+func (c *commands) closeJobsOf(ctx context.Context, results []protocol.CommandResult, changes []DeviceCommand) {
 	var ids []uint64
-	if s.opts.Cluster != nil {
+	if c.cluster != nil {
 		for _, r := range results {
 			ids = append(ids, r.ID)
 		}
 	} else {
-		for _, c := range changes {
-			if c.State.terminal() {
-				ids = append(ids, c.JobID)
+		for _, ch := range changes {
+			if ch.State.terminal() {
+				ids = append(ids, ch.JobID)
 			}
 		}
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	if err := s.closeJobs(ctx, ids); err != nil {
-		s.log.Warn("closing a finished job failed", "job", ids, "err", err)
+	if err := c.closeJobs(ctx, ids); err != nil {
+		c.log.Warn("closing a finished job failed", "job", ids, "err", err)
 	}
 }
 
@@ -807,17 +832,17 @@ func (s *Service) closeJobsOf(ctx context.Context, results []protocol.CommandRes
 // creation that queued nothing), not at the next sweep, so that the job's
 // state, its counts and what cancel answers agree. In cluster mode the
 // database decides, counting the copies every node ended.
-func (s *Service) closeJobs(ctx context.Context, ids []uint64) error {
+func (c *commands) closeJobs(ctx context.Context, ids []uint64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if s.opts.Cluster != nil {
-		return s.closeClusterJobs(ctx, ids)
+	if c.cluster != nil {
+		return c.closeClusterJobs(ctx, ids)
 	}
 	var errs []error
 	for _, id := range ids {
-		if j := s.job(id); j != nil && j.jobState() == JobActive && j.ended() {
-			if _, err := s.moveJob(ctx, j, []JobState{JobActive}, JobDone); err != nil {
+		if j := c.job(id); j != nil && j.jobState() == JobActive && j.ended() {
+			if _, err := c.moveJob(ctx, j, []JobState{JobActive}, JobDone); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -826,11 +851,11 @@ func (s *Service) closeJobs(ctx context.Context, ids []uint64) error {
 }
 
 // PauseJob holds a job's queued commands (pause true) or releases them.
-func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, error) {
-	if s.opts.Cluster != nil {
-		return s.pauseCluster(ctx, id, pause)
+func (c *commands) PauseJob(ctx context.Context, id uint64, pause bool) (Job, error) {
+	if c.cluster != nil {
+		return c.pauseCluster(ctx, id, pause)
 	}
-	j := s.job(id)
+	j := c.job(id)
 	if j == nil {
 		return Job{}, ErrNotFound
 	}
@@ -838,7 +863,7 @@ func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, err
 	if !pause {
 		from, to = JobPaused, JobActive
 	}
-	moved, err := s.moveJob(ctx, j, []JobState{from}, to)
+	moved, err := c.moveJob(ctx, j, []JobState{from}, to)
 	if err != nil {
 		return Job{}, err
 	}
@@ -847,7 +872,7 @@ func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, err
 	}
 	if moved && !pause {
 		// Every copy may have ended while it was paused.
-		if err := s.closeJobs(ctx, []uint64{id}); err != nil {
+		if err := c.closeJobs(ctx, []uint64{id}); err != nil {
 			return Job{}, err
 		}
 	}
@@ -856,15 +881,15 @@ func (s *Service) PauseJob(ctx context.Context, id uint64, pause bool) (Job, err
 
 // CancelJob cancels a job's commands not yet delivered; delivered ones
 // still report.
-func (s *Service) CancelJob(ctx context.Context, id uint64) (Job, error) {
-	if s.opts.Cluster != nil {
-		return s.cancelCluster(ctx, id)
+func (c *commands) CancelJob(ctx context.Context, id uint64) (Job, error) {
+	if c.cluster != nil {
+		return c.cancelCluster(ctx, id)
 	}
-	j := s.job(id)
+	j := c.job(id)
 	if j == nil {
 		return Job{}, ErrNotFound
 	}
-	moved, err := s.moveJob(ctx, j, []JobState{JobActive, JobPaused}, JobCancelled)
+	moved, err := c.moveJob(ctx, j, []JobState{JobActive, JobPaused}, JobCancelled)
 	if err != nil {
 		return Job{}, err
 	}
@@ -875,8 +900,8 @@ func (s *Service) CancelJob(ctx context.Context, id uint64) (Job, error) {
 		return Job{}, ErrJobState // done: every copy ended, nothing to cancel
 	}
 	j.halt()
-	s.cmds.wg.Wait() // creation stops at its next batch
-	if err := s.finishQueued(ctx, j, CmdCancelled, s.now()); err != nil {
+	c.wg.Wait() // creation stops at its next batch
+	if err := c.finishQueued(ctx, j, CmdCancelled, c.now()); err != nil {
 		return Job{}, err
 	}
 	j.mu.Lock()
@@ -885,8 +910,7 @@ func (s *Service) CancelJob(ctx context.Context, id uint64) (Job, error) {
 	return j.view(), nil
 }
 
-func (s *Service) job(id uint64) *job {
-	c := &s.cmds
+func (c *commands) job(id uint64) *job {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.jobs[id]
@@ -905,8 +929,7 @@ func (j *job) view() Job {
 }
 
 // Jobs lists jobs, newest first, at most limit (0: all).
-func (s *Service) Jobs(limit int) []Job {
-	c := &s.cmds
+func (c *commands) Jobs(limit int) []Job {
 	c.mu.Lock()
 	all := make([]*job, 0, len(c.jobs))
 	for _, j := range c.jobs {
@@ -917,8 +940,8 @@ func (s *Service) Jobs(limit int) []Job {
 	if limit > 0 && len(all) > limit {
 		all = all[:limit]
 	}
-	if s.opts.Cluster != nil {
-		return s.clusterJobs(all)
+	if c.cluster != nil {
+		return c.clusterJobs(all)
 	}
 	out := make([]Job, len(all))
 	for i, j := range all {
@@ -928,11 +951,11 @@ func (s *Service) Jobs(limit int) []Job {
 }
 
 // Job returns one job.
-func (s *Service) Job(id uint64) (Job, error) {
-	if s.opts.Cluster != nil {
-		return s.clusterJob(id)
+func (c *commands) Job(id uint64) (Job, error) {
+	if c.cluster != nil {
+		return c.clusterJob(id)
 	}
-	j := s.job(id)
+	j := c.job(id)
 	if j == nil {
 		return Job{}, ErrNotFound
 	}
@@ -942,23 +965,23 @@ func (s *Service) Job(id uint64) (Job, error) {
 // JobCommands lists a job's per-device commands (q.JobID set) or a
 // device's (q.DeviceID set). Without a store, they are read from memory,
 // where only pending ones are kept.
-func (s *Service) JobCommands(ctx context.Context, q CommandQuery) ([]DeviceCommand, error) {
-	if q.JobID != 0 && s.job(q.JobID) == nil {
-		if _, err := s.Job(q.JobID); err != nil { // cluster mode: made on another node a moment ago?
+func (c *commands) JobCommands(ctx context.Context, q CommandQuery) ([]DeviceCommand, error) {
+	if q.JobID != 0 && c.job(q.JobID) == nil {
+		if _, err := c.Job(q.JobID); err != nil { // cluster mode: made on another node a moment ago?
 			return nil, err
 		}
 	}
-	if q.DeviceID != 0 && s.get(q.DeviceID) == nil {
+	if q.DeviceID != 0 && c.devs.get(q.DeviceID) == nil {
 		return nil, ErrNotFound
 	}
 	if q.Limit <= 0 || q.Limit > 1000 {
 		q.Limit = 100
 	}
-	if st := s.cmds.store; st != nil {
+	if st := c.store; st != nil {
 		return st.DeviceCommands(ctx, q)
 	}
 	var out []DeviceCommand
-	s.each(func(d *device) {
+	c.devs.each(func(d *device) {
 		if d.cmds == nil || (q.DeviceID != 0 && d.id != q.DeviceID) {
 			return
 		}
@@ -976,7 +999,7 @@ func (s *Service) JobCommands(ctx context.Context, q CommandQuery) ([]DeviceComm
 
 // WaitCommands waits for background job creation to stop (tests, shutdown
 // after CancelJob).
-func (s *Service) WaitCommands() { s.cmds.wg.Wait() }
+func (c *commands) WaitCommands() { c.wg.Wait() }
 
 // MarshalOutput and UnmarshalOutput are the stored form of a result's
 // output lines (JSON text), shared by the adapters.
@@ -996,50 +1019,4 @@ func UnmarshalOutput(s string) ([]string, error) {
 	var out []string
 	err := json.Unmarshal([]byte(s), &out)
 	return out, err
-}
-
-// Authenticate returns the ID of the device a token belongs to, if the
-// device may push (ErrUnauthorized, or an admission error, otherwise). In
-// cluster mode a token memory refuses is checked against the database
-// first, as a push's is.
-func (s *Service) Authenticate(ctx context.Context, token string) (uint64, error) {
-	id, err := s.authenticate(token)
-	if errors.Is(err, ErrUnauthorized) {
-		if ok, cerr := s.checkStored(ctx, token); cerr != nil {
-			return 0, cerr
-		} else if ok {
-			return s.authenticate(token)
-		}
-	}
-	return id, err
-}
-
-func (s *Service) authenticate(token string) (uint64, error) {
-	d, hash, ok := s.deviceForToken(token)
-	if !ok {
-		return 0, ErrUnauthorized
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if subtle.ConstantTimeCompare(hash[:], d.tokenHash[:]) != 1 {
-		return 0, ErrUnauthorized
-	}
-	if err := admissionError(d.admission); err != nil {
-		return 0, err
-	}
-	return d.id, nil
-}
-
-// ProfileOf returns the ID of a device's profile (0: unknown device).
-func (s *Service) ProfileOf(id uint64) uint64 {
-	d := s.get(id)
-	if d == nil {
-		return 0
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.profile == nil {
-		return 0
-	}
-	return d.profile.get().ID
 }

@@ -48,7 +48,7 @@ const (
 // queued command for the device (claim), claims its queued commands in
 // the database; it returns the commands for the answer. A failure costs
 // the answer its commands, never the push: they stay queued.
-func (s *Service) clusterCommandsOnPush(ctx context.Context, d *device, results []protocol.CommandResult, claim bool, now time.Time) []protocol.Command {
+func (c *commands) clusterCommandsOnPush(ctx context.Context, d *device, results []protocol.CommandResult, claim bool, now time.Time) []protocol.Command {
 	var before []*devCmd // what memory held before the claim
 	n := 0
 	if claim {
@@ -69,16 +69,16 @@ func (s *Service) clusterCommandsOnPush(ctx context.Context, d *device, results 
 		recs[i] = DeviceCommand{JobID: r.ID, DeviceID: d.id, State: to, FinishedAt: now.UTC(), ExitCode: r.ExitCode, Error: r.Error,
 			Output: r.Output, StartedOn: r.StartedAt, FinishedOn: r.FinishedAt}
 	}
-	s.cluster.commandQueries.Add(1)
-	jobs, more, err := s.opts.Cluster.CommandsOnPush(ctx, d.id, recs, n, now)
+	c.queries.Add(1)
+	jobs, more, err := c.cluster.CommandsOnPush(ctx, d.id, recs, n, now)
 	if err != nil {
-		s.log.Warn("push: commands in the database failed; none sent", "device", d.id, "err", err)
+		c.log.Warn("push: commands in the database failed; none sent", "device", d.id, "err", err)
 		return nil
 	}
 	if len(results) > 0 {
 		// Stored and committed: a job whose last copy these ended is
 		// done now, whichever nodes ended its other copies.
-		s.closeJobsOf(ctx, results, nil)
+		c.closeJobsOf(ctx, results, nil)
 	}
 	if !claim {
 		return nil
@@ -105,26 +105,26 @@ func (s *Service) clusterCommandsOnPush(ctx context.Context, d *device, results 
 // refreshJob applies a ChangeJob entry: the job's state, and the devices
 // with a command of it queued past those this node read, which are held
 // as pending (and told to push, if connected here).
-func (s *Service) refreshJob(ctx context.Context, id uint64) error {
-	cs := s.opts.Cluster
+func (c *commands) refreshJob(ctx context.Context, id uint64) error {
+	cs := c.cluster
 	recs, err := cs.ReadJobs(ctx, []uint64{id}, false)
 	if err != nil || len(recs) == 0 {
 		return err
 	}
-	j := s.adoptJob(recs[0], true)
-	j.progress.Store(s.now().UnixNano())
-	if st := j.jobState(); (st != JobActive && st != JobPaused) || s.now().After(recs[0].ExpiresAt) {
-		s.unqueue(j, func() {}) // nothing of it will be delivered: memory forgets it
+	j := c.adoptJob(recs[0], true)
+	j.progress.Store(c.now().UnixNano())
+	if st := j.jobState(); (st != JobActive && st != JobPaused) || c.now().After(recs[0].ExpiresAt) {
+		c.unqueue(j, func() {}) // nothing of it will be delivered: memory forgets it
 		return nil
 	}
-	now := s.now().UnixNano()
+	now := c.now().UnixNano()
 	for {
 		ids, err := cs.QueuedDevices(ctx, id, j.seen, queuedPage)
 		if err != nil {
 			return err
 		}
 		for _, dev := range ids {
-			if err := s.holdPending(ctx, j, dev, now); err != nil {
+			if err := c.holdPending(ctx, j, dev, now); err != nil {
 				return err
 			}
 		}
@@ -138,13 +138,13 @@ func (s *Service) refreshJob(ctx context.Context, id uint64) error {
 }
 
 // holdPending notes in memory that device id has a command of j queued.
-func (s *Service) holdPending(ctx context.Context, j *job, id uint64, now int64) error {
-	d := s.get(id)
+func (c *commands) holdPending(ctx context.Context, j *job, id uint64, now int64) error {
+	d := c.devs.get(id)
 	if d == nil { // registered on another node a moment ago?
-		if err := s.refreshDevice(ctx, id); err != nil {
+		if err := c.refreshDevice(ctx, id); err != nil {
 			return err
 		}
-		if d = s.get(id); d == nil {
+		if d = c.devs.get(id); d == nil {
 			return nil // deleted
 		}
 	}
@@ -153,20 +153,19 @@ func (s *Service) holdPending(ctx context.Context, j *job, id uint64, now int64)
 		enqueue(d, &devCmd{job: j, state: CmdQueued, queuedAt: now})
 	}
 	d.mu.Unlock()
-	s.events.commandsQueued(id)
+	c.events.commandsQueued(id)
 	return nil
 }
 
 // adoptJob puts a stored job into memory, or (withState) gives memory's
 // copy the stored state; it returns memory's job.
-func (s *Service) adoptJob(rec JobRecord, withState bool) *job {
-	c := &s.cmds
+func (c *commands) adoptJob(rec JobRecord, withState bool) *job {
 	c.mu.Lock()
 	c.init()
 	j := c.jobs[rec.ID]
 	if j == nil {
 		j = newJob(rec)
-		j.progress.Store(s.now().UnixNano())
+		j.progress.Store(c.now().UnixNano())
 		c.jobs[rec.ID] = j
 		c.next = max(c.next, rec.ID+1)
 		c.mu.Unlock()
@@ -206,36 +205,36 @@ func clusterView(r JobRecord) Job {
 }
 
 // jobView reads job id with its counts from the database.
-func (s *Service) jobView(ctx context.Context, id uint64) (Job, error) {
-	recs, err := s.opts.Cluster.ReadJobs(ctx, []uint64{id}, true)
+func (c *commands) jobView(ctx context.Context, id uint64) (Job, error) {
+	recs, err := c.cluster.ReadJobs(ctx, []uint64{id}, true)
 	if err != nil {
 		return Job{}, errors.Join(ErrUnavailable, err)
 	}
 	if len(recs) == 0 {
 		return Job{}, ErrNotFound
 	}
-	s.adoptJob(recs[0], false) // made on another node a moment ago: known here now
+	c.adoptJob(recs[0], false) // made on another node a moment ago: known here now
 	return clusterView(recs[0]), nil
 }
 
-func (s *Service) clusterJob(id uint64) (Job, error) {
+func (c *commands) clusterJob(id uint64) (Job, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadTimeout)
 	defer cancel()
-	return s.jobView(ctx, id)
+	return c.jobView(ctx, id)
 }
 
 // clusterJobs is the views of jobs, newest first, from the database; if it
 // cannot be read, memory's (this node's counts only), and a warning.
-func (s *Service) clusterJobs(jobs []*job) []Job {
+func (c *commands) clusterJobs(jobs []*job) []Job {
 	ids := make([]uint64, len(jobs))
 	for i, j := range jobs {
 		ids[i] = j.rec.ID
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadTimeout)
 	defer cancel()
-	recs, err := s.opts.Cluster.ReadJobs(ctx, ids, true)
+	recs, err := c.cluster.ReadJobs(ctx, ids, true)
 	if err != nil {
-		s.log.Warn("cluster: reading jobs failed; showing this node's counts", "err", err)
+		c.log.Warn("cluster: reading jobs failed; showing this node's counts", "err", err)
 	}
 	byID := make(map[uint64]JobRecord, len(recs))
 	for _, r := range recs {
@@ -257,79 +256,79 @@ func (s *Service) clusterJobs(jobs []*job) []Job {
 // Run after the changes that ended copies are committed: of two nodes
 // ending a job's last two copies at once, the later one to commit sees
 // both ended.
-func (s *Service) closeClusterJobs(ctx context.Context, ids []uint64) error {
-	done, err := s.opts.Cluster.CloseJobs(ctx, ids)
+func (c *commands) closeClusterJobs(ctx context.Context, ids []uint64) error {
+	done, err := c.cluster.CloseJobs(ctx, ids)
 	if err != nil {
 		return errors.Join(ErrUnavailable, err)
 	}
 	for _, id := range done {
-		if j := s.job(id); j != nil {
+		if j := c.job(id); j != nil {
 			j.apply(JobDone)
-			s.unqueue(j, func() {})
+			c.unqueue(j, func() {})
 		}
-		s.noteChange(ctx, ChangeJob, id)
+		c.note(ctx, ChangeJob, id)
 	}
 	return nil
 }
 
 // pauseCluster moves a job between active and paused in the database.
-func (s *Service) pauseCluster(ctx context.Context, id uint64, pause bool) (Job, error) {
+func (c *commands) pauseCluster(ctx context.Context, id uint64, pause bool) (Job, error) {
 	from, to := JobActive, JobPaused
 	if !pause {
 		from, to = JobPaused, JobActive
 	}
-	moved, err := s.opts.Cluster.SetJobState(ctx, id, []JobState{from}, to)
+	moved, err := c.cluster.SetJobState(ctx, id, []JobState{from}, to)
 	if err != nil {
 		return Job{}, errors.Join(ErrUnavailable, err)
 	}
-	v, err := s.jobChanged(ctx, id, moved, to)
+	v, err := c.jobChanged(ctx, id, moved, to)
 	if err != nil || !moved || pause {
 		return v, err
 	}
 	// Every copy may have ended while it was paused.
-	if err := s.closeClusterJobs(ctx, []uint64{id}); err != nil {
+	if err := c.closeClusterJobs(ctx, []uint64{id}); err != nil {
 		return Job{}, err
 	}
-	return s.jobView(ctx, id)
+	return c.jobView(ctx, id)
 }
 
 // cancelCluster cancels a job in the database, then its queued commands.
 // A node still creating the job stops at its next batch (it reads the
 // change); what it queued meanwhile the sweep cancels, and no node
 // delivers it (a claim takes commands of active jobs only).
-func (s *Service) cancelCluster(ctx context.Context, id uint64) (Job, error) {
-	cs := s.opts.Cluster
+func (c *commands) cancelCluster(ctx context.Context, id uint64) (Job, error) {
+	cs := c.cluster
 	moved, err := cs.SetJobState(ctx, id, []JobState{JobActive, JobPaused}, JobCancelled)
 	if err != nil {
 		return Job{}, errors.Join(ErrUnavailable, err)
 	}
 	if moved {
-		j := s.job(id)
+		j := c.job(id)
 		if j != nil {
 			j.apply(JobCancelled)
 		}
-		if _, err := s.cmds.store.FinishQueued(ctx, id, CmdCancelled, s.now()); err != nil {
-			s.noteChange(ctx, ChangeJob, id)
+		if _, err := c.store.FinishQueued(ctx, id, CmdCancelled, c.now()); err != nil {
+			c.note(ctx, ChangeJob, id)
 			return Job{}, errors.Join(ErrUnavailable, err) // cancelled; the sweep cancels the rest
 		}
 		if j != nil {
-			s.unqueue(j, func() {})
+			c.unqueue(j, func() {})
 		}
 	}
-	return s.jobChanged(ctx, id, moved, JobCancelled)
+	return c.jobChanged(ctx, id, moved, JobCancelled)
 }
 
 // jobChanged ends a job state change: when it moved, memory and the other
 // nodes learn it; when it did not, it is fine if the job is in state to
 // already, and ErrJobState otherwise.
-func (s *Service) jobChanged(ctx context.Context, id uint64, moved bool, to JobState) (Job, error) {
+func (c *commands) jobChanged(ctx context.Context, id uint64, moved bool, to JobState) (Job, error) {
 	if moved {
-		if j := s.job(id); j != nil {
+		if j := c.job(id); j != nil {
 			j.apply(to)
 		}
-		s.noteChange(ctx, ChangeJob, id)
+		c.note(ctx, ChangeJob, id)
 	}
-	v, err := s.jobView(ctx, id)
+	v, err := c.jobView(ctx, id)
 	if err != nil {
 		return Job{}, err
 	}
@@ -342,9 +341,9 @@ func (s *Service) jobChanged(ctx context.Context, id uint64, moved bool, to JobS
 // sweepCluster is SweepCommands in cluster mode, over the database: run it
 // on one node (the server runs it on the leader). Every change it makes is
 // conditional, so a second run (a change of leader) moves nothing twice.
-func (s *Service) sweepCluster(ctx context.Context) error {
-	cs := s.opts.Cluster
-	now := s.now()
+func (c *commands) sweepCluster(ctx context.Context) error {
+	cs := c.cluster
+	now := c.now()
 	nowNS := now.UnixNano()
 	var errs []error
 	// Delivered commands without a result in time: the job's timeout (in
@@ -356,10 +355,10 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 	var overdue []DeviceCommand
 	for _, dc := range dels {
 		wait := resultGrace
-		if j := s.job(dc.JobID); j != nil {
+		if j := c.job(dc.JobID); j != nil {
 			wait += time.Duration(j.rec.Timeout) * time.Second
 		}
-		if d := s.get(dc.DeviceID); d != nil {
+		if d := c.devs.get(dc.DeviceID); d != nil {
 			d.mu.Lock()
 			wait += time.Duration(2*d.profile.interval()) * time.Second
 			d.mu.Unlock()
@@ -373,7 +372,6 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 	if _, err := cs.FinishDelivered(ctx, overdue); err != nil {
 		errs = append(errs, err)
 	}
-	c := &s.cmds
 	c.mu.Lock()
 	var ids []uint64
 	for id, j := range c.jobs {
@@ -394,21 +392,21 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 		queued, delivered := r.Counts[CmdQueued], r.Counts[CmdDelivered]
 		switch {
 		case r.State == JobCancelled && queued > 0: // queued by a creation that had not stopped yet
-			err = s.finishCluster(ctx, r, CmdCancelled, now)
+			err = c.finishCluster(ctx, r, CmdCancelled, now)
 		case (r.State == JobActive || r.State == JobPaused) && !r.Creating && queued > 0 && now.After(r.ExpiresAt):
-			if err = s.finishCluster(ctx, r, CmdExpired, now); err == nil && r.State == JobActive {
-				err = s.closeClusterJobs(ctx, []uint64{r.ID})
+			if err = c.finishCluster(ctx, r, CmdExpired, now); err == nil && r.State == JobActive {
+				err = c.closeClusterJobs(ctx, []uint64{r.ID})
 			}
 		case r.Creating && (r.State == JobActive || r.State == JobPaused):
-			err = s.takeOver(r)
+			err = c.takeOver(r)
 		case r.State == JobActive && !r.Creating && queued == 0 && delivered == 0:
-			s.adoptJob(r, false)
-			err = s.closeClusterJobs(ctx, []uint64{r.ID})
+			c.adoptJob(r, false)
+			err = c.closeClusterJobs(ctx, []uint64{r.ID})
 		default:
 			if r.State != JobDone {
 				continue
 			}
-			s.adoptJob(r, true) // done on another node's watch
+			c.adoptJob(r, true) // done on another node's watch
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -421,16 +419,16 @@ func (s *Service) sweepCluster(ctx context.Context) error {
 // batch of for creationStall, past its stored cursor (the node queueing
 // it died or restarted; commands already queued are kept, the store
 // inserts each once).
-func (s *Service) takeOver(r JobRecord) error {
-	j := s.adoptJob(r, true)
-	if j.local.Load() || s.now().UnixNano()-j.progress.Load() < int64(creationStall) {
+func (c *commands) takeOver(r JobRecord) error {
+	j := c.adoptJob(r, true)
+	if j.local.Load() || c.now().UnixNano()-j.progress.Load() < int64(creationStall) {
 		return nil
 	}
-	f, err := s.jobFilter(r)
+	f, err := c.jobFilter(r)
 	if err != nil {
 		return fmt.Errorf("job %d: %w", r.ID, err)
 	}
-	ids := s.matching(f, r.Cursor, r.LastID)
+	ids := c.matching(f, r.Cursor, r.LastID)
 	total := 0
 	for st, n := range r.Counts {
 		j.counts[st].Store(int64(n))
@@ -440,19 +438,24 @@ func (s *Service) takeOver(r JobRecord) error {
 	j.rec.Cursor, j.rec.LastID, j.rec.Creating, j.rec.Total = r.Cursor, r.LastID, true, total+len(ids)
 	j.mu.Unlock()
 	j.creating.Store(true)
-	j.progress.Store(s.now().UnixNano())
-	s.log.Info("cluster: continuing a job's creation that stalled", "job", r.ID, "devices", len(ids))
-	s.startCreating(j, ids)
+	j.progress.Store(c.now().UnixNano())
+	c.log.Info("cluster: continuing a job's creation that stalled", "job", r.ID, "devices", len(ids))
+	c.startCreating(j, ids)
 	return nil
 }
 
 // finishCluster moves a stored job's queued commands to state (expired or
 // cancelled); every node then forgets them (the change log entry).
-func (s *Service) finishCluster(ctx context.Context, r JobRecord, state CommandState, now time.Time) error {
-	if _, err := s.cmds.store.FinishQueued(ctx, r.ID, state, now); err != nil {
+func (c *commands) finishCluster(ctx context.Context, r JobRecord, state CommandState, now time.Time) error {
+	if _, err := c.store.FinishQueued(ctx, r.ID, state, now); err != nil {
 		return err
 	}
-	s.unqueue(s.adoptJob(r, false), func() {})
-	s.noteChange(ctx, ChangeJob, r.ID)
+	c.unqueue(c.adoptJob(r, false), func() {})
+	c.note(ctx, ChangeJob, r.ID)
 	return nil
 }
+
+// ClusterCommandQueries counts the pushes that asked the database about
+// commands (cluster mode): pushes without a command queued and without
+// results ask nothing.
+func (c *commands) ClusterCommandQueries() uint64 { return c.queries.Load() }

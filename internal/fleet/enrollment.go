@@ -9,30 +9,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/drover/drover/internal/protocol"
 )
-
-// trustRegistry holds enrollment tokens and preauthorized machine IDs.
-type trustRegistry struct {
-	mu        sync.Mutex
-	store     TrustStore // nil: memory only
-	tokens    map[uint64]*EnrollmentToken
-	nextToken uint64
-	preauth   map[string]time.Time
-}
-
-func (r *trustRegistry) init() {
-	if r.tokens == nil {
-		r.tokens, r.preauth, r.nextToken = map[uint64]*EnrollmentToken{}, map[string]time.Time{}, 1
-	}
-	if r.nextToken == 0 {
-		r.nextToken = 1
-	}
-}
 
 // Limits of enrollment tokens.
 const (
@@ -65,7 +46,7 @@ func validNote(v string) bool {
 // CreateEnrollmentToken makes a single-use enrollment token that expires
 // after ttl (0: DefaultEnrollmentTTL), for machineID ("": any). The token
 // is returned only here; the fleet keeps its SHA-256.
-func (s *Service) CreateEnrollmentToken(ctx context.Context, machineID string, ttl time.Duration, note, actor string) (string, EnrollmentToken, error) {
+func (t *trust) CreateEnrollmentToken(ctx context.Context, machineID string, ttl time.Duration, note, actor string) (string, EnrollmentToken, error) {
 	if machineID != "" {
 		if err := ValidMachineID(machineID); err != nil {
 			return "", EnrollmentToken{}, err
@@ -80,76 +61,73 @@ func (s *Service) CreateEnrollmentToken(ctx context.Context, machineID string, t
 	if !validNote(note) {
 		return "", EnrollmentToken{}, fieldError("note", "note must be at most 256 bytes of printable UTF-8")
 	}
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.init()
-	id := r.nextToken
-	if cs := s.opts.Cluster; cs != nil {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.init()
+	id := t.nextToken
+	if cs := t.cluster; cs != nil {
 		var err error
 		if id, err = cs.NextTokenID(ctx); err != nil {
 			return "", EnrollmentToken{}, err
 		}
 	}
 	secret, hash := newSecret("et-" + strconv.FormatUint(id, 10) + ".")
-	now := s.now().UTC().Truncate(time.Millisecond)
-	t := EnrollmentToken{ID: id, MachineID: machineID, Note: note, CreatedAt: now, ExpiresAt: now.Add(ttl), Hash: hash[:]}
-	if r.store != nil {
-		if err := r.store.SaveEnrollmentToken(ctx, t); err != nil {
+	now := t.now().UTC().Truncate(time.Millisecond)
+	et := EnrollmentToken{ID: id, MachineID: machineID, Note: note, CreatedAt: now, ExpiresAt: now.Add(ttl), Hash: hash[:]}
+	if t.store != nil {
+		if err := t.store.SaveEnrollmentToken(ctx, et); err != nil {
 			return "", EnrollmentToken{}, err
 		}
 	}
-	r.nextToken = max(r.nextToken, id+1)
-	r.tokens[id] = &t
-	s.noteChange(ctx, ChangeEnrollment, id)
-	s.log.Info("enrollment token", "action", "create", "token_id", id, "machine_id", machineID, "expires", t.ExpiresAt, "by", actor)
-	return secret, t, nil
+	t.nextToken = max(t.nextToken, id+1)
+	t.tokens[id] = &et
+	t.note(ctx, ChangeEnrollment, id)
+	t.log.Info("enrollment token", "action", "create", "token_id", id, "machine_id", machineID, "expires", et.ExpiresAt, "by", actor)
+	return secret, et, nil
 }
 
 // EnrollmentTokens lists the tokens, newest first.
-func (s *Service) EnrollmentTokens() []EnrollmentToken {
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]EnrollmentToken, 0, len(r.tokens))
-	for _, t := range r.tokens {
-		out = append(out, *t)
+func (t *trust) EnrollmentTokens() []EnrollmentToken {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]EnrollmentToken, 0, len(t.tokens))
+	for _, et := range t.tokens {
+		out = append(out, *et)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID > out[j].ID })
 	return out
 }
 
 // RevokeEnrollmentToken makes a token unusable (it stays listed).
-func (s *Service) RevokeEnrollmentToken(ctx context.Context, id uint64, actor string) (EnrollmentToken, error) {
-	if s.opts.Cluster != nil {
+func (t *trust) RevokeEnrollmentToken(ctx context.Context, id uint64, actor string) (EnrollmentToken, error) {
+	if t.cluster != nil {
 		// Another node may have made or used it: start from the stored one.
-		if err := s.reloadEnrollment(ctx); err != nil {
+		if err := t.reloadEnrollment(ctx); err != nil {
 			return EnrollmentToken{}, errors.Join(ErrUnavailable, err)
 		}
 	}
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t, ok := r.tokens[id]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	et, ok := t.tokens[id]
 	if !ok {
 		return EnrollmentToken{}, ErrNotFound
 	}
-	nt := *t
+	nt := *et
 	nt.Revoked = true
-	if r.store != nil {
-		if err := r.store.SaveEnrollmentToken(ctx, nt); err != nil {
+	if t.store != nil {
+		if err := t.store.SaveEnrollmentToken(ctx, nt); err != nil {
 			return EnrollmentToken{}, err
 		}
 	}
-	*t = nt
-	s.noteChange(ctx, ChangeEnrollment, id)
-	s.log.Info("enrollment token", "action", "revoke", "token_id", id, "by", actor)
+	*et = nt
+	t.note(ctx, ChangeEnrollment, id)
+	t.log.Info("enrollment token", "action", "revoke", "token_id", id, "by", actor)
 	return nt, nil
 }
 
 // checkEnrollmentToken finds a usable token for machineID; in cluster
 // mode a token memory does not know is looked for in the database too.
-func (s *Service) checkEnrollmentToken(ctx context.Context, token, machineID string) (EnrollmentToken, error) {
+func (t *trust) checkEnrollmentToken(ctx context.Context, token, machineID string) (EnrollmentToken, error) {
 	rest, ok := strings.CutPrefix(token, "et-")
 	if !ok {
 		return EnrollmentToken{}, ErrEnrollmentToken
@@ -160,17 +138,16 @@ func (s *Service) checkEnrollmentToken(ctx context.Context, token, machineID str
 		return EnrollmentToken{}, ErrEnrollmentToken
 	}
 	hash := sha(token)
-	r := &s.trust
 	for again := true; ; again = false {
-		r.mu.Lock()
-		t, found := r.tokens[id]
+		t.mu.Lock()
+		et, found := t.tokens[id]
 		var tok EnrollmentToken
 		if found {
-			tok = *t
+			tok = *et
 		}
-		r.mu.Unlock()
+		t.mu.Unlock()
 		if !found && again {
-			if read, err := s.lookAgain(ctx); err != nil {
+			if read, err := t.lookAgain(ctx); err != nil {
 				return EnrollmentToken{}, err
 			} else if read {
 				continue
@@ -179,7 +156,7 @@ func (s *Service) checkEnrollmentToken(ctx context.Context, token, machineID str
 		if !found || len(tok.Hash) != 32 || !hashEq(hash, [32]byte(tok.Hash)) {
 			return EnrollmentToken{}, ErrEnrollmentToken
 		}
-		if tok.UsedAt != nil || tok.Revoked || !s.now().Before(tok.ExpiresAt) || (tok.MachineID != "" && tok.MachineID != machineID) {
+		if tok.UsedAt != nil || tok.Revoked || !t.now().Before(tok.ExpiresAt) || (tok.MachineID != "" && tok.MachineID != machineID) {
 			return EnrollmentToken{}, ErrEnrollmentToken
 		}
 		return tok, nil
@@ -187,18 +164,17 @@ func (s *Service) checkEnrollmentToken(ctx context.Context, token, machineID str
 }
 
 // useEnrollmentToken marks a token used by deviceID, once.
-func (s *Service) useEnrollmentToken(ctx context.Context, id, deviceID uint64) error {
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t, ok := r.tokens[id]
-	if !ok || t.UsedAt != nil || t.Revoked {
+func (t *trust) useEnrollmentToken(ctx context.Context, id, deviceID uint64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	et, ok := t.tokens[id]
+	if !ok || et.UsedAt != nil || et.Revoked {
 		return ErrEnrollmentToken
 	}
-	nt := *t
-	now := s.now().UTC().Truncate(time.Millisecond)
+	nt := *et
+	now := t.now().UTC().Truncate(time.Millisecond)
 	nt.UsedAt, nt.DeviceID = &now, deviceID
-	if cs := s.opts.Cluster; cs != nil {
+	if cs := t.cluster; cs != nil {
 		won, err := cs.UseEnrollmentToken(ctx, id, deviceID, now)
 		if err != nil {
 			return err
@@ -206,105 +182,140 @@ func (s *Service) useEnrollmentToken(ctx context.Context, id, deviceID uint64) e
 		if !won { // used or revoked on another node
 			return ErrEnrollmentToken
 		}
-		s.noteChange(ctx, ChangeEnrollment, id)
-	} else if r.store != nil {
-		if err := r.store.SaveEnrollmentToken(ctx, nt); err != nil {
+		t.note(ctx, ChangeEnrollment, id)
+	} else if t.store != nil {
+		if err := t.store.SaveEnrollmentToken(ctx, nt); err != nil {
 			return err
 		}
 	}
-	*t = nt
-	s.log.Info("enrollment token", "action", "use", "token_id", id, "device_id", deviceID)
+	*et = nt
+	t.log.Info("enrollment token", "action", "use", "token_id", id, "device_id", deviceID)
 	return nil
 }
 
 // AddPreauthorized lists machine IDs as allowed to register under the
 // preauthorized policy. It returns how many were new.
-func (s *Service) AddPreauthorized(ctx context.Context, machineIDs []string, actor string) (int, error) {
+func (t *trust) AddPreauthorized(ctx context.Context, machineIDs []string, actor string) (int, error) {
 	for _, id := range machineIDs {
 		if err := ValidMachineID(id); err != nil {
 			return 0, err
 		}
 	}
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.init()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.init()
 	var fresh []string
 	seen := map[string]bool{}
 	for _, id := range machineIDs {
-		if _, ok := r.preauth[id]; !ok && !seen[id] {
+		if _, ok := t.preauth[id]; !ok && !seen[id] {
 			seen[id] = true
 			fresh = append(fresh, id)
 		}
 	}
-	now := s.now().UTC().Truncate(time.Millisecond)
-	if r.store != nil && len(fresh) > 0 {
-		if err := r.store.AddPreauthorized(ctx, fresh, now); err != nil {
+	now := t.now().UTC().Truncate(time.Millisecond)
+	if t.store != nil && len(fresh) > 0 {
+		if err := t.store.AddPreauthorized(ctx, fresh, now); err != nil {
 			return 0, err
 		}
 	}
 	for _, id := range fresh {
-		r.preauth[id] = now
+		t.preauth[id] = now
 	}
 	if len(fresh) > 0 {
-		s.noteChange(ctx, ChangeEnrollment, 0)
+		t.note(ctx, ChangeEnrollment, 0)
 	}
-	s.log.Info("preauthorized machine IDs", "action", "add", "count", len(fresh), "by", actor)
+	t.log.Info("preauthorized machine IDs", "action", "add", "count", len(fresh), "by", actor)
 	return len(fresh), nil
 }
 
 // RemovePreauthorized takes a machine ID off the list.
-func (s *Service) RemovePreauthorized(ctx context.Context, machineID, actor string) error {
-	r := &s.trust
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, ok := r.preauth[machineID]; !ok {
+func (t *trust) RemovePreauthorized(ctx context.Context, machineID, actor string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.preauth[machineID]; !ok {
 		return ErrNotFound
 	}
-	if r.store != nil {
-		if err := r.store.DeletePreauthorized(ctx, machineID); err != nil {
+	if t.store != nil {
+		if err := t.store.DeletePreauthorized(ctx, machineID); err != nil {
 			return err
 		}
 	}
-	delete(r.preauth, machineID)
-	s.noteChange(ctx, ChangeEnrollment, 0)
-	s.log.Info("preauthorized machine IDs", "action", "remove", "machine_id", machineID, "by", actor)
+	delete(t.preauth, machineID)
+	t.note(ctx, ChangeEnrollment, 0)
+	t.log.Info("preauthorized machine IDs", "action", "remove", "machine_id", machineID, "by", actor)
 	return nil
 }
 
 // PreauthorizedIDs lists the preauthorized machine IDs in order, with the
 // device that registered each (if any).
-func (s *Service) PreauthorizedIDs() []Preauthorized {
-	r := &s.trust
-	r.mu.Lock()
-	out := make([]Preauthorized, 0, len(r.preauth))
-	for id, at := range r.preauth {
+func (t *trust) PreauthorizedIDs() []Preauthorized {
+	t.mu.Lock()
+	out := make([]Preauthorized, 0, len(t.preauth))
+	for id, at := range t.preauth {
 		out = append(out, Preauthorized{MachineID: id, AddedAt: at})
 	}
-	r.mu.Unlock()
+	t.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].MachineID < out[j].MachineID })
-	s.regMu.Lock()
 	for i := range out {
-		out[i].DeviceID, _ = s.machineIDs.get(out[i].MachineID)
+		out[i].DeviceID, _ = t.devs.deviceOf(out[i].MachineID)
 	}
-	s.regMu.Unlock()
 	return out
 }
 
 // isPreauthorized says whether machineID may register under the
 // preauthorized policy; in cluster mode one memory does not know is
 // looked for in the database too.
-func (s *Service) isPreauthorized(ctx context.Context, machineID string) (bool, error) {
-	r := &s.trust
+func (t *trust) isPreauthorized(ctx context.Context, machineID string) (bool, error) {
 	for again := true; ; again = false {
-		r.mu.Lock()
-		_, ok := r.preauth[machineID]
-		r.mu.Unlock()
+		t.mu.Lock()
+		_, ok := t.preauth[machineID]
+		t.mu.Unlock()
 		if ok || !again {
 			return ok, nil
 		}
-		if read, err := s.lookAgain(ctx); err != nil || !read {
+		if read, err := t.lookAgain(ctx); err != nil || !read {
 			return false, err
 		}
 	}
+}
+
+// reloadEnrollment replaces the enrollment tokens and preauthorized
+// machine IDs with the stored ones.
+func (t *trust) reloadEnrollment(ctx context.Context) error {
+	// Read under the lock: a token this node makes meanwhile is then
+	// either in what is read or made after.
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st, err := t.cluster.LoadEnrollment(ctx)
+	if err != nil {
+		return err
+	}
+	t.tokens = make(map[uint64]*EnrollmentToken, len(st.Tokens))
+	for i := range st.Tokens {
+		et := st.Tokens[i]
+		t.tokens[et.ID] = &et
+	}
+	t.preauth = make(map[string]time.Time, len(st.Preauthorized))
+	for _, p := range st.Preauthorized {
+		t.preauth[p.MachineID] = p.AddedAt
+	}
+	return nil
+}
+
+// lookAgain, in cluster mode, reads the enrollment tokens and
+// preauthorized machine IDs back when memory does not know one a
+// registration names: another node may have made it a moment ago. It
+// says whether it read; past storedChecksPerSecond it answers
+// ErrOverloaded (503), not a wrong refusal.
+func (t *trust) lookAgain(ctx context.Context) (bool, error) {
+	if t.cluster == nil {
+		return false, nil
+	}
+	if !t.mayRead() {
+		return false, ErrOverloaded
+	}
+	if err := t.reloadEnrollment(ctx); err != nil {
+		return false, errors.Join(ErrUnavailable, err)
+	}
+	return true, nil
 }

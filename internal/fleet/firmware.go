@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"slices"
 	"strconv"
@@ -133,7 +134,10 @@ func fieldText(v string, max int) string {
 	return ""
 }
 
-// firmwareState is the Service's firmware, rollouts and revisions.
+// firmwareState is the firmware and rollouts room: the artifacts, the
+// rollouts and every device's place in one, and the profiles' revisions
+// (firmware.go, rollout.go, rollout_cluster.go, profilehistory.go). The
+// Service embeds it, so that its exported methods are the Service's.
 type firmwareState struct {
 	mu        sync.Mutex
 	store     FirmwareStore // nil: memory only
@@ -156,6 +160,34 @@ type firmwareState struct {
 	// device changes starts (the database's clock, unix ms).
 	rc        RolloutCluster
 	readSince int64
+
+	// Set by New: the Options of the room, and what it needs of the others.
+	rcOption RolloutCluster // Options.ClusterRollouts, rc once a store is loaded
+	driver   func() bool    // Options.RolloutDriver
+	devs     firmwareDevices
+	cluster  ClusterStore // nil: one server
+	now      func() time.Time
+	log      *slog.Logger
+	// note writes a change log entry (cluster glue, cluster.go).
+	note func(ctx context.Context, kind ChangeKind, id uint64)
+}
+
+// firmwareDevices is what the firmware room needs of the registry and
+// the profiles: the devices (a rollout's filter, a device's token) and
+// a profile's existence and update (profile history and rollback).
+type firmwareDevices interface {
+	deviceFinder
+	deviceForToken(token string) (*device, [32]byte, bool)
+	ParseFilter(v url.Values) (Filter, error)
+	Profile(id uint64) (Profile, bool)
+	updateProfile(ctx context.Context, id uint64, u ProfileUpdate, by, note string, always bool) (Profile, bool, error)
+}
+
+// wire gives the room its options and what it needs of the others (New).
+func (fs *firmwareState) wire(s *Service) {
+	fs.rcOption, fs.driver = s.opts.ClusterRollouts, s.opts.RolloutDriver
+	fs.devs, fs.cluster, fs.now, fs.log, fs.note = s, s.opts.Cluster, s.now, s.log, s.noteChange
+	fs.init()
 }
 
 func (fs *firmwareState) init() {
@@ -166,14 +198,13 @@ func (fs *firmwareState) init() {
 }
 
 // loadFirmware reads artifacts, rollouts and their devices.
-func (s *Service) loadFirmware(ctx context.Context, st FirmwareStore) error {
+func (fs *firmwareState) loadFirmware(ctx context.Context, st FirmwareStore) error {
 	data, err := st.LoadFirmware(ctx)
 	if err != nil {
 		return fmt.Errorf("load firmware: %w", err)
 	}
-	fs := &s.fw
 	fs.store = st
-	fs.rc = s.opts.ClusterRollouts
+	fs.rc = fs.rcOption
 	fs.nextFW = max(fs.nextFW, data.MaxFirmwareID+1)
 	for i := range data.Firmware {
 		f := data.Firmware[i]
@@ -188,8 +219,8 @@ func (s *Service) loadFirmware(ctx context.Context, st FirmwareStore) error {
 		}
 		ro := &rollout{Rollout: r, fw: fw, targets: map[uint64]*target{}}
 		if !r.finished() {
-			if err := ro.parse(s); err != nil {
-				s.log.Warn("stored rollout's filter no longer parses; it is paused", "rollout", r.ID, "err", err)
+			if err := ro.parse(fs.devs); err != nil {
+				fs.log.Warn("stored rollout's filter no longer parses; it is paused", "rollout", r.ID, "err", err)
 				ro.State, ro.Reason = RolloutPaused, "filter: "+err.Error()
 			}
 		}
@@ -211,8 +242,7 @@ func (s *Service) loadFirmware(ctx context.Context, st FirmwareStore) error {
 }
 
 // Firmware lists the artifacts, newest first.
-func (s *Service) Firmware() []Firmware {
-	fs := &s.fw
+func (fs *firmwareState) Firmware() []Firmware {
 	fs.mu.Lock()
 	out := make([]Firmware, 0, len(fs.artifacts))
 	for _, f := range fs.artifacts {
@@ -224,8 +254,7 @@ func (s *Service) Firmware() []Firmware {
 }
 
 // FirmwareByID returns one artifact.
-func (s *Service) FirmwareByID(id uint64) (Firmware, bool) {
-	fs := &s.fw
+func (fs *firmwareState) FirmwareByID(id uint64) (Firmware, bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	f, ok := fs.artifacts[id]
@@ -237,18 +266,17 @@ func (s *Service) FirmwareByID(id uint64) (Firmware, bool) {
 
 // AddFirmware checks and records an artifact (its file, if the server
 // keeps it, is in place already) and returns it with its ID.
-func (s *Service) AddFirmware(ctx context.Context, f Firmware) (Firmware, error) {
+func (fs *firmwareState) AddFirmware(ctx context.Context, f Firmware) (Firmware, error) {
 	if err := f.Check(); err != nil {
 		return Firmware{}, err
 	}
-	cs := s.opts.Cluster
+	cs := fs.cluster
 	if cs != nil {
 		// Another node may have added this one: start from the stored list.
-		if err := s.reloadFirmware(ctx); err != nil {
+		if err := fs.reloadFirmware(ctx); err != nil {
 			return Firmware{}, errors.Join(ErrUnavailable, err)
 		}
 	}
-	fs := &s.fw
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if len(fs.artifacts) >= maxFirmware {
@@ -267,7 +295,7 @@ func (s *Service) AddFirmware(ctx context.Context, f Firmware) (Firmware, error)
 		}
 		f.ID = id
 	}
-	f.CreatedAt = s.now().UTC().Truncate(time.Millisecond)
+	f.CreatedAt = fs.now().UTC().Truncate(time.Millisecond)
 	if fs.store != nil {
 		if err := fs.store.SaveFirmware(ctx, f); err != nil {
 			return Firmware{}, err
@@ -275,16 +303,15 @@ func (s *Service) AddFirmware(ctx context.Context, f Firmware) (Firmware, error)
 	}
 	fs.nextFW = max(fs.nextFW, f.ID+1)
 	fs.artifacts[f.ID] = &f
-	s.noteChange(ctx, ChangeFirmware, f.ID)
-	s.log.Info("firmware added", "firmware_id", f.ID, "device_type", f.DeviceType, "version", f.Version, "size", f.Size, "stored", f.Stored(), "by", f.By)
+	fs.note(ctx, ChangeFirmware, f.ID)
+	fs.log.Info("firmware added", "firmware_id", f.ID, "device_type", f.DeviceType, "version", f.Version, "size", f.Size, "stored", f.Stored(), "by", f.By)
 	return f, nil
 }
 
 // DeleteFirmware forgets an artifact no unfinished rollout uses. It returns
 // the artifact, so that the caller removes its file when no other artifact
 // shares it.
-func (s *Service) DeleteFirmware(ctx context.Context, id uint64) (f Firmware, fileShared bool, err error) {
-	fs := &s.fw
+func (fs *firmwareState) DeleteFirmware(ctx context.Context, id uint64) (f Firmware, fileShared bool, err error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	a, ok := fs.artifacts[id]
@@ -302,20 +329,20 @@ func (s *Service) DeleteFirmware(ctx context.Context, id uint64) (f Firmware, fi
 		}
 	}
 	delete(fs.artifacts, id)
-	s.noteChange(ctx, ChangeFirmware, id)
+	fs.note(ctx, ChangeFirmware, id)
 	for _, o := range fs.artifacts {
 		if o.Stored() && o.SHA256 == a.SHA256 {
 			fileShared = true
 		}
 	}
-	s.log.Info("firmware deleted", "firmware_id", id)
+	fs.log.Info("firmware deleted", "firmware_id", id)
 	return *a, fileShared, nil
 }
 
 // FirmwareAccess checks a device token for fetching firmware id: the
 // device must be admitted and of the firmware's device type.
-func (s *Service) FirmwareAccess(token string, id uint64) (Firmware, error) {
-	d, hash, ok := s.deviceForToken(token)
+func (fs *firmwareState) FirmwareAccess(token string, id uint64) (Firmware, error) {
+	d, hash, ok := fs.devs.deviceForToken(token)
 	if !ok {
 		return Firmware{}, ErrUnauthorized
 	}
@@ -329,9 +356,32 @@ func (s *Service) FirmwareAccess(token string, id uint64) (Firmware, error) {
 	if err := admissionError(adm); err != nil {
 		return Firmware{}, err
 	}
-	f, ok := s.FirmwareByID(id)
+	f, ok := fs.FirmwareByID(id)
 	if !ok || f.DeviceType != typ {
 		return Firmware{}, ErrNotFound
 	}
 	return f, nil
+}
+
+// reloadFirmware replaces the firmware artifacts with the stored ones
+// (a rollout keeps the artifact it was read with: an artifact is never
+// changed, and not deleted while an unfinished rollout uses it).
+func (fs *firmwareState) reloadFirmware(ctx context.Context) error {
+	if fs.store == nil {
+		return nil
+	}
+	// Read under the lock: an artifact this node adds meanwhile is then
+	// either in what is read or added after.
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	data, err := fs.store.LoadFirmware(ctx)
+	if err != nil {
+		return err
+	}
+	clear(fs.artifacts)
+	for i := range data.Firmware {
+		f := data.Firmware[i]
+		fs.artifacts[f.ID] = &f
+	}
+	return nil
 }

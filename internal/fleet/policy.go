@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -129,35 +130,93 @@ const (
 	maxLinks        = 10000
 )
 
-// policyState is the Service's policy and its store.
-type policyState struct {
+// policy is the policy room: the profile policy in force and the
+// PolicyStore, where firmware links and quota lifts are stored too, under
+// its lock. The Service embeds it, so that its exported methods are the
+// Service's. The profiles' selection by the policy, links and approvals
+// below are the Service's (its profiles).
+type policy struct {
 	// mu serialises policy, link and lift writes to the store; taken
 	// before profiles.mu.
 	mu     sync.Mutex
 	store  PolicyStore
 	policy atomic.Pointer[ProfilePolicy]
+
+	// Set by New: what the room needs of the others.
+	log  *slog.Logger
+	note func(ctx context.Context, kind ChangeKind, id uint64) // cluster glue, cluster.go
 }
 
-func (s *Service) profilePolicy() ProfilePolicy { return *s.policy.policy.Load() }
+// wire gives the room what it needs of the others and the default policy
+// (New).
+func (pol *policy) wire(s *Service) {
+	pol.log, pol.note = s.log, s.noteChange
+	def := DefaultProfilePolicy()
+	pol.policy.Store(&def)
+}
+
+// locked runs fn under the policy lock with the policy store (nil: memory
+// only): the quotas room stores its lifts there.
+func (pol *policy) locked(fn func(st PolicyStore) error) error {
+	pol.mu.Lock()
+	defer pol.mu.Unlock()
+	return fn(pol.store)
+}
+
+// loaded takes the store and the stored policy, if any (New).
+func (pol *policy) loaded(st PolicyStore, p *ProfilePolicy) error {
+	pol.store = st
+	if p != nil {
+		if err := p.Check(); err != nil {
+			return fmt.Errorf("stored profile policy: %w", err)
+		}
+		c := *p
+		pol.policy.Store(&c)
+	}
+	return nil
+}
+
+// reload, in cluster mode, replaces the policy with the stored one and
+// hands what else is stored (lifts, links) to then, under the lock.
+func (pol *policy) reload(ctx context.Context, then func(PolicyData)) error {
+	st := pol.store
+	if st == nil {
+		return nil
+	}
+	data, err := st.LoadPolicy(ctx)
+	if err != nil {
+		return err
+	}
+	pol.mu.Lock()
+	defer pol.mu.Unlock()
+	if data.Policy != nil && data.Policy.Check() == nil {
+		p := *data.Policy
+		pol.policy.Store(&p)
+	}
+	then(data)
+	return nil
+}
+
+func (pol *policy) profilePolicy() ProfilePolicy { return *pol.policy.Load() }
 
 // ProfilePolicy returns the policy in force.
-func (s *Service) ProfilePolicy() ProfilePolicy { return s.profilePolicy() }
+func (pol *policy) ProfilePolicy() ProfilePolicy { return pol.profilePolicy() }
 
 // SetProfilePolicy checks p and makes it the policy, durably.
-func (s *Service) SetProfilePolicy(ctx context.Context, p ProfilePolicy) (ProfilePolicy, error) {
+func (pol *policy) SetProfilePolicy(ctx context.Context, p ProfilePolicy) (ProfilePolicy, error) {
 	if err := p.Check(); err != nil {
 		return ProfilePolicy{}, err
 	}
-	s.policy.mu.Lock()
-	defer s.policy.mu.Unlock()
-	if st := s.policy.store; st != nil {
+	pol.mu.Lock()
+	defer pol.mu.Unlock()
+	if st := pol.store; st != nil {
 		if err := st.SaveProfilePolicy(ctx, p); err != nil {
 			return ProfilePolicy{}, err
 		}
-		s.noteChange(ctx, ChangePolicy, 0)
+		pol.note(ctx, ChangePolicy, 0)
 	}
-	s.policy.policy.Store(&p)
-	s.log.Info("profile policy set", "mode", p.Mode, "carry", p.Carry, "create_limit", p.CreateLimit, "create_window", p.CreateWindow)
+	pol.policy.Store(&p)
+	pol.log.Info("profile policy set", "mode", p.Mode, "carry", p.Carry, "create_limit", p.CreateLimit, "create_window", p.CreateWindow)
 	return p, nil
 }
 
@@ -167,13 +226,8 @@ func (s *Service) loadPolicy(ctx context.Context, st PolicyStore) error {
 	if err != nil {
 		return fmt.Errorf("load profile policy: %w", err)
 	}
-	s.policy.store = st
-	if data.Policy != nil {
-		if err := data.Policy.Check(); err != nil {
-			return fmt.Errorf("stored profile policy: %w", err)
-		}
-		p := *data.Policy
-		s.policy.policy.Store(&p)
+	if err := s.policy.loaded(st, data.Policy); err != nil {
+		return err
 	}
 	ps := s.profiles
 	for _, l := range data.Links {
@@ -185,11 +239,7 @@ func (s *Service) loadPolicy(ctx context.Context, st PolicyStore) error {
 		l.DeviceType, l.Firmware = key.deviceType, key.firmware
 		ps.links[key] = &linkEntry{link: l, entry: e}
 	}
-	q := s.quota
-	for _, l := range data.Lifts {
-		q.lifted[l.DeviceID] = l
-	}
-	q.anyLifted.Store(len(q.lifted) > 0)
+	s.quota.loadLifts(data.Lifts)
 	return nil
 }
 
@@ -331,18 +381,18 @@ func (s *Service) linkLocked(key profileKey, e *profileEntry, limited bool, now 
 
 // saveLink stores l; a failure is logged (the link then lasts until the
 // server restarts, when the policy decides again).
-func (s *Service) saveLink(ctx context.Context, l ProfileLink) {
-	st := s.policy.store
+func (pol *policy) saveLink(ctx context.Context, l ProfileLink) {
+	st := pol.store
 	if st == nil {
 		return
 	}
-	s.policy.mu.Lock()
-	defer s.policy.mu.Unlock()
+	pol.mu.Lock()
+	defer pol.mu.Unlock()
 	if err := st.SaveProfileLink(context.WithoutCancel(ctx), l); err != nil {
-		s.log.Warn("storing a firmware link failed", "device_type", l.DeviceType, "firmware", l.Firmware, "err", err)
+		pol.log.Warn("storing a firmware link failed", "device_type", l.DeviceType, "firmware", l.Firmware, "err", err)
 		return
 	}
-	s.noteChange(ctx, ChangePolicy, 0) // other nodes list it as pending too
+	pol.note(ctx, ChangePolicy, 0) // other nodes list it as pending too
 }
 
 // loadProfile attaches a loaded device's profile: its own, a link, or the

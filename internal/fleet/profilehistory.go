@@ -31,13 +31,12 @@ type ProfileRevision struct {
 
 // recordRevision stores p's current content as a new revision; a failure
 // is logged (the profile change itself is durable already).
-func (s *Service) recordRevision(ctx context.Context, p *Profile, by, note string) {
+func (fs *firmwareState) recordRevision(ctx context.Context, p *Profile, by, note string) {
 	r := ProfileRevision{ProfileID: p.ID, Version: p.Version, Config: p.Config, PushInterval: p.PushInterval,
 		By: by, At: p.UpdatedAt, Note: note}
-	fs := &s.fw
 	if st := fs.store; st != nil {
 		if _, err := st.AddProfileRevision(context.WithoutCancel(ctx), r); err != nil {
-			s.log.Warn("storing a profile revision failed", "profile_id", p.ID, "err", err)
+			fs.log.Warn("storing a profile revision failed", "profile_id", p.ID, "err", err)
 		}
 		return
 	}
@@ -48,11 +47,10 @@ func (s *Service) recordRevision(ctx context.Context, p *Profile, by, note strin
 }
 
 // ProfileHistory returns a profile's revisions, oldest first.
-func (s *Service) ProfileHistory(ctx context.Context, id uint64) ([]ProfileRevision, error) {
-	if _, ok := s.Profile(id); !ok {
+func (fs *firmwareState) ProfileHistory(ctx context.Context, id uint64) ([]ProfileRevision, error) {
+	if _, ok := fs.devs.Profile(id); !ok {
 		return nil, ErrNotFound
 	}
-	fs := &s.fw
 	if st := fs.store; st != nil {
 		out, err := st.ProfileRevisions(ctx, id)
 		if out == nil {
@@ -65,8 +63,8 @@ func (s *Service) ProfileHistory(ctx context.Context, id uint64) ([]ProfileRevis
 	return append([]ProfileRevision{}, fs.revisions[id]...), nil
 }
 
-func (s *Service) revision(ctx context.Context, id uint64, rev int) (ProfileRevision, error) {
-	all, err := s.ProfileHistory(ctx, id)
+func (fs *firmwareState) revision(ctx context.Context, id uint64, rev int) (ProfileRevision, error) {
+	all, err := fs.ProfileHistory(ctx, id)
 	if err != nil {
 		return ProfileRevision{}, err
 	}
@@ -87,12 +85,12 @@ type DiffEntry struct {
 }
 
 // ProfileDiff compares revisions from and to of a profile.
-func (s *Service) ProfileDiff(ctx context.Context, id uint64, from, to int) ([]DiffEntry, error) {
-	a, err := s.revision(ctx, id, from)
+func (fs *firmwareState) ProfileDiff(ctx context.Context, id uint64, from, to int) ([]DiffEntry, error) {
+	a, err := fs.revision(ctx, id, from)
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.revision(ctx, id, to)
+	b, err := fs.revision(ctx, id, to)
 	if err != nil {
 		return nil, err
 	}
@@ -178,12 +176,12 @@ func compactJSON(v json.RawMessage) json.RawMessage {
 // profile's newest version (a new version number, so that devices apply it
 // again: also when it is the configuration they have, which is how an
 // operator sends a configuration again).
-func (s *Service) RollbackProfile(ctx context.Context, id uint64, rev int, by string) (Profile, error) {
-	r, err := s.revision(ctx, id, rev)
+func (fs *firmwareState) RollbackProfile(ctx context.Context, id uint64, rev int, by string) (Profile, error) {
+	r, err := fs.revision(ctx, id, rev)
 	if err != nil {
 		return Profile{}, err
 	}
 	pi := r.PushInterval
-	p, _, err := s.updateProfile(ctx, id, ProfileUpdate{Config: r.Config, PushInterval: &pi}, by, "rollback to revision "+strconv.Itoa(rev), true)
+	p, _, err := fs.devs.updateProfile(ctx, id, ProfileUpdate{Config: r.Config, PushInterval: &pi}, by, "rollback to revision "+strconv.Itoa(rev), true)
 	return p, err
 }

@@ -37,6 +37,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -132,8 +133,10 @@ type QuotaLift struct {
 	At       time.Time `json:"at"`
 }
 
-// quotas is the Service's quota state besides the per-device clocks.
-type quotas struct {
+// quota is the quotas room: the quota state besides the per-device
+// clocks, the hits and the lifts. The Service embeds it, so that its
+// exported methods are the Service's.
+type quota struct {
 	opts  QuotaOptions
 	epoch int64 // unix ns of tick 0
 	// minSpacing is the byte bound's sample spacing, in ticks.
@@ -149,10 +152,24 @@ type quotas struct {
 	lifted map[uint64]QuotaLift
 	// anyLifted is len(lifted) > 0, read without the lock.
 	anyLifted atomic.Bool
+
+	// Set by New: what the room needs of the others.
+	devs deviceFinder
+	// lifts runs fn under the policy room's lock with its store (nil:
+	// memory only), where lifts are stored (policy.go).
+	lifts     func(fn func(st PolicyStore) error) error
+	now       func() time.Time
+	log       *slog.Logger
+	logChange func(ctx context.Context, kind ChangeKind, id uint64) // cluster glue, cluster.go
 }
 
-func newQuotas(o QuotaOptions, now time.Time) *quotas {
-	q := &quotas{opts: o, epoch: now.UnixNano() - int64(time.Second), hit: map[uint64]*hitRecord{}, lifted: map[uint64]QuotaLift{}}
+// wire gives the room what it needs of the others (New).
+func (q *quota) wire(s *Service) {
+	q.devs, q.lifts, q.now, q.log, q.logChange = s, s.policy.locked, s.now, s.log, s.noteChange
+}
+
+func newQuotas(o QuotaOptions, now time.Time) *quota {
+	q := &quota{opts: o, epoch: now.UnixNano() - int64(time.Second), hit: map[uint64]*hitRecord{}, lifted: map[uint64]QuotaLift{}}
 	if o.PushBurst < 1 {
 		q.opts.PushBurst = 1
 	}
@@ -166,7 +183,7 @@ func newQuotas(o QuotaOptions, now time.Time) *quotas {
 
 // ticks is now in quota ticks; 0 when the clock ran out of range (after 17
 // years), which turns quotas off.
-func (q *quotas) ticks(now int64) uint32 {
+func (q *quota) ticks(now int64) uint32 {
 	t := (now - q.epoch) / tickNS
 	if t <= 0 || t >= math.MaxUint32/2 {
 		return 0
@@ -176,7 +193,7 @@ func (q *quotas) ticks(now int64) uint32 {
 
 // pushCheck decides a push of d at now (d.mu held): ok, or how long to wait.
 // It returns the push clock to store when the push is accepted.
-func (q *quotas) pushCheck(d *device, now int64, interval int) (tat uint32, wait time.Duration, ok bool) {
+func (q *quota) pushCheck(d *device, now int64, interval int) (tat uint32, wait time.Duration, ok bool) {
 	if q.opts.PushRate <= 0 {
 		return 0, 0, true
 	}
@@ -247,7 +264,7 @@ const (
 // is read). A free push keeps the push clock: tat is d.pushTAT then. A
 // start takes no push the server asked for: they stay for the pushes it
 // asks for.
-func (q *quotas) pushFree(d *device, now int64, interval int, start bool) (tat uint32, wait time.Duration, ok bool, free uint8) {
+func (q *quota) pushFree(d *device, now int64, interval int, start bool) (tat uint32, wait time.Duration, ok bool, free uint8) {
 	tat, wait, ok = q.pushCheck(d, now, interval)
 	switch {
 	case ok && start && d.marks&markStart == 0:
@@ -272,8 +289,8 @@ func (d *device) took(free uint8, start bool) {
 
 // Nudged notes that the server asked device id to push at once over its
 // persistent connection: that push does not count against its quota.
-func (s *Service) Nudged(id uint64) {
-	if d := s.get(id); d != nil {
+func (q *quota) Nudged(id uint64) {
+	if d := q.devs.get(id); d != nil {
 		d.mu.Lock()
 		d.owe(1)
 		d.mu.Unlock()
@@ -286,7 +303,7 @@ func (s *Service) Nudged(id uint64) {
 // counts as a history quota hit; one dropped only by the byte bound is not.
 // Neither lists the device: an agent pushing early after a reboot loses a
 // sample but is not an offender.
-func (q *quotas) keepSample(d *device, now int64, interval int) (clock uint32, keep, hit bool) {
+func (q *quota) keepSample(d *device, now int64, interval int) (clock uint32, keep, hit bool) {
 	var perInterval uint32
 	if q.opts.HistorySamples > 0 {
 		perInterval = uint32(interval * ticksPerSecond / q.opts.HistorySamples)
@@ -308,7 +325,7 @@ func (q *quotas) keepSample(d *device, now int64, interval int) (clock uint32, k
 }
 
 // isLifted says whether id's quotas are lifted at now.
-func (q *quotas) isLifted(id uint64, now int64) bool {
+func (q *quota) isLifted(id uint64, now int64) bool {
 	if !q.anyLifted.Load() {
 		return false
 	}
@@ -320,7 +337,7 @@ func (q *quotas) isLifted(id uint64, now int64) bool {
 
 // note records that device id hit a quota for reason; history hits are
 // only counted.
-func (q *quotas) note(id uint64, reason string, now int64) {
+func (q *quota) note(id uint64, reason string, now int64) {
 	i := reasonIndex(reason)
 	q.hits[i].Add(1)
 	if reason == QuotaHistory {
@@ -341,7 +358,7 @@ func (q *quotas) note(id uint64, reason string, now int64) {
 }
 
 // evictOldest drops the device whose last hit is the oldest; q.mu held.
-func (q *quotas) evictOldest() {
+func (q *quota) evictOldest() {
 	var oldest uint64
 	at := int64(math.MaxInt64)
 	for id, r := range q.hit {
@@ -358,13 +375,12 @@ func (q *quotas) evictOldest() {
 var QuotaFilters = []string{"hit", "lifted", QuotaPushRate, QuotaProfileCreate}
 
 // quotaSet resolves a quota filter to device IDs.
-func (s *Service) quotaSet(kind string) (map[uint64]struct{}, bool) {
-	q := s.quota
+func (q *quota) quotaSet(kind string) (map[uint64]struct{}, bool) {
 	if !slices.Contains(QuotaFilters, kind) {
 		return nil, false
 	}
 	i := reasonIndex(kind)
-	now := s.now().UnixNano()
+	now := q.now().UnixNano()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := map[uint64]struct{}{}
@@ -385,10 +401,10 @@ func (s *Service) quotaSet(kind string) (map[uint64]struct{}, bool) {
 }
 
 // QuotaHits counts quota hits by reason since the server started.
-func (s *Service) QuotaHits() map[string]uint64 {
+func (q *quota) QuotaHits() map[string]uint64 {
 	out := make(map[string]uint64, len(QuotaReasons))
 	for i, r := range QuotaReasons {
-		out[r] = s.quota.hits[i].Load()
+		out[r] = q.hits[i].Load()
 	}
 	return out
 }
@@ -396,15 +412,14 @@ func (s *Service) QuotaHits() map[string]uint64 {
 // HistoryThinned counts the history samples not kept since the server
 // started: because the device pushed more often than the per-interval bound
 // allows, and because of the byte bound alone.
-func (s *Service) HistoryThinned() (perInterval, bytes uint64) {
-	return s.quota.thinned[0].Load(), s.quota.thinned[1].Load()
+func (q *quota) HistoryThinned() (perInterval, bytes uint64) {
+	return q.thinned[0].Load(), q.thinned[1].Load()
 }
 
 // QuotaDevices lists the devices that hit a quota (at most 10,000, the
 // latest kept), the latest hit first, and the devices with lifted quotas.
-func (s *Service) QuotaDevices() []QuotaHit {
-	q := s.quota
-	now := s.now().UnixNano()
+func (q *quota) QuotaDevices() []QuotaHit {
+	now := q.now().UnixNano()
 	q.mu.Lock()
 	out := make([]QuotaHit, 0, len(q.hit)+len(q.lifted))
 	for id, r := range q.hit {
@@ -442,8 +457,8 @@ func (s *Service) QuotaDevices() []QuotaHit {
 
 // QuotaOf returns one device's quota record; ok false when it never hit a
 // quota and has no lift.
-func (s *Service) QuotaOf(id uint64) (QuotaHit, bool) {
-	for _, h := range s.QuotaDevices() {
+func (q *quota) QuotaOf(id uint64) (QuotaHit, bool) {
+	for _, h := range q.QuotaDevices() {
 		if h.DeviceID == id {
 			return h, true
 		}
@@ -461,61 +476,86 @@ func CheckLiftNote(note string) error {
 
 // LiftQuota exempts device id from its quotas until until (zero: until
 // revoked), durably when a PolicyStore is attached.
-func (s *Service) LiftQuota(ctx context.Context, id uint64, until time.Time, note string) (QuotaLift, error) {
-	if s.get(id) == nil {
+func (q *quota) LiftQuota(ctx context.Context, id uint64, until time.Time, note string) (QuotaLift, error) {
+	if q.devs.get(id) == nil {
 		return QuotaLift{}, ErrNotFound
 	}
-	q := s.quota
-	l := QuotaLift{DeviceID: id, Until: until.UTC().Truncate(time.Millisecond), Note: note, At: s.now().UTC().Truncate(time.Millisecond)}
-	s.policy.mu.Lock()
-	defer s.policy.mu.Unlock()
-	q.mu.Lock()
-	_, had := q.lifted[id]
-	full := !had && len(q.lifted) >= maxTracked
-	q.mu.Unlock()
-	if full {
-		return QuotaLift{}, ErrTooManyLifts
-	}
-	if st := s.policy.store; st != nil {
-		if err := st.SaveQuotaLift(ctx, l); err != nil {
-			return QuotaLift{}, err
+	l := QuotaLift{DeviceID: id, Until: until.UTC().Truncate(time.Millisecond), Note: note, At: q.now().UTC().Truncate(time.Millisecond)}
+	err := q.lifts(func(st PolicyStore) error {
+		q.mu.Lock()
+		_, had := q.lifted[id]
+		full := !had && len(q.lifted) >= maxTracked
+		q.mu.Unlock()
+		if full {
+			return ErrTooManyLifts
 		}
+		if st != nil {
+			if err := st.SaveQuotaLift(ctx, l); err != nil {
+				return err
+			}
+		}
+		q.mu.Lock()
+		q.lifted[id] = l
+		q.anyLifted.Store(true)
+		q.mu.Unlock()
+		q.logChange(ctx, ChangePolicy, id)
+		return nil
+	})
+	if err != nil {
+		return QuotaLift{}, err
 	}
-	q.mu.Lock()
-	q.lifted[id] = l
-	q.anyLifted.Store(true)
-	q.mu.Unlock()
-	s.noteChange(ctx, ChangePolicy, id)
-	s.log.Info("quota lifted", "device_id", id, "until", until, "note", note)
+	q.log.Info("quota lifted", "device_id", id, "until", until, "note", note)
 	return l, nil
 }
 
 // RestoreQuota ends a device's lift and forgets its quota hits.
-func (s *Service) RestoreQuota(ctx context.Context, id uint64) error {
-	q := s.quota
-	s.policy.mu.Lock()
-	defer s.policy.mu.Unlock()
-	q.mu.Lock()
-	_, had := q.lifted[id]
-	_, hit := q.hit[id]
-	q.mu.Unlock()
-	if !had && !hit {
-		return ErrNotFound
-	}
-	if st := s.policy.store; had && st != nil {
-		if err := st.DeleteQuotaLift(ctx, id); err != nil {
-			return err
+func (q *quota) RestoreQuota(ctx context.Context, id uint64) error {
+	err := q.lifts(func(st PolicyStore) error {
+		q.mu.Lock()
+		_, had := q.lifted[id]
+		_, hit := q.hit[id]
+		q.mu.Unlock()
+		if !had && !hit {
+			return ErrNotFound
 		}
-		s.noteChange(ctx, ChangePolicy, id)
+		if had && st != nil {
+			if err := st.DeleteQuotaLift(ctx, id); err != nil {
+				return err
+			}
+			q.logChange(ctx, ChangePolicy, id)
+		}
+		q.mu.Lock()
+		delete(q.lifted, id)
+		delete(q.hit, id)
+		q.anyLifted.Store(len(q.lifted) > 0)
+		q.mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	q.mu.Lock()
-	delete(q.lifted, id)
-	delete(q.hit, id)
-	q.anyLifted.Store(len(q.lifted) > 0)
-	q.mu.Unlock()
-	s.log.Info("quota restored", "device_id", id)
+	q.log.Info("quota restored", "device_id", id)
 	return nil
 }
 
+// loadLifts takes the stored lifts (New).
+func (q *quota) loadLifts(lifts []QuotaLift) {
+	for _, l := range lifts {
+		q.lifted[l.DeviceID] = l
+	}
+	q.anyLifted.Store(len(q.lifted) > 0)
+}
+
+// replaceLifts replaces the lifts with the stored ones (cluster mode).
+func (q *quota) replaceLifts(lifts []QuotaLift) {
+	q.mu.Lock()
+	clear(q.lifted)
+	for _, l := range lifts {
+		q.lifted[l.DeviceID] = l
+	}
+	q.anyLifted.Store(len(q.lifted) > 0)
+	q.mu.Unlock()
+}
+
 // QuotaOptions returns the quotas in force.
-func (s *Service) QuotaOptions() QuotaOptions { return s.quota.opts }
+func (q *quota) QuotaOptions() QuotaOptions { return q.opts }

@@ -204,7 +204,7 @@ func (r *rollout) add(t *target) {
 }
 
 // parse resolves the filter.
-func (r *rollout) parse(s *Service) error {
+func (r *rollout) parse(devs firmwareDevices) error {
 	v, err := url.ParseQuery(r.Filter)
 	if err != nil {
 		return &FieldError{Field: "filter", Message: "filter must be a query string: " + err.Error()}
@@ -214,7 +214,7 @@ func (r *rollout) parse(s *Service) error {
 			return &FieldError{Field: "filter", Message: "filter: unknown parameter " + strconv.Quote(k)}
 		}
 	}
-	f, err := s.ParseFilter(v)
+	f, err := devs.ParseFilter(v)
 	if err != nil {
 		return err
 	}
@@ -279,25 +279,24 @@ func (r *rollout) eligible(d *device, now int64) bool {
 
 // CreateRollout checks spec and starts a rollout; its first wave starts
 // with the engine's next step.
-func (s *Service) CreateRollout(ctx context.Context, spec RolloutSpec, by string) (Rollout, error) {
+func (fs *firmwareState) CreateRollout(ctx context.Context, spec RolloutSpec, by string) (Rollout, error) {
 	if err := spec.Check(); err != nil {
 		return Rollout{}, err
 	}
-	fs := &s.fw
 	fs.mu.Lock()
 	fw, ok := fs.artifacts[spec.FirmwareID]
 	fs.mu.Unlock()
 	if !ok {
 		return Rollout{}, &FieldError{Field: "firmware_id", Message: "no firmware " + strconv.FormatUint(spec.FirmwareID, 10)}
 	}
-	now := s.now().UTC().Truncate(time.Millisecond)
+	now := fs.now().UTC().Truncate(time.Millisecond)
 	r := &rollout{Rollout: Rollout{RolloutSpec: spec, State: RolloutRunning, CreatedAt: now, UpdatedAt: now, By: by},
 		fw: fw, targets: map[uint64]*target{}, count: map[string]int{}}
-	if err := r.parse(s); err != nil {
+	if err := r.parse(fs.devs); err != nil {
 		return Rollout{}, err
 	}
 	ns := now.UnixNano()
-	s.each(func(d *device) {
+	fs.devs.each(func(d *device) {
 		if r.eligible(d, ns) {
 			r.Total++
 		}
@@ -329,8 +328,8 @@ func (s *Service) CreateRollout(ctx context.Context, spec RolloutSpec, by string
 	fs.rollouts[r.ID] = r
 	v := r.view()
 	fs.mu.Unlock()
-	s.noteChange(ctx, ChangeRollout, r.ID)
-	s.log.Info("rollout created", "rollout", r.ID, "firmware_id", fw.ID, "version", fw.Version, "devices", r.Total, "by", by)
+	fs.note(ctx, ChangeRollout, r.ID)
+	fs.log.Info("rollout created", "rollout", r.ID, "firmware_id", fw.ID, "version", fw.Version, "devices", r.Total, "by", by)
 	return v, nil
 }
 
@@ -348,8 +347,7 @@ func (r *rollout) view() Rollout {
 }
 
 // Rollouts lists the rollouts, newest first.
-func (s *Service) Rollouts() []Rollout {
-	fs := &s.fw
+func (fs *firmwareState) Rollouts() []Rollout {
 	fs.mu.Lock()
 	out := make([]Rollout, 0, len(fs.rollouts))
 	for _, r := range fs.rollouts {
@@ -361,8 +359,7 @@ func (s *Service) Rollouts() []Rollout {
 }
 
 // RolloutByID returns one rollout.
-func (s *Service) RolloutByID(id uint64) (Rollout, bool) {
-	fs := &s.fw
+func (fs *firmwareState) RolloutByID(id uint64) (Rollout, bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	r, ok := fs.rollouts[id]
@@ -374,8 +371,7 @@ func (s *Service) RolloutByID(id uint64) (Rollout, bool) {
 
 // RolloutDevices lists a rollout's devices in ID order, optionally of one
 // state, from memory while it runs and from the store once finished.
-func (s *Service) RolloutDevices(ctx context.Context, id uint64, state string, after uint64, limit int) ([]RolloutDevice, error) {
-	fs := &s.fw
+func (fs *firmwareState) RolloutDevices(ctx context.Context, id uint64, state string, after uint64, limit int) ([]RolloutDevice, error) {
 	fs.mu.Lock()
 	r, ok := fs.rollouts[id]
 	if !ok {
@@ -417,14 +413,13 @@ const (
 )
 
 // ControlRollout pauses, resumes or aborts a rollout.
-func (s *Service) ControlRollout(ctx context.Context, id uint64, action, by string) (Rollout, error) {
-	fs := &s.fw
+func (fs *firmwareState) ControlRollout(ctx context.Context, id uint64, action, by string) (Rollout, error) {
 	if fs.clustered() {
 		// Start from the stored rollout; the change is stored only if no
 		// other node changed it meanwhile.
 		fs.stepMu.Lock()
 		defer fs.stepMu.Unlock()
-		if err := s.syncRolloutsLocked(ctx); err != nil {
+		if err := fs.syncRolloutsLocked(ctx); err != nil {
 			return Rollout{}, errors.Join(ErrUnavailable, err)
 		}
 	}
@@ -435,7 +430,7 @@ func (s *Service) ControlRollout(ctx context.Context, id uint64, action, by stri
 		return Rollout{}, ErrNotFound
 	}
 	prev := r.Rollout
-	now := s.now().UTC().Truncate(time.Millisecond)
+	now := fs.now().UTC().Truncate(time.Millisecond)
 	switch {
 	case action == ActionPause && r.State == RolloutRunning:
 		r.State, r.Reason = RolloutPaused, "paused by "+by
@@ -452,7 +447,7 @@ func (s *Service) ControlRollout(ctx context.Context, id uint64, action, by stri
 				fs.setState(t, DeviceCanceled, "rollout aborted", now)
 			}
 		}
-		s.finishLocked(r)
+		fs.finishLocked(r)
 	case action != ActionPause && action != ActionResume && action != ActionAbort:
 		fs.mu.Unlock()
 		return Rollout{}, &FieldError{Field: "action", Message: "action must be pause, resume or abort"}
@@ -468,27 +463,27 @@ func (s *Service) ControlRollout(ctx context.Context, id uint64, action, by stri
 		fs.mu.Lock()
 		r.Rollout = prev
 		fs.mu.Unlock()
-		if err := s.controlClustered(ctx, view, prev); err != nil {
+		if err := fs.controlClustered(ctx, view, prev); err != nil {
 			return Rollout{}, err
 		}
-		s.log.Info("rollout "+action, "rollout", id, "by", by)
-		v, _ := s.RolloutByID(id)
+		fs.log.Info("rollout "+action, "rollout", id, "by", by)
+		v, _ := fs.RolloutByID(id)
 		return v, nil
 	}
-	if err := s.saveRollout(ctx, view); err != nil {
+	if err := fs.saveRollout(ctx, view); err != nil {
 		fs.mu.Lock()
 		r.Rollout = prev
 		fs.mu.Unlock()
 		return Rollout{}, err
 	}
-	s.log.Info("rollout "+action, "rollout", id, "by", by)
+	fs.log.Info("rollout "+action, "rollout", id, "by", by)
 	return view, nil
 }
 
-func (s *Service) saveRollout(ctx context.Context, r Rollout) error {
-	if st := s.fw.store; st != nil {
-		s.fw.storeMu.Lock()
-		defer s.fw.storeMu.Unlock()
+func (fs *firmwareState) saveRollout(ctx context.Context, r Rollout) error {
+	if st := fs.store; st != nil {
+		fs.storeMu.Lock()
+		defer fs.storeMu.Unlock()
 		return st.SaveRollout(ctx, r)
 	}
 	return nil
@@ -496,8 +491,7 @@ func (s *Service) saveRollout(ctx context.Context, r Rollout) error {
 
 // finishLocked releases a finished rollout's devices (fs.mu held); its
 // counts are kept in the rollout.
-func (s *Service) finishLocked(r *rollout) {
-	fs := &s.fw
+func (fs *firmwareState) finishLocked(r *rollout) {
 	for id, t := range r.targets {
 		if fs.byDevice[id] == t {
 			delete(fs.byDevice, id)
@@ -531,8 +525,7 @@ func (r *rollout) downloads() int { return r.count[DeviceDownloading] }
 // firmwareOnPush updates the pushing device's rollout state from its
 // report and firmware, and returns the offer to answer with, if any. It
 // reads memory only.
-func (s *Service) firmwareOnPush(id uint64, firmware string, rep *protocol.FirmwareReport, now time.Time) *protocol.FirmwareOffer {
-	fs := &s.fw
+func (fs *firmwareState) firmwareOnPush(id uint64, firmware string, rep *protocol.FirmwareReport, now time.Time) *protocol.FirmwareOffer {
 	if !fs.targets.Load() {
 		return nil
 	}
@@ -589,19 +582,19 @@ func (s *Service) firmwareOnPush(id uint64, firmware string, rep *protocol.Firmw
 
 // RunRollouts runs the engine every tick until ctx ends, then writes what
 // is left.
-func (s *Service) RunRollouts(ctx context.Context, tick time.Duration) {
+func (fs *firmwareState) RunRollouts(ctx context.Context, tick time.Duration) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			if err := s.RolloutStep(context.WithoutCancel(ctx)); err != nil {
-				s.log.Warn("rollouts: last write failed", "err", err)
+			if err := fs.RolloutStep(context.WithoutCancel(ctx)); err != nil {
+				fs.log.Warn("rollouts: last write failed", "err", err)
 			}
 			return
 		case <-t.C:
-			if err := s.RolloutStep(ctx); err != nil {
-				s.log.Warn("rollouts: step failed", "err", err)
+			if err := fs.RolloutStep(ctx); err != nil {
+				fs.log.Warn("rollouts: step failed", "err", err)
 			}
 		}
 	}
@@ -610,22 +603,21 @@ func (s *Service) RunRollouts(ctx context.Context, tick time.Duration) {
 // RolloutStep advances every running rollout once: stalled devices fail, a
 // wave failing beyond the threshold pauses its rollout, a finished wave
 // starts the next, and state changes are written to the store.
-func (s *Service) RolloutStep(ctx context.Context) error {
-	fs := &s.fw
+func (fs *firmwareState) RolloutStep(ctx context.Context) error {
 	fs.stepMu.Lock()
 	defer fs.stepMu.Unlock()
 	if fs.clustered() {
 		// This node's device changes go out, the others' come in; only
 		// the driving node goes on.
-		err := s.flushRollouts(ctx)
-		if serr := s.syncRolloutsLocked(ctx); err == nil {
+		err := fs.flushRollouts(ctx)
+		if serr := fs.syncRolloutsLocked(ctx); err == nil {
 			err = serr
 		}
-		if err != nil || !s.driving() {
+		if err != nil || !fs.driving() {
 			return err
 		}
 	}
-	now := s.now()
+	now := fs.now()
 	ts := now.UTC().Truncate(time.Millisecond)
 	var starts []*rollout
 	var changed []Rollout
@@ -651,7 +643,7 @@ func (s *Service) RolloutStep(ctx context.Context) error {
 			r.Reason = fmt.Sprintf("wave %d: %d of %d devices failed (more than %g%%)", r.Wave, r.waveFailed, r.waveSize, r.MaxFailurePct)
 			r.UpdatedAt = ts
 			changed = append(changed, r.view())
-			s.log.Warn("rollout paused", "rollout", r.ID, "reason", r.Reason)
+			fs.log.Warn("rollout paused", "rollout", r.ID, "reason", r.Reason)
 			continue
 		}
 		if r.count[DevicePending]+r.count[DeviceDownloading]+r.count[DeviceInstalling] == 0 && r.Window.Open(now) {
@@ -660,7 +652,7 @@ func (s *Service) RolloutStep(ctx context.Context) error {
 	}
 	fs.mu.Unlock()
 	for _, r := range starts {
-		v, stored, err := s.startWave(ctx, r, ts)
+		v, stored, err := fs.startWave(ctx, r, ts)
 		if err != nil {
 			return err
 		}
@@ -669,19 +661,18 @@ func (s *Service) RolloutStep(ctx context.Context) error {
 		}
 	}
 	for _, v := range changed {
-		if err := s.saveStepChange(ctx, v); err != nil {
+		if err := fs.saveStepChange(ctx, v); err != nil {
 			return err
 		}
 	}
-	return s.flushRollouts(ctx)
+	return fs.flushRollouts(ctx)
 }
 
 // startWave adds r's next wave, or finishes r when no device is left;
 // stored says whether it stored the change (a wave in cluster mode).
-func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (v Rollout, stored bool, err error) {
-	fs := &s.fw
+func (fs *firmwareState) startWave(ctx context.Context, r *rollout, ts time.Time) (v Rollout, stored bool, err error) {
 	if !r.parsed {
-		if err := r.parse(s); err != nil {
+		if err := r.parse(fs.devs); err != nil {
 			fs.mu.Lock()
 			defer fs.mu.Unlock()
 			r.State, r.Reason, r.UpdatedAt = RolloutPaused, "filter: "+err.Error(), ts
@@ -691,7 +682,7 @@ func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (v Ro
 	ns := ts.UnixNano()
 	var ids []uint64
 	var froms []string
-	s.each(func(d *device) {
+	fs.devs.each(func(d *device) {
 		if r.eligible(d, ns) {
 			ids = append(ids, d.id)
 			froms = append(froms, d.firmware)
@@ -719,10 +710,10 @@ func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (v Ro
 	}
 	if len(wave) == 0 {
 		r.State, r.Reason, r.UpdatedAt = RolloutDone, fmt.Sprintf("%d verified, %d failed", r.count[DeviceVerified], r.count[DeviceFailed]), ts
-		s.finishLocked(r)
+		fs.finishLocked(r)
 		v := r.view()
 		fs.mu.Unlock()
-		s.log.Info("rollout done", "rollout", r.ID, "reason", r.Reason)
+		fs.log.Info("rollout done", "rollout", r.ID, "reason", r.Reason)
 		return v, false, nil
 	}
 	next := r.view()
@@ -732,7 +723,7 @@ func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (v Ro
 	// The wave's rows are stored before any device is offered the firmware.
 	if fs.clustered() {
 		// With the wave number, if no other node changed the rollout.
-		ok, err := s.startWaveClustered(ctx, next, wave)
+		ok, err := fs.startWaveClustered(ctx, next, wave)
 		if err != nil || !ok {
 			fs.mu.Lock()
 			defer fs.mu.Unlock()
@@ -757,7 +748,7 @@ func (s *Service) startWave(ctx context.Context, r *rollout, ts time.Time) (v Ro
 		fs.byDevice[d.DeviceID] = t
 	}
 	fs.targets.Store(true)
-	s.log.Info("rollout wave started", "rollout", r.ID, "wave", r.Wave, "devices", len(wave))
+	fs.log.Info("rollout wave started", "rollout", r.ID, "wave", r.Wave, "devices", len(wave))
 	return r.view(), fs.clustered(), nil
 }
 
@@ -775,8 +766,7 @@ func saveChunks(ctx context.Context, st FirmwareStore, ds []RolloutDevice) error
 
 // flushRollouts writes the devices whose state changed since the last
 // flush; on failure they are written with the next.
-func (s *Service) flushRollouts(ctx context.Context) error {
-	fs := &s.fw
+func (fs *firmwareState) flushRollouts(ctx context.Context) error {
 	fs.mu.Lock()
 	if len(fs.dirty) == 0 || fs.store == nil {
 		clear(fs.dirty)

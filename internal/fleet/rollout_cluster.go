@@ -43,24 +43,23 @@ var errRolloutRace = fmt.Errorf("%w: another node changed it meanwhile; read it 
 func (fs *firmwareState) clustered() bool { return fs.rc != nil }
 
 // driving says whether this node drives the rollouts.
-func (s *Service) driving() bool {
-	return s.fw.rc == nil || s.opts.RolloutDriver == nil || s.opts.RolloutDriver()
+func (fs *firmwareState) driving() bool {
+	return fs.rc == nil || fs.driver == nil || fs.driver()
 }
 
 // SyncRollouts reads back, in cluster mode, the rollouts and the rollout
 // devices other nodes changed (change log entries of kind ChangeRollout).
-func (s *Service) SyncRollouts(ctx context.Context) error {
-	if !s.fw.clustered() {
+func (fs *firmwareState) SyncRollouts(ctx context.Context) error {
+	if !fs.clustered() {
 		return nil
 	}
-	s.fw.stepMu.Lock()
-	defer s.fw.stepMu.Unlock()
-	return s.syncRolloutsLocked(ctx)
+	fs.stepMu.Lock()
+	defer fs.stepMu.Unlock()
+	return fs.syncRolloutsLocked(ctx)
 }
 
 // syncRolloutsLocked is SyncRollouts with fs.stepMu held.
-func (s *Service) syncRolloutsLocked(ctx context.Context) error {
-	fs := &s.fw
+func (fs *firmwareState) syncRolloutsLocked(ctx context.Context) error {
 	fs.mu.Lock()
 	var known []uint64
 	var after uint64
@@ -133,7 +132,7 @@ func (s *Service) syncRolloutsLocked(ctx context.Context) error {
 		fs.mu.Lock()
 		if r := fs.rollouts[sr.ID]; r != nil && !r.finished() {
 			r.Rollout = sr
-			s.finishLocked(r)
+			fs.finishLocked(r)
 		}
 		fs.mu.Unlock()
 	}
@@ -214,48 +213,47 @@ func (fs *firmwareState) adoptDevices(ds []RolloutDevice) {
 // its wave): conditionally in cluster mode, where a change another node
 // made first wins and this one is dropped (the next read brings memory
 // back in step).
-func (s *Service) saveStepChange(ctx context.Context, v Rollout) error {
-	fs := &s.fw
+func (fs *firmwareState) saveStepChange(ctx context.Context, v Rollout) error {
 	if !fs.clustered() {
-		return s.saveRollout(ctx, v)
+		return fs.saveRollout(ctx, v)
 	}
 	ok, err := fs.rc.SaveRolloutIf(ctx, v, RolloutRunning, v.Wave, nil)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		s.log.Info("rollout changed by another node first; this node's change is dropped", "rollout", v.ID, "state", v.State)
+		fs.log.Info("rollout changed by another node first; this node's change is dropped", "rollout", v.ID, "state", v.State)
 		return nil
 	}
-	s.noteChange(ctx, ChangeRollout, v.ID)
+	fs.note(ctx, ChangeRollout, v.ID)
 	return nil
 }
 
 // startWaveClustered stores the next wave and r's new wave number in one
 // conditional transaction; ok is false when another node changed r first.
-func (s *Service) startWaveClustered(ctx context.Context, next Rollout, wave []RolloutDevice) (bool, error) {
-	ok, err := s.fw.rc.SaveRolloutIf(ctx, next, RolloutRunning, next.Wave-1, wave)
+func (fs *firmwareState) startWaveClustered(ctx context.Context, next Rollout, wave []RolloutDevice) (bool, error) {
+	ok, err := fs.rc.SaveRolloutIf(ctx, next, RolloutRunning, next.Wave-1, wave)
 	if err != nil || !ok {
 		return false, err
 	}
-	s.noteChange(ctx, ChangeRollout, next.ID)
+	fs.note(ctx, ChangeRollout, next.ID)
 	return true, nil
 }
 
 // controlClustered stores an operator's pause, resume or abort of r
 // (prev: the stored rollout it started from) and reads the rollouts back.
-func (s *Service) controlClustered(ctx context.Context, v Rollout, prev Rollout) error {
-	ok, err := s.fw.rc.SaveRolloutIf(ctx, v, prev.State, prev.Wave, nil)
+func (fs *firmwareState) controlClustered(ctx context.Context, v Rollout, prev Rollout) error {
+	ok, err := fs.rc.SaveRolloutIf(ctx, v, prev.State, prev.Wave, nil)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return errRolloutRace
 	}
-	s.noteChange(ctx, ChangeRollout, v.ID)
+	fs.note(ctx, ChangeRollout, v.ID)
 	// An abort canceled devices in the database: read them back.
-	if err := s.syncRolloutsLocked(ctx); err != nil {
-		s.log.Warn("rollouts: reading back after a change failed", "rollout", v.ID, "err", err)
+	if err := fs.syncRolloutsLocked(ctx); err != nil {
+		fs.log.Warn("rollouts: reading back after a change failed", "rollout", v.ID, "err", err)
 	}
 	return nil
 }

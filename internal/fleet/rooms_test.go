@@ -21,8 +21,8 @@ var rooms = []struct {
 	{"service", "service.go", []string{"ErrNotFound", "ErrInvalid"}},
 	{"service", "store.go", []string{"Backend"}},
 	{"persistence", "persist.go", []string{"Persister", "ErrOverloaded", "ErrClosed", "ErrUnavailable"}},
-	{"registry and push", "registry.go", []string{"Store", "StateReader", "HistoryDropper", "ErrUnauthorized", "ErrCursor"}},
-	{"profiles and policy", "policy.go", []string{"PolicyStore", "ErrNotPending", "ErrProfileInUse", "ErrProfileExists"}},
+	{"registry, push and profiles", "registry.go", []string{"Store", "StateReader", "HistoryDropper", "ErrUnauthorized", "ErrCursor"}},
+	{"policy", "policy.go", []string{"PolicyStore", "ErrNotPending", "ErrProfileInUse", "ErrProfileExists"}},
 	{"commands", "commands.go", []string{"CommandStore", "ErrJobState"}},
 	{"firmware and rollouts", "firmware.go", []string{"FirmwareStore", "ErrFirmwareExists", "ErrFirmwareInUse", "ErrRolloutState", "ErrNoDevices"}},
 	{"trust, admission, enrollment", "admission.go", []string{"TrustStore", "ErrBlocked", "ErrDecommissioned", "ErrNotPreauthorized",
@@ -32,17 +32,23 @@ var rooms = []struct {
 	{"cluster glue", "cluster.go", []string{"ClusterStore", "ClusterCommands", "RolloutCluster"}},
 }
 
-// TestRoomsLayout fails when an exported interface or Err… variable is
-// declared outside its room's file, below a function there, or missing
-// from the table above.
-func TestRoomsLayout(t *testing.T) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {
+// parseFleet parses the package's files but its tests.
+func parseFleet(t *testing.T) map[string]*ast.Package {
+	t.Helper()
+	pkgs, err := parser.ParseDir(token.NewFileSet(), ".", func(fi fs.FileInfo) bool {
 		return !strings.HasSuffix(fi.Name(), "_test.go")
 	}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pkgs
+}
+
+// TestRoomsLayout fails when an exported interface or Err… variable is
+// declared outside its room's file, below a function there, or missing
+// from the table above.
+func TestRoomsLayout(t *testing.T) {
+	pkgs := parseFleet(t)
 	type place struct {
 		file      string
 		afterFunc bool // declared below the file's first function
@@ -105,4 +111,86 @@ func TestRoomsLayout(t *testing.T) {
 	for _, n := range unlisted {
 		t.Errorf("%s belongs to no room: add it to the table in rooms_test.go and to docs/architecture.md", n)
 	}
+}
+
+// roomFiles are the files of the rooms that are types of their own: every
+// method declared there has the room (or a type of its own, listed too)
+// as receiver, never *Service. The Service embeds the rooms, which is how
+// their exported methods are the Service's.
+var roomFiles = map[string][]string{
+	"commands.go":         {"commands", "CommandState", "JobState", "CommandSpec", "job", "devCmd"},
+	"commands_cluster.go": {"commands", "job"},
+	"command_store.go":    nil,
+	"admission.go":        {"trust", "Admission", "Policy", "AdmissionFilter", "device"},
+	"enrollment.go":       {"trust"},
+	"secret.go":           {"trust"},
+	"trust_store.go":      nil,
+	"firmware.go":         {"firmwareState", "Firmware"},
+	"rollout.go":          {"firmwareState", "rollout", "Rollout", "RolloutSpec", "Window"},
+	"rollout_cluster.go":  {"firmwareState"},
+	"profilehistory.go":   {"firmwareState"},
+	"quota.go":            {"quota", "QuotaError", "device"},
+	"policy.go":           {"policy", "ProfilePolicy", "profiles"},
+	"cluster.go":          {"cluster"},
+}
+
+// serviceInRooms are the Service's methods still in a room's file: the
+// profiles' selection by the policy, its links and approvals, and their
+// deletion, which belong with the profiles (profile.go).
+var serviceInRooms = map[string][]string{
+	"policy.go": {"loadPolicy", "selectProfile", "created", "linkLocked", "loadProfile", "PendingFirmware",
+		"ApproveFirmware", "moveToOwn", "flushPersist", "DeleteProfile", "CleanupProfiles", "deleteProfiles"},
+}
+
+// serviceFiles are the files of the Service's own room (registry, push,
+// profiles, labels, queries) and of the glue that composes the rooms: the
+// only files with methods on *Service.
+var serviceFiles = []string{"service.go", "registry.go", "push.go", "profile.go", "labels.go", "query.go",
+	"validate.go", "events.go", "authenticate.go", "register.go", "readback.go"}
+
+// TestRoomReceivers fails when a method in a room's file has another
+// receiver than the room's types (a method of the Service left, or put,
+// in the room's file), or when the Service has methods outside its own
+// files.
+func TestRoomReceivers(t *testing.T) {
+	pkgs := parseFleet(t)
+	service := 0
+	seen := map[string]bool{}
+	for _, p := range pkgs {
+		for path, f := range p.Files {
+			seen[path] = true
+			allowed, isRoom := roomFiles[path]
+			for _, d := range f.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok || fd.Recv == nil {
+					continue
+				}
+				recv := fd.Recv.List[0].Type
+				if st, ok := recv.(*ast.StarExpr); ok {
+					recv = st.X
+				}
+				id, ok := recv.(*ast.Ident)
+				if !ok {
+					t.Errorf("%s: method %s: unexpected receiver", path, fd.Name.Name)
+					continue
+				}
+				if id.Name == "Service" {
+					service++
+					if !slices.Contains(serviceFiles, path) && !slices.Contains(serviceInRooms[path], fd.Name.Name) {
+						t.Errorf("%s: method %s is on *Service; the file belongs to a room, whose methods have the room as receiver", path, fd.Name.Name)
+					}
+					continue
+				}
+				if isRoom && !slices.Contains(allowed, id.Name) {
+					t.Errorf("%s: method %s has receiver %s; the room's types are %v", path, fd.Name.Name, id.Name, allowed)
+				}
+			}
+		}
+	}
+	for path := range roomFiles {
+		if !seen[path] {
+			t.Errorf("room file %s is gone: update roomFiles and docs/architecture.md", path)
+		}
+	}
+	t.Logf("the Service has %d methods of its own", service)
 }

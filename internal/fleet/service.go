@@ -70,17 +70,15 @@ type Service struct {
 	profiles     *profiles
 	profileWrite sync.Mutex // serialises profile updates
 
-	labels labelRegistry // labels.go
-	trust  trustRegistry // enrollment.go
-	quota  *quotas       // quota.go
-	policy policyState   // policy.go
-	fw     firmwareState // firmware.go, rollout.go, profilehistory.go
-	cmds   commands      // commands.go
+	labels        labelRegistry // labels.go
+	trust                       // admission.go, enrollment.go, secret.go
+	*quota                      // quota.go
+	policy                      // policy.go
+	firmwareState               // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
+	commands                    // commands.go, commands_cluster.go
 
-	cluster clusterState // cluster.go
-	events  subscribers  // events.go
-
-	secret enrollmentSecret // secret.go
+	cluster             // cluster.go
+	events  subscribers // events.go
 }
 
 // New loads the fleet from its stores (none: in memory) and returns the
@@ -107,14 +105,13 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		machineIDs: make(machineIndex), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
-	s.trust.init()
-	s.fw.init()
-	if opts.Cluster != nil {
-		s.cluster.init()
-	}
+	s.commands.wire(s)
+	s.trust.wire(s)
+	s.firmwareState.wire(s)
+	s.cluster.wire(s)
 	s.quota = newQuotas(opts.Quotas, s.now())
-	pol := DefaultProfilePolicy()
-	s.policy.policy.Store(&pol)
+	s.quota.wire(s)
+	s.policy.wire(s)
 	store := st.Devices
 	if store == nil {
 		s.profiles = newProfiles(nil, 0)
@@ -184,6 +181,21 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 	}
 	return s, nil
+}
+
+// deviceFinder is what the rooms need of the registry: a device by ID,
+// and every device in turn (d.mu held during fn). The Service implements
+// it.
+type deviceFinder interface {
+	get(id uint64) *device
+	each(fn func(d *device))
+}
+
+// lastID is the highest device ID handed out here so far.
+func (s *Service) lastID() uint64 {
+	s.devMu.RLock()
+	defer s.devMu.RUnlock()
+	return uint64(len(s.devices)) - 1
 }
 
 func (s *Service) intern(v string) string {
