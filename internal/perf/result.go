@@ -32,13 +32,17 @@ const resultFormat = 1
 
 // setup is how the server under test ran.
 type setup struct {
-	Target      string   `json:"target"`
-	Local       bool     `json:"local"` // started by drover perf on this machine
-	Backend     string   `json:"backend"`
-	Persistence string   `json:"persistence"`
-	TLS         bool     `json:"tls"`
-	Conn        string   `json:"conn"` // emulator connection mode
-	ServerArgs  []string `json:"server_args,omitempty"`
+	Target      string `json:"target"`
+	Local       bool   `json:"local"` // started by drover perf on this machine
+	Backend     string `json:"backend"`
+	Persistence string `json:"persistence"`
+	TLS         bool   `json:"tls"`
+	Conn        string `json:"conn"` // emulator connection mode
+	// What the emulated devices offered over TLS (as the agent's
+	// --tls-max-version and --tls-key-exchange); empty in older results.
+	TLSMaxVersion  string   `json:"tls_max_version,omitempty"`
+	TLSKeyExchange string   `json:"tls_key_exchange,omitempty"`
+	ServerArgs     []string `json:"server_args,omitempty"`
 }
 
 // resultPart is one run of the emulator against one server setting: a test has
