@@ -148,7 +148,7 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	handlers := fs.String("handlers", "", "replace the server handler threads of a benchmark, e.g. 1,2")
 	conn := fs.String("conn", "", "emulator connections: new (per request, as agents do), resume (per request, each device resuming its own TLS session) or keepalive (default: the preset's, new for most)")
 	fs.StringVar(&o.TLSMaxVersion, "tls-max-version", "", "highest TLS version the emulated devices offer, as the agent's flag: 1.3 (default) or 1.2")
-	fs.StringVar(&o.TLSKeyExchange, "tls-key-exchange", "", "TLS key exchange the emulated devices offer, as the agent's flag: classic (default), x25519, p256, hybrid or a list; a server started here accepts classic unless --server-args say otherwise")
+	fs.StringVar(&o.TLSKeyExchange, "tls-key-exchange", "", "TLS key exchange the emulated devices offer, as the agent's flag: classic (default), x25519, p256, hybrid or a list; a server started here accepts classic unless --server-arg says otherwise")
 	sources := fs.String("source-addrs", "", "local addresses to connect from, e.g. 127.0.0.1-127.0.0.8 (default for a started server)")
 	out := fs.String("out", "perf-results", "directory for the protocols (NAME.md, NAME.html, NAME.json)")
 	quiet := fs.Bool("quiet", false, "no progress lines")

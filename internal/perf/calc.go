@@ -393,8 +393,9 @@ func computeFleet(r *Result, c *Calc) {
 	add("server RSS at the end per device", measured, render.Fixed(fleetMaxBytesPerDev, 0)+" bytes",
 		part.After.RSSMiB > 0 && judged <= fleetMaxBytesPerDev)
 	loop, end := part.ScheduleStart+float64(p.LoopTime), part.ScheduleStart+p.Duration.Seconds()
-	c.CPUPerPushFirstUS = cpuPerPushUS(part, part.ScheduleStart+cpuWindowMargin, min(loop, end)-cpuWindowMargin)
-	c.CPUPerPushLaterUS = cpuPerPushUS(part, loop+cpuWindowMargin, end-cpuWindowMargin)
+	margin := min(cpuWindowMargin, float64(p.LoopTime)/10)
+	c.CPUPerPushFirstUS = cpuPerPushUS(part, part.ScheduleStart+margin, min(loop, end)-margin)
+	c.CPUPerPushLaterUS = cpuPerPushUS(part, loop+margin, end-margin)
 	if p.MaxCPUPerPushUS > 0 {
 		add("server CPU per push after the first loop (sessions resumed)",
 			render.Fixed(c.CPUPerPushLaterUS, 0)+" µs (first loop, full handshakes: "+render.Fixed(c.CPUPerPushFirstUS, 0)+" µs)",

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/internal/emulator/results"
 )
 
 // Result is everything measured in one test: the raw material of the
@@ -70,6 +72,7 @@ type resultPart struct {
 	ServerExit     string             `json:"server_exit,omitempty"` // the server ended during the run
 	Restarts       int                `json:"restarts,omitempty"`    // remote: process start time changed
 	Emulator       emuStats           `json:"emulator"`
+	Conns          *results.Conns     `json:"conns,omitempty"`       // the emulator's connections and TLS handshakes
 	SyncStates     map[string]float64 `json:"sync_states,omitempty"` // devices by sync state at the end
 	Err            string             `json:"error,omitempty"`
 }

@@ -363,6 +363,8 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 		}
 		res := sum.Resources
 		part.Emulator = emuStats{CPUAvg: res.CPUAvg, CPUMax: res.CPUMax, RSSMiB: mib(res.RSSMax), Cores: res.Cores, Warnings: sum.Warnings}
+		conns := sum.Conns
+		part.Conns = &conns
 		if sum.Err != "" && err == nil && ctx.Err() == nil && part.ServerExit == "" {
 			part.Err = sum.Err
 		}
