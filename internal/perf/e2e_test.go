@@ -137,7 +137,7 @@ func TestE2EFleetTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
-	p, _ := Lookup(FleetTLSPreset)
+	p, _ := Lookup(fleetTLSPreset)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	r, err := Run(ctx, p, testOptions(t, override{Devices: 100, Duration: 12 * time.Second, LoopTime: 4}))

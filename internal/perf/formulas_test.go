@@ -297,7 +297,7 @@ func TestOverloadChecks(t *testing.T) {
 // devices resume their sessions (after the first loop); the first loop,
 // full handshakes, is reported beside it.
 func TestFleetCPUPerPush(t *testing.T) {
-	r := &Result{Preset: Preset{Name: FleetTLSPreset, Kind: fleet, SSL: true, Devices: 40_000, Duration: 100 * time.Second,
+	r := &Result{Preset: Preset{Name: fleetTLSPreset, Kind: fleet, SSL: true, Devices: 40_000, Duration: 100 * time.Second,
 		LoopTime: 40, MaxCPUPerPushUS: 150}}
 	part := resultPart{ScheduleStart: 2, Push: opFigures{Accepted: 100_000, LatencyMs: latency{P99: 20}}, After: snapshot{RSSMiB: 30}}
 	for i := 0; i < 104; i++ {

@@ -118,7 +118,7 @@ func presets() []Preset {
 	// Over the server's own TLS, as agents without a terminator connect:
 	// each device's first push is a full handshake, every later one
 	// resumes the session the server gave that device.
-	ps = append(ps, Preset{Name: FleetTLSPreset, Kind: fleet, SSL: true, Devices: 500_000, Threads: 15000, Duration: 10 * time.Minute,
+	ps = append(ps, Preset{Name: fleetTLSPreset, Kind: fleet, SSL: true, Devices: 500_000, Threads: 15000, Duration: 10 * time.Minute,
 		LoopTime: defaultLoopTime, Conn: emulator.ConnResume, MaxCPUPerPushUS: fleetTLSMaxCPUPerPushUS,
 		Note: "the fleet test over TLS: 500,000 devices every 200 s, a new TLS connection per push resuming the device's own session, as the agent keeps it"})
 	// 100,000 devices: at a capacity of a few thousand pushes/s, each
@@ -140,8 +140,8 @@ func presets() []Preset {
 // FleetPreset is the name of the fleet test (`drover perf fleet`).
 const FleetPreset = "Fleet-1M"
 
-// FleetTLSPreset is the fleet test over native TLS (`drover perf fleet --tls`).
-const FleetTLSPreset = "Fleet-TLS-500k"
+// fleetTLSPreset is the fleet test over the server's own TLS (`drover perf run Fleet-TLS-500k`).
+const fleetTLSPreset = "Fleet-TLS-500k"
 
 // Lookup finds a preset by name, case-insensitively.
 func Lookup(name string) (Preset, bool) {
