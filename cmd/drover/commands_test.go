@@ -130,7 +130,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 	}
 	for _, args := range [][]string{{}, {"nonsense"}, {"perf"}, {"perf", "nonsense"}, {"report"}, {"emulate"}, {"serve", "stray"},
 		{"perf", "run", "--memory", "10KiB", "Stab-2-2"}, {"perf", "run", "--cpus", "-1", "Stab-2-2"},
-		{"perf", "run", "--url", "http://127.0.0.1:1", "--enrollment-secret", "s", "--cpus", "1", "Stab-2-2"}} {
+		{"perf", "run", "--url", "http://127.0.0.1:1", "--enrollment-secret", "s", "--cpus", "1", "Stab-2-2"},
+		{"perf", "run", "--tls-max-version", "1.1", "Fleet-TLS-500k"}, {"perf", "run", "--tls-key-exchange", "pq", "Fleet-TLS-500k"},
+		{"perf", "run", "--conn", "reuse", "Fleet-TLS-500k"}} {
 		errOut.Reset()
 		if code := run(context.Background(), args, testEnv(nil, io.Discard, &errOut, nil)); code != 2 || errOut.Len() == 0 {
 			t.Errorf("drover %q: exit %d, stderr %q", args, code, errOut.String())

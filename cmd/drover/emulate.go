@@ -50,7 +50,7 @@ func emulate(ctx context.Context, args []string, env command.Env) error {
 	fs.StringVar(&cfg.AdminToken, "admin-token", env.Var("DROVER_ADMIN_TOKEN"), "operator token for connect's --command-rate and for approving --wipe's re-enrollment requests (default: $DROVER_ADMIN_TOKEN; --server-dir takes secrets.json's admin_token)")
 	fs.Float64Var(&cfg.Wipe, "wipe", 0, "fleet: share (0..1) of the devices whose agent state is wiped at --wipe-at: they keep their machine ID and register again without credentials; their re-enrollment requests are approved with the admin token, if any (docs/emulator.md)")
 	fs.DurationVar(&cfg.WipeAt, "wipe-at", 0, "fleet: when --wipe wipes, from the start of the run (default: half of --duration)")
-	fs.StringVar(&conn, "conn", "", "connections: new (TCP+TLS per request), resume (TCP per request, TLS resumed), keepalive (default: new in fleet mode, keepalive otherwise)")
+	fs.StringVar(&conn, "conn", "", "connections: new (TCP+TLS per request), resume (TCP per request, each device resuming its own TLS session, as the agent does), keepalive (default: new in fleet mode, keepalive otherwise)")
 	fs.DurationVar(&cfg.Interval, "interval", cfg.Interval, "fleet: each device's push interval")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "fleet: run time (default 10m); connect: time connections are held, registration included (default 1m); benchmark, ramp: time limit (default none)")
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "benchmark: concurrent workers (T); also the concurrency of the registration storm before benchmark, ramp and connect, and of connect's handshakes")

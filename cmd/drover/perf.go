@@ -18,6 +18,7 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/emulator"
 	"github.com/drover/drover/internal/perf"
+	"github.com/drover/drover/internal/protocol"
 	"github.com/dustin/go-humanize"
 )
 
@@ -30,7 +31,8 @@ func perf_(ctx context.Context, args []string, env command.Env) error {
 commands:
   list                          the presets of the test matrix
   run [flags] NAME...           run presets and write their protocols
-  fleet [flags]                 the fleet test (the Fleet-1M preset): run --scale 0.2 for 200,000 devices
+  fleet [flags]                 the fleet test (the Fleet-1M preset): run --scale 0.2 for 200,000 devices;
+                                over the server's TLS: run Fleet-TLS-500k
   report RESULT.json...         render protocols again from result files
   compare PREVIOUS CURRENT      version comparison (result files or directories)
   summary DIR...                a Markdown index of results (verdicts, figures, environments, breaking points)
@@ -144,7 +146,9 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 	fs.IntVar(&o.Override.Threads, "threads", 0, "replace the number of emulator threads")
 	fs.IntVar(&o.Override.Repeats, "repeats", 0, "replace a registrar test's runs per cell (Registrar-1M: 2)")
 	handlers := fs.String("handlers", "", "replace the server handler threads of a benchmark, e.g. 1,2")
-	conn := fs.String("conn", "new", "emulator connections: new (per request, as agents do), resume or keepalive")
+	conn := fs.String("conn", "", "emulator connections: new (per request, as agents do), resume (per request, each device resuming its own TLS session) or keepalive (default: the preset's, new for most)")
+	fs.StringVar(&o.TLSMaxVersion, "tls-max-version", "", "highest TLS version the emulated devices offer, as the agent's flag: 1.3 (default) or 1.2")
+	fs.StringVar(&o.TLSKeyExchange, "tls-key-exchange", "", "TLS key exchange the emulated devices offer, as the agent's flag: classic (default), x25519, p256, hybrid or a list; a server started here accepts classic unless --server-arg says otherwise")
 	sources := fs.String("source-addrs", "", "local addresses to connect from, e.g. 127.0.0.1-127.0.0.8 (default for a started server)")
 	out := fs.String("out", "perf-results", "directory for the protocols (NAME.md, NAME.html, NAME.json)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
@@ -201,6 +205,19 @@ func perfRun(ctx context.Context, args []string, env command.Env, serverCmd []st
 		return command.Usagef("--handlers %w", err)
 	}
 	o.Conn = emulator.ConnMode(*conn)
+	switch o.Conn {
+	case "", emulator.ConnNew, emulator.ConnResume, emulator.ConnKeepAlive:
+	default:
+		return command.Usagef("--conn %q: want new, resume or keepalive", *conn)
+	}
+	if _, err := protocol.TLSMaxVersion(o.TLSMaxVersion); err != nil {
+		return command.Usage(err)
+	}
+	if o.TLSKeyExchange != "" {
+		if _, err := protocol.KeyExchangeGroups(o.TLSKeyExchange); err != nil {
+			return command.Usage(err)
+		}
+	}
 	if *sources != "" {
 		if o.SourceAddrs, err = emulator.ParseSourceAddrs(*sources); err != nil {
 			return command.Usage(err)

@@ -27,8 +27,9 @@ type device struct {
 	cpu, temp  float32
 	rx, tx     uint64
 	bootUptime uint32
-	firmware   string // after an emulated update ("": Config.Firmware)
-	fw         *dlJob // the firmware update under way (download.go)
+	firmware   string      // after an emulated update ("": Config.Firmware)
+	tls        sessionSlot // --conn resume: the device's TLS session, as an agent keeps it
+	fw         *dlJob      // the firmware update under way (download.go)
 
 	// Config.Wipe (wipe.go): chosen to be wiped, wiped, the device ID it
 	// had (until it is registered again), its request sent to approval.

@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -43,11 +44,17 @@ type fake struct {
 	// Behaviours; nil: answer normally.
 	onRegister func(w http.ResponseWriter, machine string, call int) bool // true: answered
 	onPush     func(w http.ResponseWriter, machine string, call int) bool
-	delay      time.Duration
-	config     int64 // >0: answer pushes with this config version until reported
+	// seen, when set, sees every registration and authenticated push with
+	// its device's machine ID before it is answered.
+	seen   func(r *http.Request, machine string, register bool)
+	delay  time.Duration
+	config int64 // >0: answer pushes with this config version until reported
 }
 
-func newFake(t testing.TB, tlsServer bool) *fake {
+func newFake(t testing.TB, tlsServer bool) *fake { return newFakeTLS(t, tlsServer, nil) }
+
+// newFakeTLS is newFake with the TLS server's configuration (nil: httptest's).
+func newFakeTLS(t testing.TB, tlsServer bool, conf *tls.Config) *fake {
 	f := &fake{t: t, secret: "s3cret", tokens: map[string]string{}, ids: map[string]string{}, regCalls: map[string]int{},
 		pushCalls: map[string]int{}, lastSeq: map[string]uint64{}, cfgSeen: map[string]int64{}, remotes: map[string]int{},
 		pushTimes: map[string][]time.Time{}}
@@ -75,6 +82,7 @@ func newFake(t testing.TB, tlsServer bool) *fake {
 	if tlsServer {
 		f.srv = httptest.NewUnstartedServer(h)
 		f.srv.EnableHTTP2 = false
+		f.srv.TLS = conf
 		f.srv.StartTLS()
 	} else {
 		f.srv = httptest.NewServer(h)
@@ -104,6 +112,9 @@ func (f *fake) register(w http.ResponseWriter, r *http.Request) {
 		f.t.Errorf("fake: bad registration: %v: %s", err, body)
 		fail(w, 400, "invalid")
 		return
+	}
+	if f.seen != nil {
+		f.seen(r, req.MachineID, true)
 	}
 	f.mu.Lock()
 	f.regCalls[req.MachineID]++
@@ -142,6 +153,9 @@ func (f *fake) push(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		fail(w, 401, "unauthorized")
 		return
+	}
+	if f.seen != nil {
+		f.seen(r, machine, false)
 	}
 	p, err := protocol.DecodePush(body)
 	if err != nil {

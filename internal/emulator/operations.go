@@ -42,7 +42,7 @@ func (e *engine) registerDevice(ctx context.Context, d *device, s *scratch) bool
 
 	for attempt := 0; ; attempt++ {
 		e.inflight.Add(1)
-		resent, err := e.tr.do(ctx, s.req, s.resp, &s.res)
+		resent, err := e.tr.do(ctx, &d.tls, s.req, s.resp, &s.res)
 		e.inflight.Add(-1)
 		if resent {
 			st.resent.Add(1)
@@ -242,7 +242,7 @@ func (e *engine) pushDevice(ctx context.Context, d *device, s *scratch, intended
 		s.req = append(s.req, s.body...)
 
 		e.inflight.Add(1)
-		resent, err := e.tr.do(ctx, s.req, s.resp, &s.res)
+		resent, err := e.tr.do(ctx, &d.tls, s.req, s.resp, &s.res)
 		e.inflight.Add(-1)
 		if resent {
 			st.resent.Add(1)

@@ -27,7 +27,7 @@ type ConnMode string
 // Connection modes.
 const (
 	ConnNew       ConnMode = "new"       // new TCP (+ full TLS handshake) per request, as most agents do
-	ConnResume    ConnMode = "resume"    // new TCP per request, TLS session resumed from a ticket
+	ConnResume    ConnMode = "resume"    // new TCP per request, TLS session resumed from the device's own ticket
 	ConnKeepAlive ConnMode = "keepalive" // connections kept open and reused
 )
 
@@ -51,6 +51,7 @@ type transport struct {
 	closed bool
 
 	dials, dialErrors, tlsFull, tlsResumed, tlsErrors, requests, reused atomic.Int64
+	tlsResumeFailed                                                     atomic.Int64 // a session offered, a full handshake done
 	open, maxOpen                                                       atomic.Int64
 }
 
@@ -60,7 +61,22 @@ type conn struct {
 	br   *bufio.Reader
 	used int  // requests answered on this connection
 	set  bool // the deadline of the first request is already set
+	// tc is this record's copy of the transport's TLS configuration (base),
+	// made once: a resuming connection points its ClientSessionCache at the
+	// device's own session slot.
+	tc, base *tls.Config
 }
+
+// sessionSlot is one device's TLS session cache: the one session an agent
+// keeps (its last ticket from the server), whatever the cache key. A
+// device runs one operation at a time, so the slot needs no lock.
+type sessionSlot struct{ s *tls.ClientSessionState }
+
+func (c *sessionSlot) Get(string) (*tls.ClientSessionState, bool) { return c.s, c.s != nil }
+
+// Put keeps the newest session; crypto/tls puts nil to forget a session
+// the server refused.
+func (c *sessionSlot) Put(_ string, s *tls.ClientSessionState) { c.s = s }
 
 // conns recycles connection records and their read buffers: with a new
 // connection per request, one 4 KiB buffer per request would be garbage.
@@ -79,11 +95,7 @@ func newTransport(target *url.URL, tlsConf *tls.Config, mode ConnMode, sources [
 			c.ServerName = target.Hostname()
 		}
 		c.NextProtos = []string{"http/1.1"}
-		if mode == ConnResume {
-			c.ClientSessionCache = tls.NewLRUClientSessionCache(64)
-		} else {
-			c.ClientSessionCache = nil
-		}
+		c.ClientSessionCache = nil // resume mode: each device's own slot, set per connection
 		t.tlsConf = c
 	case "http":
 		if port == "" {
@@ -120,8 +132,9 @@ func newTransport(target *url.URL, tlsConf *tls.Config, mode ConnMode, sources [
 // errStale marks a kept-alive connection that the server had closed.
 var errStale = errors.New("connection closed by the server before answering")
 
-// get returns a pooled connection (keep-alive) or dials a new one.
-func (t *transport) get(ctx context.Context) (*conn, error) {
+// get returns a pooled connection (keep-alive) or dials a new one; sess is
+// the device's TLS session slot (used in resume mode; nil: none).
+func (t *transport) get(ctx context.Context, sess *sessionSlot) (*conn, error) {
 	if t.mode == ConnKeepAlive {
 		t.mu.Lock()
 		if n := len(t.idle); n > 0 {
@@ -132,10 +145,10 @@ func (t *transport) get(ctx context.Context) (*conn, error) {
 		}
 		t.mu.Unlock()
 	}
-	return t.dial(ctx)
+	return t.dial(ctx, sess)
 }
 
-func (t *transport) dial(ctx context.Context) (*conn, error) {
+func (t *transport) dial(ctx context.Context, sess *sessionSlot) (*conn, error) {
 	i := 0
 	if n := max(len(t.raw), len(t.dialers)); n > 1 {
 		i = int(t.next.Add(1) % uint32(n))
@@ -170,7 +183,18 @@ func (t *transport) dial(ctx context.Context) (*conn, error) {
 		t.maxOpen.Store(n) // racy maximum; good enough for a gauge
 	}
 	if t.tlsConf != nil {
-		tc := tls.Client(nc, t.tlsConf)
+		conf := t.tlsConf
+		offered := false
+		if t.mode == ConnResume && sess != nil {
+			if c.base != t.tlsConf {
+				c.tc, c.base = t.tlsConf.Clone(), t.tlsConf
+			}
+			// The record's earlier connection is closed: nothing reads
+			// its configuration any more.
+			c.tc.ClientSessionCache = sess
+			conf, offered = c.tc, sess.s != nil
+		}
+		tc := tls.Client(nc, conf)
 		// Handshake, not HandshakeContext: that starts a goroutine per
 		// handshake to watch ctx; shutdown interrupts through the deadline.
 		if err := tc.Handshake(); err != nil {
@@ -186,6 +210,9 @@ func (t *transport) dial(ctx context.Context) (*conn, error) {
 			t.tlsResumed.Add(1)
 		} else {
 			t.tlsFull.Add(1)
+			if offered {
+				t.tlsResumeFailed.Add(1)
+			}
 		}
 		c.nc = tc
 	}
@@ -255,7 +282,7 @@ func (t *transport) stats() results.Conns {
 	return results.Conns{
 		Dials: t.dials.Load(), DialErrors: t.dialErrors.Load(), TLSFull: t.tlsFull.Load(),
 		TLSResumed: t.tlsResumed.Load(), TLSErrors: t.tlsErrors.Load(), Requests: t.requests.Load(),
-		MaxOpen: t.maxOpen.Load(), ReusedConns: t.reused.Load(),
+		MaxOpen: t.maxOpen.Load(), ReusedConns: t.reused.Load(), TLSResumeFailed: t.tlsResumeFailed.Load(),
 	}
 }
 
@@ -270,11 +297,12 @@ type response struct {
 
 // do sends req (a complete HTTP/1.1 request) and reads the answer. A
 // request that fails on a reused connection before any answer byte is sent
-// once more on a new connection; resent tells so.
-func (t *transport) do(ctx context.Context, req []byte, body []byte, resp *response) (resent bool, err error) {
+// once more on a new connection; resent tells so. sess is the device's TLS
+// session slot (nil: none).
+func (t *transport) do(ctx context.Context, sess *sessionSlot, req []byte, body []byte, resp *response) (resent bool, err error) {
 	for attempt := 0; ; attempt++ {
 		var c *conn
-		c, err = t.get(ctx)
+		c, err = t.get(ctx, sess)
 		if err != nil {
 			return resent, err
 		}

@@ -52,6 +52,7 @@ func (e *engine) wipeDue(d *device) {
 	}
 	d.wiped, d.oldID = true, d.deviceID
 	d.deviceID, d.token, d.key, d.seq, d.cfgVer = "", "", "", 0, 0
+	d.tls = sessionSlot{} // the agent restarts: its TLS session was in memory
 	w.wiped.Add(1)
 }
 

@@ -114,6 +114,10 @@ type Calc struct {
 	// a scaled fleet test: RSS per device projected to the full fleet
 	ProjectedDevices     int
 	ProjectedBytesPerDev float64
+	// server CPU time per accepted push, µs, in the first loop (over TLS
+	// each device's first connection: a full handshake) and after it
+	// (resumed sessions); 0: not measured
+	CPUPerPushFirstUS, CPUPerPushLaterUS float64
 
 	Verdict string
 	Reasons []string // why, one line each
@@ -132,6 +136,12 @@ const (
 	fleetMaxP99Ms        = 1000.0 // latency from the intended send time
 	fleetMinRateOfMedian = 0.8    // every second's accepted pushes against the median second
 	fleetMaxBytesPerDev  = 1024.0 // server RSS at the end per device
+	// Fleet-TLS-500k: server CPU per push once the devices resume their
+	// TLS sessions (after the first loop).
+	fleetTLSMaxCPUPerPushUS = 150.0
+	// cpuWindowMargin keeps the CPU-per-push windows clear of the loop's
+	// edges (pushes answered late, the schedule's start).
+	cpuWindowMargin = 5.0
 )
 
 // row is one part of a benchmark or peak test.
@@ -382,6 +392,51 @@ func computeFleet(r *Result, c *Calc) {
 	}
 	add("server RSS at the end per device", measured, render.Fixed(fleetMaxBytesPerDev, 0)+" bytes",
 		part.After.RSSMiB > 0 && judged <= fleetMaxBytesPerDev)
+	loop, end := part.ScheduleStart+float64(p.LoopTime), part.ScheduleStart+p.Duration.Seconds()
+	margin := min(cpuWindowMargin, float64(p.LoopTime)/10)
+	c.CPUPerPushFirstUS = cpuPerPushUS(part, part.ScheduleStart+margin, min(loop, end)-margin)
+	c.CPUPerPushLaterUS = cpuPerPushUS(part, loop+margin, end-margin)
+	if p.MaxCPUPerPushUS > 0 {
+		add("server CPU per push after the first loop (sessions resumed)",
+			render.Fixed(c.CPUPerPushLaterUS, 0)+" µs (first loop, full handshakes: "+render.Fixed(c.CPUPerPushFirstUS, 0)+" µs)",
+			render.Fixed(p.MaxCPUPerPushUS, 0)+" µs", c.CPUPerPushLaterUS > 0 && c.CPUPerPushLaterUS <= p.MaxCPUPerPushUS)
+	}
+}
+
+// cpuPerPushUS is the server's CPU time per accepted push, µs, between from
+// and to (seconds since the part started): the CPU of the server samples
+// within the window over the accepted pushes of the same span (buckets
+// counted by their overlap). 0 when the window holds no two samples or no
+// push.
+func cpuPerPushUS(part resultPart, from, to float64) float64 {
+	var cpu, a, b float64
+	prev, first := 0.0, true
+	for _, s := range part.Samples {
+		if prev >= from && s.T <= to {
+			if first {
+				a, first = prev, false
+			}
+			cpu += s.CPUPct / 100 * (s.T - prev)
+			b = s.T
+		}
+		prev = s.T
+	}
+	if first || b <= a {
+		return 0
+	}
+	var pushes float64
+	for _, pt := range part.Series {
+		if pt.Dur <= 0 {
+			continue
+		}
+		if ov := min(pt.T+pt.Dur, b) - max(pt.T, a); ov > 0 {
+			pushes += pt.Accepted * ov
+		}
+	}
+	if pushes <= 0 {
+		return 0
+	}
+	return cpu / pushes * 1e6
 }
 
 // Overload test criteria (docs/perf.md, the overload test).

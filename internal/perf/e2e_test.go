@@ -129,6 +129,38 @@ func TestE2EStability(t *testing.T) {
 	}
 }
 
+// The fleet test over TLS: each device's first push of the test is a full
+// handshake, each later one resumes that device's session; the server's
+// CPU per push is measured for both. (Its verdict is not judged here: a
+// test machine's CPU per push and RSS projection say nothing.)
+func TestE2EFleetTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server")
+	}
+	p, _ := Lookup(fleetTLSPreset)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r, err := Run(ctx, p, testOptions(t, override{Devices: 100, Duration: 12 * time.Second, LoopTime: 4}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := r.Parts[0]
+	if !r.Setup.TLS || r.Setup.Conn != "resume" || r.Setup.TLSMaxVersion != "1.3" || r.Setup.TLSKeyExchange != "classic" {
+		t.Errorf("setup %+v", r.Setup)
+	}
+	cn := part.Conns
+	if cn == nil || cn.TLSFull != 100 || cn.TLSResumed < 100 || cn.TLSResumeFailed != 0 || cn.TLSErrors != 0 {
+		t.Fatalf("handshakes %+v, want 100 full (one per device) and the rest resumed", cn)
+	}
+	if part.Push.Accepted != cn.TLSFull+cn.TLSResumed {
+		t.Errorf("%d pushes accepted, %d handshakes", part.Push.Accepted, cn.TLSFull+cn.TLSResumed)
+	}
+	c := Compute(r)
+	if c.CPUPerPushFirstUS <= 0 || c.CPUPerPushLaterUS <= 0 || len(c.Checks) != 6 {
+		t.Errorf("CPU per push: first loop %g µs, later %g µs; checks %+v", c.CPUPerPushFirstUS, c.CPUPerPushLaterUS, c.Checks)
+	}
+}
+
 func TestE2EPeakFullCycle(t *testing.T) {
 	r, _ := runE2E(t, "PeakF-64-max", override{Devices: 100, Threads: 8, Duration: 7 * time.Second})
 	part := r.Parts[0]

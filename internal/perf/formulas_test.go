@@ -2,6 +2,7 @@ package perf
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -289,5 +290,43 @@ func TestOverloadChecks(t *testing.T) {
 		if c := Compute(&bad); c.Verdict != Failed {
 			t.Errorf("%s: %s %+v", name, c.Verdict, c.Checks)
 		}
+	}
+}
+
+// The fleet test over TLS also judges the server's CPU per push once the
+// devices resume their sessions (after the first loop); the first loop,
+// full handshakes, is reported beside it.
+func TestFleetCPUPerPush(t *testing.T) {
+	r := &Result{Preset: Preset{Name: fleetTLSPreset, Kind: fleet, SSL: true, Devices: 40_000, Duration: 100 * time.Second,
+		LoopTime: 40, MaxCPUPerPushUS: 150}}
+	part := resultPart{ScheduleStart: 2, Push: opFigures{Accepted: 100_000, LatencyMs: latency{P99: 20}}, After: snapshot{RSSMiB: 30}}
+	for i := 0; i < 104; i++ {
+		part.Series = append(part.Series, point{T: float64(i), Dur: 1, Accepted: 1000})
+		// 1,000 pushes/s: 0.5 cores in the first loop (500 µs a push),
+		// 0.12 cores after it (120 µs).
+		cpu := 50.0
+		if float64(i+1) > 2+40 {
+			cpu = 12
+		}
+		part.Samples = append(part.Samples, sample{T: float64(i + 1), CPUPct: cpu})
+	}
+	r.Parts = []resultPart{part}
+	c := Compute(r)
+	if c.CPUPerPushFirstUS < 499 || c.CPUPerPushFirstUS > 501 || c.CPUPerPushLaterUS < 119 || c.CPUPerPushLaterUS > 121 {
+		t.Fatalf("CPU per push: first loop %g µs, later %g µs", c.CPUPerPushFirstUS, c.CPUPerPushLaterUS)
+	}
+	if len(c.Checks) != 6 || !c.Checks[5].OK || c.Verdict != passed {
+		t.Fatalf("%s %v %+v", c.Verdict, c.Reasons, c.Checks)
+	}
+	for i := range part.Samples {
+		part.Samples[i].CPUPct *= 1.5 // 180 µs after the first loop
+	}
+	if c := Compute(r); c.Verdict != Failed || len(c.Reasons) != 1 || !strings.Contains(c.Reasons[0], "CPU per push") {
+		t.Fatalf("%s %v", c.Verdict, c.Reasons)
+	}
+	// Other fleet tests report the figures without judging them.
+	r.Preset.MaxCPUPerPushUS = 0
+	if c := Compute(r); len(c.Checks) != 5 || c.CPUPerPushLaterUS < 179 || c.CPUPerPushLaterUS > 181 {
+		t.Fatalf("%+v, later %g µs", c.Checks, c.CPUPerPushLaterUS)
 	}
 }

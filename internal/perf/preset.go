@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/internal/emulator"
 )
 
 // kind is a test type.
@@ -59,7 +61,13 @@ type Preset struct {
 	Mode     peakMode      `json:"peak_mode,omitempty"`
 	Rollout  *rolloutSpec  `json:"rollout,omitempty"`
 	Repeats  int           `json:"repeats,omitempty"` // Registrar: runs of each cell
-	Note     string        `json:"note,omitempty"`
+	// Conn is how the emulated devices connect ("": --conn, by default a
+	// new connection per request).
+	Conn emulator.ConnMode `json:"conn,omitempty"`
+	// MaxCPUPerPushUS, when set, is a fleet test's further criterion: the
+	// server's CPU time per accepted push after the first loop, µs.
+	MaxCPUPerPushUS float64 `json:"max_cpu_per_push_us,omitempty"`
+	Note            string  `json:"note,omitempty"`
 }
 
 // Minutes is the duration in minutes (0 for Benchmark).
@@ -107,6 +115,12 @@ func presets() []Preset {
 	}
 	ps = append(ps, Preset{Name: FleetPreset, Kind: fleet, Devices: 1_000_000, Threads: 15000, Duration: 10 * time.Minute,
 		LoopTime: defaultLoopTime, Note: "the fleet test: 1,000,000 devices every 200 s, plain HTTP, a new connection per push"})
+	// Over the server's own TLS, as agents without a terminator connect:
+	// each device's first push is a full handshake, every later one
+	// resumes the session the server gave that device.
+	ps = append(ps, Preset{Name: fleetTLSPreset, Kind: fleet, SSL: true, Devices: 500_000, Threads: 15000, Duration: 10 * time.Minute,
+		LoopTime: defaultLoopTime, Conn: emulator.ConnResume, MaxCPUPerPushUS: fleetTLSMaxCPUPerPushUS,
+		Note: "the fleet test over TLS: 500,000 devices every 200 s, a new TLS connection per push resuming the device's own session, as the agent keeps it"})
 	// 100,000 devices: at a capacity of a few thousand pushes/s, each
 	// device's interval stays far above the latency under overload, so
 	// that devices still busy do not thin out the offered load.
@@ -125,6 +139,9 @@ func presets() []Preset {
 
 // FleetPreset is the name of the fleet test (`drover perf fleet`).
 const FleetPreset = "Fleet-1M"
+
+// fleetTLSPreset is the fleet test over the server's own TLS (`drover perf run Fleet-TLS-500k`).
+const fleetTLSPreset = "Fleet-TLS-500k"
 
 // Lookup finds a preset by name, case-insensitively.
 func Lookup(name string) (Preset, bool) {

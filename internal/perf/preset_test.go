@@ -5,12 +5,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/emulator"
 )
 
 func TestPresetsAreTheMatrix(t *testing.T) {
 	ps := presets()
-	if len(ps) != 7+8+9+4 {
-		t.Fatalf("%d presets, want 28", len(ps))
+	if len(ps) != 7+8+9+5 {
+		t.Fatalf("%d presets, want 29", len(ps))
 	}
 	want := map[string]struct {
 		devices, threads int
@@ -24,6 +26,7 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 		"Bench-12-noSSL": {2400, 12, 0, false}, "Bench-24-SSL": {4800, 24, 0, true}, "Bench-24-noSSL": {4800, 24, 0, false},
 		"Bench-48-SSL": {9600, 48, 0, true}, "Bench-48-noSSL": {9600, 48, 0, false},
 		FleetPreset:     {1_000_000, 15000, 10, false}, // the fleet test
+		fleetTLSPreset:  {500_000, 15000, 10, true},    // the fleet test over TLS
 		"Overload-1.5x": {100_000, 64, 1, false},       // the overload test
 		"Rollout-10k":   {10_000, 2000, 45, true},      // the rollout test
 		RegistrarPreset: {1_000_000, 8, 0, false},      // the registrar tables
@@ -61,6 +64,16 @@ func TestPresetsAreTheMatrix(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("missing presets %v", want)
+	}
+	// Over TLS each push is a new connection resuming the device's own
+	// session, judged also by the server's CPU per push.
+	if p, ok := Lookup(fleetTLSPreset); !ok || p.Kind != fleet || p.Conn != emulator.ConnResume || p.MaxCPUPerPushUS != 150 {
+		t.Errorf("%s: %+v", fleetTLSPreset, p)
+	}
+	for _, p := range ps {
+		if p.Name != fleetTLSPreset && (p.Conn != "" || p.MaxCPUPerPushUS != 0) {
+			t.Errorf("%s: conn %q, CPU per push limit %g", p.Name, p.Conn, p.MaxCPUPerPushUS)
+		}
 	}
 	if p, ok := Lookup("peakf-256-MAX"); !ok || p.Mode != peakFull {
 		t.Errorf("lookup: %+v %v", p, ok)

@@ -90,7 +90,11 @@ func protocol(r *Result, charts bool) *doc.Doc {
 	t.Row("Go / Drover", e.GoVersion+" / "+e.DroverVersion)
 	t.Row("server", r.Setup.Target)
 	t.Row("backend / persistence", r.Setup.Backend+" / "+r.Setup.Persistence)
-	t.Row("TLS", yesNo(r.Setup.TLS))
+	tlsRow := yesNo(r.Setup.TLS)
+	if r.Setup.TLS && r.Setup.TLSMaxVersion != "" {
+		tlsRow += fmt.Sprintf(" (devices offer up to TLS %s, key exchange %s)", r.Setup.TLSMaxVersion, r.Setup.TLSKeyExchange)
+	}
+	t.Row("TLS", tlsRow)
 	t.Row("emulator connections", connName(r.Setup.Conn, r.Setup.TLS))
 	t.Row("emulator", e.Emulator)
 	if e.OpenFiles > 0 {
@@ -229,7 +233,7 @@ func connName(c string, tls bool) string {
 	case c == "new":
 		return "a new connection per request (plain HTTP: no TLS handshake), as device agents behind a TLS terminator do"
 	case c == "resume":
-		return "a new connection per request, TLS sessions resumed"
+		return "a new connection per request, each device resuming its own TLS session (as the agent keeps it)"
 	case c == "keepalive":
 		return "kept-alive connections"
 	}
@@ -333,6 +337,15 @@ func overloadSection(d *doc.Doc, r *Result, c *Calc) {
 // fleetSection is a fleet test's criteria.
 func fleetSection(d *doc.Doc, r *Result, c *Calc) {
 	checksTable(d, "Fleet test criteria", c)
+	if len(r.Parts) > 0 && r.Parts[0].Conns != nil && r.Parts[0].Conns.TLSFull+r.Parts[0].Conns.TLSResumed > 0 {
+		cn := r.Parts[0].Conns
+		d.Paraf("TLS handshakes during the test: %s full, %s resumed (%s full after a refused session), %s failed.",
+			group(cn.TLSFull), group(cn.TLSResumed), group(cn.TLSResumeFailed), group(cn.TLSErrors))
+	}
+	if c.CPUPerPushFirstUS > 0 || c.CPUPerPushLaterUS > 0 {
+		d.Paraf("Server CPU time per accepted push: %s µs in the first loop (over TLS: each device's first connection, a full handshake), %s µs after it (over TLS with --conn resume: resumed sessions).",
+			render.Fixed(c.CPUPerPushFirstUS, 0), render.Fixed(c.CPUPerPushLaterUS, 0))
+	}
 	if len(r.Parts) > 0 {
 		reg := r.Parts[0].Register
 		d.Paraf("Before the test the fleet registered (not measured, kept-alive connections): %s devices in %s s, %s rejected, %s dropped.",

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/internal/emulator/results"
 )
 
 // Result is everything measured in one test: the raw material of the
@@ -32,13 +34,17 @@ const resultFormat = 1
 
 // setup is how the server under test ran.
 type setup struct {
-	Target      string   `json:"target"`
-	Local       bool     `json:"local"` // started by drover perf on this machine
-	Backend     string   `json:"backend"`
-	Persistence string   `json:"persistence"`
-	TLS         bool     `json:"tls"`
-	Conn        string   `json:"conn"` // emulator connection mode
-	ServerArgs  []string `json:"server_args,omitempty"`
+	Target      string `json:"target"`
+	Local       bool   `json:"local"` // started by drover perf on this machine
+	Backend     string `json:"backend"`
+	Persistence string `json:"persistence"`
+	TLS         bool   `json:"tls"`
+	Conn        string `json:"conn"` // emulator connection mode
+	// What the emulated devices offered over TLS (as the agent's
+	// --tls-max-version and --tls-key-exchange); empty in older results.
+	TLSMaxVersion  string   `json:"tls_max_version,omitempty"`
+	TLSKeyExchange string   `json:"tls_key_exchange,omitempty"`
+	ServerArgs     []string `json:"server_args,omitempty"`
 }
 
 // resultPart is one run of the emulator against one server setting: a test has
@@ -66,6 +72,7 @@ type resultPart struct {
 	ServerExit     string             `json:"server_exit,omitempty"` // the server ended during the run
 	Restarts       int                `json:"restarts,omitempty"`    // remote: process start time changed
 	Emulator       emuStats           `json:"emulator"`
+	Conns          *results.Conns     `json:"conns,omitempty"`       // the emulator's connections and TLS handshakes
 	SyncStates     map[string]float64 `json:"sync_states,omitempty"` // devices by sync state at the end
 	Err            string             `json:"error,omitempty"`
 }

@@ -2,6 +2,7 @@ package perf
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -67,9 +68,12 @@ type Options struct {
 	pool          *loadPool
 	machineIDs    string // the emulator's machine-ID kind ("": random); the registrar test sets it per run
 
-	Override    override
-	Conn        emulator.ConnMode // default: new connection per request
-	SourceAddrs []net.IP          // default for a local server: 127.0.0.1-127.0.0.8
+	Override override
+	Conn     emulator.ConnMode // default: the preset's, else a new connection per request
+	// TLSMaxVersion and TLSKeyExchange are what the emulated devices offer,
+	// as the agent's flags (emulator.Config; "": the agent's defaults).
+	TLSMaxVersion, TLSKeyExchange string
+	SourceAddrs                   []net.IP // default for a local server: 127.0.0.1-127.0.0.8
 
 	Version  string    // drover version for the environment
 	Command  string    // the command line, for the protocol
@@ -124,6 +128,9 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 		o.Persistence = "write-through"
 	}
 	if o.Conn == "" {
+		o.Conn = p.Conn
+	}
+	if o.Conn == "" {
 		o.Conn = emulator.ConnNew
 	}
 	if o.ProgressEvery == 0 {
@@ -150,6 +157,11 @@ func Run(ctx context.Context, preset Preset, o Options) (*Result, error) {
 	r.Setup.Backend = backendName(o.DB, o.Persistence)
 	if o.URL != "" {
 		r.Setup.TLS = strings.HasPrefix(o.URL, "https://")
+	}
+	if r.Setup.TLS {
+		r.Setup.TLSMaxVersion, r.Setup.TLSKeyExchange = cmp.Or(o.TLSMaxVersion, "1.3"), cmp.Or(o.TLSKeyExchange, emulator.DefaultConfig().TLSKeyExchange)
+	}
+	if o.URL != "" {
 		r.Setup.Persistence, r.Setup.Backend = "as configured on the server", "as configured on the server"
 		r.Env.Emulator = fmt.Sprintf("this machine (%s), in the drover perf process (GOMAXPROCS %d); the server at %s", r.Env.Host, runtime.GOMAXPROCS(0), o.URL)
 	} else {
@@ -351,6 +363,8 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 		}
 		res := sum.Resources
 		part.Emulator = emuStats{CPUAvg: res.CPUAvg, CPUMax: res.CPUMax, RSSMiB: mib(res.RSSMax), Cores: res.Cores, Warnings: sum.Warnings}
+		conns := sum.Conns
+		part.Conns = &conns
 		if sum.Err != "" && err == nil && ctx.Err() == nil && part.ServerExit == "" {
 			part.Err = sum.Err
 		}
@@ -402,6 +416,10 @@ func emuConfig(p Preset, t *target, o Options) (emulator.Config, *progress) {
 	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Insecure = t.url, t.secret, t.caPEM, o.Insecure && t.local == nil
 	cfg.Devices, cfg.Seed, cfg.MachineIDs = p.Devices, t.seed, o.machineIDs
 	cfg.Conn, cfg.SourceAddrs, cfg.Workers = o.Conn, o.SourceAddrs, p.Threads
+	cfg.TLSMaxVersion = o.TLSMaxVersion
+	if o.TLSKeyExchange != "" {
+		cfg.TLSKeyExchange = o.TLSKeyExchange
+	}
 	prog := &progress{w: o.Progress, every: o.ProgressEvery, name: p.Name}
 	cfg.Progress = prog.show
 	cfg.Warn = prog.warn

@@ -132,6 +132,8 @@ type workerJob struct {
 	Seed             string        `json:"seed"`
 	Mode             string        `json:"mode"`
 	Conn             string        `json:"conn"`
+	TLSMaxVersion    string        `json:"tls_max_version,omitempty"`
+	TLSKeyExchange   string        `json:"tls_key_exchange,omitempty"`
 	Interval         time.Duration `json:"interval"`
 	Duration         time.Duration `json:"duration"`
 	Workers          int           `json:"workers"`
@@ -197,6 +199,10 @@ func (w *Worker) config(job workerJob) (emulator.Config, error) {
 	cfg.Target, cfg.EnrollmentSecret, cfg.CACertPEM, cfg.Insecure = job.Target, job.EnrollmentSecret, job.CACertPEM, job.Insecure
 	cfg.Devices, cfg.Shard, cfg.Seed, cfg.RunID = job.Devices, sh, job.Seed, job.RunID
 	cfg.Mode, cfg.Conn = emulator.Mode(job.Mode), emulator.ConnMode(job.Conn)
+	cfg.TLSMaxVersion = job.TLSMaxVersion
+	if job.TLSKeyExchange != "" {
+		cfg.TLSKeyExchange = job.TLSKeyExchange
+	}
 	if job.Interval > 0 {
 		cfg.Interval = job.Interval
 	}
@@ -449,6 +455,7 @@ func (p *loadPool) run(ctx context.Context, cfg emulator.Config, sink io.Writer,
 	}
 	job := workerJob{RunID: cfg.RunID, Target: cfg.Target, EnrollmentSecret: cfg.EnrollmentSecret, CACertPEM: cfg.CACertPEM,
 		Insecure: cfg.Insecure, Devices: cfg.Devices, Seed: cfg.Seed, Mode: string(cfg.Mode), Conn: string(cfg.Conn),
+		TLSMaxVersion: cfg.TLSMaxVersion, TLSKeyExchange: cfg.TLSKeyExchange,
 		Interval: cfg.Interval, Duration: cfg.Duration, Workers: cfg.Workers, Loops: cfg.Loops, MaxInflight: cfg.MaxInflight,
 		Credentials: credentialsName(cfg.CredentialsFile), StopAfter: stopAfter}
 	// Closed-loop workers and in-flight limits are the whole test's: each

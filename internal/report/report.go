@@ -5,6 +5,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -351,6 +352,9 @@ func conns(d *doc.Doc, sum *results.Summary) {
 		{"connections opened", num(c.Dials)}, {"connect errors", num(c.DialErrors)},
 		{"TLS full handshakes", num(c.TLSFull)}, {"TLS resumed handshakes", num(c.TLSResumed)},
 		{"TLS handshake errors", num(c.TLSErrors)}, {"most open at once", num(c.MaxOpen)},
+	}
+	if c.TLSResumeFailed > 0 {
+		t.Rows = slices.Insert(t.Rows, 6, []string{"full handshakes after a refused session", num(c.TLSResumeFailed)})
 	}
 	section(d, "Connections", t)
 }

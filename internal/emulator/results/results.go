@@ -426,14 +426,17 @@ func (o *OpSummary) AcceptedRate() float64 {
 
 // Conns counts connections and TLS handshakes.
 type Conns struct {
-	Dials       int64 `json:"dials"`
-	DialErrors  int64 `json:"dial_errors,omitempty"`
-	TLSFull     int64 `json:"tls_full,omitempty"`
-	TLSResumed  int64 `json:"tls_resumed,omitempty"`
-	TLSErrors   int64 `json:"tls_errors,omitempty"`
-	Requests    int64 `json:"requests"`
-	MaxOpen     int64 `json:"max_open"`
-	ReusedConns int64 `json:"reused,omitempty"` // requests on a kept-alive connection
+	Dials      int64 `json:"dials"`
+	DialErrors int64 `json:"dial_errors,omitempty"`
+	TLSFull    int64 `json:"tls_full,omitempty"`
+	TLSResumed int64 `json:"tls_resumed,omitempty"`
+	// TLSResumeFailed counts full handshakes where the device offered its
+	// session: the server refused it (a restart, another node's ticket keys).
+	TLSResumeFailed int64 `json:"tls_resume_failed,omitempty"`
+	TLSErrors       int64 `json:"tls_errors,omitempty"`
+	Requests        int64 `json:"requests"`
+	MaxOpen         int64 `json:"max_open"`
+	ReusedConns     int64 `json:"reused,omitempty"` // requests on a kept-alive connection
 }
 
 // Add adds o to c (MaxOpen adds too: shards run side by side).
@@ -442,6 +445,7 @@ func (c *Conns) Add(o Conns) {
 	c.DialErrors += o.DialErrors
 	c.TLSFull += o.TLSFull
 	c.TLSResumed += o.TLSResumed
+	c.TLSResumeFailed += o.TLSResumeFailed
 	c.TLSErrors += o.TLSErrors
 	c.Requests += o.Requests
 	c.MaxOpen += o.MaxOpen
