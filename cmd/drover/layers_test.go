@@ -101,7 +101,12 @@ func TestImportLayers(t *testing.T) {
 		}
 	}
 	// drover links no packager: nfpm and its dependencies stay in
-	// scripts/package.
+	// scripts/package, the one importer of internal/release.
+	for pkg := range imports {
+		if pkg != "scripts/package" && slices.Contains(local(pkg), "internal/release") {
+			t.Errorf("%s imports internal/release; only scripts/package may", pkg)
+		}
+	}
 	droverDeps, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
 		t.Fatal(err)
