@@ -82,6 +82,8 @@ const (
 	User           = "drover"
 	description    = "fleet server for field devices\nDrover registers field devices (routers, gateways, Linux boxes), keeps their state and history, hands out configuration and firmware, raises alerts; web dashboard, JSON API, Prometheus metrics. One static binary: server, device agent, fleet emulator, performance suite."
 	unitHeaderNote = "# Installed by the drover package; override with `systemctl edit %s`\n# (a drop-in in /etc/systemd/system/%s.d/), not by editing this file.\n"
+	serviceNote    = "# Settings: /etc/drover/drover.toml; DROVER_* lines in /etc/drover/drover.env\n# (optional) override its keys. Data: /var/lib/drover. Logs: journalctl -u drover.\n# Reference: /usr/share/doc/drover/operations.md\n"
+	socketNote     = "# With it enabled (systemctl enable --now drover.socket) systemd holds the\n# port and a restart refuses no connection. It replaces listen in\n# /etc/drover/drover.toml: give ListenStream the same port.\n"
 )
 
 // Paths lists what a package installs, directories with a trailing slash.
@@ -258,11 +260,13 @@ func PackagedUnit(name string, src []byte) ([]byte, error) {
 		_, rest, _ := bytes.Cut(body, []byte("\n"))
 		body = rest
 	}
-	stem := strings.TrimSuffix(name, filepath.Ext(name))
-	if name == "drover.socket" {
-		stem = name
+	out := string(body)
+	switch name {
+	case "drover.service":
+		out = fmt.Sprintf(unitHeaderNote, "drover", name) + serviceNote + out
+	case "drover.socket":
+		out = fmt.Sprintf(unitHeaderNote, name, name) + socketNote + out
 	}
-	out := fmt.Sprintf(unitHeaderNote, stem, name) + string(body)
 	var edits [][2]string
 	if name == "drover.service" {
 		edits = [][2]string{
