@@ -107,6 +107,20 @@ func TestDebInstallServePurge(t *testing.T) {
 		}
 		return string(out)
 	}
+	// dpkg, waiting while another dpkg or apt holds its lock.
+	dpkg := func(args ...string) string {
+		t.Helper()
+		var out []byte
+		var err error
+		testwait.For(t, 2*time.Minute, "dpkg's lock", func() bool {
+			out, err = exec.Command("dpkg", args...).CombinedOutput()
+			return err == nil || !strings.Contains(string(out), "lock")
+		})
+		if err != nil {
+			t.Fatalf("dpkg %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
 	purged := false
 	t.Cleanup(func() {
 		if !purged {
@@ -116,7 +130,7 @@ func TestDebInstallServePurge(t *testing.T) {
 		exec.Command("userdel", User).Run()
 		exec.Command("groupdel", User).Run()
 	})
-	out := run("dpkg", "-i", deb)
+	out := dpkg("-i", deb)
 	if !strings.Contains(out, "systemctl enable --now drover") {
 		t.Errorf("postinst did not say how to start the server:\n%s", out)
 	}
@@ -276,7 +290,7 @@ func TestDebInstallServePurge(t *testing.T) {
 		t.Fatalf("drover serve did not stop within the unit's TimeoutStopSec\n%s", log.String())
 	}
 
-	run("dpkg", "--purge", "drover")
+	dpkg("--purge", "drover")
 	purged = true
 	for _, gone := range []string{BinaryPath, ServiceUnit, SocketUnit, ConfigFile, ConfigDir, DocFile} {
 		if _, err := os.Lstat(gone); err == nil {
