@@ -61,6 +61,6 @@ printf 'root:x:0:\ndrover:x:65532:\n' >"$ctx/group"
 
 (cd "$DIST" && find . -maxdepth 1 -type f ! -name SHA256SUMS | sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
 (cd "$DIST" && sha256sum -c --quiet SHA256SUMS)
-printf '%-52s %10s\n' file bytes
-(cd "$DIST" && for f in $(LC_ALL=C ls); do [ -f "$f" ] && printf '%-52s %10d\n' "$f" "$(wc -c <"$f")"; done)
+printf '%-62s %10s\n' file bytes
+(cd "$DIST" && for f in $(LC_ALL=C ls); do [ -f "$f" ] && printf '%-62s %10d\n' "$f" "$(wc -c <"$f")"; done)
 "$DIST/drover-linux-$(go env GOARCH)" version 2>/dev/null || true
