@@ -3,6 +3,8 @@
 # SHA-256 checksums:
 #   drover-linux-amd64, drover-linux-arm64     the whole drover (static)
 #   drover-agent-linux-*, drover-agent.sh      the agent-only builds (scripts/build-agents.sh)
+#   drover_<version>_{amd64,arm64}.deb,        the server as an operating-system package
+#   drover-<version>-1.{x86_64,aarch64}.rpm    (scripts/package: binary, systemd units, user)
 #   SHA256SUMS                                 sha256sum -c SHA256SUMS checks them
 # and the context of the container image (deploy/container/Containerfile)
 # in DIST/container.
@@ -35,6 +37,12 @@ for arch in amd64 arm64; do
 done
 scripts/build-agents.sh "$DIST" >/dev/null
 
+# The .deb and .rpm of both architectures (internal/release, nfpm; its own
+# command, so that drover links no packager).
+version=$(echo "$stamp" | sed -n 's/.*linkVersion=\([^ ]*\).*/\1/p')
+go run ./scripts/package --version "$version" --out "$DIST" \
+	amd64="$DIST/drover-linux-amd64" arm64="$DIST/drover-linux-arm64" >/dev/null
+
 # The container image's build context: the binaries of both architectures,
 # the CA bundle (webhooks and SMTP over TLS), a passwd/group naming the
 # unprivileged user and the (empty) data directory it owns.
@@ -53,6 +61,6 @@ printf 'root:x:0:\ndrover:x:65532:\n' >"$ctx/group"
 
 (cd "$DIST" && find . -maxdepth 1 -type f ! -name SHA256SUMS | sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
 (cd "$DIST" && sha256sum -c --quiet SHA256SUMS)
-printf '%-28s %10s\n' file bytes
-(cd "$DIST" && for f in $(LC_ALL=C ls); do [ -f "$f" ] && printf '%-28s %10d\n' "$f" "$(wc -c <"$f")"; done)
+printf '%-62s %10s\n' file bytes
+(cd "$DIST" && for f in $(LC_ALL=C ls); do [ -f "$f" ] && printf '%-62s %10d\n' "$f" "$(wc -c <"$f")"; done)
 "$DIST/drover-linux-$(go env GOARCH)" version 2>/dev/null || true

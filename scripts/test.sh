@@ -33,6 +33,9 @@ command -v systemd-analyze >/dev/null || need+=(systemd)
 [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v ip >/dev/null || [ -x /usr/sbin/ip ] || need+=(iproute2)
 command -v setpriv >/dev/null || need+=(util-linux)
+# internal/release: rpm reads the .rpm as distributions do (the .deb is
+# installed with dpkg, the server started from it with setpriv).
+command -v rpm >/dev/null || need+=(rpm)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing: ${need[*]}" >&2

@@ -63,6 +63,7 @@ func TestImportLayers(t *testing.T) {
 		"internal/store/dbtest":      {"internal/testwait"},
 		"internal/server/servertest": {"internal/server"},
 		"internal/server/transport":  {"internal/protocol"},
+		"internal/release":           {}, // the packager (nfpm), linked by scripts/package only
 	}
 	for pkg := range imports {
 		if strings.HasPrefix(pkg, "internal/") {
@@ -97,6 +98,22 @@ func TestImportLayers(t *testing.T) {
 					t.Errorf("%s imports %s, above the store", pkg, i)
 				}
 			}
+		}
+	}
+	// drover links no packager: nfpm and its dependencies stay in
+	// scripts/package, the one importer of internal/release.
+	for pkg := range imports {
+		if pkg != "scripts/package" && slices.Contains(local(pkg), "internal/release") {
+			t.Errorf("%s imports internal/release; only scripts/package may", pkg)
+		}
+	}
+	droverDeps, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range strings.Fields(string(droverDeps)) {
+		if d == mod+"internal/release" || strings.HasPrefix(d, "github.com/goreleaser/") {
+			t.Errorf("drover links %s", d)
 		}
 	}
 	// The agent-only binary links no server.
