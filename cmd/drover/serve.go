@@ -164,6 +164,12 @@ func serve(ctx context.Context, args []string, env command.Env) error {
 	defer signal.Stop(usr2)
 	srv, err := server.New(ctx, cfg, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			// SIGTERM or SIGINT while starting: no push was accepted yet,
+			// so stopping here is a clean stop.
+			log.Info("stopped before serving", "reason", "signal", "err", err)
+			return nil
+		}
 		return err
 	}
 	ctx, handedOver := context.WithCancelCause(ctx)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,5 +263,59 @@ func TestAgentsSurviveSIGHUP(t *testing.T) {
 				t.Fatal("no exit within 60 s of SIGTERM")
 			}
 		})
+	}
+}
+
+// TestSIGTERMWhileLoadingExitsZero: a SIGTERM while the node loads its
+// fleet stops it with exit code 0, as a SIGTERM while serving does.
+func TestSIGTERMWhileLoadingExitsZero(t *testing.T) {
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "load-gate")
+	if err := syscall.Mkfifo(gate, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	cmd := exec.Command(droverBin, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", addr)
+	cmd.Env = append(os.Environ(), "DROVER_TEST_LOAD_GATE="+gate)
+	var log lockedBuf
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 5 * time.Second}
+	if !testwait.Until(30*time.Second, func() bool {
+		resp, err := c.Get("https://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "loading the fleet")
+	}) {
+		t.Fatalf("not answering while loading within 30 s\n%s", log.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The gate holds the load until it is opened; the load then sees the
+	// cancelled start. O_RDWR: a FIFO's open that never blocks.
+	w, err := os.OpenFile(gate, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM while loading: %v\n%s", err, log.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no exit within 30 s of SIGTERM while loading\n%s", log.String())
+	}
+	if !strings.Contains(log.String(), `msg="stopped before serving"`) {
+		t.Errorf("log lacks the stop while loading:\n%s", log.String())
 	}
 }
