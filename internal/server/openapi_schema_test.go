@@ -62,9 +62,9 @@ func TestOpenAPIAnswersMatchSchemas(t *testing.T) {
 		t.Fatalf("a real answer refused: %v", p)
 	}
 	for _, change := range []func(map[string]any){
-		func(d map[string]any) { d["id"] = 1.0 },      // an ID as a number
-		func(d map[string]any) { d["id"] = "a" },      // not a decimal string
-		func(d map[string]any) { delete(d, "id") },    // required
+		func(d map[string]any) { d["id"] = 1.0 },        // an ID as a number
+		func(d map[string]any) { d["id"] = "a" },        // not a decimal string
+		func(d map[string]any) { delete(d, "id") },      // required
 		func(d map[string]any) { d["zz_extra"] = true }, // undeclared
 	} {
 		bad := maps.Clone(good)
