@@ -73,4 +73,24 @@ func TestOpenAPIAnswersMatchSchemas(t *testing.T) {
 			t.Errorf("%v passed", bad)
 		}
 	}
+	// A request body accepted against its schema, and the statuses listed.
+	post := func(body string, status int) []string {
+		req := httptest.NewRequest("POST", "/api/v1/labels/assign", strings.NewReader(body))
+		problems, err := servertest.CheckOpenAPI(doc, req, []byte(body), status, "application/json", []byte(`{"label":"a","changed":0,"removed":false}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return problems
+	}
+	if p := post(`{"label":"a","filter":{}}`, 200); len(p) > 0 {
+		t.Errorf("a right request refused: %v", p)
+	}
+	for _, body := range []string{`{"label":5,"filter":{}}`, `{"filter":{}}`, `{"label":"a","filter":{},"zz":1}`, `{"label":"a","filter":{"liveness":3}}`} {
+		if len(post(body, 200)) == 0 {
+			t.Errorf("request %s passed", body)
+		}
+	}
+	if p := post(`{"label":"a","filter":{}}`, 418); !strings.Contains(strings.Join(p, " "), "does not list") {
+		t.Errorf("an answer with a status not listed passed")
+	}
 }
