@@ -15,7 +15,7 @@ import (
 // commandBody is the body of POST /api/v1/commands: the command and
 // exactly one target.
 type commandBody struct {
-	Kind      string       `json:"kind"`
+	Kind      string       `json:"kind" openapi:"required"`
 	Args      []string     `json:"args"`
 	Timeout   int          `json:"timeout"`    // seconds
 	ExpiresIn int          `json:"expires_in"` // seconds

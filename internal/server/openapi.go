@@ -177,6 +177,8 @@ var errorMeaning = map[int]string{
 	409: "Conflicts with the object's state",
 	413: "The request body is too large",
 	429: "Too many requests: retry after the Retry-After header's seconds",
+	502: "The device could not reach the destination, or its tunnel link failed",
+	504: "The device did not answer in time",
 	503: "Unavailable for now (the store, or no request slot free): retry after the Retry-After header's seconds",
 }
 

@@ -96,7 +96,7 @@ func (a *api) table() []route {
 		{method: "GET", path: protocol.PathConnect, endpoint: "connect", h: a.connectHandler(),
 			summary: "Open a device's live connection (WebSocket)", out: rawAnswer{101, ""}, errs: e(401)},
 		{method: "GET", path: tunnel.PathLink, endpoint: "tunnel_link", h: a.tunnelLinkHandler(),
-			summary: "Open a device's tunnel link (WebSocket)", out: rawAnswer{101, ""}, errs: e(401, 409)},
+			summary: "Open a device's tunnel link (WebSocket)", out: rawAnswer{101, ""}, errs: e(401, 409, 503)},
 		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.admitPush, outcomes: m.pushes, ok: pushOK,
 			summary: "Push a device's state", in: protocol.PushRequest{}, out: protocol.PushResponse{}, errs: e(401, 403, 429)},
 
@@ -106,7 +106,7 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/devices/{id}", need: viewer, fn: a.getDevice,
 			summary: "Get a device", out: fleet.Device{}},
 		{method: "GET", path: "/api/v1/devices/{id}/tunnel", need: remoteAccess, endpoint: "tunnel", h: a.tunnelHandler(), query: q("to"),
-			summary: "Open a tunnel to a device (WebSocket)", out: rawAnswer{101, ""}, errs: e(409)},
+			summary: "Open a tunnel to a device (WebSocket)", out: rawAnswer{101, ""}, errs: e(409, 429, 502, 503, 504)},
 		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory, query: q("from", "to", "limit", "format"),
 			summary: "Get a device's state history", out: historyPage{}},
 		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve),

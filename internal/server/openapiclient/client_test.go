@@ -75,8 +75,7 @@ func TestGeneratedClientAgainstServer(t *testing.T) {
 	}
 
 	// Send a command to one device and read it back.
-	kind := "reboot"
-	sent, err := c.PostCommandsWithResponse(ctx, openapiclient.CommandBody{Kind: &kind, DeviceId: &first.Id})
+	sent, err := c.PostCommandsWithResponse(ctx, openapiclient.CommandBody{Kind: "reboot", DeviceId: &first.Id})
 	if err != nil || sent.JSON201 == nil || sent.JSON201.Kind != "reboot" || sent.JSON201.Total != 1 {
 		t.Fatalf("command: %v %d %s", err, sent.StatusCode(), sent.Body)
 	}

@@ -6,4 +6,4 @@
 //	go generate ./internal/server/openapiclient
 package openapiclient
 
-//go:generate go test -run TestGeneratedClientUpToDate -update .
+//go:generate go test -run TestGeneratedClientUpToDate ./generate -update

@@ -1,4 +1,4 @@
-package openapiclient_test
+package generate_test
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite client.gen.go from the server's OpenAPI document")
+
+const clientFile = "../client.gen.go"
 
 // generate makes the client from the document a real server serves.
 func generate(t *testing.T) []byte {
@@ -47,12 +49,12 @@ func generate(t *testing.T) []byte {
 func TestGeneratedClientUpToDate(t *testing.T) {
 	code := generate(t)
 	if *update {
-		if err := os.WriteFile("client.gen.go", code, 0o644); err != nil {
+		if err := os.WriteFile(clientFile, code, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	old, err := os.ReadFile("client.gen.go")
+	old, err := os.ReadFile(clientFile)
 	if err != nil || !bytes.Equal(old, code) {
 		t.Fatalf("client.gen.go is not what the server's OpenAPI document generates: run go generate ./internal/server/openapiclient")
 	}
