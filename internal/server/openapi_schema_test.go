@@ -16,15 +16,7 @@ import (
 func TestOpenAPIAnswersMatchSchemas(t *testing.T) {
 	answers := everyGETAnswer(t)
 	doc, _ := json.Marshal(answers["GET /api/v1/openapi.json"])
-	var parsed struct {
-		Paths map[string]map[string]struct {
-			Responses map[string]struct {
-				Content map[string]struct {
-					Schema map[string]any `json:"schema"`
-				} `json:"content"`
-			} `json:"responses"`
-		} `json:"paths"`
-	}
+	var parsed openAPIOps
 	if err := json.Unmarshal(doc, &parsed); err != nil || len(parsed.Paths) == 0 {
 		t.Fatalf("openapi.json: %v", err)
 	}

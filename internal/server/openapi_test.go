@@ -150,21 +150,7 @@ func TestOpenAPIComplete(t *testing.T) {
 		}
 	}
 	s := servertest.Start(t, servertest.Options{})
-	var doc struct {
-		Paths map[string]map[string]struct {
-			Summary     string `json:"summary"`
-			RequestBody *struct {
-				Content map[string]struct {
-					Schema map[string]any `json:"schema"`
-				} `json:"content"`
-			} `json:"requestBody"`
-			Responses map[string]struct {
-				Content map[string]struct {
-					Schema map[string]any `json:"schema"`
-				} `json:"content"`
-			} `json:"responses"`
-		} `json:"paths"`
-	}
+	var doc openAPIOps
 	if st := s.Admin(t, "GET", "/api/v1/openapi.json", nil, &doc); st != 200 {
 		t.Fatalf("openapi.json: %d", st)
 	}
@@ -203,4 +189,21 @@ func TestOpenAPIComplete(t *testing.T) {
 	if bodies < 20 {
 		t.Errorf("only %d operations take a request body", bodies)
 	}
+}
+
+// openAPIOps is the part of the OpenAPI document the tests read.
+type openAPIOps struct {
+	Paths map[string]map[string]struct {
+		Summary     string `json:"summary"`
+		RequestBody *struct {
+			Content map[string]struct {
+				Schema map[string]any `json:"schema"`
+			} `json:"content"`
+		} `json:"requestBody"`
+		Responses map[string]struct {
+			Content map[string]struct {
+				Schema map[string]any `json:"schema"`
+			} `json:"content"`
+		} `json:"responses"`
+	} `json:"paths"`
 }
