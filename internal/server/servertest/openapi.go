@@ -217,10 +217,12 @@ func (d *openAPIDoc) find(method, path string) *docOp {
 	return nil
 }
 
+var pointerEscape = strings.NewReplacer("~", "~0", "/", "~1")
+
 // schema compiles the schema at a JSON pointer of the document.
 func (d *openAPIDoc) schema(ptr ...string) (*jsonschema.Schema, error) {
 	for i, p := range ptr {
-		ptr[i] = strings.NewReplacer("~", "~0", "/", "~1").Replace(p)
+		ptr[i] = pointerEscape.Replace(p)
 	}
 	loc := docURL + "#/" + strings.Join(ptr, "/")
 	d.mu.Lock()
