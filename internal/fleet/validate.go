@@ -153,6 +153,25 @@ func (s *Service) ParseFilter(v url.Values) (Filter, error) {
 	return f, errors.Join(errs...)
 }
 
+// ParamValues lists the values a query parameter of the devices list or
+// of the commands lists takes (the filter's, sort, command state), for the
+// API's description; nil for a free one.
+func ParamValues(name string) []string {
+	switch name {
+	case FilterSyncState:
+		return syncNames[:]
+	case FilterLiveness:
+		return livenessNames[:]
+	case FilterAdmission:
+		return admissionFilterNames
+	case "sort":
+		return sortNames[:]
+	case "command_state":
+		return commandStateNames[:]
+	}
+	return nil
+}
+
 // oneOf is "a, b or c".
 func oneOf(names []string) string {
 	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]

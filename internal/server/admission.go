@@ -44,15 +44,11 @@ func admissionAnswer(err error) *apiError {
 }
 
 func (a *api) listEnrollmentTokens(r *http.Request) (any, error) {
-	return map[string]any{"tokens": a.fleet.EnrollmentTokens()}, nil
+	return enrollmentTokenList{a.fleet.EnrollmentTokens()}, nil
 }
 
 func (a *api) createEnrollmentToken(r *http.Request) (any, error) {
-	var in struct {
-		MachineID string `json:"machine_id"`
-		TTL       string `json:"ttl"`
-		Note      string `json:"note"`
-	}
+	var in enrollmentTokenBody
 	if err := decodeStrict(r, "", &in); err != nil {
 		return nil, err
 	}
@@ -89,13 +85,11 @@ func (a *api) revokeEnrollmentToken(r *http.Request) (any, error) {
 }
 
 func (a *api) listPreauthorized(r *http.Request) (any, error) {
-	return map[string]any{"machine_ids": a.fleet.PreauthorizedIDs()}, nil
+	return preauthorizedList{a.fleet.PreauthorizedIDs()}, nil
 }
 
 func (a *api) addPreauthorized(r *http.Request) (any, error) {
-	var in struct {
-		MachineIDs []string `json:"machine_ids"`
-	}
+	var in preauthorizedBody
 	if err := decodeStrict(r, "", &in); err != nil {
 		return nil, err
 	}
@@ -106,7 +100,7 @@ func (a *api) addPreauthorized(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"added": n}, nil
+	return preauthorizedAdded{n}, nil
 }
 
 func (a *api) removePreauthorized(r *http.Request) (any, error) {
@@ -114,7 +108,7 @@ func (a *api) removePreauthorized(r *http.Request) (any, error) {
 	if err := a.fleet.RemovePreauthorized(r.Context(), m, actor(r)); err != nil {
 		return nil, ifNotFound(err, "preauthorized machine ID "+strconv.Quote(m))
 	}
-	return map[string]any{"removed": m}, nil
+	return preauthorizedRemoved{m}, nil
 }
 
 // parsePolicy checks -admission.

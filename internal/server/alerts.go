@@ -111,10 +111,10 @@ func (a *api) listAlerts(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]any{"alerts": evs, "active": a.alerts.ActiveCount()}
+	out := alertPage{Alerts: evs, Active: a.alerts.ActiveCount()}
 	if len(evs) == eq.EffectiveLimit() {
 		next := strconv.FormatUint(evs[len(evs)-1].ID, 10)
-		out["next_cursor"], out["next_before"] = next, next
+		out.NextCursor, out.NextBefore = next, next
 	}
 	return out, nil
 }
@@ -131,7 +131,7 @@ func (a *api) listRules(r *http.Request) (any, error) {
 	for _, rl := range a.alerts.Rules() {
 		out = append(out, ruleOut{rl, active[rl.ID]})
 	}
-	return map[string]any{"rules": out}, nil
+	return ruleList{out}, nil
 }
 
 func (a *api) getRule(r *http.Request) (any, error) {
@@ -179,12 +179,12 @@ func (a *api) deleteRule(r *http.Request) (any, error) {
 	if err := a.alerts.DeleteRule(r.Context(), id); err != nil {
 		return nil, ifNotFound(err, "such rule")
 	}
-	return map[string]any{"deleted": strconv.FormatUint(id, 10)}, nil
+	return deleted{strconv.FormatUint(id, 10)}, nil
 }
 
 func (a *api) deliveries(r *http.Request) (any, error) {
 	queued, dropped := a.alerts.Queued()
-	return map[string]any{"deliveries": a.alerts.Deliveries(), "queued": queued, "dropped": dropped}, nil
+	return deliveryList{a.alerts.Deliveries(), queued, dropped}, nil
 }
 
 // smtpOut hides the password.

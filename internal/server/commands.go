@@ -15,7 +15,7 @@ import (
 // commandBody is the body of POST /api/v1/commands: the command and
 // exactly one target.
 type commandBody struct {
-	Kind      string       `json:"kind"`
+	Kind      string       `json:"kind" openapi:"required"`
 	Args      []string     `json:"args"`
 	Timeout   int          `json:"timeout"`    // seconds
 	ExpiresIn int          `json:"expires_in"` // seconds
@@ -62,7 +62,7 @@ func (a *api) listCommands(r *http.Request) (any, error) {
 	if err != nil || limit > 1000 {
 		return nil, badField("limit must be 0..1000")
 	}
-	return map[string]any{"jobs": a.fleet.Jobs(int(limit))}, nil
+	return jobList{a.fleet.Jobs(int(limit))}, nil
 }
 
 func (a *api) getCommand(r *http.Request) (any, error) {
@@ -130,10 +130,10 @@ func (a *api) pagedCommands(r *http.Request, what string, set func(*fleet.Comman
 	if err != nil {
 		return nil, ifNotFound(err, what+strconv.FormatUint(id, 10))
 	}
-	out := map[string]any{"commands": cmds}
+	out := commandPage{Commands: cmds}
 	if n := len(cmds); n > 0 && n == q.Limit {
 		c := strconv.FormatUint(next(cmds[n-1]), 10)
-		out["next_cursor"], out["next_after"] = c, c
+		out.NextCursor, out.NextAfter = c, c
 	}
 	return out, nil
 }

@@ -106,7 +106,7 @@ func (a *api) getHistory(r *http.Request) (any, error) {
 	if asCSV {
 		return historyCSV(samples), nil
 	}
-	return map[string]any{"device_id": strconv.FormatUint(id, 10), "samples": samples}, nil
+	return historyPage{strconv.FormatUint(id, 10), samples}, nil
 }
 
 func (a *api) stats(r *http.Request) (any, error) {
@@ -126,7 +126,7 @@ func (a *api) admitDevice(action fleet.Action) apiFunc {
 			return nil, ifNotFound(err, "device "+r.PathValue("id"))
 		}
 		if action == fleet.Delete || (action == fleet.Reject && d.ID == 0) {
-			return map[string]any{"deleted": true, "id": strconv.FormatUint(id, 10)}, nil
+			return deviceDeleted{true, strconv.FormatUint(id, 10)}, nil
 		}
 		return d, nil
 	}

@@ -29,3 +29,21 @@ func RouteNeeds() []RouteNeed {
 	}
 	return out
 }
+
+// RouteDoc is what a route of the table says for the OpenAPI document.
+type RouteDoc struct {
+	Method, Path, Summary string
+	In, Out               bool // a request body type (or noBody), an answer type
+	NoBody                bool // in is noBody
+}
+
+// RouteDocs lists the routes table's OpenAPI annotations.
+func RouteDocs() []RouteDoc {
+	a := &api{m: newMetrics()}
+	var out []RouteDoc
+	for _, rt := range a.table() {
+		_, none := rt.in.(noBody)
+		out = append(out, RouteDoc{rt.method, rt.path, rt.summary, rt.in != nil, rt.out != nil, none})
+	}
+	return out
+}

@@ -135,7 +135,7 @@ func (ff *firmwareFiles) extend(w http.ResponseWriter) {
 }
 
 func (a *api) listFirmware(*http.Request) (any, error) {
-	return map[string]any{"firmware": a.fleet.Firmware()}, nil
+	return firmwareList{a.fleet.Firmware()}, nil
 }
 
 func (a *api) getFirmware(r *http.Request) (any, error) {
@@ -161,14 +161,7 @@ func (a *api) uploadFirmware(r *http.Request) (any, error) {
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "application/json" {
 		r.Body = http.MaxBytesReader(nil, r.Body, 64<<10)
 		var f fleet.Firmware
-		if err := decodeStrict(r, "firmware: ", &struct {
-			DeviceType *string `json:"device_type"`
-			Version    *string `json:"version"`
-			SHA256     *string `json:"sha256"`
-			Size       *int64  `json:"size"`
-			Signature  *string `json:"signature"`
-			URL        *string `json:"url"`
-		}{&f.DeviceType, &f.Version, &f.SHA256, &f.Size, &f.Signature, &f.URL}); err != nil {
+		if err := decodeStrict(r, "firmware: ", &firmwareRefBody{&f.DeviceType, &f.Version, &f.SHA256, &f.Size, &f.Signature, &f.URL}); err != nil {
 			return nil, err
 		}
 		if f.URL == "" {
@@ -327,7 +320,7 @@ func (a *api) deleteFirmware(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"deleted": f}, nil
+	return firmwareDeleted{f}, nil
 }
 
 // deleteArtifact forgets an artifact and removes its file unless shared.

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -258,8 +260,20 @@ func putBuf(b *bytes.Buffer) {
 	}
 }
 
+// declaredBody is the body of a request to an apiFunc, with its route:
+// decodeStrict decodes it only into the type the route declares (route.in),
+// so that the OpenAPI document describes every body a handler reads.
+type declaredBody struct {
+	io.ReadCloser
+	rt *route
+}
+
 // decodeStrict reads a JSON body that must not have unknown fields.
 func decodeStrict(r *http.Request, what string, v any) error {
+	if d, ok := r.Body.(*declaredBody); ok && (d.rt.in == nil || reflect.TypeOf(d.rt.in) != reflect.TypeOf(v).Elem()) {
+		return &apiError{status: http.StatusInternalServerError, code: "internal",
+			msg: fmt.Sprintf("%s %s decodes a body of type %v, but its route declares %v: set route.in in routes.go", d.rt.method, d.rt.path, reflect.TypeOf(v).Elem(), reflect.TypeOf(d.rt.in))}
+	}
 	buf, err := readBody(r)
 	if err != nil {
 		return err

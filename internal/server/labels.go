@@ -13,7 +13,7 @@ import (
 )
 
 func (a *api) listLabels(r *http.Request) (any, error) {
-	return map[string]any{"labels": a.fleet.Labels()}, nil
+	return labelList{a.fleet.Labels()}, nil
 }
 
 // labelFilter is the JSON form of the devices filter.
@@ -28,11 +28,7 @@ type labelFilter struct {
 }
 
 func (a *api) assignLabel(r *http.Request) (any, error) {
-	var in struct {
-		Label  string       `json:"label"`
-		Remove bool         `json:"remove"`
-		Filter *labelFilter `json:"filter"`
-	}
+	var in labelAssignBody
 	if err := decodeStrict(r, "", &in); err != nil {
 		return nil, err
 	}
@@ -50,7 +46,7 @@ func (a *api) assignLabel(r *http.Request) (any, error) {
 	case err != nil:
 		return nil, ifNotFound(err, "label "+strconv.Quote(in.Label))
 	}
-	return map[string]any{"label": in.Label, "changed": n, "removed": in.Remove}, nil
+	return labelAssigned{in.Label, n, in.Remove}, nil
 }
 
 // values is the filter as fleet.ParseFilter reads it.
@@ -73,5 +69,5 @@ func (a *api) deleteLabel(r *http.Request) (any, error) {
 	if err := a.fleet.DeleteLabel(r.Context(), name); err != nil {
 		return nil, ifNotFound(err, "label "+strconv.Quote(name))
 	}
-	return map[string]any{"deleted": name}, nil
+	return deleted{name}, nil
 }

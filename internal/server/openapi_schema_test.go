@@ -2,120 +2,87 @@ package server_test
 
 import (
 	"encoding/json"
-	"fmt"
-	"regexp"
-	"slices"
+	"maps"
+	"net/http/httptest"
+	"strings"
 	"testing"
+
+	"github.com/drover/drover/internal/server/servertest"
 )
 
-// The answers of the main operations match the schemas openapi.json
-// declares for them: every property of the right type, the required ones
-// present, no undeclared one.
+// Every GET answer matches the schema openapi.json declares for it (the
+// JSON Schema of its Go type): every property of the right type, the
+// required ones present, no undeclared one.
 func TestOpenAPIAnswersMatchSchemas(t *testing.T) {
 	answers := everyGETAnswer(t)
-	body, _ := json.Marshal(answers["GET /api/v1/openapi.json"])
-	var doc struct {
-		Paths map[string]map[string]struct {
-			Responses map[string]struct {
-				Content map[string]struct {
-					Schema map[string]any `json:"schema"`
-				} `json:"content"`
-			} `json:"responses"`
-		} `json:"paths"`
-	}
-	if err := json.Unmarshal(body, &doc); err != nil || len(doc.Paths) == 0 {
+	doc, _ := json.Marshal(answers["GET /api/v1/openapi.json"])
+	var parsed openAPIOps
+	if err := json.Unmarshal(doc, &parsed); err != nil || len(parsed.Paths) == 0 {
 		t.Fatalf("openapi.json: %v", err)
 	}
+	check := func(path string, out any) []string {
+		body, _ := json.Marshal(out)
+		req := httptest.NewRequest("GET", strings.NewReplacer("{id}", "1", "{name}", "x", "{machine_id}", "m").Replace(path), nil)
+		problems, err := servertest.CheckOpenAPI(doc, req, nil, 200, "application/json", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return problems
+	}
 	checked := 0
-	for path, ops := range doc.Paths {
+	for path, ops := range parsed.Paths {
 		for m, op := range ops {
-			schema := op.Responses["2XX"].Content["application/json"].Schema
-			if schema == nil {
+			if m != "get" || op.Responses["200"].Content["application/json"].Schema == nil {
 				continue
 			}
 			out, ok := answers["GET "+path]
-			if m != "get" || !ok {
-				t.Errorf("%s %s: a schema, but no GET answer to check it with", m, path)
-				continue
+			if !ok {
+				continue // files, the device connection, the cluster
 			}
-			for _, e := range validate("GET "+path, schema, out) {
-				t.Error(e)
+			for _, e := range check(path, out) {
+				t.Errorf("GET %s: %s", path, e)
 			}
 			checked++
 		}
 	}
-	if checked < 6 {
-		t.Fatalf("only %d operations have an answer schema", checked)
+	if checked < 30 {
+		t.Fatalf("only %d operations have an answer schema checked", checked)
 	}
 	// The validator finds what it should.
-	sch := map[string]any{"type": "object", "additionalProperties": false, "required": []any{"id"},
-		"properties": map[string]any{"id": map[string]any{"type": "string", "pattern": "^-?[0-9]+$"}}}
-	for _, v := range []any{map[string]any{"id": 1.0}, map[string]any{}, map[string]any{"id": "1", "x": true}, map[string]any{"id": "a"}} {
-		if len(validate("v", sch, v)) == 0 {
-			t.Errorf("%v passed %v", v, sch)
+	good := answers["GET /api/v1/devices/{id}"].(map[string]any)
+	if p := check("/api/v1/devices/{id}", good); len(p) > 0 {
+		t.Fatalf("a real answer refused: %v", p)
+	}
+	for _, change := range []func(map[string]any){
+		func(d map[string]any) { d["id"] = 1.0 },        // an ID as a number
+		func(d map[string]any) { d["id"] = "a" },        // not a decimal string
+		func(d map[string]any) { delete(d, "id") },      // required
+		func(d map[string]any) { d["zz_extra"] = true }, // undeclared
+	} {
+		bad := maps.Clone(good)
+		change(bad)
+		if len(check("/api/v1/devices/{id}", bad)) == 0 {
+			t.Errorf("%v passed", bad)
 		}
 	}
-}
-
-// validate checks v against the JSON Schema subset schemaOf writes.
-func validate(where string, schema map[string]any, v any) []string {
-	var errs []string
-	types := []string{}
-	switch ty := schema["type"].(type) {
-	case string:
-		types = append(types, ty)
-	case []any:
-		for _, x := range ty {
-			types = append(types, x.(string))
+	// A request body accepted against its schema, and the statuses listed.
+	post := func(body string, status int) []string {
+		req := httptest.NewRequest("POST", "/api/v1/labels/assign", strings.NewReader(body))
+		problems, err := servertest.CheckOpenAPI(doc, req, []byte(body), status, "application/json", []byte(`{"label":"a","changed":0,"removed":false}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return problems
+	}
+	if p := post(`{"label":"a","filter":{}}`, 200); len(p) > 0 {
+		t.Errorf("a right request refused: %v", p)
+	}
+	for _, body := range []string{`{"label":5,"filter":{}}`, `{"filter":{}}`, `{"label":"a","filter":{},"zz":1}`, `{"label":"a","filter":{"liveness":3}}`} {
+		if len(post(body, 200)) == 0 {
+			t.Errorf("request %s passed", body)
 		}
 	}
-	kind := "null"
-	switch x := v.(type) {
-	case bool:
-		kind = "boolean"
-	case float64:
-		kind = "number"
-		if x == float64(int64(x)) {
-			kind = "integer"
-		}
-	case string:
-		kind = "string"
-	case []any:
-		kind = "array"
-	case map[string]any:
-		kind = "object"
+	if p := post(`{"label":"a","filter":{}}`, 418); !strings.Contains(strings.Join(p, " "), "does not list") {
+		t.Errorf("an answer with a status not listed passed")
 	}
-	if len(types) > 0 && !slices.Contains(types, kind) && !(kind == "integer" && slices.Contains(types, "number")) {
-		return []string{fmt.Sprintf("%s: %s, declared %v", where, kind, types)}
-	}
-	switch x := v.(type) {
-	case string:
-		if p, ok := schema["pattern"].(string); ok && !regexp.MustCompile(p).MatchString(x) {
-			errs = append(errs, fmt.Sprintf("%s: %q does not match %s", where, x, p))
-		}
-	case []any:
-		if items, ok := schema["items"].(map[string]any); ok {
-			for i, e := range x {
-				errs = append(errs, validate(fmt.Sprintf("%s[%d]", where, i), items, e)...)
-			}
-		}
-	case map[string]any:
-		props, _ := schema["properties"].(map[string]any)
-		req, _ := schema["required"].([]any)
-		for _, r := range req {
-			if _, ok := x[r.(string)]; !ok && props != nil {
-				errs = append(errs, fmt.Sprintf("%s.%s: required, missing", where, r))
-			}
-		}
-		for k, e := range x {
-			if ps, ok := props[k].(map[string]any); ok {
-				errs = append(errs, validate(where+"."+k, ps, e)...)
-			} else if ap, ok := schema["additionalProperties"].(map[string]any); ok {
-				errs = append(errs, validate(where+"."+k, ap, e)...)
-			} else if schema["additionalProperties"] == false {
-				errs = append(errs, fmt.Sprintf("%s.%s: not declared", where, k))
-			}
-		}
-	}
-	return errs
 }

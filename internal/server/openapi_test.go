@@ -119,3 +119,91 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
 	}
 }
+
+// Every route of the table has what the OpenAPI document needs: a summary,
+// its answer's type and, for a POST, PUT or PATCH, its request body's
+// type (noBody{} when it reads none; a handler that decodes a body its
+// route does not declare answers 500). In the document: the summary, the
+// request body schema, a success answer and the error answers with the
+// error body.
+func TestOpenAPIComplete(t *testing.T) {
+	for _, rt := range server.RouteDocs() {
+		if rt.Method == "" || rt.Path == "/{$}" {
+			continue
+		}
+		key := rt.Method + " " + rt.Path
+		if rt.Summary == "" {
+			t.Errorf("%s: no summary in the routes table (route.summary, routes.go)", key)
+		}
+		if !rt.Out {
+			t.Errorf("%s: no answer type in the routes table (route.out, routes.go)", key)
+		}
+		switch rt.Method {
+		case "POST", "PUT", "PATCH":
+			if !rt.In {
+				t.Errorf("%s: no request body type in the routes table (route.in, routes.go; noBody{} if it reads none)", key)
+			}
+		default:
+			if rt.In && !rt.NoBody {
+				t.Errorf("%s: a request body on a %s", key, rt.Method)
+			}
+		}
+	}
+	s := servertest.Start(t, servertest.Options{})
+	var doc openAPIOps
+	if st := s.Admin(t, "GET", "/api/v1/openapi.json", nil, &doc); st != 200 {
+		t.Fatalf("openapi.json: %d", st)
+	}
+	bodies := 0
+	for path, ops := range doc.Paths {
+		for m, op := range ops {
+			key := strings.ToUpper(m) + " " + path
+			if op.Summary == "" {
+				t.Errorf("%s: no summary", key)
+			}
+			if op.RequestBody != nil {
+				if op.RequestBody.Content["application/json"].Schema == nil {
+					t.Errorf("%s: a request body without a JSON schema", key)
+				}
+				bodies++
+			}
+			success := false
+			for code, r := range op.Responses {
+				if code >= "200" && code < "300" || code == "101" {
+					success = true
+				}
+				if code >= "400" && code < "600" && key+" "+code != "GET /readyz 503" && r.Content["application/json"].Schema["$ref"] != "#/components/schemas/Error" {
+					t.Errorf("%s: error answer %s without the error body", key, code)
+				}
+			}
+			if !success {
+				t.Errorf("%s: no success answer", key)
+			}
+			for _, code := range []string{"400", "default"} {
+				if _, ok := op.Responses[code]; !ok {
+					t.Errorf("%s: no %s answer", key, code)
+				}
+			}
+		}
+	}
+	if bodies < 20 {
+		t.Errorf("only %d operations take a request body", bodies)
+	}
+}
+
+// openAPIOps is the part of the OpenAPI document the tests read.
+type openAPIOps struct {
+	Paths map[string]map[string]struct {
+		Summary     string `json:"summary"`
+		RequestBody *struct {
+			Content map[string]struct {
+				Schema map[string]any `json:"schema"`
+			} `json:"content"`
+		} `json:"requestBody"`
+		Responses map[string]struct {
+			Content map[string]struct {
+				Schema map[string]any `json:"schema"`
+			} `json:"content"`
+		} `json:"responses"`
+	} `json:"paths"`
+}

@@ -14,7 +14,7 @@ import (
 )
 
 func (a *api) listProfiles(r *http.Request) (any, error) {
-	return map[string]any{"profiles": a.fleet.Profiles()}, nil
+	return profileList{a.fleet.Profiles()}, nil
 }
 
 func (a *api) getProfile(r *http.Request) (any, error) {
@@ -64,15 +64,11 @@ func (a *api) putProfilePolicy(r *http.Request) (any, error) {
 }
 
 func (a *api) pendingFirmware(r *http.Request) (any, error) {
-	return map[string]any{"pending": a.fleet.PendingFirmware()}, nil
+	return pendingList{a.fleet.PendingFirmware()}, nil
 }
 
 func (a *api) approveFirmware(r *http.Request) (any, error) {
-	var in struct {
-		DeviceType string `json:"device_type"`
-		Firmware   string `json:"firmware"`
-		Carry      string `json:"carry"`
-	}
+	var in approvalBody
 	if err := decodeStrict(r, "approval: ", &in); err != nil {
 		return nil, err
 	}
@@ -91,16 +87,13 @@ func (a *api) deleteProfile(r *http.Request) (any, error) {
 	if err := a.fleet.DeleteProfile(r.Context(), id); err != nil {
 		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
 	}
-	return map[string]any{"deleted": strconv.FormatUint(id, 10)}, nil
+	return deleted{strconv.FormatUint(id, 10)}, nil
 }
 
 // cleanupProfiles deletes unused profiles: {"min_age": seconds (default
 // 3600), "dry_run": bool}.
 func (a *api) cleanupProfiles(r *http.Request) (any, error) {
-	in := struct {
-		MinAge int  `json:"min_age"`
-		DryRun bool `json:"dry_run"`
-	}{MinAge: 3600}
+	in := cleanupBody{MinAge: 3600}
 	if err := decodeStrict(r, "cleanup: ", &in); err != nil {
 		return nil, err
 	}
@@ -119,7 +112,7 @@ func (a *api) profileHistory(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"revisions": h}, nil
+	return revisionList{h}, nil
 }
 
 func (a *api) profileDiff(r *http.Request) (any, error) {
@@ -137,7 +130,7 @@ func (a *api) profileDiff(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"from": from, "to": to, "changes": d}, nil
+	return profileDiff{from, to, d}, nil
 }
 
 func (a *api) rollbackProfile(r *http.Request) (any, error) {
@@ -149,9 +142,7 @@ func (a *api) rollbackProfile(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var body struct {
-		Rev int `json:"rev"`
-	}
+	var body rollbackBody
 	if err := decodeStrict(r, "rollback: ", &body); err != nil {
 		return nil, err
 	}

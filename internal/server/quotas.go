@@ -42,7 +42,7 @@ func quotaMessage(secs int) string {
 }
 
 func (a *api) listQuotas(r *http.Request) (any, error) {
-	return map[string]any{"quotas": a.fleet.QuotaOptions(), "hits": a.fleet.QuotaHits(), "devices": a.fleet.QuotaDevices()}, nil
+	return quotaList{a.fleet.QuotaOptions(), a.fleet.QuotaHits(), a.fleet.QuotaDevices()}, nil
 }
 
 func (a *api) getDeviceQuota(r *http.Request) (any, error) {
@@ -65,10 +65,7 @@ func (a *api) liftQuota(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	var in struct {
-		Until *time.Time `json:"until"`
-		Note  string     `json:"note"`
-	}
+	var in quotaLiftBody
 	if err := decodeStrict(r, "quota lift: ", &in); err != nil {
 		return nil, err
 	}
@@ -94,7 +91,7 @@ func (a *api) restoreQuota(r *http.Request) (any, error) {
 	if err := a.fleet.RestoreQuota(r.Context(), id); err != nil {
 		return nil, ifNotFound(err, "lifted or hit quota of device "+strconv.FormatUint(id, 10))
 	}
-	return map[string]any{"device_id": strconv.FormatUint(id, 10), "restored": true}, nil
+	return quotaRestored{strconv.FormatUint(id, 10), true}, nil
 }
 
 // quotaCollector exports quota hits, computed when scraped.

@@ -5,7 +5,6 @@ package server
 // files are in firmware.go.
 
 import (
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,7 +13,7 @@ import (
 )
 
 func (a *api) listRollouts(*http.Request) (any, error) {
-	return map[string]any{"rollouts": a.fleet.Rollouts()}, nil
+	return rolloutList{a.fleet.Rollouts()}, nil
 }
 
 func (a *api) createRollout(r *http.Request) (any, error) {
@@ -23,10 +22,7 @@ func (a *api) createRollout(r *http.Request) (any, error) {
 		return nil, err
 	}
 	spec := fleet.DefaultRolloutSpec()
-	in := struct {
-		*fleet.RolloutSpec
-		FirmwareID json.Number `json:"firmware_id"` // a decimal string, as firmware answers give it, or a number
-	}{RolloutSpec: &spec}
+	in := rolloutBody{RolloutSpec: &spec}
 	if err := decodeStrict(r, "rollout: ", &in); err != nil {
 		return nil, err
 	}
@@ -83,9 +79,9 @@ func (a *api) rolloutDevices(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]any{"devices": ds}
+	out := rolloutDevicePage{Devices: ds}
 	if len(ds) == limit {
-		out["next_cursor"] = strconv.FormatUint(ds[len(ds)-1].DeviceID, 10)
+		out.NextCursor = strconv.FormatUint(ds[len(ds)-1].DeviceID, 10)
 	}
 	return out, nil
 }

@@ -2,8 +2,10 @@ package server
 
 // The whole HTTP interface of `drover serve`, on one page.
 //
-// To add an endpoint: add one line to (*api).table below and write its
-// handler as an apiFunc, func(*http.Request) (any, error). Return the answer
+// To add an endpoint: add one line to (*api).table below, with its summary
+// and the types of its request body and answer (in, out: the OpenAPI
+// document is made from them), and write its handler as an apiFunc,
+// func(*http.Request) (any, error). Return the answer
 // (written as JSON with 200, or created(v) for 201) or an error: an
 // *apiError made with badField, notFound... or a domain error, which
 // answerError maps to HTTP status, JSON error code, outcome metrics and log
@@ -25,6 +27,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/access"
+	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/tunnel"
@@ -58,6 +62,18 @@ type route struct {
 	// counter of a success.
 	outcomes *prometheus.CounterVec
 	ok       func(v any) prometheus.Counter
+
+	// The OpenAPI document (openapi.go) is made from these; every route
+	// with a method has them (TestOpenAPIComplete). summary says what the
+	// route does. in is the type of the JSON body the handler decodes (a
+	// zero value; noBody{} for a POST, PUT or PATCH that reads none):
+	// decodeStrict refuses to decode another. out is the type of the
+	// success answer: created(v) for 201, answers for several statuses,
+	// oneOf for one of several types, rawAnswer for a body not JSON.
+	// errs adds error statuses to those openapi.go derives (errorStatuses).
+	summary string
+	in, out any
+	errs    []int
 }
 
 // table is the whole API.
@@ -75,94 +91,178 @@ func (a *api) table() []route {
 	}
 	return []route{
 		// Device protocol (docs/protocol.md).
-		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.registerDevice, limited: true, outcomes: m.registrations, ok: regOK},
-		{method: "GET", path: protocol.PathConnect, endpoint: "connect", h: a.connectHandler()},
-		{method: "GET", path: tunnel.PathLink, endpoint: "tunnel_link", h: a.tunnelLinkHandler()},
-		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.admitPush, outcomes: m.pushes, ok: pushOK},
+		{method: "POST", path: protocol.PathRegister, endpoint: "register", fn: a.registerDevice, limited: true, outcomes: m.registrations, ok: regOK,
+			summary: "Register a device", in: protocol.RegisterRequest{}, out: answers{200: protocol.RegisterResponse{}, 202: protocol.RegisterResponse{}}, errs: e(403, 409, 429)},
+		{method: "GET", path: protocol.PathConnect, endpoint: "connect", h: a.connectHandler(),
+			summary: "Open a device's live connection (WebSocket)", out: rawAnswer{101, ""}, errs: e(401)},
+		{method: "GET", path: tunnel.PathLink, endpoint: "tunnel_link", h: a.tunnelLinkHandler(),
+			summary: "Open a device's tunnel link (WebSocket)", out: rawAnswer{101, ""}, errs: e(401, 409, 503)},
+		{method: "POST", path: protocol.PathPush, endpoint: "push", fn: a.push, limited: true, refuse: a.admitPush, outcomes: m.pushes, ok: pushOK,
+			summary: "Push a device's state", in: protocol.PushRequest{}, out: protocol.PushResponse{}, errs: e(401, 403, 429)},
 
 		// Operator API (docs/operations.md).
-		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices, query: deviceListQuery},
-		{method: "GET", path: "/api/v1/devices/{id}", need: viewer, fn: a.getDevice},
-		{method: "GET", path: "/api/v1/devices/{id}/tunnel", need: remoteAccess, endpoint: "tunnel", h: a.tunnelHandler(), query: q("to")},
-		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory, query: q("from", "to", "limit", "format")},
-		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve)},
-		{method: "POST", path: "/api/v1/devices/{id}/reject", need: operator, fn: a.admitDevice(fleet.Reject)},
-		{method: "POST", path: "/api/v1/devices/{id}/block", need: operator, fn: a.admitDevice(fleet.Block)},
-		{method: "POST", path: "/api/v1/devices/{id}/decommission", need: operator, fn: a.admitDevice(fleet.Decommission)},
-		{method: "DELETE", path: "/api/v1/devices/{id}", need: operator, fn: a.admitDevice(fleet.Delete)},
-		{method: "GET", path: "/api/v1/enrollment-tokens", need: admin, fn: a.listEnrollmentTokens},
-		{method: "POST", path: "/api/v1/enrollment-tokens", need: admin, fn: a.createEnrollmentToken},
-		{method: "DELETE", path: "/api/v1/enrollment-tokens/{id}", need: admin, fn: a.revokeEnrollmentToken},
-		{method: "GET", path: "/api/v1/preauthorized", need: viewer, fn: a.listPreauthorized},
-		{method: "POST", path: "/api/v1/preauthorized", need: operator, fn: a.addPreauthorized},
-		{method: "DELETE", path: "/api/v1/preauthorized/{machine_id}", need: operator, fn: a.removePreauthorized},
-		{method: "GET", path: "/api/v1/profiles", need: viewer, fn: a.listProfiles},
-		{method: "GET", path: "/api/v1/profiles/{id}", need: viewer, fn: a.getProfile},
-		{method: "PUT", path: "/api/v1/profiles/{id}", need: operator, fn: a.updateProfile},
-		{method: "PATCH", path: "/api/v1/profiles/{id}", need: operator, fn: a.updateProfile},
-		{method: "DELETE", path: "/api/v1/profiles/{id}", need: operator, fn: a.deleteProfile},
-		{method: "GET", path: "/api/v1/profiles/policy", need: viewer, fn: a.getProfilePolicy},
-		{method: "PUT", path: "/api/v1/profiles/policy", need: operator, fn: a.putProfilePolicy},
-		{method: "GET", path: "/api/v1/profiles/pending", need: viewer, fn: a.pendingFirmware},
-		{method: "POST", path: "/api/v1/profiles/approve", need: operator, fn: a.approveFirmware},
-		{method: "POST", path: "/api/v1/profiles/cleanup", need: operator, fn: a.cleanupProfiles},
-		{method: "GET", path: "/api/v1/profiles/{id}/history", need: viewer, fn: a.profileHistory},
-		{method: "GET", path: "/api/v1/profiles/{id}/diff", need: viewer, fn: a.profileDiff, query: q("from", "to")},
-		{method: "POST", path: "/api/v1/profiles/{id}/rollback", need: operator, fn: a.rollbackProfile},
-		{method: "GET", path: "/api/v1/firmware", need: viewer, fn: a.listFirmware},
-		{method: "POST", path: "/api/v1/firmware", need: operator, fn: a.uploadFirmware, stream: true, query: q("device_type", "version", "sha256", "signature")},
-		{method: "GET", path: "/api/v1/firmware/{id}", need: viewer, fn: a.getFirmware},
-		{method: "DELETE", path: "/api/v1/firmware/{id}", need: operator, fn: a.deleteFirmware},
+		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices, query: deviceListQuery,
+			summary: "List devices", out: devicePage{}},
+		{method: "GET", path: "/api/v1/devices/{id}", need: viewer, fn: a.getDevice,
+			summary: "Get a device", out: fleet.Device{}},
+		{method: "GET", path: "/api/v1/devices/{id}/tunnel", need: remoteAccess, endpoint: "tunnel", h: a.tunnelHandler(), query: q("to"),
+			summary: "Open a tunnel to a device (WebSocket)", out: rawAnswer{101, ""}, errs: e(409, 429, 502, 503, 504)},
+		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory, query: q("from", "to", "limit", "format"),
+			summary: "Get a device's state history", out: historyPage{}},
+		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve),
+			summary: "Approve a device's registration", in: noBody{}, out: fleet.Device{}, errs: e(409)},
+		{method: "POST", path: "/api/v1/devices/{id}/reject", need: operator, fn: a.admitDevice(fleet.Reject),
+			summary: "Reject a device's registration", in: noBody{}, out: oneOf{fleet.Device{}, deviceDeleted{}}, errs: e(409)},
+		{method: "POST", path: "/api/v1/devices/{id}/block", need: operator, fn: a.admitDevice(fleet.Block),
+			summary: "Block a device", in: noBody{}, out: fleet.Device{}, errs: e(409)},
+		{method: "POST", path: "/api/v1/devices/{id}/decommission", need: operator, fn: a.admitDevice(fleet.Decommission),
+			summary: "Decommission a device", in: noBody{}, out: fleet.Device{}, errs: e(409)},
+		{method: "DELETE", path: "/api/v1/devices/{id}", need: operator, fn: a.admitDevice(fleet.Delete),
+			summary: "Delete a device", out: deviceDeleted{}, errs: e(409)},
+		{method: "GET", path: "/api/v1/enrollment-tokens", need: admin, fn: a.listEnrollmentTokens,
+			summary: "List enrollment tokens", out: enrollmentTokenList{}},
+		{method: "POST", path: "/api/v1/enrollment-tokens", need: admin, fn: a.createEnrollmentToken,
+			summary: "Create an enrollment token", in: enrollmentTokenBody{}, out: created(newEnrollmentToken{})},
+		{method: "DELETE", path: "/api/v1/enrollment-tokens/{id}", need: admin, fn: a.revokeEnrollmentToken,
+			summary: "Revoke an enrollment token", out: fleet.EnrollmentToken{}},
+		{method: "GET", path: "/api/v1/preauthorized", need: viewer, fn: a.listPreauthorized,
+			summary: "List preauthorized machine IDs", out: preauthorizedList{}},
+		{method: "POST", path: "/api/v1/preauthorized", need: operator, fn: a.addPreauthorized,
+			summary: "Preauthorize machine IDs", in: preauthorizedBody{}, out: preauthorizedAdded{}},
+		{method: "DELETE", path: "/api/v1/preauthorized/{machine_id}", need: operator, fn: a.removePreauthorized,
+			summary: "Remove a preauthorized machine ID", out: preauthorizedRemoved{}},
+		{method: "GET", path: "/api/v1/profiles", need: viewer, fn: a.listProfiles,
+			summary: "List profiles", out: profileList{}},
+		{method: "GET", path: "/api/v1/profiles/{id}", need: viewer, fn: a.getProfile,
+			summary: "Get a profile", out: fleet.Profile{}},
+		{method: "PUT", path: "/api/v1/profiles/{id}", need: operator, fn: a.updateProfile,
+			summary: "Change a profile", in: fleet.ProfileUpdate{}, out: fleet.Profile{}, errs: e(409)},
+		{method: "PATCH", path: "/api/v1/profiles/{id}", need: operator, fn: a.updateProfile,
+			summary: "Change a profile (the fields given)", in: fleet.ProfileUpdate{}, out: fleet.Profile{}, errs: e(409)},
+		{method: "DELETE", path: "/api/v1/profiles/{id}", need: operator, fn: a.deleteProfile,
+			summary: "Delete an unused profile", out: deleted{}, errs: e(409)},
+		{method: "GET", path: "/api/v1/profiles/policy", need: viewer, fn: a.getProfilePolicy,
+			summary: "Get the profile policy", out: fleet.ProfilePolicy{}},
+		{method: "PUT", path: "/api/v1/profiles/policy", need: operator, fn: a.putProfilePolicy,
+			summary: "Set the profile policy", in: fleet.ProfilePolicy{}, out: fleet.ProfilePolicy{}},
+		{method: "GET", path: "/api/v1/profiles/pending", need: viewer, fn: a.pendingFirmware,
+			summary: "List firmware waiting for approval", out: pendingList{}},
+		{method: "POST", path: "/api/v1/profiles/approve", need: operator, fn: a.approveFirmware,
+			summary: "Approve a firmware waiting for approval", in: approvalBody{}, out: created(fleet.Profile{}), errs: e(404, 409)},
+		{method: "POST", path: "/api/v1/profiles/cleanup", need: operator, fn: a.cleanupProfiles,
+			summary: "Delete unused profiles", in: cleanupBody{}, out: fleet.CleanupResult{}},
+		{method: "GET", path: "/api/v1/profiles/{id}/history", need: viewer, fn: a.profileHistory,
+			summary: "List a profile's revisions", out: revisionList{}},
+		{method: "GET", path: "/api/v1/profiles/{id}/diff", need: viewer, fn: a.profileDiff, query: q("from", "to"),
+			summary: "Compare two revisions of a profile", out: profileDiff{}},
+		{method: "POST", path: "/api/v1/profiles/{id}/rollback", need: operator, fn: a.rollbackProfile,
+			summary: "Roll a profile back to a revision", in: rollbackBody{}, out: fleet.Profile{}, errs: e(409)},
+		{method: "GET", path: "/api/v1/firmware", need: viewer, fn: a.listFirmware,
+			summary: "List firmware", out: firmwareList{}},
+		{method: "POST", path: "/api/v1/firmware", need: operator, fn: a.uploadFirmware, stream: true, query: q("device_type", "version", "sha256", "signature"),
+			summary: "Upload a firmware file, or add one kept elsewhere", in: firmwareRefBody{}, out: created(fleet.Firmware{}), errs: e(409)},
+		{method: "GET", path: "/api/v1/firmware/{id}", need: viewer, fn: a.getFirmware,
+			summary: "Get a firmware", out: fleet.Firmware{}},
+		{method: "DELETE", path: "/api/v1/firmware/{id}", need: operator, fn: a.deleteFirmware,
+			summary: "Delete a firmware", out: firmwareDeleted{}, errs: e(409)},
 		// Firmware files: devices with their token (own device type), or
 		// the admin token; checked in the handler.
-		{method: "GET", path: protocol.PathFirmware + "{id}/file", h: http.HandlerFunc(a.firmwareFile)},
-		{method: "GET", path: "/api/v1/rollouts", need: viewer, fn: a.listRollouts},
-		{method: "POST", path: "/api/v1/rollouts", need: operator, fn: a.createRollout},
-		{method: "GET", path: "/api/v1/rollouts/{id}", need: viewer, fn: a.getRollout},
-		{method: "GET", path: "/api/v1/rollouts/{id}/devices", need: viewer, fn: a.rolloutDevices, query: q("state", "limit", "cursor", "after")},
-		{method: "POST", path: "/api/v1/rollouts/{id}/pause", need: operator, fn: a.controlRollout(fleet.ActionPause)},
-		{method: "POST", path: "/api/v1/rollouts/{id}/resume", need: operator, fn: a.controlRollout(fleet.ActionResume)},
-		{method: "POST", path: "/api/v1/rollouts/{id}/abort", need: operator, fn: a.controlRollout(fleet.ActionAbort)},
-		{method: "GET", path: "/api/v1/quotas", need: viewer, fn: a.listQuotas},
-		{method: "GET", path: "/api/v1/devices/{id}/quota", need: viewer, fn: a.getDeviceQuota},
-		{method: "PUT", path: "/api/v1/devices/{id}/quota", need: operator, fn: a.liftQuota},
-		{method: "DELETE", path: "/api/v1/devices/{id}/quota", need: operator, fn: a.restoreQuota},
-		{method: "GET", path: "/api/v1/stats", need: viewer, fn: a.stats},
-		{method: "GET", path: "/api/v1/cluster", need: viewer, fn: a.getCluster},
-		{method: "GET", path: "/api/v1/server", need: viewer, fn: a.serverInfo},
-		{method: "GET", path: "/api/v1/labels", need: viewer, fn: a.listLabels},
-		{method: "POST", path: "/api/v1/labels/assign", need: operator, fn: a.assignLabel},
-		{method: "DELETE", path: "/api/v1/labels/{name}", need: operator, fn: a.deleteLabel},
-		{method: "GET", path: "/api/v1/commands", need: viewer, fn: a.listCommands, query: q("limit")},
-		{method: "POST", path: "/api/v1/commands", need: operator, fn: a.sendCommand},
-		{method: "GET", path: "/api/v1/commands/{id}", need: viewer, fn: a.getCommand},
-		{method: "GET", path: "/api/v1/commands/{id}/devices", need: viewer, fn: a.commandDevices, query: q("state", "limit", "cursor", "after")},
-		{method: "POST", path: "/api/v1/commands/{id}/pause", need: operator, fn: a.changeCommand("pause")},
-		{method: "POST", path: "/api/v1/commands/{id}/resume", need: operator, fn: a.changeCommand("resume")},
-		{method: "POST", path: "/api/v1/commands/{id}/cancel", need: operator, fn: a.changeCommand("cancel")},
-		{method: "GET", path: "/api/v1/devices/{id}/commands", need: viewer, fn: a.deviceCommands, query: q("state", "limit", "cursor", "after")},
-		{method: "GET", path: "/api/v1/alerts", need: viewer, fn: a.listAlerts, query: q("state", "device_id", "rule_id", "limit", "cursor", "before")},
-		{method: "GET", path: "/api/v1/alerts/rules", need: viewer, fn: a.listRules},
-		{method: "POST", path: "/api/v1/alerts/rules", need: operator, fn: a.createRule},
-		{method: "GET", path: "/api/v1/alerts/rules/{id}", need: viewer, fn: a.getRule},
-		{method: "PUT", path: "/api/v1/alerts/rules/{id}", need: operator, fn: a.updateRule},
-		{method: "DELETE", path: "/api/v1/alerts/rules/{id}", need: operator, fn: a.deleteRule},
-		{method: "GET", path: "/api/v1/alerts/deliveries", need: viewer, fn: a.deliveries},
-		{method: "GET", path: "/api/v1/alerts/smtp", need: admin, fn: a.getSMTP},
-		{method: "PUT", path: "/api/v1/alerts/smtp", need: admin, fn: a.putSMTP},
+		{method: "GET", path: protocol.PathFirmware + "{id}/file", h: http.HandlerFunc(a.firmwareFile),
+			summary: "Download a firmware file (Range: 206; a file kept elsewhere: 302 to it)", errs: e(401, 403, 404),
+			out: answers{200: rawAnswer{200, "application/octet-stream"}, 206: rawAnswer{206, "application/octet-stream"}, 302: rawAnswer{302, ""}}},
+		{method: "GET", path: "/api/v1/rollouts", need: viewer, fn: a.listRollouts,
+			summary: "List rollouts", out: rolloutList{}},
+		{method: "POST", path: "/api/v1/rollouts", need: operator, fn: a.createRollout,
+			summary: "Start a rollout", in: rolloutBody{}, out: created(fleet.Rollout{}), errs: e(404, 409)},
+		{method: "GET", path: "/api/v1/rollouts/{id}", need: viewer, fn: a.getRollout,
+			summary: "Get a rollout", out: fleet.Rollout{}},
+		{method: "GET", path: "/api/v1/rollouts/{id}/devices", need: viewer, fn: a.rolloutDevices, query: q("state", "limit", "cursor", "after"),
+			summary: "List a rollout's devices", out: rolloutDevicePage{}},
+		{method: "POST", path: "/api/v1/rollouts/{id}/pause", need: operator, fn: a.controlRollout(fleet.ActionPause),
+			summary: "Pause a rollout", in: noBody{}, out: fleet.Rollout{}, errs: e(409)},
+		{method: "POST", path: "/api/v1/rollouts/{id}/resume", need: operator, fn: a.controlRollout(fleet.ActionResume),
+			summary: "Resume a rollout", in: noBody{}, out: fleet.Rollout{}, errs: e(409)},
+		{method: "POST", path: "/api/v1/rollouts/{id}/abort", need: operator, fn: a.controlRollout(fleet.ActionAbort),
+			summary: "Abort a rollout", in: noBody{}, out: fleet.Rollout{}, errs: e(409)},
+		{method: "GET", path: "/api/v1/quotas", need: viewer, fn: a.listQuotas,
+			summary: "List the quotas and the devices that hit them", out: quotaList{}},
+		{method: "GET", path: "/api/v1/devices/{id}/quota", need: viewer, fn: a.getDeviceQuota,
+			summary: "Get a device's quota", out: fleet.QuotaHit{}},
+		{method: "PUT", path: "/api/v1/devices/{id}/quota", need: operator, fn: a.liftQuota,
+			summary: "Lift a device's quota", in: quotaLiftBody{}, out: fleet.QuotaLift{}, errs: e(409)},
+		{method: "DELETE", path: "/api/v1/devices/{id}/quota", need: operator, fn: a.restoreQuota,
+			summary: "Restore a device's quota", out: quotaRestored{}},
+		{method: "GET", path: "/api/v1/stats", need: viewer, fn: a.stats,
+			summary: "Get the fleet's counts", out: fleet.Stats{}},
+		{method: "GET", path: "/api/v1/cluster", need: viewer, fn: a.getCluster,
+			summary: "Get the cluster's nodes", out: clusterView{}, errs: e(404)},
+		{method: "GET", path: "/api/v1/server", need: viewer, fn: a.serverInfo,
+			summary: "Get the server's machine and process", out: serverInfo{}},
+		{method: "GET", path: "/api/v1/labels", need: viewer, fn: a.listLabels,
+			summary: "List labels", out: labelList{}},
+		{method: "POST", path: "/api/v1/labels/assign", need: operator, fn: a.assignLabel,
+			summary: "Add a label to (or remove it from) the devices of a filter", in: labelAssignBody{}, out: labelAssigned{}, errs: e(404)},
+		{method: "DELETE", path: "/api/v1/labels/{name}", need: operator, fn: a.deleteLabel,
+			summary: "Delete a label", out: deleted{}},
+		{method: "GET", path: "/api/v1/commands", need: viewer, fn: a.listCommands, query: q("limit"),
+			summary: "List commands", out: jobList{}},
+		{method: "POST", path: "/api/v1/commands", need: operator, fn: a.sendCommand,
+			summary: "Send a command", in: commandBody{}, out: created(fleet.Job{}), errs: e(404)},
+		{method: "GET", path: "/api/v1/commands/{id}", need: viewer, fn: a.getCommand,
+			summary: "Get a command", out: fleet.Job{}},
+		{method: "GET", path: "/api/v1/commands/{id}/devices", need: viewer, fn: a.commandDevices, query: q("state", "limit", "cursor", "after"),
+			summary: "List a command's devices", out: commandPage{}},
+		{method: "POST", path: "/api/v1/commands/{id}/pause", need: operator, fn: a.changeCommand("pause"),
+			summary: "Pause a command", in: noBody{}, out: fleet.Job{}, errs: e(409)},
+		{method: "POST", path: "/api/v1/commands/{id}/resume", need: operator, fn: a.changeCommand("resume"),
+			summary: "Resume a command", in: noBody{}, out: fleet.Job{}, errs: e(409)},
+		{method: "POST", path: "/api/v1/commands/{id}/cancel", need: operator, fn: a.changeCommand("cancel"),
+			summary: "Cancel a command", in: noBody{}, out: fleet.Job{}, errs: e(409)},
+		{method: "GET", path: "/api/v1/devices/{id}/commands", need: viewer, fn: a.deviceCommands, query: q("state", "limit", "cursor", "after"),
+			summary: "List a device's commands", out: commandPage{}},
+		{method: "GET", path: "/api/v1/alerts", need: viewer, fn: a.listAlerts, query: q("state", "device_id", "rule_id", "limit", "cursor", "before"),
+			summary: "List alerts", out: alertPage{}},
+		{method: "GET", path: "/api/v1/alerts/rules", need: viewer, fn: a.listRules,
+			summary: "List alert rules", out: ruleList{}},
+		{method: "POST", path: "/api/v1/alerts/rules", need: operator, fn: a.createRule,
+			summary: "Create an alert rule", in: alert.Rule{}, out: created(alert.Rule{}), errs: e(409)},
+		{method: "GET", path: "/api/v1/alerts/rules/{id}", need: viewer, fn: a.getRule,
+			summary: "Get an alert rule", out: ruleOut{}},
+		{method: "PUT", path: "/api/v1/alerts/rules/{id}", need: operator, fn: a.updateRule,
+			summary: "Replace an alert rule", in: alert.Rule{}, out: alert.Rule{}, errs: e(409)},
+		{method: "DELETE", path: "/api/v1/alerts/rules/{id}", need: operator, fn: a.deleteRule,
+			summary: "Delete an alert rule", out: deleted{}},
+		{method: "GET", path: "/api/v1/alerts/deliveries", need: viewer, fn: a.deliveries,
+			summary: "List notification deliveries", out: deliveryList{}},
+		{method: "GET", path: "/api/v1/alerts/smtp", need: admin, fn: a.getSMTP,
+			summary: "Get the e-mail settings", out: smtpOut{}},
+		{method: "PUT", path: "/api/v1/alerts/smtp", need: admin, fn: a.putSMTP,
+			summary: "Set the e-mail settings", in: alert.SMTPSettings{}, out: smtpOut{}},
 
-		{method: "GET", path: "/api/v1/openapi.json", fn: a.openAPIDoc}, // this table as OpenAPI 3.1 (openapi.go)
-		{method: "GET", path: "/api/v1/whoami", need: viewer, fn: a.whoami},
-		{method: "GET", path: "/api/v1/users", need: admin, fn: a.listUsers},
-		{method: "POST", path: "/api/v1/users", need: admin, fn: a.createUser},
-		{method: "GET", path: "/api/v1/users/{name}", need: admin, fn: a.getUser},
-		{method: "PATCH", path: "/api/v1/users/{name}", need: admin, fn: a.updateUser},
-		{method: "DELETE", path: "/api/v1/users/{name}", need: admin, fn: a.deleteUser},
-		{method: "GET", path: "/api/v1/tokens", need: admin, fn: a.listTokens, query: q("user")},
-		{method: "POST", path: "/api/v1/tokens", need: admin, fn: a.createToken},
-		{method: "GET", path: "/api/v1/tokens/{id}", need: admin, fn: a.getToken},
-		{method: "DELETE", path: "/api/v1/tokens/{id}", need: admin, fn: a.revokeToken},
-		{method: "GET", path: "/api/v1/audit", need: admin, fn: a.listAudit, query: q("actor", "action", "object", "since", "until", "limit", "cursor")},
+		{method: "GET", path: "/api/v1/openapi.json", fn: a.openAPIDoc, // this table as OpenAPI 3.1 (openapi.go)
+			summary: "Get this OpenAPI document", out: map[string]any{}},
+		{method: "GET", path: "/api/v1/whoami", need: viewer, fn: a.whoami,
+			summary: "Get the caller's name and role", out: access.Actor{}},
+		{method: "GET", path: "/api/v1/users", need: admin, fn: a.listUsers,
+			summary: "List users", out: userList{}},
+		{method: "POST", path: "/api/v1/users", need: admin, fn: a.createUser,
+			summary: "Create a user", in: userBody{}, out: created(access.User{}), errs: e(409)},
+		{method: "GET", path: "/api/v1/users/{name}", need: admin, fn: a.getUser,
+			summary: "Get a user", out: access.User{}},
+		{method: "PATCH", path: "/api/v1/users/{name}", need: admin, fn: a.updateUser,
+			summary: "Change a user's role or password", in: access.UserChange{}, out: access.User{}},
+		{method: "DELETE", path: "/api/v1/users/{name}", need: admin, fn: a.deleteUser,
+			summary: "Delete a user", out: deleted{}},
+		{method: "GET", path: "/api/v1/tokens", need: admin, fn: a.listTokens, query: q("user"),
+			summary: "List API tokens", out: tokenList{}},
+		{method: "POST", path: "/api/v1/tokens", need: admin, fn: a.createToken,
+			summary: "Create an API token", in: tokenBody{}, out: created(newToken{}), errs: e(404, 409)},
+		{method: "GET", path: "/api/v1/tokens/{id}", need: admin, fn: a.getToken,
+			summary: "Get an API token", out: access.Token{}},
+		{method: "DELETE", path: "/api/v1/tokens/{id}", need: admin, fn: a.revokeToken,
+			summary: "Revoke an API token", out: access.Token{}},
+		{method: "GET", path: "/api/v1/audit", need: admin, fn: a.listAudit, query: q("actor", "action", "object", "since", "until", "limit", "cursor"),
+			summary: "List the audit log", out: auditPage{}},
 
 		// Dashboard (docs/dashboard.md): its own sessions, methods and errors.
 		{path: web.Prefix, h: a.ui},
@@ -171,11 +271,14 @@ func (a *api) table() []route {
 		// Metrics: devices share this port, so a credential is needed
 		// (docs/operations.md#metrics-access); --metrics-listen serves
 		// them without one on another address.
-		{method: "GET", path: "/metrics", need: metricsReader, endpoint: "metrics", h: m.handler()},
+		{method: "GET", path: "/metrics", need: metricsReader, endpoint: "metrics", h: m.handler(),
+			summary: "Get the Prometheus metrics", out: rawAnswer{200, "text/plain"}},
 
 		// Probes, unauthenticated.
-		{method: "GET", path: "/healthz", h: http.HandlerFunc(a.healthz)},
-		{method: "GET", path: "/readyz", h: http.HandlerFunc(a.readyz)},
+		{method: "GET", path: "/healthz", h: http.HandlerFunc(a.healthz),
+			summary: "Liveness probe", out: probeAnswer{}},
+		{method: "GET", path: "/readyz", h: http.HandlerFunc(a.readyz),
+			summary: "Readiness probe", out: answers{200: probeAnswer{}, 503: probeAnswer{}}},
 	}
 }
 
@@ -292,8 +395,10 @@ func (a *api) wrap(rt route) http.HandlerFunc {
 		}
 		if rt.stream {
 			a.fw.extend(w)
-		} else {
+		} else if rt.limited { // the device protocol: decoded in protocol
 			r.Body = http.MaxBytesReader(w, r.Body, protocol.MaxBodyBytes)
+		} else {
+			r.Body = &declaredBody{http.MaxBytesReader(w, r.Body, protocol.MaxBodyBytes), &rt}
 		}
 		var v any
 		if audit {

@@ -22,7 +22,7 @@ type conn struct {
 }
 
 func newConn(t *testing.T, s *servertest.Server, token string) *conn {
-	tr := s.Client().Transport.(*http.Transport).Clone()
+	tr := s.HTTPTransport().Clone()
 	tr.MaxConnsPerHost = 1
 	t.Cleanup(tr.CloseIdleConnections)
 	return &conn{t: t, s: s, token: token, cl: &http.Client{Transport: tr}}

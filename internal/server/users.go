@@ -26,7 +26,7 @@ func (a *api) listUsers(r *http.Request) (any, error) {
 	if us == nil {
 		us = []access.User{}
 	}
-	return map[string]any{"users": us}, err
+	return userList{us}, err
 }
 
 func (a *api) getUser(r *http.Request) (any, error) {
@@ -35,11 +35,7 @@ func (a *api) getUser(r *http.Request) (any, error) {
 }
 
 func (a *api) createUser(r *http.Request) (any, error) {
-	var in struct {
-		Name     string      `json:"name"`
-		Role     access.Role `json:"role"`
-		Password string      `json:"password"`
-	}
+	var in userBody
 	if err := decodeStrict(r, "user: ", &in); err != nil {
 		return nil, err
 	}
@@ -64,7 +60,7 @@ func (a *api) deleteUser(r *http.Request) (any, error) {
 	if err := a.acc.DeleteUser(r.Context(), name); err != nil {
 		return nil, ifNotFound(err, "user "+strconv.Quote(name))
 	}
-	return map[string]string{"deleted": name}, nil
+	return deleted{name}, nil
 }
 
 func (a *api) listTokens(r *http.Request) (any, error) {
@@ -72,7 +68,7 @@ func (a *api) listTokens(r *http.Request) (any, error) {
 	if ts == nil {
 		ts = []access.Token{}
 	}
-	return map[string]any{"tokens": ts}, err
+	return tokenList{ts}, err
 }
 
 func (a *api) getToken(r *http.Request) (any, error) {
@@ -89,12 +85,7 @@ type newToken struct {
 func (t newToken) auditView() any { return t.Token }
 
 func (a *api) createToken(r *http.Request) (any, error) {
-	var in struct {
-		User      string    `json:"user"`
-		Name      string    `json:"name"`
-		ExpiresAt time.Time `json:"expires_at"`
-		ExpiresIn string    `json:"expires_in"` // a Go duration, e.g. "720h"
-	}
+	var in tokenBody
 	if err := decodeStrict(r, "token: ", &in); err != nil {
 		return nil, err
 	}
@@ -153,12 +144,12 @@ func (a *api) listAudit(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]any{"entries": es}
+	out := auditPage{Entries: es}
 	if es == nil {
-		out["entries"] = []access.Entry{}
+		out.Entries = []access.Entry{}
 	}
 	if len(es) == f.Limit {
-		out["next_cursor"] = strconv.FormatUint(es[len(es)-1].ID, 10)
+		out.NextCursor = strconv.FormatUint(es[len(es)-1].ID, 10)
 	}
 	return out, nil
 }

@@ -30,6 +30,9 @@ type Options struct {
 	Quotas      bool   // keep the default per-device quotas
 	Configure   func(*server.Config)
 	Logger      *slog.Logger
+	// NoOpenAPICheck: Client does not check requests and answers against
+	// the OpenAPI document (it does, except in benchmarks).
+	NoOpenAPICheck bool
 }
 
 // Server is a running test server.
@@ -91,9 +94,18 @@ func Start(t testing.TB, opts Options) *Server {
 	go func() { s.done <- srv.Serve(ctx) }()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(s.CACertPEM)
-	s.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+	var tr http.RoundTripper = &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 64,
-	}}
+	}
+	if _, bench := t.(*testing.B); !bench && !opts.NoOpenAPICheck {
+		check := &checkTransport{base: tr, t: t, hosts: []string{srv.HTTPSAddr()}}
+		if opts.HTTP {
+			check.hosts = append(check.hosts, srv.HTTPAddr())
+		}
+		t.Cleanup(check.close) // after Stop
+		tr = check
+	}
+	s.client = &http.Client{Timeout: 30 * time.Second, Transport: tr}
 	t.Cleanup(func() { s.Stop() })
 	return s
 }
@@ -114,8 +126,17 @@ func (s *Server) Stop() error {
 	}
 }
 
-// Client is an HTTP client that trusts the server's certificate.
+// Client is an HTTP client that trusts the server's certificate; it checks
+// requests and answers against the OpenAPI document (Options.NoOpenAPICheck).
 func (s *Server) Client() *http.Client { return s.client }
+
+// HTTPTransport is the transport under Client, for a client of its own.
+func (s *Server) HTTPTransport() *http.Transport {
+	if c, ok := s.client.Transport.(*checkTransport); ok {
+		return c.base.(*http.Transport)
+	}
+	return s.client.Transport.(*http.Transport)
+}
 
 // scrape gets /metrics with the admin token, as a Prometheus given the
 // credential would; any answer but 200 is an error.
