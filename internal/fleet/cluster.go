@@ -506,6 +506,7 @@ func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
 	}
 	d.unacked = false
 	adopt(d, pe)
+	s.relabel(d)
 	d.mu.Unlock()
 	return nil
 }
@@ -628,6 +629,7 @@ func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
 			if d.configError != r.ConfigError {
 				d.configError = strings.Clone(r.ConfigError)
 			}
+			s.noteReported(d, r.State)
 			applied++
 		}
 		d.mu.Unlock()

@@ -271,6 +271,7 @@ func (s *Service) enqueue(d *device, p *protocol.PushRequest, now time.Time, new
 	if s.states == nil {
 		d.state = string(p.RawState)
 	}
+	s.noteReported(d, p.RawState) // the index of reported fields, live labels (livelabels.go)
 	if s.opts.Cluster != nil {
 		// Cluster mode: the database settles delivery (after the push is
 		// stored, afterCommit); memory only says whether to ask.

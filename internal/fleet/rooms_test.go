@@ -28,7 +28,7 @@ var rooms = []struct {
 	{"trust, admission, enrollment", "admission.go", []string{"TrustStore", "ErrBlocked", "ErrDecommissioned", "ErrNotPreauthorized",
 		"ErrEnrollmentToken", "ErrCertificateRequired", "ErrEnrollConflict", "ErrNothingToDo", "ErrEnrollment"}},
 	{"quotas", "quota.go", []string{"ErrQuota", "ErrTooManyLifts"}},
-	{"labels", "labels.go", []string{"LabelStore", "ErrLabelName", "ErrTooManyIDs"}},
+	{"labels", "labels.go", []string{"LabelStore", "ErrLabelName", "ErrTooManyIDs", "ErrLabelLive", "ErrLabelInUse", "ErrTooManyFields"}},
 	{"cluster glue", "cluster.go", []string{"ClusterStore", "ClusterCommands", "RolloutCluster"}},
 }
 
