@@ -164,7 +164,7 @@ func classify[T string | []byte](v T) (k valKind, bits uint64, str T) {
 
 // stateIndex is the set of indexed columns.
 type stateIndex struct {
-	mu   sync.Mutex               // changes the set
+	mu   sync.Mutex                // changes the set
 	cols atomic.Pointer[[]*column] // sorted by path
 }
 
