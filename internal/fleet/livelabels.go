@@ -247,6 +247,18 @@ func (s *Service) DefineLabel(ctx context.Context, name, filter string) (Label, 
 	return s.labelLocked(id), nil
 }
 
+// Label returns the label name with its device count.
+func (s *Service) Label(name string) (Label, error) {
+	r := &s.labels
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	id, ok := r.byName[name]
+	if !ok {
+		return Label{}, ErrNotFound
+	}
+	return s.labelLocked(id), nil
+}
+
 // labelLocked is label id with its device count (r.mu held).
 func (s *Service) labelLocked(id uint16) Label {
 	r := &s.labels

@@ -23,6 +23,7 @@ var answers = map[string]any{
 	"GET /api/v1/labels": struct {
 		Labels []fleet.Label `json:"labels"`
 	}{},
+	"GET /api/v1/labels/{name}":   fleet.Label{},
 	"GET /api/v1/server":          serverInfo{},
 	"GET /api/v1/profiles/policy": fleet.ProfilePolicy{},
 }

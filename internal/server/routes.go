@@ -132,6 +132,8 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/server", need: viewer, fn: a.serverInfo},
 		{method: "GET", path: "/api/v1/labels", need: viewer, fn: a.listLabels},
 		{method: "POST", path: "/api/v1/labels/assign", need: operator, fn: a.assignLabel},
+		{method: "GET", path: "/api/v1/labels/{name}", need: viewer, fn: a.getLabel},
+		{method: "PUT", path: "/api/v1/labels/{name}", need: operator, fn: a.defineLabel},
 		{method: "DELETE", path: "/api/v1/labels/{name}", need: operator, fn: a.deleteLabel},
 		{method: "GET", path: "/api/v1/commands", need: viewer, fn: a.listCommands, query: q("limit")},
 		{method: "POST", path: "/api/v1/commands", need: operator, fn: a.sendCommand},
