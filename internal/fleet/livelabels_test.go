@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/drover/drover/internal/protocol"
 )
@@ -393,4 +394,58 @@ func ops2str(ops []byte) []string {
 		out = append(out, fmt.Sprint(o))
 	}
 	return out
+}
+
+// TestLiveLabelsAdoptedFromAnotherNode: a node reading labels back after
+// a change log entry (ApplyChange) takes another node's live label, and
+// other nodes' pushes (ApplyStates) move devices in and out of it.
+func TestLiveLabelsAdoptedFromAnotherNode(t *testing.T) {
+	ctx := context.Background()
+	st := newRecStore()
+	ls := newMemLabels()
+	a := newLabelService(t, st, ls)
+	var tokens []string
+	for i := range 3 {
+		r, err := a.Register(ctx, reg(fmt.Sprintf("n%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens = append(tokens, r.Token)
+		if _, err := a.Push(ctx, r.Token, pushRaw(1, fmt.Sprintf(`{"extra":{"rack":"r%d"}}`, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newLabelService(t, st, ls) // the other node, loaded from the same stores
+	if _, err := a.DefineLabel(ctx, "rack1", `state.extra.rack = r1`); err != nil {
+		t.Fatal(err)
+	}
+	if got := members(t, b, "rack1"); len(got) != 0 {
+		t.Fatalf("b knows rack1 before reading labels back: %v", got)
+	}
+	if err := b.ApplyChange(ctx, Change{Kind: ChangeLabels, ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := members(t, b, "rack1"); !slices.Equal(got, []string{"n1"}) {
+		t.Fatalf("b after the change: %v", got)
+	}
+	if l := labelNamed(b, "rack1"); l.Filter != `state.extra.rack = "r1"` {
+		t.Fatalf("b's label: %+v", l)
+	}
+	// n0 pushes to a; b hears of it through the pushes a shares.
+	now := time.Now()
+	b.ApplyStates([]StateRecord{{DeviceID: 1, LastSeen: now, Seq: 2, State: json.RawMessage(`{"extra":{"rack":"r1"}}`)},
+		{DeviceID: 2, LastSeen: now, Seq: 2, State: json.RawMessage(`{"extra":{"rack":"r9"}}`)}})
+	if got := members(t, b, "rack1"); !slices.Equal(got, []string{"n0"}) {
+		t.Fatalf("b after other nodes' pushes: %v", got)
+	}
+	// A changed filter reaches b the same way.
+	if _, err := a.DefineLabel(ctx, "rack1", `state.extra.rack prefix r`); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ApplyChange(ctx, Change{Kind: ChangeLabels, ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := members(t, b, "rack1"); len(got) != 3 {
+		t.Fatalf("b after the filter changed: %v", got)
+	}
 }
