@@ -153,7 +153,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 			d.firmware = s.intern(r.State.Firmware)
 		}
 		for _, c := range cols {
-			record(c, d.id, []byte(r.State.State))
+			record(c, d.id, string(r.State.State))
 		}
 		loaded = append(loaded, d)
 		return nil

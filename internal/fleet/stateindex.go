@@ -14,9 +14,11 @@ import (
 	"encoding/json"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // MaxIndexedFields bounds how many state paths are indexed at once; past
@@ -99,7 +101,7 @@ func (c *column) text(v uint64) string {
 }
 
 // intern returns the dictionary index of s in c.
-func intern[T string | []byte](c *column, s T) uint32 {
+func intern(c *column, s string) uint32 {
 	c.dictMu.Lock()
 	defer c.dictMu.Unlock()
 	if i, ok := c.dictIdx[string(s)]; ok {
@@ -107,7 +109,7 @@ func intern[T string | []byte](c *column, s T) uint32 {
 	}
 	d := *c.dict.Load()
 	i := uint32(len(d))
-	str := string(s)
+	str := strings.Clone(s) // s may be part of a request's body
 	d = append(d, str)
 	c.dict.Store(&d)
 	c.dictIdx[str] = i
@@ -116,10 +118,10 @@ func intern[T string | []byte](c *column, s T) uint32 {
 
 // record sets id's cell from the state raw (its device's lock held).
 // It allocates only for a string value the column has not seen.
-func record[T string | []byte](c *column, id uint64, raw T) {
+func record(c *column, id uint64, raw string) {
 	k, bits := kAbsent, uint64(0)
 	if v, ok := lookupJSON(raw, c.segs); ok {
-		var str T
+		var str string
 		k, bits, str = classify(v)
 		if k == kString {
 			bits = uint64(intern(c, str))
@@ -130,7 +132,7 @@ func record[T string | []byte](c *column, id uint64, raw T) {
 }
 
 // classify reads a JSON value: its kind, a number's bits, a string's text.
-func classify[T string | []byte](v T) (k valKind, bits uint64, str T) {
+func classify(v string) (k valKind, bits uint64, str string) {
 	switch v[0] {
 	case '"':
 		in := v[1 : len(v)-1]
@@ -140,7 +142,7 @@ func classify[T string | []byte](v T) (k valKind, bits uint64, str T) {
 				if json.Unmarshal([]byte(v), &s) != nil {
 					return kAbsent, 0, str
 				}
-				return kString, 0, T(s)
+				return kString, 0, s
 			}
 		}
 		return kString, 0, in
@@ -173,9 +175,11 @@ type stateIndex struct {
 // fields and live labels it returns at once; it allocates only when a
 // live label's membership changes or a string value is new.
 func (s *Service) noteReported(d *device, raw []byte) {
-	if cols := s.index.cols.Load(); cols != nil {
+	if cols := s.index.cols.Load(); cols != nil && len(*cols) > 0 {
+		// Read only during the call; intern copies what it keeps.
+		st := unsafe.String(unsafe.SliceData(raw), len(raw))
 		for _, c := range *cols {
-			record(c, d.id, raw)
+			record(c, d.id, st)
 		}
 	}
 	s.relabel(d)
@@ -302,7 +306,7 @@ func (s *Service) fillColumns(ctx context.Context, cols []*column) {
 		d.mu.Lock()
 		for _, c := range cols {
 			if k, _ := c.cell(d.id); k == kUnset {
-				record(c, d.id, []byte(r.State.State))
+				record(c, d.id, string(r.State.State))
 			}
 		}
 		d.mu.Unlock()
@@ -340,8 +344,8 @@ func cmpString(a, b string) int {
 // members by name, the last of a repeated name as encoding/json does;
 // array elements by position). It allocates only for member names with
 // escapes.
-func lookupJSON[T string | []byte](raw T, segs []string) (T, bool) {
-	var zero T
+func lookupJSON(raw string, segs []string) (string, bool) {
+	var zero string
 	i := skipWS(raw, 0)
 	for _, seg := range segs {
 		if i >= len(raw) {
@@ -365,7 +369,7 @@ func lookupJSON[T string | []byte](raw T, segs []string) (T, bool) {
 	return raw[i:end], true
 }
 
-func skipWS[T string | []byte](raw T, i int) int {
+func skipWS(raw string, i int) int {
 	for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
 		i++
 	}
@@ -374,22 +378,27 @@ func skipWS[T string | []byte](raw T, i int) int {
 
 // skipString returns the end of the string starting at i, and whether it
 // has escapes.
-func skipString[T string | []byte](raw T, i int) (int, bool, bool) {
-	esc := false
-	for j := i + 1; j < len(raw); j++ {
-		switch raw[j] {
-		case '\\':
-			esc = true
-			j++
-		case '"':
-			return j + 1, esc, true
+func skipString(raw string, i int) (int, bool, bool) {
+	for j := i + 1; j < len(raw); {
+		k := strings.IndexByte(raw[j:], '"')
+		if k < 0 {
+			return 0, false, false
 		}
+		q := j + k
+		bs := 0
+		for b := q - 1; b > i && raw[b] == '\\'; b-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			return q + 1, strings.IndexByte(raw[i+1:q], '\\') >= 0, true
+		}
+		j = q + 1
 	}
 	return 0, false, false
 }
 
 // skipValue returns the end of the value starting at i.
-func skipValue[T string | []byte](raw T, i int) (int, bool) {
+func skipValue(raw string, i int) (int, bool) {
 	if i >= len(raw) {
 		return 0, false
 	}
@@ -427,7 +436,7 @@ func skipValue[T string | []byte](raw T, i int) (int, bool) {
 
 // findMember returns where the value of member name starts in the object
 // at i.
-func findMember[T string | []byte](raw T, i int, name string) (int, bool) {
+func findMember(raw string, i int, name string) (int, bool) {
 	at, found := 0, false
 	i = skipWS(raw, i+1)
 	if i < len(raw) && raw[i] == '}' {
@@ -478,7 +487,7 @@ func findMember[T string | []byte](raw T, i int, name string) (int, bool) {
 
 // findElem returns where element pos (decimal digits) starts in the array
 // at i.
-func findElem[T string | []byte](raw T, i int, pos string) (int, bool) {
+func findElem(raw string, i int, pos string) (int, bool) {
 	n := 0
 	for k := 0; k < len(pos); k++ {
 		if pos[k] < '0' || pos[k] > '9' || n > 1<<20 {
