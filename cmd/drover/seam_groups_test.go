@@ -36,36 +36,8 @@ func TestSeamLiveGroups(t *testing.T) {
 		}
 	}
 	setSite("depot")
-	root, _ := filepath.Abs("../../internal/agent/testdata/root")
-	agent := exec.Command(droverBin, "agent", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", ca,
-		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-groups", "--root", root, "--collector", "cat "+siteFile)
-	var agentLog bytes.Buffer
-	agent.Stdout, agent.Stderr = &agentLog, &agentLog
-	if err := agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		agent.Process.Kill()
-		agent.Wait()
-		if t.Failed() {
-			t.Logf("agent log:\n%s", agentLog.String())
-		}
-	})
-	ctl := func(args ...string) (int, string, string) {
-		t.Helper()
-		cmd := exec.Command(droverBin, append([]string{"ctl"}, args...)...)
-		cmd.Env = append(os.Environ(), "DROVER_SERVER="+base, "DROVER_API_TOKEN="+secrets.Admin, "DROVER_CA_CERT="+ca)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return code, out.String(), errb.String()
-	}
+	startAgent(t, base, secrets.Enroll, ca, filepath.Join(dir, "state"), "seam-groups", "--collector", "cat "+siteFile)
+	ctl := ctlBinary(t, base, secrets.Admin, ca)
 	listed := func(args ...string) []string {
 		t.Helper()
 		code, out, errOut := ctl(append([]string{"devices", "list", "--json"}, args...)...)
@@ -126,5 +98,48 @@ func TestSeamLiveGroups(t *testing.T) {
 	}
 	if code, _, errOut := ctl("labels", "assign", "north-group", "--all"); code != 5 || !strings.Contains(errOut, "live") {
 		t.Fatalf("assigning a live label: exit %d %s", code, errOut)
+	}
+}
+
+// startAgent runs `drover agent` against base as machineID until the test
+// ends, with more flags; its output is logged when the test fails.
+func startAgent(t *testing.T, base, enroll, ca, stateDir, machineID string, more ...string) {
+	t.Helper()
+	root, _ := filepath.Abs("../../internal/agent/testdata/root")
+	args := append([]string{"agent", "--server", base, "--enroll-secret", enroll, "--ca-cert", ca,
+		"--state-dir", stateDir, "--machine-id", machineID, "--root", root}, more...)
+	agent := exec.Command(droverBin, args...)
+	var agentLog bytes.Buffer
+	agent.Stdout, agent.Stderr = &agentLog, &agentLog
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		agent.Process.Kill()
+		agent.Wait()
+		if t.Failed() {
+			t.Logf("agent log:\n%s", agentLog.String())
+		}
+	})
+}
+
+// ctlBinary runs the `drover ctl` binary as an operator does, with the
+// server, token and CA from the environment; it returns the exit code,
+// stdout and stderr.
+func ctlBinary(t *testing.T, base, token, ca string) func(args ...string) (int, string, string) {
+	return func(args ...string) (int, string, string) {
+		t.Helper()
+		cmd := exec.Command(droverBin, append([]string{"ctl"}, args...)...)
+		cmd.Env = append(os.Environ(), "DROVER_SERVER="+base, "DROVER_API_TOKEN="+token, "DROVER_CA_CERT="+ca)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, out.String(), errb.String()
 	}
 }

@@ -202,7 +202,7 @@ func (s *Service) indexColumns(ctx context.Context, paths []string, pin bool) ([
 	next := slices.Clone(cur)
 	now := s.now().UnixNano()
 	for i, p := range paths {
-		j, found := slices.BinarySearchFunc(next, p, func(c *column, p string) int { return cmpString(c.path, p) })
+		j, found := slices.BinarySearchFunc(next, p, func(c *column, p string) int { return strings.Compare(c.path, p) })
 		if !found {
 			if len(next) >= MaxIndexedFields {
 				victim := -1
@@ -216,7 +216,7 @@ func (s *Service) indexColumns(ctx context.Context, paths []string, pin bool) ([
 					return nil, ErrTooManyFields
 				}
 				next = slices.Delete(next, victim, victim+1)
-				j, _ = slices.BinarySearchFunc(next, p, func(c *column, p string) int { return cmpString(c.path, p) })
+				j, _ = slices.BinarySearchFunc(next, p, func(c *column, p string) int { return strings.Compare(c.path, p) })
 			}
 			w, _ := ParseWhere("state." + p + " exists")
 			c := newColumn(p, w.conds[0].segs)
@@ -328,16 +328,6 @@ func (s *Service) IndexedFields() []string {
 		}
 	}
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // lookupJSON finds the value at segs in the JSON document raw (object

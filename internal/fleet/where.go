@@ -17,6 +17,7 @@ package fleet
 // state.interfaces.0.name.
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -419,40 +420,30 @@ func (c *cond) matchText(v string) bool {
 
 func compareText(op whereOp, v, lit string) bool {
 	switch op {
-	case opEq:
-		return v == lit
-	case opNe:
-		return v != lit
-	case opLt:
-		return v < lit
-	case opGt:
-		return v > lit
-	case opLe:
-		return v <= lit
-	case opGe:
-		return v >= lit
 	case opPrefix:
 		return strings.HasPrefix(v, lit)
 	case opContains:
 		return strings.Contains(v, lit)
 	}
-	return false
+	return compare(op, v, lit)
 }
 
-func compareNumber(op whereOp, v, lit float64) bool {
+// compare is one of = != < > <= >= (others: false).
+func compare[T cmp.Ordered](op whereOp, v, lit T) bool {
+	c := cmp.Compare(v, lit)
 	switch op {
 	case opEq:
-		return v == lit
+		return c == 0
 	case opNe:
-		return v != lit
+		return c != 0
 	case opLt:
-		return v < lit
+		return c < 0
 	case opGt:
-		return v > lit
+		return c > 0
 	case opLe:
-		return v <= lit
+		return c <= 0
 	case opGe:
-		return v >= lit
+		return c >= 0
 	}
 	return false
 }
@@ -475,7 +466,7 @@ func (c *cond) matchValue(k valKind, num float64, str string) bool {
 	lit := &c.lit
 	switch {
 	case lit.kind == kNumber && k == kNumber:
-		return compareNumber(c.op, num, lit.num)
+		return compare(c.op, num, lit.num)
 	case (lit.kind == kNumber || lit.kind == kString) && k == kString:
 		return compareText(c.op, str, lit.str)
 	case lit.kind == kNumber || lit.kind == kString:

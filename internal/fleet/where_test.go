@@ -173,7 +173,7 @@ func oracleMatch(c cond, doc string) bool {
 	switch x := v.(type) {
 	case float64:
 		if c.lit.kind == kNumber {
-			return compareNumber(c.op, x, c.lit.num)
+			return compare(c.op, x, c.lit.num)
 		}
 		return c.op == opNe
 	case string:
