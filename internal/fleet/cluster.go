@@ -629,7 +629,11 @@ func (s *Service) ApplyStates(recs []StateRecord) (applied int) {
 			if d.configError != r.ConfigError {
 				d.configError = strings.Clone(r.ConfigError)
 			}
-			s.noteReported(d, r.State)
+			if len(r.State) > 0 {
+				s.noteReported(d, r.State)
+			} else {
+				s.relabel(d)
+			}
 			applied++
 		}
 		d.mu.Unlock()

@@ -438,6 +438,12 @@ func TestLiveLabelsAdoptedFromAnotherNode(t *testing.T) {
 	if got := members(t, b, "rack1"); !slices.Equal(got, []string{"n0"}) {
 		t.Fatalf("b after other nodes' pushes: %v", got)
 	}
+	// A push summary without its state (the sender indexes nothing)
+	// leaves what b knows of the reported fields.
+	b.ApplyStates([]StateRecord{{DeviceID: 1, LastSeen: now.Add(time.Second), Seq: 3}})
+	if got := members(t, b, "rack1"); !slices.Equal(got, []string{"n0"}) {
+		t.Fatalf("b after a push without its state: %v", got)
+	}
 	// A changed filter reaches b the same way.
 	if _, err := a.DefineLabel(ctx, "rack1", `state.extra.rack prefix r`); err != nil {
 		t.Fatal(err)

@@ -318,7 +318,7 @@ func (s *Service) afterCommit(ctx context.Context, d *device, p *protocol.PushRe
 	}
 	prof := c.profile.get()
 	s.events.pushed(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: c.firmware, At: c.now, Seq: p.Seq, State: &p.State,
-		ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: c.moved})
+		ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: c.moved, RawState: p.RawState})
 	cmds := c.cmds
 	if c.claim || (s.opts.Cluster != nil && len(p.Results) > 0) {
 		cmds = s.clusterCommandsOnPush(ctx, d, p.Results, c.claim, c.now)

@@ -319,6 +319,13 @@ func (s *Service) fillColumns(ctx context.Context, cols []*column) {
 	s.log.Info("indexed reported fields from the store", "fields", len(cols), "took", time.Since(start).Round(time.Millisecond))
 }
 
+// Indexing says whether any state path is indexed: filters read reported
+// fields, so other nodes need this node's pushed states (cluster mode).
+func (s *Service) Indexing() bool {
+	p := s.index.cols.Load()
+	return p != nil && len(*p) > 0
+}
+
 // IndexedFields lists the indexed state paths.
 func (s *Service) IndexedFields() []string {
 	var out []string
