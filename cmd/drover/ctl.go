@@ -13,6 +13,7 @@ import (
 
 	"github.com/drover/drover/cmd/internal/command"
 	"github.com/drover/drover/internal/ctl"
+	"github.com/drover/drover/internal/fleet"
 )
 
 // drover ctl: the operator's CLI on the operator API (docs/ctl.md). Every
@@ -41,7 +42,7 @@ type ctlCommand struct {
 var ctlGroups = []ctlGroup{
 	{"devices", "list, filter, show and export devices"},
 	{"profiles", "profiles' configuration and push interval: show, set, history, diff, rollback"},
-	{"labels", "list, create, assign and delete labels"},
+	{"labels", "list, create, assign, define (live) and delete labels"},
 	{"commands", "send remote commands and wait for their results; list, pause, resume, cancel"},
 	{"rollouts", "firmware rollouts: start, status, pause, resume, abort"},
 	{"users", "users of the dashboard and the API (admin)"},
@@ -58,6 +59,23 @@ func filterFlags(fs *flag.FlagSet, f *ctl.Filter) {
 	fs.StringVar(&f.ProfileID, "profile-id", "", "devices of this profile (ID)")
 	fs.StringVar(&f.Q, "q", "", "devices whose machine ID or serial contains this text")
 	fs.Var((*listFlag)(&f.Labels), "label", "devices carrying this label (repeat: all of them)")
+	fs.Var((*whereFlag)(&f.Where), "filter", "devices matching this expression of the filter language, e.g. 'state.extra.site = north and state.temperature > 60' (docs/groups.md; repeat: all of them)")
+}
+
+// whereFlag is an expression of the filter language, checked as it is
+// read (the parser the server uses); repeated, every one must hold.
+type whereFlag string
+
+func (w *whereFlag) String() string { return string(*w) }
+func (w *whereFlag) Set(s string) error {
+	if _, err := fleet.ParseWhere(s); err != nil {
+		return err
+	}
+	if *w != "" {
+		s = string(*w) + " and " + s
+	}
+	*w = whereFlag(s)
+	return nil
 }
 
 // listFlag is a repeatable string flag (a comma-separated list from the
@@ -179,6 +197,14 @@ var ctlCommands = []ctlCommand{
 	}},
 	{group: "labels", name: "create", args: "NAME", min: 1, max: 1, summary: "make a new label on the devices a filter selects (exit 5 if it exists)", flags: labelFlags(false)},
 	{group: "labels", name: "assign", args: "NAME", min: 1, max: 1, summary: "add a label to (--remove: take it from) the devices a filter selects", flags: labelFlags(true)},
+	{group: "labels", name: "define", args: "NAME EXPR", min: 2, max: 2, summary: "make a live label of the devices an expression selects, kept as they change (or change its expression)", flags: func(*flag.FlagSet, command.Env) ctlRun {
+		return func(ctx context.Context, c *ctl.Client, a []string) error {
+			if _, err := fleet.ParseWhere(a[1]); err != nil {
+				return command.Usagef("%v", err)
+			}
+			return c.DefineLabel(ctx, a[0], a[1])
+		}
+	}},
 	{group: "labels", name: "delete", args: "NAME", min: 1, max: 1, summary: "delete a label from every device", flags: id1((*ctl.Client).DeleteLabel)},
 
 	{group: "commands", name: "send", args: "KIND [ARG…]", min: 1, max: -1, summary: "send a command to a device, a label or a filter; --wait for the results", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {

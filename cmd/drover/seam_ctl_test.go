@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -30,37 +28,8 @@ func TestSeamCtlCommandsAgent(t *testing.T) {
 	if err := os.WriteFile(hook, []byte("#!/bin/sh\necho \"hook got $2 $3 on $DROVER_DEVICE_ID\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	root, _ := filepath.Abs("../../internal/agent/testdata/root")
-	agent := exec.Command(droverBin, "agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
-		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-ctl", "--root", root, "--command-hook", hook)
-	var agentLog bytes.Buffer
-	agent.Stdout, agent.Stderr = &agentLog, &agentLog
-	if err := agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		agent.Process.Kill()
-		agent.Wait()
-		if t.Failed() {
-			t.Logf("agent log:\n%s", agentLog.String())
-		}
-	})
-
-	ctl := func(args ...string) (int, string, string) {
-		t.Helper()
-		cmd := exec.Command(droverBin, append([]string{"ctl"}, args...)...)
-		cmd.Env = append(os.Environ(), "DROVER_SERVER="+base, "DROVER_API_TOKEN="+secrets.Admin, "DROVER_CA_CERT="+caFile)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return code, out.String(), errb.String()
-	}
+	startAgent(t, base, secrets.Enroll, caFile, filepath.Join(dir, "state"), "seam-ctl", "--connect", "--command-hook", hook)
+	ctl := ctlBinary(t, base, secrets.Admin, caFile)
 
 	// The device as the CLI lists it, once it pushed.
 	var id string

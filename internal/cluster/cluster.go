@@ -10,6 +10,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -114,6 +115,9 @@ type summary struct {
 	// Fw is the firmware a push moved the device to (rare: an upgrade);
 	// the others read the device back.
 	Fw string `json:"f,omitempty"`
+	// St is the pushed state, sent while the node indexes reported
+	// fields (live labels, filters on state: docs/groups.md).
+	St json.RawMessage `json:"st,omitempty"`
 }
 
 // batch is push summaries published together.
@@ -466,6 +470,9 @@ func (n *Node) OnPush(ev fleet.PushEvent) {
 	n.pmu.Lock()
 	if len(n.pending) < 100000 {
 		sm := summary{ID: ev.DeviceID, At: ev.At.UnixNano(), Seq: ev.Seq, Ver: ev.ConfigVersion, Err: ev.ConfigError}
+		if n.fleet != nil && n.fleet.Indexing() {
+			sm.St = bytes.Clone(ev.RawState) // kept past the request
+		}
 		if ev.FirmwareChanged {
 			sm.Fw = ev.Firmware
 		}
@@ -569,7 +576,7 @@ func (n *Node) applyStates(s []summary) {
 	}
 	recs := make([]fleet.StateRecord, len(s))
 	for i, v := range s {
-		recs[i] = fleet.StateRecord{DeviceID: v.ID, LastSeen: time.Unix(0, v.At), Seq: v.Seq, AppliedVersion: v.Ver, ConfigError: v.Err, Firmware: v.Fw}
+		recs[i] = fleet.StateRecord{DeviceID: v.ID, LastSeen: time.Unix(0, v.At), Seq: v.Seq, AppliedVersion: v.Ver, ConfigError: v.Err, Firmware: v.Fw, State: v.St}
 	}
 	n.stateRecs.Add(uint64(n.fleet.ApplyStates(recs)))
 }

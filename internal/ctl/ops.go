@@ -22,18 +22,20 @@ type Filter struct {
 	ProfileID  string   `json:"profile_id,omitempty"`
 	Q          string   `json:"q,omitempty"`
 	Labels     []string `json:"labels,omitempty"`
+	// Where is an expression of the filter language (docs/groups.md).
+	Where string `json:"where,omitempty"`
 }
 
 // Empty tells whether f selects every device.
 func (f Filter) Empty() bool {
-	return f.SyncState == "" && f.Liveness == "" && f.DeviceType == "" && f.Firmware == "" && f.ProfileID == "" && f.Q == "" && len(f.Labels) == 0
+	return f.SyncState == "" && f.Liveness == "" && f.DeviceType == "" && f.Firmware == "" && f.ProfileID == "" && f.Q == "" && len(f.Labels) == 0 && f.Where == ""
 }
 
 // Values is f as the devices list's query parameters.
 func (f Filter) Values() url.Values {
 	v := url.Values{}
 	for k, s := range map[string]string{"sync_state": f.SyncState, "liveness": f.Liveness, "device_type": f.DeviceType,
-		"firmware": f.Firmware, "profile_id": f.ProfileID, "q": f.Q} {
+		"firmware": f.Firmware, "profile_id": f.ProfileID, "q": f.Q, "where": f.Where} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -242,7 +244,17 @@ func (c *Client) Labels(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.list(raw, "labels", cols("NAME=name", "DEVICES=devices"))
+	return c.list(raw, "labels", cols("NAME=name", "DEVICES=devices", "FILTER=filter"))
+}
+
+// DefineLabel makes name a live label of the devices the expression
+// selects (docs/groups.md), or changes its expression.
+func (c *Client) DefineLabel(ctx context.Context, name, expr string) error {
+	raw, err := c.do(ctx, "PUT", "/api/v1/labels/"+url.PathEscape(name), nil, map[string]any{"filter": expr})
+	if err != nil {
+		return err
+	}
+	return c.object(raw)
 }
 
 // errLabelExists is CreateLabel's answer for a name already in use.

@@ -216,6 +216,11 @@ type clusterDevices interface {
 	deviceOf(machineID string) (uint64, bool)
 	// refreshDevice reads a device back from the database (readback.go).
 	refreshDevice(ctx context.Context, id uint64) error
+	// noteReported takes a pushed state into the index of reported
+	// fields and live labels (stateindex.go); relabel re-evaluates the
+	// device's live labels (livelabels.go). d.mu held.
+	noteReported(d *device, raw []byte)
+	relabel(d *device)
 }
 
 type refusedToken struct {
@@ -364,6 +369,11 @@ func (c *cluster) ApplyStates(recs []StateRecord) (applied int) {
 			d.lastSeen, d.seq, d.appliedVersion = ns, r.Seq, r.AppliedVersion
 			if d.configError != r.ConfigError {
 				d.configError = strings.Clone(r.ConfigError)
+			}
+			if len(r.State) > 0 {
+				c.devs.noteReported(d, r.State)
+			} else {
+				c.devs.relabel(d)
 			}
 			applied++
 		}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"encoding/json"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,10 @@ type PushEvent struct {
 	// FirmwareChanged: this push moved the device to Firmware (cluster
 	// mode tells the other nodes, which read the device back).
 	FirmwareChanged bool
+	// RawState is the state as pushed (compact JSON; read only): cluster
+	// mode hands it to the other nodes while filters read reported
+	// fields (Service.Indexing).
+	RawState json.RawMessage
 }
 
 // Subscribe adds a subscriber to the fleet's events; subscribe before the

@@ -6,17 +6,23 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
 )
 
-// Label is a name operators attach to many devices at once.
+// Label is a name operators attach to many devices at once: by hand
+// (assigned to the devices a filter selects at that moment), or live
+// (Filter set: carried by exactly the devices Filter selects, livelabels.go).
 type Label struct {
 	ID      uint16 `json:"id,string"`
 	Name    string `json:"name"`
 	Devices int    `json:"devices"` // devices carrying it (Labels only)
+	// Filter is a live label's expression of the filter language
+	// (where.go); "" for a manual label.
+	Filter string `json:"filter,omitempty"`
 }
 
 // LabelStore keeps labels; every store backend implements it. Without one
@@ -28,6 +34,8 @@ type LabelStore interface {
 	// included: their IDs are never handed out again.
 	MaxLabelID(ctx context.Context) (uint16, error)
 	CreateLabel(ctx context.Context, l Label) error
+	// SetLabelFilter changes a live label's filter.
+	SetLabelFilter(ctx context.Context, id uint16, filter string) error
 	// DeleteLabel removes the label and all its assignments.
 	DeleteLabel(ctx context.Context, id uint16) error
 	// AssignLabel adds (on) or removes the label on the devices, atomically.
@@ -38,6 +46,15 @@ type LabelStore interface {
 var (
 	ErrLabelName  = errors.New("label names are 1 to 64 bytes of printable UTF-8 without commas")
 	ErrTooManyIDs = errors.New("too many labels")
+	// ErrLabelLive is a manual assignment to a live label, or a live
+	// definition of a manual one (livelabels.go).
+	ErrLabelLive = errors.New("label conflict")
+	// ErrLabelInUse is the deletion of a label a live label names.
+	ErrLabelInUse = errors.New("label in use")
+	// ErrTooManyFields is a filter needing a state path indexed when
+	// MaxIndexedFields paths are and live labels use them all
+	// (stateindex.go).
+	ErrTooManyFields = &FieldError{Field: FilterWhere, Message: "where: too many reported fields in use by live labels; delete a live label first"}
 )
 
 // labelRegistry maps label names to small IDs. Devices hold the IDs.
@@ -48,6 +65,11 @@ type labelRegistry struct {
 	names  map[uint16]string
 	next   uint16
 	gen    atomic.Uint64 // changes when labels are created or deleted
+	// Live labels (livelabels.go): their filters, compiled, and the set
+	// devices are evaluated against.
+	filters  map[uint16]string
+	compiled map[uint16]*compiledWhere
+	live     atomic.Pointer[[]liveLabel]
 }
 
 // LabelsGeneration changes whenever a label is created or deleted, so that
@@ -57,6 +79,7 @@ func (s *Service) LabelsGeneration() uint64 { return s.labels.gen.Load() }
 func (r *labelRegistry) init() {
 	if r.byName == nil {
 		r.byName, r.names, r.next = map[string]uint16{}, map[uint16]string{}, 1
+		r.filters, r.compiled = map[uint16]string{}, map[uint16]*compiledWhere{}
 	}
 }
 
@@ -83,35 +106,78 @@ func ValidLabelName(name string) error {
 	return nil
 }
 
-// loadLabels loads labels from ls and keeps later changes there (New).
-func (s *Service) loadLabels(ctx context.Context, ls LabelStore) error {
+// labelsRead is what a LabelStore holds.
+type labelsRead struct {
+	labels    []Label
+	perDevice map[uint64][]uint16
+	high      uint16
+}
+
+// readLabels reads every label and assignment from ls.
+func readLabels(ctx context.Context, ls LabelStore) (labelsRead, error) {
+	rd := labelsRead{perDevice: map[uint64][]uint16{}}
+	var err error
+	rd.labels, err = ls.LoadLabels(ctx, func(dev uint64, id uint16) error {
+		rd.perDevice[dev] = append(rd.perDevice[dev], id)
+		return nil
+	})
+	if err != nil {
+		return rd, fmt.Errorf("load labels: %w", err)
+	}
+	if rd.high, err = ls.MaxLabelID(ctx); err != nil {
+		return rd, fmt.Errorf("load labels: %w", err)
+	}
+	return rd, nil
+}
+
+// statePaths lists the state paths the live labels of rd read.
+func (rd *labelsRead) statePaths() []string {
+	var out []string
+	for _, l := range rd.labels {
+		if w, err := ParseWhere(l.Filter); l.Filter != "" && err == nil {
+			for _, p := range w.StatePaths() {
+				if !slices.Contains(out, p) {
+					out = append(out, p)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// loadLabels takes labels read from ls (New, after the devices) and
+// keeps later changes there.
+func (s *Service) loadLabels(ctx context.Context, ls LabelStore, rd labelsRead) error {
 	r := &s.labels
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return s.loadLabelsLocked(ctx, ls, false)
+	return s.applyLabelsLocked(ctx, ls, rd, false)
 }
 
 // loadLabelsLocked reads every label and assignment from ls; replace
 // first forgets what memory holds (cluster mode: another node changed
 // them). r.mu held.
 func (s *Service) loadLabelsLocked(ctx context.Context, ls LabelStore, replace bool) error {
+	rd, err := readLabels(ctx, ls)
+	if err != nil {
+		return err
+	}
+	return s.applyLabelsLocked(ctx, ls, rd, replace)
+}
+
+// applyLabelsLocked takes what readLabels read, and evaluates the live
+// labels over the fleet. r.mu held.
+func (s *Service) applyLabelsLocked(ctx context.Context, ls LabelStore, rd labelsRead, replace bool) error {
 	r := &s.labels
 	r.init()
-	perDevice := map[uint64][]uint16{}
-	labels, err := ls.LoadLabels(ctx, func(dev uint64, id uint16) error {
-		perDevice[dev] = append(perDevice[dev], id)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("load labels: %w", err)
-	}
-	high, err := ls.MaxLabelID(ctx)
-	if err != nil {
-		return fmt.Errorf("load labels: %w", err)
-	}
+	labels, perDevice, high := rd.labels, rd.perDevice, rd.high
 	if replace {
 		clear(r.byName)
 		clear(r.names)
+		for id := range r.compiled {
+			s.dropLiveLocked(id)
+		}
+		s.publishLive()
 		s.each(func(d *device) {
 			if _, ok := perDevice[d.id]; !ok {
 				d.labels = nil
@@ -134,6 +200,14 @@ func (s *Service) loadLabelsLocked(ctx context.Context, ls LabelStore, replace b
 		}
 	}
 	r.store = ls
+	for _, l := range labels {
+		if l.Filter != "" {
+			r.filters[l.ID] = l.Filter
+			s.compileLiveLocked(ctx, l.ID, l.Filter)
+		}
+	}
+	s.publishLive()
+	s.relabelAll()
 	r.gen.Add(1)
 	return nil
 }
@@ -211,7 +285,7 @@ func (s *Service) Labels() []Label {
 	index := map[uint16]int{}
 	for id, n := range r.names {
 		index[id] = len(out)
-		out = append(out, Label{ID: id, Name: n})
+		out = append(out, Label{ID: id, Name: n, Filter: r.filters[id]})
 	}
 	r.mu.Unlock()
 	if len(out) > 0 {
@@ -249,22 +323,24 @@ func (s *Service) CreateLabel(ctx context.Context, name string) (Label, error) {
 	r := &s.labels
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return s.createLabelLocked(ctx, name)
+	return s.createLabelLocked(ctx, name, "")
 }
 
-func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, error) {
+// createLabelLocked makes a label (live: filter set), or returns the
+// existing one of that name. r.mu held.
+func (s *Service) createLabelLocked(ctx context.Context, name, filter string) (Label, error) {
 	r := &s.labels
 	r.init()
 	if err := ValidLabelName(name); err != nil {
 		return Label{}, err
 	}
 	if id, ok := r.byName[name]; ok {
-		return Label{ID: id, Name: name}, nil
+		return Label{ID: id, Name: name, Filter: r.filters[id]}, nil
 	}
 	if r.next == 0 { // wrapped past 65535
 		return Label{}, ErrTooManyIDs
 	}
-	l := Label{ID: r.next, Name: name}
+	l := Label{ID: r.next, Name: name, Filter: filter}
 	cs := s.opts.Cluster
 	if cs != nil && r.store != nil {
 		// Another node may have made labels since: take its IDs and names.
@@ -272,7 +348,7 @@ func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, er
 			return Label{}, err
 		}
 		if id, ok := r.byName[name]; ok {
-			return Label{ID: id, Name: name}, nil
+			return Label{ID: id, Name: name, Filter: r.filters[id]}, nil
 		}
 		// Other nodes make labels too: the database hands out the ID.
 		id, err := cs.NextLabelID(ctx)
@@ -289,7 +365,7 @@ func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, er
 			if cs != nil && s.loadLabelsLocked(ctx, r.store, true) == nil {
 				// Another node made the same name a moment ago.
 				if id, ok := r.byName[name]; ok {
-					return Label{ID: id, Name: name}, nil
+					return Label{ID: id, Name: name, Filter: r.filters[id]}, nil
 				}
 			}
 			return Label{}, err
@@ -300,6 +376,9 @@ func (s *Service) createLabelLocked(ctx context.Context, name string) (Label, er
 		r.next = l.ID + 1 // 0 after 65535: no more labels
 	}
 	r.byName[name], r.names[l.ID] = l.ID, name
+	if filter != "" {
+		r.filters[l.ID] = filter
+	}
 	r.gen.Add(1)
 	return l, nil
 }
@@ -313,11 +392,18 @@ func (s *Service) DeleteLabel(ctx context.Context, name string) error {
 	if !ok {
 		return ErrNotFound
 	}
+	if by := s.usedBy(id); by != "" {
+		return errors.Join(ErrLabelInUse, errors.New("label "+strconv.Quote(name)+" is named by live label "+strconv.Quote(by)+": change or delete that first"))
+	}
 	if r.store != nil {
 		if err := r.store.DeleteLabel(ctx, id); err != nil {
 			return err
 		}
 		s.noteChange(ctx, ChangeLabels, uint64(id))
+	}
+	if _, live := r.filters[id]; live {
+		s.dropLiveLocked(id)
+		s.publishLive()
 	}
 	s.each(func(d *device) {
 		if i, ok := slices.BinarySearch(d.labels, id); ok {
@@ -344,11 +430,14 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 			return 0, ErrNotFound
 		}
 	} else {
-		l, err := s.createLabelLocked(ctx, name)
+		l, err := s.createLabelLocked(ctx, name, "")
 		if err != nil {
 			return 0, err
 		}
 		id = l.ID
+	}
+	if r.filters[id] != "" {
+		return 0, errors.Join(ErrLabelLive, errors.New("label "+strconv.Quote(name)+" is live: its devices are those its filter selects"))
 	}
 	now := s.now().UnixNano()
 	var ids []uint64
@@ -377,6 +466,7 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 		case !remove && !has:
 			d.labels = slices.Insert(slices.Clip(d.labels), i, id)
 		}
+		s.relabel(d) // live labels naming this one
 		d.mu.Unlock()
 	}
 	return len(ids), nil

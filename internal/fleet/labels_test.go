@@ -18,6 +18,7 @@ type memLabels struct {
 	assign map[[2]uint64]bool
 	high   uint16 // highest label ID ever created
 	fail   bool
+	filter map[uint16]string
 }
 
 func newMemLabels() *memLabels {
@@ -29,7 +30,7 @@ func (m *memLabels) LoadLabels(ctx context.Context, each func(uint64, uint16) er
 	defer m.mu.Unlock()
 	var out []Label
 	for id, n := range m.labels {
-		out = append(out, Label{ID: id, Name: n})
+		out = append(out, Label{ID: id, Name: n, Filter: m.filter[id]})
 	}
 	for k := range m.assign {
 		if err := each(k[0], uint16(k[1])); err != nil {
@@ -47,6 +48,25 @@ func (m *memLabels) CreateLabel(ctx context.Context, l Label) error {
 	}
 	m.labels[l.ID] = l.Name
 	m.high = max(m.high, l.ID)
+	if l.Filter != "" {
+		if m.filter == nil {
+			m.filter = map[uint16]string{}
+		}
+		m.filter[l.ID] = l.Filter
+	}
+	return nil
+}
+
+func (m *memLabels) SetLabelFilter(ctx context.Context, id uint16, filter string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail {
+		return errors.New("disk on fire")
+	}
+	if m.filter == nil {
+		m.filter = map[uint16]string{}
+	}
+	m.filter[id] = filter
 	return nil
 }
 
@@ -60,6 +80,7 @@ func (m *memLabels) DeleteLabel(ctx context.Context, id uint16) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.labels, id)
+	delete(m.filter, id)
 	for k := range m.assign {
 		if k[1] == uint64(id) {
 			delete(m.assign, k)

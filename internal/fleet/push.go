@@ -271,6 +271,7 @@ func (s *Service) enqueue(d *device, p *protocol.PushRequest, now time.Time, new
 	if s.states == nil {
 		d.state = string(p.RawState)
 	}
+	s.noteReported(d, p.RawState) // the index of reported fields, live labels (livelabels.go)
 	if s.opts.Cluster != nil {
 		// Cluster mode: the database settles delivery (after the push is
 		// stored, afterCommit); memory only says whether to ask.
@@ -317,7 +318,7 @@ func (s *Service) afterCommit(ctx context.Context, d *device, p *protocol.PushRe
 	}
 	prof := c.profile.get()
 	s.events.pushed(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: c.firmware, At: c.now, Seq: p.Seq, State: &p.State,
-		ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: c.moved})
+		ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: c.moved, RawState: p.RawState})
 	cmds := c.cmds
 	if c.claim || (s.opts.Cluster != nil && len(p.Results) > 0) {
 		cmds = s.clusterCommandsOnPush(ctx, d, p.Results, c.claim, c.now)

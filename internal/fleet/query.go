@@ -348,6 +348,10 @@ type Filter struct {
 	// which resolves it.
 	Quota    string
 	quotaIDs map[uint64]struct{}
+	// Where is an expression of the filter language (where.go), in its
+	// canonical form; set by ParseFilter, which resolves it.
+	Where string
+	where *compiledWhere
 }
 
 func (f *Filter) match(d *device, now int64) bool {
@@ -376,6 +380,9 @@ func (f *Filter) match(d *device, now int64) bool {
 		if _, ok := f.quotaIDs[d.id]; !ok {
 			return false
 		}
+	}
+	if f.where != nil && !f.where.match(d) {
+		return false
 	}
 	return f.Admission.match(d)
 }

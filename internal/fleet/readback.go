@@ -111,6 +111,7 @@ func (s *Service) refreshDevice(ctx context.Context, id uint64) error {
 	}
 	d.unacked = false
 	adopt(d, pe)
+	s.relabel(d)
 	d.mu.Unlock()
 	return nil
 }

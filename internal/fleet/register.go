@@ -104,6 +104,7 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 		b.Devices = append(b.Devices, rec)
 		b.Trust = append(b.Trust, tr)
 	})
+	s.relabel(d)
 	d.mu.Unlock()
 	if err == nil {
 		s.place(d)
@@ -173,6 +174,9 @@ func (s *Service) enrollShared(ctx context.Context, r protocol.RegisterRequest, 
 		}
 		return protocol.RegisterResponse{}, err == nil, err
 	}
+	d.mu.Lock()
+	s.relabel(d)
+	d.mu.Unlock()
 	s.regMu.Lock()
 	old := s.place(d)
 	s.regMu.Unlock()
@@ -245,6 +249,7 @@ func (s *Service) reissue(ctx context.Context, d *device, r protocol.RegisterReq
 		}
 		d.tokenHash = hash
 		adopt(d, pe)
+		s.relabel(d)
 	} else {
 		d.admission, d.keyHash, d.request = oldAdmission, oldKey, oldReq
 		pe.release()

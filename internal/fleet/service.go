@@ -71,6 +71,7 @@ type Service struct {
 	profileWrite sync.Mutex // serialises profile updates
 
 	labels        labelRegistry // labels.go
+	index         stateIndex    // reported fields filters use (stateindex.go)
 	trust                       // admission.go, enrollment.go, secret.go
 	*quota                      // quota.go
 	policy                      // policy.go
@@ -120,6 +121,17 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	if _, wt := p.(*WriteThrough); wt {
 		s.states = st.States
 	}
+	// Labels are read first: the state paths live labels use are indexed
+	// as the devices load.
+	var labels labelsRead
+	var cols []*column
+	if st.Labels != nil {
+		var err error
+		if labels, err = readLabels(ctx, st.Labels); err != nil {
+			return nil, err
+		}
+		cols = s.index.preset(labels.statePaths())
+	}
 	var loaded []*device
 	res, err := store.Load(ctx, func(r DeviceRecord) error {
 		d := s.newDevice()
@@ -136,6 +148,9 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 		if r.State.Firmware != "" {
 			d.firmware = s.intern(r.State.Firmware)
+		}
+		for _, c := range cols {
+			record(c, d.id, string(r.State.State))
 		}
 		loaded = append(loaded, d)
 		return nil
@@ -171,7 +186,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 	}
 	if st.Labels != nil {
-		if err := s.loadLabels(ctx, st.Labels); err != nil {
+		if err := s.loadLabels(ctx, st.Labels, labels); err != nil {
 			return nil, err
 		}
 	}

@@ -6,6 +6,7 @@ package fleet
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,10 +100,11 @@ const (
 	FilterLabel      = "label" // repeated: a device must have every label
 	FilterAdmission  = "admission"
 	FilterQuota      = "quota" // hit, lifted or a reason (QuotaReasons)
+	// FilterWhere (where.go) is repeated: a device must match every one.
 )
 
 // FilterParams lists the parameters ParseFilter reads.
-var FilterParams = []string{FilterSyncState, FilterLiveness, FilterDeviceType, FilterFirmware, FilterProfileID, FilterText, FilterLabel, FilterAdmission, FilterQuota}
+var FilterParams = []string{FilterSyncState, FilterLiveness, FilterDeviceType, FilterFirmware, FilterProfileID, FilterText, FilterLabel, FilterAdmission, FilterQuota, FilterWhere}
 
 // ParseFilter reads the devices filter from query or form values; other
 // keys are left alone. Every problem is reported (errors.Join of
@@ -150,7 +152,40 @@ func (s *Service) ParseFilter(v url.Values) (Filter, error) {
 			errs = append(errs, fieldError(FilterQuota, "unknown quota filter %q: quota must be %s", t, oneOf(QuotaFilters)))
 		}
 	}
+	if exprs := v[FilterWhere]; len(exprs) > 0 {
+		if err := s.parseWhereFilter(&f, exprs); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return f, errors.Join(errs...)
+}
+
+// parseWhereFilter reads the where parameters into f: every expression
+// must hold.
+func (s *Service) parseWhereFilter(f *Filter, exprs []string) error {
+	var all Where
+	for _, e := range exprs {
+		if strings.TrimSpace(e) == "" {
+			continue
+		}
+		w, err := ParseWhere(e)
+		if err != nil {
+			return err
+		}
+		all.conds = append(all.conds, w.conds...)
+	}
+	if all.Empty() {
+		return nil
+	}
+	if len(all.conds) > MaxWhereConds {
+		return whereError("at most %d conditions", MaxWhereConds)
+	}
+	cw, err := s.compileWhere(context.Background(), all, false, func(n string) uint16 { return s.LabelIDs([]string{n})[0] })
+	if err != nil {
+		return err
+	}
+	f.Where, f.where = all.String(), cw
+	return nil
 }
 
 // ParamValues lists the values a query parameter of the devices list or

@@ -221,3 +221,8 @@ type probeAnswer struct {
 	Reason   string `json:"reason,omitempty"`   // not ready: why
 	Degraded string `json:"degraded,omitempty"` // ready, but serving from the database
 }
+
+// labelDefineBody makes a label live (PUT /api/v1/labels/{name}).
+type labelDefineBody struct {
+	Filter string `json:"filter" openapi:"required"` // the filter language (docs/groups.md)
+}

@@ -166,7 +166,8 @@ func answerError(err error) *apiError {
 	case errors.Is(err, fleet.ErrQuota):
 		return quotaError(err)
 	case errors.Is(err, fleet.ErrProfileInUse), errors.Is(err, fleet.ErrProfileExists), errors.Is(err, fleet.ErrFirmwareExists),
-		errors.Is(err, fleet.ErrFirmwareInUse), errors.Is(err, fleet.ErrRolloutState), errors.Is(err, fleet.ErrNoDevices):
+		errors.Is(err, fleet.ErrFirmwareInUse), errors.Is(err, fleet.ErrRolloutState), errors.Is(err, fleet.ErrNoDevices),
+		errors.Is(err, fleet.ErrLabelLive), errors.Is(err, fleet.ErrLabelInUse):
 		return &apiError{status: http.StatusConflict, code: "conflict", msg: err.Error()}
 	case errors.Is(err, fleet.ErrNotPending):
 		return &apiError{status: http.StatusNotFound, code: "not_found", msg: err.Error()}

@@ -1,7 +1,8 @@
 package server
 
 // Device labels in the operator API (docs/alerts.md#labels): list them,
-// assign one to the devices of a filter, delete one.
+// assign one to the devices of a filter, define a live one
+// (docs/groups.md), delete one.
 
 import (
 	"errors"
@@ -25,6 +26,7 @@ type labelFilter struct {
 	ProfileID  uint64   `json:"profile_id,string"`
 	Q          string   `json:"q"`
 	Labels     []string `json:"labels"`
+	Where      string   `json:"where"` // the filter language (docs/groups.md)
 }
 
 func (a *api) assignLabel(r *http.Request) (any, error) {
@@ -61,7 +63,37 @@ func (f *labelFilter) values() url.Values {
 	if f.ProfileID != 0 {
 		v.Set(fleet.FilterProfileID, strconv.FormatUint(f.ProfileID, 10))
 	}
+	if f.Where != "" {
+		v.Set(fleet.FilterWhere, f.Where)
+	}
 	return v
+}
+
+func (a *api) getLabel(r *http.Request) (any, error) {
+	name := r.PathValue("name")
+	l, err := a.fleet.Label(name)
+	return l, ifNotFound(err, "label "+strconv.Quote(name))
+}
+
+// defineLabel makes the label a live one of the devices its filter
+// selects, or changes its filter.
+func (a *api) defineLabel(r *http.Request) (any, error) {
+	var in labelDefineBody
+	if err := decodeStrict(r, "", &in); err != nil {
+		return nil, err
+	}
+	name := r.PathValue("name")
+	if in.Filter == "" {
+		return nil, badField(`filter is required: an expression of the filter language, e.g. "state.extra.site = north"`)
+	}
+	l, err := a.fleet.DefineLabel(r.Context(), name, in.Filter)
+	switch {
+	case errors.Is(err, fleet.ErrLabelName), errors.Is(err, fleet.ErrTooManyIDs):
+		return nil, badField("label: " + err.Error())
+	case err != nil:
+		return nil, err
+	}
+	return l, nil
 }
 
 func (a *api) deleteLabel(r *http.Request) (any, error) {

@@ -91,6 +91,7 @@ type devFilter struct {
 	SyncState, Liveness, DeviceType, Firmware, Label, Q, ProfileID string
 	Admission                                                      string
 	Quota                                                          string
+	Where                                                          string // the filter language (docs/groups.md)
 	Sort                                                           string
 	Desc                                                           bool
 	After                                                          string
@@ -104,7 +105,7 @@ func parseDevFilter(v url.Values) devFilter {
 		SyncState: v.Get("sync_state"), Liveness: v.Get("liveness"), DeviceType: v.Get("device_type"),
 		Firmware: v.Get("firmware"), Label: v.Get("label"), Q: strings.TrimSpace(v.Get("q")), ProfileID: v.Get("profile_id"),
 		Sort: v.Get("sort"), Desc: v.Get("dir") == "desc", After: v.Get("after"), Limit: 50,
-		Admission: v.Get(fleet.FilterAdmission), Quota: v.Get(fleet.FilterQuota),
+		Admission: v.Get(fleet.FilterAdmission), Quota: v.Get(fleet.FilterQuota), Where: strings.TrimSpace(v.Get(fleet.FilterWhere)),
 	}
 	if n, err := strconv.Atoi(v.Get("limit")); err == nil && n >= 1 && n <= 1000 {
 		f.Limit = n
@@ -137,6 +138,7 @@ func (f devFilter) values() url.Values {
 	set("profile_id", f.ProfileID)
 	set(fleet.FilterAdmission, f.Admission)
 	set(fleet.FilterQuota, f.Quota)
+	set(fleet.FilterWhere, f.Where)
 	if f.Sort != "id" {
 		set("sort", f.Sort)
 	}
@@ -182,7 +184,7 @@ func (f devFilter) SortMark(col string) string {
 }
 
 func (f devFilter) Filtered() bool {
-	return f.SyncState != "" || f.Liveness != "" || f.DeviceType != "" || f.Firmware != "" || f.Label != "" || f.Q != "" || f.ProfileID != "" || f.Admission != "" || f.Quota != ""
+	return f.SyncState != "" || f.Liveness != "" || f.DeviceType != "" || f.Firmware != "" || f.Label != "" || f.Q != "" || f.ProfileID != "" || f.Admission != "" || f.Quota != "" || f.Where != ""
 }
 
 type deviceRow struct {
@@ -277,7 +279,7 @@ func (h *Handler) labelDevices(w http.ResponseWriter, r *http.Request, s *sessio
 	}
 	n, err := h.fleet.AssignLabel(r.Context(), name, ff, remove)
 	switch {
-	case errors.Is(err, fleet.ErrLabelName):
+	case errors.Is(err, fleet.ErrLabelName), errors.Is(err, fleet.ErrLabelLive):
 		h.flash(s, "Nothing labelled: "+err.Error())
 	case errors.Is(err, fleet.ErrNotFound):
 		h.flash(s, fmt.Sprintf("There is no label %q", name))
@@ -537,6 +539,10 @@ func (h *Handler) labels(w http.ResponseWriter, r *http.Request, s *session) {
 
 func (h *Handler) createLabel(w http.ResponseWriter, r *http.Request, s *session) {
 	name := strings.TrimSpace(r.PostFormValue("name"))
+	if expr := strings.TrimSpace(r.PostFormValue("filter")); expr != "" {
+		h.defineLabel(w, r, s, name, expr)
+		return
+	}
 	if _, err := h.fleet.CreateLabel(r.Context(), name); err != nil {
 		if !errors.Is(err, fleet.ErrLabelName) && !errors.Is(err, fleet.ErrTooManyIDs) {
 			h.serverError(w, r, s, err)
@@ -549,9 +555,28 @@ func (h *Handler) createLabel(w http.ResponseWriter, r *http.Request, s *session
 	http.Redirect(w, r, Prefix+"labels", http.StatusSeeOther)
 }
 
+// defineLabel makes a live label, or changes its filter (docs/groups.md).
+func (h *Handler) defineLabel(w http.ResponseWriter, r *http.Request, s *session, name, expr string) {
+	l, err := h.fleet.DefineLabel(r.Context(), name, expr)
+	switch {
+	case errors.Is(err, fleet.ErrLabelName), errors.Is(err, fleet.ErrTooManyIDs), errors.Is(err, fleet.ErrInvalid), errors.Is(err, fleet.ErrLabelLive):
+		h.flash(s, "Live label not saved: "+err.Error())
+	case err != nil:
+		h.serverError(w, r, s, err)
+		return
+	default:
+		h.flash(s, fmt.Sprintf("Live label %q: %s devices match %s.", l.Name, thousands(l.Devices), l.Filter))
+	}
+	http.Redirect(w, r, Prefix+"labels", http.StatusSeeOther)
+}
+
 func (h *Handler) deleteLabel(w http.ResponseWriter, r *http.Request, s *session) {
 	name := r.PostFormValue("name")
-	if err := h.fleet.DeleteLabel(r.Context(), name); err != nil && !errors.Is(err, fleet.ErrNotFound) {
+	if err := h.fleet.DeleteLabel(r.Context(), name); errors.Is(err, fleet.ErrLabelInUse) {
+		h.flash(s, "Label not deleted: "+err.Error())
+		http.Redirect(w, r, Prefix+"labels", http.StatusSeeOther)
+		return
+	} else if err != nil && !errors.Is(err, fleet.ErrNotFound) {
 		h.serverError(w, r, s, err)
 		return
 	}

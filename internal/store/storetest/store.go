@@ -33,6 +33,7 @@ var storeTests = []storeTest{
 	{"InstanceLock", testInstanceLock},
 	{"Alerts", testAlerts},
 	{"Labels", testLabels},
+	{"LiveLabels", testLiveLabels},
 	{"Sessions", testSessions},
 	{"IDsNotReused", testIDsNotReused},
 	{"Commands", testCommands},

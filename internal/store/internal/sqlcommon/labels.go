@@ -15,19 +15,19 @@ var _ fleet.LabelStore = (*Labels)(nil)
 
 // LoadLabels implements fleet.LabelStore.
 func (a *Labels) LoadLabels(ctx context.Context, each func(deviceID uint64, labelID uint16) error) ([]fleet.Label, error) {
-	rows, err := a.R.QueryContext(ctx, `SELECT id, name FROM labels ORDER BY id`)
+	rows, err := a.R.QueryContext(ctx, `SELECT id, name, live_filter FROM labels ORDER BY id`)
 	if err != nil {
 		return nil, err
 	}
 	var out []fleet.Label
 	for rows.Next() {
 		var l fleet.Label
-		var name []byte
-		if err := rows.Scan(&l.ID, &name); err != nil {
+		var name, filter []byte
+		if err := rows.Scan(&l.ID, &name, &filter); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		l.Name = string(name)
+		l.Name, l.Filter = string(name), string(filter)
 		out = append(out, l)
 	}
 	rows.Close()
@@ -60,7 +60,13 @@ func (a *Labels) MaxLabelID(ctx context.Context) (uint16, error) {
 
 // CreateLabel implements fleet.LabelStore.
 func (a *Labels) CreateLabel(ctx context.Context, l fleet.Label) error {
-	_, err := a.exec(ctx, a.D.q(`INSERT INTO labels (id, name) VALUES (?, ?)`), l.ID, l.Name)
+	_, err := a.exec(ctx, a.D.q(`INSERT INTO labels (id, name, live_filter) VALUES (?, ?, ?)`), l.ID, l.Name, l.Filter)
+	return err
+}
+
+// SetLabelFilter implements fleet.LabelStore.
+func (a *Labels) SetLabelFilter(ctx context.Context, id uint16, filter string) error {
+	_, err := a.exec(ctx, a.D.q(`UPDATE labels SET live_filter = ? WHERE id = ?`), filter, id)
 	return err
 }
 
