@@ -745,9 +745,10 @@ type JobList struct {
 
 // Label defines model for Label.
 type Label struct {
-	Devices int    `json:"devices"`
-	Id      string `json:"id"`
-	Name    string `json:"name"`
+	Devices int     `json:"devices"`
+	Filter  *string `json:"filter,omitempty"`
+	Id      string  `json:"id"`
+	Name    string  `json:"name"`
 }
 
 // LabelAssignBody defines model for LabelAssignBody.
@@ -764,6 +765,11 @@ type LabelAssigned struct {
 	Removed bool   `json:"removed"`
 }
 
+// LabelDefineBody defines model for LabelDefineBody.
+type LabelDefineBody struct {
+	Filter string `json:"filter"`
+}
+
 // LabelFilterInput defines model for LabelFilterInput.
 type LabelFilterInput struct {
 	DeviceType *string   `json:"device_type,omitempty"`
@@ -773,6 +779,7 @@ type LabelFilterInput struct {
 	ProfileId  *string   `json:"profile_id,omitempty"`
 	Q          *string   `json:"q,omitempty"`
 	SyncState  *string   `json:"sync_state,omitempty"`
+	Where      *string   `json:"where,omitempty"`
 }
 
 // LabelList defines model for LabelList.
@@ -1343,6 +1350,7 @@ type GetDevicesParams struct {
 	Label      *[]string                  `form:"label,omitempty" json:"label,omitempty"`
 	Admission  *GetDevicesParamsAdmission `form:"admission,omitempty" json:"admission,omitempty"`
 	Quota      *string                    `form:"quota,omitempty" json:"quota,omitempty"`
+	Where      *string                    `form:"where,omitempty" json:"where,omitempty"`
 	Sort       *GetDevicesParamsSort      `form:"sort,omitempty" json:"sort,omitempty"`
 	Dir        *GetDevicesParamsDir       `form:"dir,omitempty" json:"dir,omitempty"`
 	Limit      *int                       `form:"limit,omitempty" json:"limit,omitempty"`
@@ -1453,6 +1461,9 @@ type PostFirmwareJSONRequestBody = FirmwareRefBody
 
 // PostLabelsAssignJSONRequestBody defines body for PostLabelsAssign for application/json ContentType.
 type PostLabelsAssignJSONRequestBody = LabelAssignBody
+
+// PutLabelsNameJSONRequestBody defines body for PutLabelsName for application/json ContentType.
+type PutLabelsNameJSONRequestBody = LabelDefineBody
 
 // PostPreauthorizedJSONRequestBody defines body for PostPreauthorized for application/json ContentType.
 type PostPreauthorizedJSONRequestBody = PreauthorizedBody
@@ -1977,6 +1988,25 @@ type ClientInterface interface {
 	//
 	// Corresponds with DELETE /api/v1/labels/{name} (the `DeleteLabelsName` operationId).
 	DeleteLabelsName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetLabelsName Get a label (with its filter when it is live)
+	//
+	// Corresponds with GET /api/v1/labels/{name} (the `GetLabelsName` operationId).
+	GetLabelsName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutLabelsNameWithBody Make a label live: the devices its filter selects, kept current
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+	PutLabelsNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutLabelsName Make a label live: the devices its filter selects, kept current
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+	PutLabelsName(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetOpenapiJson Get this OpenAPI document
 	//
@@ -3098,6 +3128,55 @@ func (c *Client) PostLabelsAssign(ctx context.Context, body PostLabelsAssignJSON
 // Corresponds with DELETE /api/v1/labels/{name} (the `DeleteLabelsName` operationId).
 func (c *Client) DeleteLabelsName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDeleteLabelsNameRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetLabelsName Get a label (with its filter when it is live)
+//
+// Corresponds with GET /api/v1/labels/{name} (the `GetLabelsName` operationId).
+func (c *Client) GetLabelsName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetLabelsNameRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutLabelsNameWithBody Make a label live: the devices its filter selects, kept current
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+func (c *Client) PutLabelsNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutLabelsNameRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutLabelsName Make a label live: the devices its filter selects, kept current
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+func (c *Client) PutLabelsName(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutLabelsNameRequest(c.Server, name, body)
 	if err != nil {
 		return nil, err
 	}
@@ -5033,6 +5112,18 @@ func NewGetDevicesRequest(server string, params *GetDevicesParams) (*http.Reques
 
 		}
 
+		if params.Where != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "where", *params.Where, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.Sort != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "sort", *params.Sort, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -6111,6 +6202,87 @@ func NewDeleteLabelsNameRequest(server string, name string) (*http.Request, erro
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewGetLabelsNameRequest constructs an http.Request for the GetLabelsName method
+func NewGetLabelsNameRequest(server string, name string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/labels/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutLabelsNameRequest calls the generic PutLabelsName builder with application/json body
+func NewPutLabelsNameRequest(server string, name string, body PutLabelsNameJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutLabelsNameRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewPutLabelsNameRequestWithBody constructs an http.Request for the PutLabelsName method, with any body, and a specified content type
+func NewPutLabelsNameRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/labels/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -8100,6 +8272,27 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with DELETE /api/v1/labels/{name} (the `DeleteLabelsName` operationId).
 	DeleteLabelsNameWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*DeleteLabelsNameResponse, error)
+
+	// GetLabelsNameWithResponse Get a label (with its filter when it is live)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/labels/{name} (the `GetLabelsName` operationId).
+	GetLabelsNameWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetLabelsNameResponse, error)
+
+	// PutLabelsNameWithBodyWithResponse Make a label live: the devices its filter selects, kept current
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+	PutLabelsNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error)
+
+	// PutLabelsNameWithResponse Make a label live: the devices its filter selects, kept current
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+	PutLabelsNameWithResponse(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error)
 
 	// GetOpenapiJsonWithResponse Get this OpenAPI document
 	//
@@ -12169,6 +12362,8 @@ type PostLabelsAssignResponse struct {
 	JSON403 *Error
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *Error
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -12200,6 +12395,11 @@ func (r PostLabelsAssignResponse) GetJSON403() *Error {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PostLabelsAssignResponse) GetJSON404() *Error {
 	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostLabelsAssignResponse) GetJSON409() *Error {
+	return r.JSON409
 }
 
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
@@ -12259,6 +12459,8 @@ type DeleteLabelsNameResponse struct {
 	JSON403 *Error
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *Error
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -12290,6 +12492,11 @@ func (r DeleteLabelsNameResponse) GetJSON403() *Error {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r DeleteLabelsNameResponse) GetJSON404() *Error {
 	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r DeleteLabelsNameResponse) GetJSON409() *Error {
+	return r.JSON409
 }
 
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
@@ -12330,6 +12537,193 @@ func (r DeleteLabelsNameResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r DeleteLabelsNameResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetLabelsNameResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Label
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetLabelsNameResponse) GetJSON200() *Label {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetLabelsNameResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetLabelsNameResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetLabelsNameResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetLabelsNameResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r GetLabelsNameResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetLabelsNameResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r GetLabelsNameResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetLabelsNameResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetLabelsNameResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetLabelsNameResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetLabelsNameResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PutLabelsNameResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Label
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutLabelsNameResponse) GetJSON200() *Label {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutLabelsNameResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutLabelsNameResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutLabelsNameResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PutLabelsNameResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PutLabelsNameResponse) GetJSON409() *Error {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PutLabelsNameResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutLabelsNameResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r PutLabelsNameResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r PutLabelsNameResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutLabelsNameResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutLabelsNameResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutLabelsNameResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -16743,6 +17137,45 @@ func (c *ClientWithResponses) DeleteLabelsNameWithResponse(ctx context.Context, 
 	return ParseDeleteLabelsNameResponse(rsp)
 }
 
+// GetLabelsNameWithResponse Get a label (with its filter when it is live)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/labels/{name} (the `GetLabelsName` operationId).
+func (c *ClientWithResponses) GetLabelsNameWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetLabelsNameResponse, error) {
+	rsp, err := c.GetLabelsName(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetLabelsNameResponse(rsp)
+}
+
+// PutLabelsNameWithBodyWithResponse Make a label live: the devices its filter selects, kept current
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+func (c *ClientWithResponses) PutLabelsNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error) {
+	rsp, err := c.PutLabelsNameWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutLabelsNameResponse(rsp)
+}
+
+// PutLabelsNameWithResponse Make a label live: the devices its filter selects, kept current
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
+func (c *ClientWithResponses) PutLabelsNameWithResponse(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error) {
+	rsp, err := c.PutLabelsName(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutLabelsNameResponse(rsp)
+}
+
 // GetOpenapiJsonWithResponse Get this OpenAPI document
 //
 // Returns a wrapper object for the known response body format(s).
@@ -20582,6 +21015,13 @@ func ParsePostLabelsAssignResponse(rsp *http.Response) (*PostLabelsAssignRespons
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest Error
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -20656,6 +21096,170 @@ func ParseDeleteLabelsNameResponse(rsp *http.Response) (*DeleteLabelsNameRespons
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetLabelsNameResponse parses an HTTP response from a GetLabelsNameWithResponse call
+func ParseGetLabelsNameResponse(rsp *http.Response) (*GetLabelsNameResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetLabelsNameResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Label
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePutLabelsNameResponse parses an HTTP response from a PutLabelsNameWithResponse call
+func ParsePutLabelsNameResponse(rsp *http.Response) (*PutLabelsNameResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutLabelsNameResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Label
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest Error
