@@ -167,6 +167,9 @@ func (s *Store) closeHistory() error {
 // archiver archives closed partitions now and every archiveEvery.
 func (s *Store) archiver(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	if !s.holdUpkeep(stop) {
+		return
+	}
 	t := time.NewTicker(archiveEvery)
 	defer t.Stop()
 	for {
