@@ -10,7 +10,12 @@ package sqlite
 
 import (
 	"context"
+	"runtime"
+	"strconv"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/internal/sqlcommon"
@@ -85,47 +90,115 @@ func (o *logOverlay) apply(r *sqlcommon.DeviceRow) {
 	}
 }
 
-// readLog reads generation g's rows in storage order: where each device's
-// newest row is (set), and into o, if not nil, their states.
+// logRange is how many rows of a generation one query of readLog reads.
+var logRange = int64(1 << 14)
+
+// logRow is a state log row as readLog reads it.
+type logRow struct {
+	rowid, lastSeen, seq, applied int64
+	id                            uint64
+	firmware, configError         string
+	state                         []byte
+}
+
+// readLog reads generation g's rows: where each device's newest row is
+// (set), and into o, if not nil, their states. Several queries read ranges
+// of rows at once; their rows are taken in storage order all the same.
 func (s *Store) readLog(ctx context.Context, g int64, o *logOverlay, set func(id uint64, r ref)) (int64, error) {
+	var maxRow int64
+	if err := s.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(rowid), 0) FROM `+logTable(g)).Scan(&maxRow); err != nil {
+		return 0, err
+	}
+	ranges := int((maxRow + logRange - 1) / logRange)
+	workers := min(runtime.GOMAXPROCS(0), 4, max(ranges, 1))
+	results := make([]chan []logRow, ranges)
+	for i := range results {
+		results[i] = make(chan []logRow, 1)
+	}
+	// A query starts a range at most 2*workers ahead of the one taken.
+	ahead := make(chan struct{}, 2*workers)
+	gr, gctx := errgroup.WithContext(ctx)
+	var next atomic.Int64
+	for range workers {
+		gr.Go(func() error {
+			for {
+				select {
+				case ahead <- struct{}{}:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+				k := next.Add(1) - 1
+				if k >= int64(ranges) {
+					return nil
+				}
+				rows, err := s.readLogRange(gctx, g, k*logRange+1, (k+1)*logRange+1, o != nil, o != nil && o.states != nil)
+				if err != nil {
+					return err
+				}
+				results[k] <- rows
+			}
+		})
+	}
+	n := int64(0)
+	for k := range ranges {
+		var rows []logRow
+		select {
+		case rows = <-results[k]:
+		case <-gctx.Done():
+		}
+		if rows == nil && gctx.Err() != nil {
+			break
+		}
+		for i := range rows {
+			r := &rows[i]
+			if set != nil {
+				set(r.id, mkRef(g, r.rowid))
+			}
+			if o != nil && (set != nil || s.states.get(r.id) == mkRef(g, r.rowid)) {
+				o.set(r.id, r.firmware, r.lastSeen, r.seq, r.applied, r.configError, r.state)
+			}
+		}
+		n += int64(len(rows))
+		<-ahead
+	}
+	if err := gr.Wait(); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// readLogRange reads generation g's rows of rowids [lo, hi).
+func (s *Store) readLogRange(ctx context.Context, g, lo, hi int64, meta, states bool) ([]logRow, error) {
 	cols := `rowid, device_id`
-	if o != nil {
+	if meta {
 		cols += `, firmware, last_seen, seq, applied_version, config_error`
-		if o.states != nil {
+		if states {
 			cols += `, state`
 		}
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT `+cols+` FROM `+logTable(g)+` ORDER BY rowid`)
+	rows, err := s.r.QueryContext(ctx, `SELECT `+cols+` FROM `+logTable(g)+` WHERE rowid >= `+strconv.FormatInt(lo, 10)+
+		` AND rowid < `+strconv.FormatInt(hi, 10)+` ORDER BY rowid`)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer rows.Close()
-	var rowid, lastSeen, seq, applied int64
-	var id uint64
-	var firmware, configError string
-	var state []byte
-	dest := []any{&rowid, &id}
-	if o != nil {
-		dest = append(dest, &firmware, &lastSeen, &seq, &applied, &configError)
-		if o.states != nil {
-			dest = append(dest, &state)
+	out := make([]logRow, 0, hi-lo)
+	var r logRow
+	dest := []any{&r.rowid, &r.id}
+	if meta {
+		dest = append(dest, &r.firmware, &r.lastSeen, &r.seq, &r.applied, &r.configError)
+		if states {
+			dest = append(dest, &r.state)
 		}
 	}
-	n := int64(0)
 	for rows.Next() {
-		state = nil
+		r.state = nil
 		if err := rows.Scan(dest...); err != nil {
-			return n, err
+			return nil, err
 		}
-		n++
-		if set != nil {
-			set(id, mkRef(g, rowid))
-		}
-		if o != nil && (set != nil || s.states.get(id) == mkRef(g, rowid)) {
-			o.set(id, firmware, lastSeen, seq, applied, configError, state)
-		}
+		out = append(out, r)
 	}
-	return n, rows.Err()
+	return out, rows.Err()
 }
 
 // overlay returns the newest logged states: those kept since open if still
