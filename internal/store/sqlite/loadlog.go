@@ -36,8 +36,10 @@ type logOverlay struct {
 	states [][]byte // the documents, by device ID; nil: not read
 }
 
-func newLogOverlay(states bool) *logOverlay {
-	o := &logOverlay{strs: []string{""}, index: map[string]uint32{}}
+// newLogOverlay returns an empty overlay with room for device IDs up to
+// maxID.
+func newLogOverlay(states bool, maxID int64) *logOverlay {
+	o := &logOverlay{strs: []string{""}, index: map[string]uint32{}, rows: make([]loggedMeta, max(maxID, 0)+1)}
 	if states {
 		o.states = [][]byte{}
 	}
@@ -214,13 +216,25 @@ func (s *Store) overlay(ctx context.Context, states bool) (*logOverlay, error) {
 	if o != nil && !states {
 		return o, nil
 	}
-	o = newLogOverlay(states)
+	maxID, err := s.maxDeviceID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o = newLogOverlay(states, maxID)
 	for _, g := range gens {
 		if _, err := s.readLog(ctx, g, o, nil); err != nil {
 			return nil, err
 		}
 	}
 	return o, nil
+}
+
+// maxDeviceID is the highest device ID (0: none), read from the end of
+// the table's B-tree.
+func (s *Store) maxDeviceID(ctx context.Context) (int64, error) {
+	var id int64
+	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(id), 0) FROM devices`).Scan(&id)
+	return id, err
 }
 
 // Load implements fleet.Store. A device's newest state may be in the

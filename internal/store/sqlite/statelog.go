@@ -133,7 +133,11 @@ func (s *Store) loadStateLog(ctx context.Context, merger bool) error {
 	// A server's open keeps the newest states for Load (loadlog.go).
 	var kept *logOverlay
 	if merger {
-		kept = newLogOverlay(false)
+		maxID, err := s.maxDeviceID(ctx)
+		if err != nil {
+			return err
+		}
+		kept = newLogOverlay(false, maxID)
 	}
 	for _, g := range l.gens {
 		n, err := s.readLog(ctx, g, kept, l.set)
