@@ -20,9 +20,11 @@ func (p *LoadProgress) Devices() (loaded, expected uint64) {
 	return p.loaded.Load(), p.expected.Load()
 }
 
-// loadDevices streams the store's devices into new records, not yet in
-// the registry (New gives them their profiles first). Write-through mode
-// leaves the states in the store.
+// loadDevices streams the store's devices into new records, indexed by
+// machine ID but not yet in the registry (New gives them their profiles
+// first). Write-through mode leaves the states in the store. The index is
+// filled here, while the store's queries read on: it is the costliest
+// part of a device's load on this side.
 func (s *Service) loadDevices(ctx context.Context, store Store, prog *LoadProgress) (LoadResult, []*device, error) {
 	var loaded []*device
 	opts := LoadOptions{NoStates: s.states != nil, Expect: func(n uint64) {
@@ -30,6 +32,7 @@ func (s *Service) loadDevices(ctx context.Context, store Store, prog *LoadProgre
 			prog.expected.Store(n)
 		}
 		loaded = make([]*device, 0, n)
+		s.machineIDs = make(machineIndex, n)
 	}}
 	n := uint64(0)
 	res, err := store.Load(ctx, opts, func(r DeviceRecord) error {
@@ -49,6 +52,7 @@ func (s *Service) loadDevices(ctx context.Context, store Store, prog *LoadProgre
 			d.firmware = s.intern(r.State.Firmware)
 		}
 		loaded = append(loaded, d)
+		s.machineIDs.set(d.machineID(), d.id)
 		if n++; prog != nil {
 			prog.loaded.Store(n)
 		}

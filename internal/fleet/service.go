@@ -142,7 +142,6 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	}
 	s.nextID = res.MaxDeviceID + 1
 	s.devices = make([]*device, s.nextID, s.nextID+s.nextID/4+1024)
-	s.machineIDs = make(machineIndex, len(loaded))
 	for _, d := range loaded {
 		pe, err := s.loadProfile(ctx, profileKey{d.deviceType, d.firmware})
 		if err != nil {
@@ -150,7 +149,6 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 		d.profile = pe
 		s.devices[d.id] = d
-		s.machineIDs.set(d.machineID(), d.id)
 	}
 	if st.Trust != nil {
 		if err := s.loadTrust(ctx, st.Trust); err != nil {
