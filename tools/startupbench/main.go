@@ -6,7 +6,8 @@
 // writes DIR/drover.db: n registered devices, each with a pushed state
 // written to the devices table (as after the state log's merge) and a newer
 // one, with a history sample, in the open state-log generation (as after
-// the devices' next round of pushes), through the store's own Commit.
+// the devices' next round of pushes; -logged=false: not), through the
+// store's own Commit.
 //
 //	startupbench measure -seed DIR -runs 3 BINARY...
 //
@@ -82,6 +83,7 @@ func seed(args []string) error {
 	fs := flag.NewFlagSet("seed", flag.ExitOnError)
 	dir := fs.String("dir", "", "data directory to create")
 	n := fs.Int("n", 1_000_000, "devices")
+	logged := fs.Bool("logged", true, "give every device a newer state in the state log (false: the merged states only)")
 	fs.Parse(args)
 	if *dir == "" {
 		return fmt.Errorf("seed: -dir is required")
@@ -121,7 +123,7 @@ func seed(args []string) error {
 	// Round two: the next push of every device, in the state log, with
 	// its history sample.
 	cpu, temp, up := 12.5, 47.5, int64(7200)
-	err = rounds(ctx, path, *n, func(b *fleet.Batch, i int) {
+	err = rounds(ctx, path, *n*btoi(*logged), func(b *fleet.Batch, i int) {
 		id := uint64(i)
 		at := now.Add(-time.Duration(i%200) * time.Second)
 		b.States = append(b.States, fleet.StateRecord{DeviceID: id, Firmware: firmwares[i%len(firmwares)],
@@ -144,6 +146,13 @@ func seed(args []string) error {
 	}
 	log.Printf("seeded %d devices in %s in %s", *n, *dir, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // rounds opens the store at path and commits add's records for devices 1
