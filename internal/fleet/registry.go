@@ -16,8 +16,9 @@ import (
 // internal/store/<backend>; all of them pass internal/store/storetest.
 type Store interface {
 	// Load streams every stored device, then returns all profiles and the
-	// highest device and profile IDs in use.
-	Load(ctx context.Context, each func(DeviceRecord) error) (LoadResult, error)
+	// highest device and profile IDs in use. It calls each from one
+	// goroutine at a time, in no particular order of IDs.
+	Load(ctx context.Context, opts LoadOptions, each func(DeviceRecord) error) (LoadResult, error)
 	// Commit applies one batch atomically and durably (one transaction).
 	Commit(ctx context.Context, b *Batch) error
 	// History returns a device's samples in [q.From, q.To), oldest first.
@@ -26,6 +27,20 @@ type Store interface {
 	// returns how many it deleted.
 	PruneHistory(ctx context.Context, before time.Time, limit int) (int64, error)
 	Close() error
+}
+
+// LoadOptions say what Store.Load may leave out, and whom it tells what
+// to expect.
+type LoadOptions struct {
+	// NoStates: the devices' state documents are not needed, and
+	// DeviceRecord.State.State may be left empty (write-through mode reads
+	// them back through StateReader). The rest of the state record is
+	// filled all the same.
+	NoStates bool
+	// Expect, if set, is called once before the first device with the
+	// most devices Load will stream: the highest device ID, which a store
+	// reads without counting its rows.
+	Expect func(devices uint64)
 }
 
 // StateReader is implemented by stores that read back one device's current

@@ -45,6 +45,8 @@ type Options struct {
 	// rollouts (starts waves, pauses, fails stalled devices): the
 	// cluster's leader (rollout_cluster.go). Nil: it does.
 	RolloutDriver func() bool
+	// Progress, if set, is kept up to date while New loads the devices.
+	Progress *LoadProgress
 }
 
 // Service is the fleet.
@@ -132,29 +134,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 		cols = s.index.preset(labels.statePaths())
 	}
-	var loaded []*device
-	res, err := store.Load(ctx, func(r DeviceRecord) error {
-		d := s.newDevice()
-		d.id, d.deviceType, d.model = r.ID, s.intern(r.DeviceType), s.intern(r.Model)
-		d.firmware, d.registeredAt = s.intern(r.Firmware), r.RegisteredAt.Unix()
-		d.seq, d.appliedVersion, d.configError = r.State.Seq, r.State.AppliedVersion, r.State.ConfigError
-		d.setIDs(r.MachineID, r.Serial)
-		copy(d.tokenHash[:], r.TokenHash)
-		if !r.State.LastSeen.IsZero() {
-			d.lastSeen = r.State.LastSeen.UnixNano()
-		}
-		if len(r.State.State) > 0 && s.states == nil {
-			d.state = string(r.State.State)
-		}
-		if r.State.Firmware != "" {
-			d.firmware = s.intern(r.State.Firmware)
-		}
-		for _, c := range cols {
-			record(c, d.id, string(r.State.State))
-		}
-		loaded = append(loaded, d)
-		return nil
-	})
+	res, loaded, err := s.loadDevices(ctx, store, opts.Progress, cols)
 	if err != nil {
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
@@ -178,7 +158,6 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 		d.profile = pe
 		s.devices[d.id] = d
-		s.machineIDs.set(d.machineID(), d.id)
 	}
 	if st.Trust != nil {
 		if err := s.loadTrust(ctx, st.Trust); err != nil {

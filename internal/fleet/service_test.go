@@ -30,7 +30,7 @@ func newRecStore() *recStore {
 	return &recStore{profiles: map[uint64]Profile{}, devices: map[uint64]DeviceRecord{}, states: map[uint64]StateRecord{}}
 }
 
-func (s *recStore) Load(ctx context.Context, each func(DeviceRecord) error) (LoadResult, error) {
+func (s *recStore) Load(ctx context.Context, _ LoadOptions, each func(DeviceRecord) error) (LoadResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var res LoadResult

@@ -298,7 +298,7 @@ func (s *Service) fillColumns(ctx context.Context, cols []*column) {
 		})
 		return
 	}
-	_, err := s.store.Load(context.WithoutCancel(ctx), func(r DeviceRecord) error {
+	_, err := s.store.Load(context.WithoutCancel(ctx), LoadOptions{}, func(r DeviceRecord) error {
 		d := s.get(r.ID)
 		if d == nil {
 			return nil

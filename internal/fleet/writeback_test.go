@@ -26,7 +26,7 @@ type wbStore struct {
 
 func newWBStore() *wbStore { return &wbStore{states: map[uint64]StateRecord{}} }
 
-func (s *wbStore) Load(context.Context, func(DeviceRecord) error) (LoadResult, error) {
+func (s *wbStore) Load(context.Context, LoadOptions, func(DeviceRecord) error) (LoadResult, error) {
 	return LoadResult{}, nil
 }
 func (s *wbStore) History(context.Context, uint64, HistoryQuery) ([]Sample, error) { return nil, nil }

@@ -36,7 +36,7 @@ func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // failingStore accepts nothing.
 type failingStore struct{}
 
-func (failingStore) Load(context.Context, func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
+func (failingStore) Load(context.Context, fleet.LoadOptions, func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
 	return fleet.LoadResult{}, nil
 }
 func (failingStore) Commit(context.Context, *fleet.Batch) error { return errors.New("disk full") }

@@ -107,7 +107,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.start.routes.Store(&s.handler) // the start-up answers end (startup.go)
+	s.routesInPlace() // the start-up answers end (startup.go)
 	ok = true
 	return s, nil
 }
@@ -209,8 +209,9 @@ func (s *Server) loadFleet(ctx context.Context) error {
 	opts := fleet.Options{
 		EnrollmentSecret: s.Secrets.EnrollmentSecret, DefaultPushInterval: s.cfg.PushInterval, Logger: s.log,
 		Admission: policy, RequireCertificate: s.cfg.RequireClientCert,
-		Quotas: s.cfg.quotas(),
+		Quotas: s.cfg.quotas(), Progress: &s.start.loading,
 	}
+	s.start.setPhase(phaseLoading)
 	if err := s.joinCluster(ctx, &opts); err != nil {
 		return err
 	}
@@ -464,10 +465,6 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.debugSrv != nil {
 		s.log.Info("debug listener", "addr", s.debugLn.Addr().String())
 		go s.debugSrv.Serve(s.debugLn)
-	}
-	if s.metricsSrv != nil {
-		s.log.Info("metrics listener", "addr", s.metricsLn.Addr().String())
-		go s.metricsSrv.Serve(s.metricsLn)
 	}
 	pruneCtx, stopPrune := context.WithCancel(context.Background())
 	go s.pruneLoop(pruneCtx)

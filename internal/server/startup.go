@@ -14,6 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/server/transport"
 	"github.com/drover/drover/internal/store"
@@ -36,6 +39,9 @@ type startup struct {
 	// handedOver: started by a handover, this process waits for the
 	// store's instance lock that the old one releases once drained.
 	handedOver bool
+	// loading is how far the fleet's load got, for /readyz and metrics.
+	loading fleet.LoadProgress
+	ready   atomic.Int64 // nanoseconds from since to the routes in place; 0: not yet
 }
 
 // connState is the device servers' ConnState hook: the accept gate's
@@ -88,12 +94,56 @@ const startupRetryMin, startupRetryMax = 1, 5
 
 func (st *startup) setPhase(p string) { st.phase.Store(&p) }
 
+// phaseLoading is the phase while the fleet loads: /readyz adds how many
+// devices are loaded.
+const phaseLoading = "loading the fleet"
+
 func (st *startup) reason() string {
 	p := "starting"
 	if v := st.phase.Load(); v != nil {
 		p = *v
 	}
+	if p == phaseLoading {
+		switch n, of := st.loading.Devices(); {
+		case of > 0:
+			p += fmt.Sprintf(": %d of %d devices", n, of)
+		case n > 0:
+			p += fmt.Sprintf(": %d devices", n)
+		}
+	}
 	return fmt.Sprintf("%s (started %s ago)", p, time.Since(st.since).Round(100*time.Millisecond))
+}
+
+// routesInPlace ends the start-up answers: from now on the routes answer.
+func (s *Server) routesInPlace() {
+	s.start.routes.Store(&s.handler)
+	s.start.ready.Store(int64(time.Since(s.start.since)))
+}
+
+// startupCollector exports the start's progress: the devices loaded, of
+// how many, and how long the start took.
+type startupCollector struct{ st *startup }
+
+var (
+	startupLoadedDesc = prometheus.NewDesc("drover_startup_devices_loaded",
+		"Devices the fleet's load at start has read so far (all of them once the server is ready).", nil, nil)
+	startupExpectedDesc = prometheus.NewDesc("drover_startup_devices_expected",
+		"Devices the fleet's load at start expects at most: the highest device ID in the store (0: not known yet).", nil, nil)
+	startupSecondsDesc = prometheus.NewDesc("drover_startup_seconds",
+		"Time from the start of the process to the routes answering, the fleet loaded (0: still starting).", nil, nil)
+)
+
+func (c startupCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- startupLoadedDesc
+	ch <- startupExpectedDesc
+	ch <- startupSecondsDesc
+}
+
+func (c startupCollector) Collect(ch chan<- prometheus.Metric) {
+	n, of := c.st.loading.Devices()
+	ch <- prometheus.MustNewConstMetric(startupLoadedDesc, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(startupExpectedDesc, prometheus.GaugeValue, float64(of))
+	ch <- prometheus.MustNewConstMetric(startupSecondsDesc, prometheus.GaugeValue, time.Duration(c.st.ready.Load()).Seconds())
 }
 
 // front is the device servers' handler: the routes once they are in
@@ -182,6 +232,12 @@ func (s *Server) answerEarly(context.Context) error {
 	}
 	s.start.inherited = nil
 	s.start.setPhase("opening the store")
+	s.m.reg.MustRegister(startupCollector{&s.start})
+	if s.metricsSrv != nil {
+		// The start's progress can be scraped while the fleet loads.
+		s.log.Info("metrics listener", "addr", s.metricsLn.Addr().String())
+		go s.metricsSrv.Serve(s.metricsLn)
+	}
 	s.start.errc = make(chan error, 2)
 	for i, ln := range s.deviceListeners() {
 		go func(srv *http.Server, ln net.Listener) {
@@ -209,7 +265,7 @@ func (s *Server) openStoreWaiting(ctx context.Context) (store.Store, error) {
 		var held *store.HeldError
 		if err == nil || !s.start.handedOver || !errors.As(err, &held) || time.Now().After(deadline) {
 			if err == nil {
-				s.start.setPhase("loading the fleet")
+				s.start.setPhase(phaseLoading)
 				testLoadGate()
 			}
 			return st, err

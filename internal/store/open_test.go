@@ -86,7 +86,7 @@ func TestOpenAndMigrate(t *testing.T) {
 			}
 			defer s.Close()
 			found := false
-			if _, err := s.Load(ctx, func(d fleet.DeviceRecord) error {
+			if _, err := s.Load(ctx, fleet.LoadOptions{}, func(d fleet.DeviceRecord) error {
 				found = found || d.MachineID == "m-"+name
 				return nil
 			}); err != nil || !found {

@@ -204,8 +204,8 @@ func (s *Store) Close() error {
 }
 
 // Load implements fleet.Store.
-func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.db)}.Load(ctx, each)
+func (s *Store) Load(ctx context.Context, opts fleet.LoadOptions, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
+	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.db)}.Load(ctx, opts, each)
 }
 
 // Commit implements fleet.Store. Deadlocks and lock wait timeouts with a

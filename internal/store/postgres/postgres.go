@@ -146,8 +146,8 @@ func (s *Store) Close() error {
 }
 
 // Load implements fleet.Store, on pgx's own rows.
-func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	return sqlcommon.Loader{Query: func(ctx context.Context, q string) (sqlcommon.Rows, error) { return s.pool.Query(ctx, q) }}.Load(ctx, each)
+func (s *Store) Load(ctx context.Context, opts fleet.LoadOptions, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
+	return sqlcommon.Loader{Query: func(ctx context.Context, q string) (sqlcommon.Rows, error) { return s.pool.Query(ctx, q) }}.Load(ctx, opts, each)
 }
 
 const (

@@ -61,7 +61,7 @@ func TestCommitIsAtomic(t *testing.T) {
 		t.Fatal("two devices with one machine ID committed")
 	}
 	var devices int
-	res, err := s.Load(ctx, func(d fleet.DeviceRecord) error {
+	res, err := s.Load(ctx, fleet.LoadOptions{}, func(d fleet.DeviceRecord) error {
 		devices++
 		if d.State.Seq != 0 {
 			t.Errorf("device %d has seq %d from the failed commit", d.ID, d.State.Seq)

@@ -164,20 +164,24 @@ func (s *Store) closeHistory() error {
 	return errors.Join(errs...)
 }
 
-// archiver archives closed partitions now and every archiveEvery.
+// archiver archives closed partitions every archiveEvery, from
+// archiveEvery after the fleet's load (loadlog.go).
 func (s *Store) archiver(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	if !s.holdUpkeep(stop) {
+		return
+	}
 	t := time.NewTicker(archiveEvery)
 	defer t.Stop()
 	for {
-		ctx, cancel := untilStop(stop)
-		s.ArchiveClosedPartitions(ctx, time.Now())
-		cancel()
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		}
+		ctx, cancel := untilStop(stop)
+		s.ArchiveClosedPartitions(ctx, time.Now())
+		cancel()
 	}
 }
 

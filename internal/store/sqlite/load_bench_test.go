@@ -51,7 +51,7 @@ func BenchmarkLoad(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		got := 0
-		if _, err := s.Load(ctx, func(d fleet.DeviceRecord) error {
+		if _, err := s.Load(ctx, fleet.LoadOptions{}, func(d fleet.DeviceRecord) error {
 			if len(d.State.State) == 0 {
 				return fmt.Errorf("device %d: no state", d.ID)
 			}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,9 @@ type Store struct {
 	states stateLog      // statelog.go
 	ckpt   *checkpointer // checkpoint.go; nil: the writer checkpoints (drover migrate)
 	upkeep atomic.Pointer[fleet.UpkeepObserver]
+	// loaded is closed when the first Load ends (loadlog.go).
+	loaded   chan struct{}
+	loadDone sync.Once
 }
 
 // upkeepReport reports one step of the store's background work: what it
@@ -157,7 +161,7 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 		return nil, err
 	}
 	r.SetMaxOpenConns(4)
-	s := &Store{w: w, r: r, lock: lock, policyStore: newPolicyStore(w)}
+	s := &Store{w: w, r: r, lock: lock, policyStore: newPolicyStore(w), loaded: make(chan struct{})}
 	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: r, W: w, D: sqlcommon.SQLite, Writable: s.LockLost})
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
@@ -206,19 +210,6 @@ func (s *Store) LockLost() error {
 func (s *Store) closeDBs() error {
 	s.stopStateLog()
 	return errors.Join(s.ckpt.close(), s.closeHistory(), s.r.Close(), s.w.Close())
-}
-
-// Load implements fleet.Store. A device's newest state may be in the
-// state log.
-func (s *Store) Load(ctx context.Context, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.r), Newest: s.newestState}.Load(ctx, each)
-}
-
-// newestState reads a device's state from the state log, where it is.
-func (s *Store) newestState(ctx context.Context, r *sqlcommon.DeviceRow) error {
-	_, err := s.logged(ctx, uint64(r.ID), `firmware, last_seen, seq, applied_version, config_error, state`, &r.Firmware,
-		&r.LastSeen, &r.Seq, &r.AppliedVersion, &r.ConfigError, &r.State)
-	return err
 }
 
 const (

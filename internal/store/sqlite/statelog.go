@@ -88,7 +88,11 @@ type stateLog struct {
 	refMu  sync.RWMutex
 	latest []ref // by device ID
 
-	opMu       sync.Mutex // serialises merges
+	// kept is the newest logged states read at open, until Load takes them
+	// or a commit makes them stale; mu guards it.
+	kept *logOverlay
+
+	opMu       sync.Mutex // serialises merges (and Load, loadlog.go)
 	stop, done chan struct{}
 }
 
@@ -126,28 +130,23 @@ func (s *Store) loadStateLog(ctx context.Context, merger bool) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for _, g := range l.gens {
-		rows, err := s.w.QueryContext(ctx, `SELECT rowid, device_id FROM `+logTable(g)+` ORDER BY rowid`)
+	// A server's open keeps the newest states for Load (loadlog.go).
+	var kept *logOverlay
+	if merger {
+		maxID, err := s.maxDeviceID(ctx)
 		if err != nil {
 			return err
 		}
-		n := int64(0)
-		for rows.Next() {
-			var rowid int64
-			var id uint64
-			if err := rows.Scan(&rowid, &id); err != nil {
-				rows.Close()
-				return err
-			}
-			l.set(id, mkRef(g, rowid))
-			n++
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		kept = newLogOverlay(false, maxID)
+	}
+	for _, g := range l.gens {
+		n, err := s.readLog(ctx, g, kept, l.set)
+		if err != nil {
 			return err
 		}
 		l.rows = n // the last one's count remains: the open generation
 	}
+	l.kept = kept
 	if len(l.gens) == 0 {
 		if err := inTx(ctx, s.w, func(tx *sql.Tx) error { return createLogTable(ctx, tx, 1) }); err != nil {
 			return err
@@ -295,6 +294,7 @@ func (s *Store) patchFirmware(ctx context.Context, tx *sql.Tx, devices []fleet.D
 
 // committed records the rows of a committed batch; l.mu is held.
 func (l *stateLog) committed(states []fleet.StateRecord, refs []ref) {
+	l.kept = nil
 	if len(refs) == 0 {
 		return
 	}
@@ -337,6 +337,9 @@ func (s *Store) logged(ctx context.Context, id uint64, cols string, dest ...any)
 // merger merges closed generations every logCheckEvery.
 func (s *Store) merger(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	if !s.holdUpkeep(stop) {
+		return
+	}
 	t := time.NewTicker(logCheckEvery)
 	defer t.Stop()
 	for {

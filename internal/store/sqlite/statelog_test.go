@@ -29,7 +29,7 @@ func stateOf(id uint64, seq uint64, fw string) fleet.StateRecord {
 func loadAll(t *testing.T, s *Store) map[uint64]fleet.DeviceRecord {
 	t.Helper()
 	out := map[uint64]fleet.DeviceRecord{}
-	if _, err := s.Load(context.Background(), func(d fleet.DeviceRecord) error { out[d.ID] = d; return nil }); err != nil {
+	if _, err := s.Load(context.Background(), fleet.LoadOptions{}, func(d fleet.DeviceRecord) error { out[d.ID] = d; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return out

@@ -118,7 +118,7 @@ func load(t testing.TB, s fleet.Store) loaded {
 	t.Helper()
 	l := loaded{devices: map[uint64]fleet.DeviceRecord{}, profiles: map[uint64]fleet.Profile{}}
 	var err error
-	l.res, err = s.Load(testCtx(t), func(d fleet.DeviceRecord) error {
+	l.res, err = s.Load(testCtx(t), fleet.LoadOptions{}, func(d fleet.DeviceRecord) error {
 		if _, dup := l.devices[d.ID]; dup {
 			t.Errorf("Load gave device %d twice", d.ID)
 		}
