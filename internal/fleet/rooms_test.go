@@ -145,7 +145,7 @@ var serviceInRooms = map[string][]string{
 // serviceFiles are the files of the Service's own room (registry, push,
 // profiles, labels, queries) and of the glue that composes the rooms: the
 // only files with methods on *Service.
-var serviceFiles = []string{"service.go", "registry.go", "push.go", "profile.go", "labels.go", "livelabels.go", "stateindex.go", "where.go", "query.go",
+var serviceFiles = []string{"service.go", "load.go", "registry.go", "push.go", "profile.go", "labels.go", "livelabels.go", "stateindex.go", "where.go", "query.go",
 	"validate.go", "events.go", "authenticate.go", "register.go", "readback.go"}
 
 // TestRoomReceivers fails when a method in a room's file has another
