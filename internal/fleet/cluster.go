@@ -141,6 +141,9 @@ const (
 	// ChangeAlerts: an alert rule made, changed or deleted, or the e-mail
 	// settings changed: read them back (OnChange).
 	ChangeAlerts ChangeKind = 10
+	// ChangeConfigLayers: a configuration layer or a device type's schema
+	// set, deleted or rolled back: read them all back.
+	ChangeConfigLayers ChangeKind = 11
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -281,6 +284,8 @@ func (s *Service) ApplyChange(ctx context.Context, c Change) error {
 		return s.SyncRollouts(ctx)
 	case ChangeJob:
 		return s.refreshJob(ctx, c.ID)
+	case ChangeConfigLayers:
+		return s.reloadLayers(ctx)
 	}
 	s.cluster.mu.Lock()
 	fn := s.cluster.hooks[c.Kind]
@@ -587,7 +592,7 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 		ps.mu.Unlock()
 		return e // being created here; the claim gives it this ID
 	}
-	e := &profileEntry{ready: make(chan struct{})}
+	e := &profileEntry{ready: make(chan struct{}), layers: &s.layers}
 	e.p.Store(&p)
 	close(e.ready)
 	ps.byKey[key] = e

@@ -135,6 +135,7 @@ func (s *Service) loadLabelsLocked(ctx context.Context, ls LabelStore, replace b
 	}
 	r.store = ls
 	r.gen.Add(1)
+	s.labelsChanged(0, nil) // configuration layers (layers.go)
 	return nil
 }
 
@@ -319,6 +320,7 @@ func (s *Service) DeleteLabel(ctx context.Context, name string) error {
 		}
 		s.noteChange(ctx, ChangeLabels, uint64(id))
 	}
+	s.labelsChanged(id, nil) // configuration layers (layers.go)
 	s.each(func(d *device) {
 		if i, ok := slices.BinarySearch(d.labels, id); ok {
 			d.labels = slices.Delete(slices.Clone(d.labels), i, i+1)
@@ -379,6 +381,7 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 		}
 		d.mu.Unlock()
 	}
+	s.labelsChanged(id, ids) // configuration layers (layers.go)
 	return len(ids), nil
 }
 

@@ -29,6 +29,7 @@ var rooms = []struct {
 		"ErrEnrollmentToken", "ErrCertificateRequired", "ErrEnrollConflict", "ErrNothingToDo", "ErrEnrollment"}},
 	{"quotas", "quota.go", []string{"ErrQuota", "ErrTooManyLifts"}},
 	{"labels", "labels.go", []string{"LabelStore", "ErrLabelName", "ErrTooManyIDs"}},
+	{"configuration layers", "layers.go", []string{"LayerStore", "ErrSchema"}},
 	{"cluster glue", "cluster.go", []string{"ClusterStore", "ClusterCommands", "RolloutCluster"}},
 }
 

@@ -71,6 +71,7 @@ type Service struct {
 	profileWrite sync.Mutex // serialises profile updates
 
 	labels labelRegistry // labels.go
+	layers layerState    // layers.go
 	trust  trustRegistry // enrollment.go
 	quota  *quotas       // quota.go
 	policy policyState   // policy.go
@@ -108,6 +109,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		devices: make([]*device, 1, 1024),
 	}
 	s.trust.init()
+	s.layers.init()
 	s.fw.init()
 	if opts.Cluster != nil {
 		s.cluster.init()
@@ -117,7 +119,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	s.policy.policy.Store(&pol)
 	store := st.Devices
 	if store == nil {
-		s.profiles = newProfiles(nil, 0)
+		s.profiles = newProfiles(nil, 0, &s.layers)
 		return s, nil
 	}
 	if _, wt := p.(*WriteThrough); wt {
@@ -146,7 +148,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	if err != nil {
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
-	s.profiles = newProfiles(res.Profiles, res.MaxProfileID)
+	s.profiles = newProfiles(res.Profiles, res.MaxProfileID, &s.layers)
 	if st.Policy != nil {
 		if err := s.loadPolicy(ctx, st.Policy); err != nil {
 			return nil, err
@@ -181,6 +183,11 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	if st.Commands != nil {
 		if err := s.loadCommands(ctx, st.Commands); err != nil {
 			return nil, err
+		}
+	}
+	if st.Layers != nil {
+		if err := s.loadLayers(ctx, st.Layers); err != nil {
+			return nil, fmt.Errorf("load configuration layers: %w", err)
 		}
 	}
 	return s, nil

@@ -27,6 +27,7 @@ var serviceTests = []serviceTest{
 	{"ConcurrentWriters", svcConcurrentWriters},
 	{"IDsNotReused", svcIDsNotReused},
 	{"Commands", svcCommands},
+	{"ConfigLayers", svcConfigLayers},
 }
 
 // env is a fleet.Service on the store under test, in one persistence mode.
