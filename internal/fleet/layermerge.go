@@ -21,8 +21,9 @@ var deviceVariables = []string{"device.id", "device.machine_id", "device.serial"
 
 // layeredVersionBit marks the versions of effective configurations that
 // are not a profile's own: profile versions count up from 1 and never
-// reach it, so the two never meet.
-const layeredVersionBit = int64(1) << 62
+// reach it, so the two never meet. Versions stay below 2^53, exact as
+// JSON numbers in every client.
+const layeredVersionBit = int64(1) << 52
 
 // compute merges the layers over p's configuration and resolves the
 // variables for d (d.mu held); sources: also say where each member comes
