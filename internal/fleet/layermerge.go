@@ -322,3 +322,27 @@ func variable(d *device, names *labelNames, name string) (string, bool) {
 	}
 	return best, found
 }
+
+// ConfigMember is one member of an effective configuration: its JSON
+// pointer, its value and where it comes from.
+type ConfigMember struct {
+	Path   string
+	Value  json.RawMessage
+	Source string
+}
+
+// Members lists e's members with their sources, by path.
+func (e EffectiveConfig) Members() []ConfigMember {
+	doc, _ := decodeObject(e.Config)
+	out := make([]ConfigMember, 0, len(e.Sources))
+	for p, src := range e.Sources {
+		var v any = doc
+		for _, tok := range strings.Split(p, "/")[1:] {
+			m, _ := v.(map[string]any)
+			v = m[strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")]
+		}
+		out = append(out, ConfigMember{Path: p, Value: encodeJSON(v), Source: src})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
+}
