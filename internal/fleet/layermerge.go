@@ -261,8 +261,8 @@ func checkVariableName(name string) error {
 }
 
 // CheckVariables checks every variable in a configuration's strings (a
-// *FieldError when one is not a variable or is not closed).
-func CheckVariables(raw []byte) error {
+// *FieldError for field when one is not a variable or is not closed).
+func CheckVariables(field string, raw []byte) error {
 	if !bytes.Contains(raw, []byte("${")) {
 		return nil
 	}
@@ -284,7 +284,7 @@ func CheckVariables(raw []byte) error {
 			}
 		case string:
 			if _, err := expandVariables(v, nil); err != nil && first == nil {
-				first = &FieldError{Field: "values", Message: "at " + path + ": " + err.Error()}
+				first = &FieldError{Field: field, Message: field + " at " + path + ": " + err.Error()}
 			}
 		}
 	}

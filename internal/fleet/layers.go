@@ -396,7 +396,7 @@ func (s *Service) PutConfigLayer(ctx context.Context, kind LayerKind, name strin
 		if _, err := compileSchema(name, vals); err != nil {
 			return ConfigLayer{}, false, &FieldError{Field: "values", Message: err.Error()}
 		}
-	} else if err := CheckVariables(vals); err != nil {
+	} else if err := CheckVariables("values", vals); err != nil {
 		return ConfigLayer{}, false, err
 	}
 	l := &s.layers

@@ -116,6 +116,9 @@ func TestLayersLabelOrder(t *testing.T) {
 func TestLayersRefuseBadValues(t *testing.T) {
 	s, _ := layered(t)
 	ctx := context.Background()
+	if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{Config: json.RawMessage(`{"x":"${device.nope}"}`)}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("profile with an unknown variable: %v", err)
+	}
 	for _, v := range []string{`{"x":"${device.nope}"}`, `{"x":"${device.serial"}`, `{"x":["${foo}"]}`, `{"x":"${label.}"}`, `[1]`, `{`} {
 		_, _, err := s.PutConfigLayer(ctx, LayerDevice, "1", LayerUpdate{Values: json.RawMessage(v)})
 		var fe *FieldError
@@ -283,6 +286,17 @@ func TestLayersSchema(t *testing.T) {
 	if _, _, err := s.PutConfigLayer(ctx, LayerSchema, "ICR-3241", LayerUpdate{Values: json.RawMessage(`{"type":12}`)}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("schema that does not compile: %v", err)
 	}
+	// A profile change is checked too: alone, and with each device's layers.
+	p, _ := s.Profile(1)
+	if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{Config: json.RawMessage(`{"net":{"mtu":9999}}`)}); !errors.Is(err, ErrSchema) {
+		t.Fatalf("profile over the schema: %v", err)
+	}
+	if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{Config: json.RawMessage(`{"net":{"mtu":1500},"extra":1}`)}); err != nil {
+		t.Fatalf("profile within the schema: %v", err)
+	}
+	if now, _ := s.Profile(1); now.Version == p.Version {
+		t.Fatal("profile not changed")
+	}
 }
 
 // A device without layers costs a push no allocation more than before,
@@ -316,3 +330,63 @@ func TestPushLayersAllocations(t *testing.T) {
 }
 
 var _ = protocol.PushRequest{}
+
+// FuzzExpandVariables: any string either fails the syntax check or
+// expands, the same way with and without values, never panicking; a text
+// without "${" is left as it is.
+func FuzzExpandVariables(f *testing.F) {
+	for _, s := range []string{"", "plain", "${device.id}", "a${label.site:-x}b", "$${device.id}", "${", "${}", "${label.}", "${device.nope}", "$$${device.id}", "}${x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		_, err := expandVariables(s, nil)
+		out, err2 := expandVariables(s, func(n string) (string, bool) { return "v", true })
+		if (err == nil) != (err2 == nil) {
+			t.Fatalf("%q: checked %v, expanded %v", s, err, err2)
+		}
+		if err == nil && !strings.Contains(s, "${") && out != s {
+			t.Fatalf("%q expanded to %q", s, out)
+		}
+		if err == nil && CheckVariables("config", []byte(`{"k":`+strconvQuote(s)+`}`)) != nil {
+			t.Fatalf("%q: CheckVariables disagrees", s)
+		}
+	})
+}
+
+func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// FuzzMergePatch: merging any two objects gives an object with no null
+// member, and every source names a member that exists.
+func FuzzMergePatch(f *testing.F) {
+	f.Add(`{"a":1,"b":{"c":2}}`, `{"b":{"c":null,"d":[1]},"e":null}`)
+	f.Add(`{}`, `{"a":{}}`)
+	f.Add(`{"a":{"b":1}}`, `{"a":2}`)
+	f.Fuzz(func(t *testing.T, a, b string) {
+		base, ok1 := decodeObject([]byte(a))
+		over, ok2 := decodeObject([]byte(b))
+		if !ok1 || !ok2 {
+			return
+		}
+		srcs := map[string]string{}
+		markSources(base, "", "profile", srcs)
+		mergePatch(base, over, "", "device", srcs)
+		var walk func(v any)
+		walk = func(v any) {
+			if m, ok := v.(map[string]any); ok {
+				for _, x := range m {
+					if x == nil {
+						t.Fatalf("null member left: %s over %s", b, a)
+					}
+					walk(x)
+				}
+			}
+		}
+		walk(base)
+		e := EffectiveConfig{Config: encodeJSON(base), Sources: srcs}
+		for _, m := range e.Members() {
+			if string(m.Value) == "null" && !strings.Contains(a, "null") {
+				t.Fatalf("source %s names no member: %s over %s -> %s", m.Path, b, a, e.Config)
+			}
+		}
+	})
+}

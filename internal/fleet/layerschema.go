@@ -146,3 +146,40 @@ func (in layerInputs) key(p *Profile) string {
 	}
 	return b.String()
 }
+
+// checkProfileSchema refuses next, a profile's new configuration, when it
+// breaks its device type's schema alone or merged with the layers of any
+// device on the profile (e).
+func (s *Service) checkProfileSchema(e *profileEntry, next *Profile) error {
+	l := &s.layers
+	l.mu.RLock()
+	sc := l.schemas[next.DeviceType]
+	l.mu.RUnlock()
+	if sc == nil {
+		return nil
+	}
+	names := s.labelNames()
+	seen := map[string]bool{}
+	check := func(in layerInputs, what string) error {
+		key := in.key(next)
+		if seen[key] {
+			return nil
+		}
+		seen[key] = true
+		merged, _ := in.merge(next, nil)
+		if err := sc.check(encodeJSON(merged)); err != nil {
+			return fmt.Errorf("%w: profile %d (%s)%s: %v", ErrSchema, next.ID, next.DeviceType, what, strings.TrimSpace(err.Error()))
+		}
+		return nil
+	}
+	if err := check(layerInputs{}, ""); err != nil {
+		return err
+	}
+	var first error
+	s.each(func(d *device) {
+		if first == nil && d.profile == e {
+			first = check(l.inputs(d, names), " with the layers of device "+strconv.FormatUint(d.id, 10))
+		}
+	})
+	return first
+}

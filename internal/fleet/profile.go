@@ -284,6 +284,9 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	}
 	if u.Config != nil {
 		next.Config = u.Config
+		if err := s.checkProfileSchema(e, &next); err != nil {
+			return Profile{}, false, err // layerschema.go
+		}
 		next.Version = s.profiles.maxVersion() + 1
 		if cs := s.opts.Cluster; cs != nil {
 			// Other nodes hand out versions too: the database's sequence
