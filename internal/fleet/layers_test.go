@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -389,4 +390,46 @@ func FuzzMergePatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkPushLayers: a push of a device without layers while none
+// exist, while 1,000 other devices and a label have layers, and of a
+// device with its own and a label's values (its effective configuration
+// cached).
+func BenchmarkPushLayers(b *testing.B) {
+	ctx := context.Background()
+	for _, mode := range []string{"none", "others", "own"} {
+		b.Run(mode, func(b *testing.B) {
+			c := newClock()
+			s, _ := New(ctx, Stores{}, nil, Options{EnrollmentSecret: "sesame", Now: c.now})
+			r, _ := s.Register(ctx, reg("m"))
+			for i := range 1000 {
+				s.Register(ctx, reg("other-"+strconv.Itoa(i)))
+			}
+			if mode != "none" {
+				target := "other-"
+				if mode == "own" {
+					target = "m"
+				}
+				s.AssignLabel(ctx, "g", Filter{Text: target}, false)
+				s.PutConfigLayer(ctx, LayerLabel, "g", LayerUpdate{Values: json.RawMessage(`{"x":"${device.machine_id}"}`)})
+				for i := 2; i <= 1001; i += 1 {
+					s.PutConfigLayer(ctx, LayerDevice, strconv.Itoa(i), LayerUpdate{Values: json.RawMessage(`{"y":1}`)})
+				}
+				if mode == "own" {
+					s.PutConfigLayer(ctx, LayerDevice, "1", LayerUpdate{Values: json.RawMessage(`{"y":2}`)})
+				}
+			}
+			p := push(1, 0)
+			p.State.Firmware = "6.3.5"
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				c.add(time.Hour)
+				if _, err := s.Push(ctx, r.Token, p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -23,8 +23,11 @@ var answers = map[string]any{
 	"GET /api/v1/labels": struct {
 		Labels []fleet.Label `json:"labels"`
 	}{},
-	"GET /api/v1/server":          serverInfo{},
-	"GET /api/v1/profiles/policy": fleet.ProfilePolicy{},
+	"GET /api/v1/server":                        serverInfo{},
+	"GET /api/v1/devices/{id}/config/effective": fleet.EffectiveConfig{},
+	"GET /api/v1/devices/{id}/config":           fleet.ConfigLayer{},
+	"GET /api/v1/labels/{name}/config":          fleet.ConfigLayer{},
+	"GET /api/v1/profiles/policy":               fleet.ProfilePolicy{},
 }
 
 var (
