@@ -200,6 +200,7 @@ func (s *Service) reloadLayers(ctx context.Context) error {
 				s.log.Warn("configuration schema does not compile; ignored", "device_type", c.Name, "err", err)
 				continue
 			}
+			sc.layer = c
 			schemas[c.Name] = sc
 		}
 	}

@@ -74,6 +74,7 @@ func (s *Service) checkSchemas(next ConfigLayer) error {
 	}
 	names := s.labelNames()
 	labelID, labelKnown := names.byName[next.Name]
+	devID, _ := strconv.ParseUint(next.Name, 10, 64)
 	seen := map[string]bool{}
 	var first error
 	s.each(func(d *device) {
@@ -83,7 +84,7 @@ func (s *Service) checkSchemas(next ConfigLayer) error {
 		}
 		switch next.Kind {
 		case LayerDevice:
-			if strconv.FormatUint(d.id, 10) != next.Name {
+			if d.id != devID {
 				return
 			}
 		case LayerLabel:

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -104,6 +105,7 @@ func svcConfigLayers(t *testing.T, e *env) {
 	put(fleet.LayerLabel, "site=north", `{"apn":"north.iot","log":{"level":"info"}}`)
 	put(fleet.LayerDevice, r.DeviceID, `{"log":{"level":"debug"},"name":"${device.serial}@${label.site}"}`)
 	put(fleet.LayerDevice, r.DeviceID, `{"log":{"level":"warn"},"name":"${device.serial}@${label.site}"}`)
+	put(fleet.LayerSchema, "rut-x11", `{"properties":{"log":{"properties":{"level":{"enum":["debug","info","warn"]}}}}}`)
 	before, err := e.svc.EffectiveConfig(1)
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +119,12 @@ func svcConfigLayers(t *testing.T, e *env) {
 	after, err := e.svc.EffectiveConfig(1)
 	if err != nil || string(after.Config) != want || after.Version != before.Version {
 		t.Fatalf("after restart: %+v %v; before %+v", after, err, before)
+	}
+	if sc, err := e.svc.ConfigLayer(fleet.LayerSchema, "rut-x11"); err != nil || sc.Rev != 1 || sc.By != "alice" {
+		t.Fatalf("schema after restart: %+v %v", sc, err)
+	}
+	if _, _, err := e.svc.PutConfigLayer(e.ctx, fleet.LayerDevice, r.DeviceID, fleet.LayerUpdate{Values: json.RawMessage(`{"log":{"level":"loud"}}`)}); !errors.Is(err, fleet.ErrSchema) {
+		t.Fatalf("values breaking the schema after restart: %v", err)
 	}
 	h, err := e.svc.LayerHistory(e.ctx, fleet.LayerDevice, r.DeviceID)
 	if err != nil || len(h) != 2 || h[1].By != "alice" {
