@@ -280,9 +280,11 @@ func (s *Service) tellLayerChange(devs []uint64, labels []string) {
 
 // labelsChanged is called by the label registry, its lock held, after
 // label id was assigned to or removed from devs (nil: deleted, every
-// device may have lost it; id 0: every label was read back): the copy of
-// the names is renewed, and when the label has a layer its devices are
-// told.
+// device may have lost it; id 0: every label was read back from the
+// store): the copy of the names is renewed, and when the label has a
+// layer its devices are told. Labels read back (another node assigned
+// them) tell nobody: as the labels themselves, their values hold at the
+// devices' next push.
 func (s *Service) labelsChanged(id uint16, devs []uint64) {
 	r := &s.labels
 	n := &labelNames{gen: r.gen.Load(), byID: make(map[uint16]string, len(r.names)), byName: make(map[string]uint16, len(r.names))}
@@ -296,9 +298,8 @@ func (s *Service) labelsChanged(id uint16, devs []uint64) {
 	}
 	l.mu.RLock()
 	_, has := l.labels[r.names[id]]
-	has = has || (id == 0 && len(l.labels) > 0)
 	l.mu.RUnlock()
-	if !has {
+	if !has || id == 0 {
 		return
 	}
 	if devs == nil {
