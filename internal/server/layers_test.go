@@ -1,10 +1,12 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/drover/drover/internal/server/servertest"
 )
@@ -114,4 +116,57 @@ func TestConfigLayersAPI(t *testing.T) {
 	if es, _ := audit["entries"].([]any); st != 200 || len(es) != 2 {
 		t.Fatalf("audit of the label values: %d %v", st, audit)
 	}
+}
+
+// A device holding its connection is told to push when its own values,
+// its label's values, or a label with values assigned to it change;
+// another device's values tell it nothing.
+func TestConfigLayersNudgeConnections(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	id, token := c.register("m-conn")
+	other, _ := c.register("m-other")
+	ws := dialConnect(t, s, token)
+	waitMetric(t, s, "drover_device_connections", 1)
+	msgs := make(chan string, 8)
+	go func() {
+		for {
+			_, m, err := ws.Read(context.Background())
+			if err != nil {
+				return
+			}
+			msgs <- string(m)
+		}
+	}()
+	nudged := func(what string) {
+		t.Helper()
+		select {
+		case m := <-msgs:
+			if m != `{"type":"push"}` {
+				t.Fatalf("%s: message %q", what, m)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no nudge within 5 s", what)
+		}
+	}
+	must := func(method, path, body string) {
+		t.Helper()
+		if st, _, out := c.do(method, path, s.AdminToken, body); st != 200 {
+			t.Fatalf("%s %s: %d %v", method, path, st, out)
+		}
+	}
+	must("PUT", "/api/v1/devices/"+other+"/config", `{"values":{"a":1}}`)
+	must("PUT", "/api/v1/devices/"+id+"/config", `{"values":{"a":1}}`)
+	nudged("own values")
+	select {
+	case m := <-msgs:
+		t.Fatalf("another device's values nudged this one: %q", m)
+	default:
+	}
+	must("POST", "/api/v1/labels/assign", `{"label":"g","filter":{"q":"m-other"}}`)
+	must("PUT", "/api/v1/labels/g/config", `{"values":{"b":1}}`)
+	must("POST", "/api/v1/labels/assign", `{"label":"g","filter":{"q":"m-conn"}}`)
+	nudged("label with values assigned")
+	must("PUT", "/api/v1/labels/g/config", `{"values":{"b":2}}`)
+	nudged("label values changed")
 }
