@@ -28,14 +28,19 @@ const layeredVersionBit = int64(1) << 52
 // compute merges the layers over p's configuration and resolves the
 // variables for d (d.mu held); sources: also say where each member comes
 // from.
-func (in layerInputs) compute(d *device, p *Profile, names *labelNames, sources bool) EffectiveConfig {
+func (in layerInputs) compute(d *device, p *Profile, names *labelNames, st *stateSource, sources bool) EffectiveConfig {
 	var srcs map[string]string
 	if sources {
 		srcs = map[string]string{}
 	}
 	root, refs := in.merge(p, srcs)
 	var unresolved []string
-	lookup := func(name string) (string, bool) { return variable(d, names, name) }
+	lookup := func(name string) (string, bool) {
+		if path, ok := strings.CutPrefix(name, "state."); ok {
+			return st.lookup(path)
+		}
+		return variable(d, names, name)
+	}
 	out := resolveValue(root, lookup, &unresolved).(map[string]any)
 	cfg := encodeJSON(out)
 	e := EffectiveConfig{Config: cfg, Sources: srcs, Layers: refs, Unresolved: unresolved}
@@ -246,6 +251,12 @@ func expandVariables(s string, lookup func(string) (string, bool)) (string, erro
 
 // checkVariableName says whether name is a variable.
 func checkVariableName(name string) error {
+	if p, ok := strings.CutPrefix(name, "state."); ok {
+		if p == "" || strings.HasPrefix(p, ".") || strings.HasSuffix(p, ".") || strings.Contains(p, "..") {
+			return fmt.Errorf("${%s}: state variables are ${state.MEMBER} or ${state.MEMBER.MEMBER…}, members of the state the device reports", name)
+		}
+		return nil
+	}
 	if k, ok := strings.CutPrefix(name, "label."); ok {
 		if k == "" || strings.ContainsAny(k, ",=") {
 			return fmt.Errorf("${%s}: label variables are ${label.KEY}, KEY a label's name before its '='", name)
@@ -257,7 +268,7 @@ func checkVariableName(name string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("unknown variable ${%s}: the variables are ${%s} and ${label.KEY}", name, strings.Join(deviceVariables, "}, ${"))
+	return fmt.Errorf("unknown variable ${%s}: the variables are ${%s}, ${label.KEY} and ${state.MEMBER}", name, strings.Join(deviceVariables, "}, ${"))
 }
 
 // CheckVariables checks every variable in a configuration's strings (a
@@ -345,4 +356,87 @@ func (e EffectiveConfig) Members() []ConfigMember {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out
+}
+
+// stateValue is one ${state.…} variable's value, ok false: none.
+type stateValue struct {
+	v  string
+	ok bool
+}
+
+// stateSource gives ${state.PATH} variables their values: from the push
+// being answered, else from the state memory keeps (memory and write-back
+// modes), else as last resolved (prev); it records what it was asked.
+type stateSource struct {
+	pushed []byte
+	mem    string
+	prev   *effCache
+	doc    map[string]any
+	read   bool
+	used   map[string]stateValue
+}
+
+func (s *stateSource) lookup(path string) (string, bool) {
+	if s == nil {
+		return "", false
+	}
+	var sv stateValue
+	switch {
+	case len(s.pushed) > 0 || s.mem != "":
+		if !s.read {
+			raw := s.pushed
+			if len(raw) == 0 {
+				raw = []byte(s.mem)
+			}
+			s.doc, _ = decodeObject(raw)
+			s.read = true
+		}
+		sv.v, sv.ok = stateMember(s.doc, path)
+	case s.prev != nil:
+		sv = s.prev.state[path]
+	}
+	if s.used == nil {
+		s.used = map[string]stateValue{}
+	}
+	s.used[path] = sv
+	return sv.v, sv.ok
+}
+
+// sameState says whether state gives the ${state.…} variables c was
+// resolved with the same values.
+func (c *effCache) sameState(state []byte) bool {
+	if len(c.state) == 0 {
+		return true
+	}
+	doc, _ := decodeObject(state)
+	for path, was := range c.state {
+		v, ok := stateMember(doc, path)
+		if ok != was.ok || v != was.v {
+			return false
+		}
+	}
+	return true
+}
+
+// stateMember is the scalar at a dotted path of a reported state: a
+// string as it is, a number as written, true or false; anything else
+// (an object, an array, null, nothing) has no value.
+func stateMember(doc map[string]any, path string) (string, bool) {
+	var v any = doc
+	for _, k := range strings.Split(path, ".") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return "", false
+		}
+		v = m[k]
+	}
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case json.Number:
+		return v.String(), true
+	case bool:
+		return strconv.FormatBool(v), true
+	}
+	return "", false
 }

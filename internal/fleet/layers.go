@@ -154,6 +154,9 @@ type effCache struct {
 	fp      uint64
 	version int64
 	config  json.RawMessage
+	// state holds the ${state.…} values it was resolved with (nil: none
+	// used): a push reporting others computes it again.
+	state map[string]stateValue
 }
 
 func (l *layerState) init() {
@@ -583,7 +586,10 @@ func (s *Service) EffectiveConfig(id uint64) (EffectiveConfig, error) {
 	}
 	p := d.profile.get()
 	in := s.layers.inputs(d, names)
-	e := in.compute(d, p, names, true)
+	s.layers.cacheMu.Lock()
+	prev := s.layers.cache[d.id]
+	s.layers.cacheMu.Unlock()
+	e := in.compute(d, p, names, &stateSource{mem: d.state, prev: prev}, true)
 	e.DeviceID, e.ProfileID, e.AppliedVersion = id, p.ID, d.appliedVersion
 	e.SyncState = d.syncState().String()
 	return e, nil
@@ -639,7 +645,11 @@ func (l *layerState) applies(d *device, names *labelNames) bool {
 // held): the profile's own, without allocating, for a device without
 // layers on a profile without variables; else computed, or the cached
 // copy while its inputs are the same.
-func (d *device) effective() (int64, json.RawMessage) {
+func (d *device) effective() (int64, json.RawMessage) { return d.effectiveAt(nil) }
+
+// effectiveAt is effective for the answer to a push that reported state
+// pushed: ${state.…} variables take their values from it.
+func (d *device) effectiveAt(pushed []byte) (int64, json.RawMessage) {
 	pe := d.profile
 	p := pe.get()
 	l := pe.layers
@@ -655,12 +665,13 @@ func (d *device) effective() (int64, json.RawMessage) {
 	l.cacheMu.Lock()
 	c := l.cache[d.id]
 	l.cacheMu.Unlock()
-	if c != nil && c.fp == fp {
+	if c != nil && c.fp == fp && (pushed == nil || c.sameState(pushed)) {
 		return c.version, c.config
 	}
-	e := l.inputs(d, names).compute(d, p, names, false)
+	st := &stateSource{pushed: pushed, mem: d.state, prev: c}
+	e := l.inputs(d, names).compute(d, p, names, st, false)
 	l.cacheMu.Lock()
-	l.cache[d.id] = &effCache{fp: fp, version: e.Version, config: e.Config}
+	l.cache[d.id] = &effCache{fp: fp, version: e.Version, config: e.Config, state: st.used}
 	l.cacheMu.Unlock()
 	return e.Version, e.Config
 }

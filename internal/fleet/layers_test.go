@@ -230,6 +230,48 @@ func TestLayersProfileVariables(t *testing.T) {
 	}
 }
 
+// ${state.…} takes its value from the state the device reports: a push
+// reporting another value is answered with a new version.
+func TestLayersStateVariables(t *testing.T) {
+	s, tokens := layered(t)
+	ctx := context.Background()
+	mustPut(t, s, LayerDevice, "1", `{"host":"${state.hostname}","build":"${state.extra.build:-none}","t":"${state.temperature}","none":"${state.nope}"}`, nil)
+	pushState := func(seq uint64, applied int64, state string) protocol.PushResponse {
+		t.Helper()
+		p, err := protocol.DecodePush([]byte(`{"seq":` + strconv.FormatUint(seq, 10) + `,"config_version":` + strconv.FormatInt(applied, 10) + `,"state":` + state + `}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Push(ctx, tokens[0], p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	a := pushState(10, 1, `{"uptime":5,"temperature":41.5,"hostname":"r1"}`)
+	if a.Config == nil || string(a.Config.Data) != `{"a":1,"build":"none","host":"r1","list":[1,2],"net":{"apn":"x","mtu":1500},"none":"","t":"41.5"}` {
+		t.Fatalf("answer %+v", a.Config)
+	}
+	if d, _ := s.Device(ctx, 1); d.DesiredVersion != a.Config.Version {
+		t.Fatalf("desired %d, answered %d", d.DesiredVersion, a.Config.Version)
+	}
+	if r := pushState(11, a.Config.Version, `{"uptime":6,"temperature":41.5,"hostname":"r1"}`); r.Config != nil {
+		t.Fatalf("same state: sent again %+v", r.Config)
+	}
+	b := pushState(12, a.Config.Version, `{"uptime":7,"temperature":41.5,"hostname":"r2","extra":{"build":"42"}}`)
+	if b.Config == nil || b.Config.Version == a.Config.Version || !strings.Contains(string(b.Config.Data), `"host":"r2"`) ||
+		!strings.Contains(string(b.Config.Data), `"build":"42"`) {
+		t.Fatalf("state changed: %+v", b.Config)
+	}
+	e, _ := s.EffectiveConfig(1)
+	if e.Version != b.Config.Version {
+		t.Fatalf("effective %d, answered %d", e.Version, b.Config.Version)
+	}
+	if _, _, err := s.PutConfigLayer(ctx, LayerDevice, "1", LayerUpdate{Values: json.RawMessage(`{"x":"${state.}"}`)}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("empty state path: %v", err)
+	}
+}
+
 func TestLayersHistoryDiffRollback(t *testing.T) {
 	s, _ := layered(t)
 	ctx := context.Background()

@@ -263,7 +263,7 @@ func (s *Service) enqueue(d *device, p *protocol.PushRequest, now time.Time, new
 		d.pushTAT = tat
 	}
 	d.took(free, start)
-	if v := d.desired(); Behind(p.ConfigVersion, v) {
+	if v, _ := d.effectiveAt(p.RawState); Behind(p.ConfigVersion, v) {
 		d.oweConfig(v) // the answer sends it
 	}
 	d.lastSample = lastSample
@@ -322,7 +322,7 @@ func (s *Service) afterCommit(ctx context.Context, d *device, p *protocol.PushRe
 	d.mu.Lock()
 	version, config := prof.Version, prof.Config
 	if d.profile == c.profile {
-		version, config = d.effective() // layers.go: the profile's own without layers
+		version, config = d.effectiveAt(p.RawState) // layers.go: the profile's own without layers
 	}
 	d.mu.Unlock()
 	s.events.pushed(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: c.firmware, At: c.now, Seq: p.Seq, State: &p.State,

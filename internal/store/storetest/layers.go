@@ -3,6 +3,7 @@ package storetest
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,5 +130,23 @@ func svcConfigLayers(t *testing.T, e *env) {
 	h, err := e.svc.LayerHistory(e.ctx, fleet.LayerDevice, r.DeviceID)
 	if err != nil || len(h) != 2 || h[1].By != "alice" {
 		t.Fatalf("history after restart: %+v %v", h, err)
+	}
+	// ${state.…} from the pushed state, in every persistence mode.
+	put(fleet.LayerDevice, r.DeviceID, `{"note":"${state.extra.note}"}`)
+	ans := e.push(r.Token, pushReq(t, 1, 0, "n-1"))
+	if ans.Config == nil || !strings.Contains(string(ans.Config.Data), `"note":"n-1"`) {
+		t.Fatalf("answer with a state variable: %+v", ans.Config)
+	}
+	if d, _ := e.svc.Device(e.ctx, 1); d.DesiredVersion != ans.Config.Version || d.SyncState != "sync_pending" {
+		t.Fatalf("device %+v, answered version %d", d, ans.Config.Version)
+	}
+	if again := e.push(r.Token, pushReq(t, 2, ans.Config.Version, "n-1")); again.Config != nil {
+		t.Fatalf("same state: sent again %+v", again.Config)
+	}
+	if d, _ := e.svc.Device(e.ctx, 1); d.SyncState != "synchronized" {
+		t.Fatalf("after applying: %+v", d)
+	}
+	if next := e.push(r.Token, pushReq(t, 3, ans.Config.Version, "n-2")); next.Config == nil || !strings.Contains(string(next.Config.Data), `"note":"n-2"`) {
+		t.Fatalf("state changed: %+v", next.Config)
 	}
 }
