@@ -43,6 +43,7 @@ var ctlGroups = []ctlGroup{
 	{"devices", "list, filter, show and export devices"},
 	{"profiles", "profiles' configuration and push interval: show, set, history, diff, rollback"},
 	{"labels", "list, create, assign, define (live) and delete labels"},
+	{"config", "device and group (label) values over the profiles, device types' schemas, effective configuration: get, set, delete, history, diff, rollback"},
 	{"commands", "send remote commands and wait for their results; list, pause, resume, cancel"},
 	{"rollouts", "firmware rollouts: start, status, pause, resume, abort"},
 	{"users", "users of the dashboard and the API (admin)"},
@@ -154,15 +155,9 @@ var ctlCommands = []ctlCommand{
 		return func(ctx context.Context, c *ctl.Client, a []string) error {
 			var u ctl.ProfileUpdate
 			if *file != "" {
-				var b []byte
-				var err error
-				if *file == "-" {
-					b, err = io.ReadAll(env.Stdin)
-				} else {
-					b, err = os.ReadFile(*file)
-				}
+				b, err := readInput(env, *file, "configuration")
 				if err != nil {
-					return fmt.Errorf("configuration: %w", err)
+					return err
 				}
 				u.Config = b
 			}
@@ -189,6 +184,63 @@ var ctlCommands = []ctlCommand{
 				return err
 			}
 			return c.RollbackProfile(ctx, a[0], n[0])
+		}
+	}},
+
+	{group: "config", name: "get", min: 0, max: 0, summary: "show a layer's values, or (--effective) a device's effective configuration and each value's source", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
+		l := layerFlags(fs)
+		eff := fs.Bool("effective", false, "with --device: the effective configuration (profile, labels, device, variables resolved)")
+		return func(ctx context.Context, c *ctl.Client, _ []string) error {
+			if *eff {
+				if l.Device == "" || l.Label != "" || l.DeviceType != "" {
+					return command.Usagef("--effective needs --device ID and no other layer")
+				}
+				return c.EffectiveConfig(ctx, l.Device)
+			}
+			return c.ConfigLayer(ctx, *l)
+		}
+	}},
+	{group: "config", name: "set", min: 0, max: 0, summary: "set a layer's values (a JSON object from a file or stdin) and a label's --priority", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
+		l := layerFlags(fs)
+		file := fs.String("values-file", "", "JSON file holding the layer's whole values (-: stdin); for --schema, the JSON Schema")
+		prio := fs.Int("priority", 0, "with --label: its merge order among labels (higher merges later and wins)")
+		return func(ctx context.Context, c *ctl.Client, _ []string) error {
+			if *file == "" {
+				return command.Usagef("give the values: --values-file FILE (or - for stdin)")
+			}
+			b, err := readInput(env, *file, "values")
+			if err != nil {
+				return err
+			}
+			var p *int
+			fs.Visit(func(f *flag.Flag) {
+				if f.Name == "priority" {
+					p = prio
+				}
+			})
+			return c.SetConfigLayer(ctx, *l, b, p)
+		}
+	}},
+	{group: "config", name: "delete", min: 0, max: 0, summary: "remove a layer's values (its history stays)", flags: layerRun((*ctl.Client).DeleteConfigLayer)},
+	{group: "config", name: "history", min: 0, max: 0, summary: "list a layer's revisions", flags: layerRun((*ctl.Client).ConfigLayerHistory)},
+	{group: "config", name: "diff", args: "FROM TO", min: 2, max: 2, summary: "what changed between two revisions of a layer", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
+		l := layerFlags(fs)
+		return func(ctx context.Context, c *ctl.Client, a []string) error {
+			n, err := ints(a, "FROM", "TO")
+			if err != nil {
+				return err
+			}
+			return c.ConfigLayerDiff(ctx, *l, n[0], n[1])
+		}
+	}},
+	{group: "config", name: "rollback", args: "REV", min: 1, max: 1, summary: "make an older revision's values current (a new revision)", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
+		l := layerFlags(fs)
+		return func(ctx context.Context, c *ctl.Client, a []string) error {
+			n, err := ints(a, "REV")
+			if err != nil {
+				return err
+			}
+			return c.RollbackConfigLayer(ctx, *l, n[0])
 		}
 	}},
 
@@ -324,6 +376,38 @@ func init() {
 				}
 			}})
 	}
+}
+
+// layerFlags defines the flags naming a configuration layer.
+func layerFlags(fs *flag.FlagSet) *ctl.Layer {
+	var l ctl.Layer
+	fs.StringVar(&l.Device, "device", "", "the device's own values (its ID)")
+	fs.StringVar(&l.Label, "label", "", "a label's (group) values")
+	fs.StringVar(&l.DeviceType, "schema", "", "a device type's JSON Schema")
+	return &l
+}
+
+// layerRun is a command on one layer, named by layerFlags.
+func layerRun(f func(c *ctl.Client, ctx context.Context, l ctl.Layer) error) func(*flag.FlagSet, command.Env) ctlRun {
+	return func(fs *flag.FlagSet, _ command.Env) ctlRun {
+		l := layerFlags(fs)
+		return func(ctx context.Context, c *ctl.Client, _ []string) error { return f(c, ctx, *l) }
+	}
+}
+
+// readInput reads a file, or stdin for "-".
+func readInput(env command.Env, file, what string) ([]byte, error) {
+	var b []byte
+	var err error
+	if file == "-" {
+		b, err = io.ReadAll(env.Stdin)
+	} else {
+		b, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return b, nil
 }
 
 func labelFlags(assign bool) func(*flag.FlagSet, command.Env) ctlRun {

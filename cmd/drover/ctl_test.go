@@ -238,6 +238,38 @@ func TestCtlCommands(t *testing.T) {
 				t.Errorf("assign north to all: %v", v)
 			}
 		}},
+
+		// configuration layers
+		{name: "config set label", args: []string{"config", "set", "--label", "north", "--priority", "3", "--values-file", "-"}, stdin: `{"apn":"north.iot","log":{"level":"info"}}`,
+			out: []string{"rev", "north"}},
+		{name: "config set device", args: []string{"config", "set", "--device", "{dev1}", "--values-file", "-", "--json"}, stdin: `{"log":{"level":"debug"},"host":"${device.machine_id}"}`,
+			json: func(t *testing.T, v any) {
+				if n, _ := v.(map[string]any)["rev"].(float64); n != 1 {
+					t.Errorf("config set device: %v", v)
+				}
+			}},
+		{name: "config set device again", args: []string{"config", "set", "--device", "{dev1}", "--values-file", "-"}, stdin: `{"log":{"level":"warn"}}`, out: []string{"warn"}},
+		{name: "config set unknown variable", args: []string{"config", "set", "--device", "{dev1}", "--values-file", "-"}, stdin: `{"x":"${device.nope}"}`,
+			code: 2, err: []string{"unknown variable ${device.nope}"}},
+		{name: "config set two layers", args: []string{"config", "set", "--device", "{dev1}", "--label", "north", "--values-file", "-"}, stdin: `{}`, code: 2, err: []string{"name one layer"}},
+		{name: "config get device", args: []string{"config", "get", "--device", "{dev1}"}, out: []string{"warn"}},
+		{name: "config get effective", args: []string{"config", "get", "--device", "{dev1}", "--effective"},
+			out: []string{"PATH", "SOURCE", "/apn", `"north.iot"`, "label north", "/log/level", `"warn"`, "device"}},
+		{name: "config get effective json", args: []string{"config", "get", "--device", "{dev1}", "--effective", "--json"}, json: func(t *testing.T, v any) {
+			if str(v, "sources", "/log/level") != "device" || str(v, "config", "apn") != "north.iot" {
+				t.Errorf("effective: %v", v)
+			}
+		}},
+		{name: "config history", args: []string{"config", "history", "--device", "{dev1}"}, out: []string{"REV", "set"}},
+		{name: "config diff", args: []string{"config", "diff", "--device", "{dev1}", "1", "2"}, out: []string{"/host", "removed", "/log/level"}},
+		{name: "config rollback", args: []string{"config", "rollback", "--device", "{dev1}", "1", "--json"}, json: func(t *testing.T, v any) {
+			if str(v, "note") != "rollback to revision 1" {
+				t.Errorf("rollback: %v", v)
+			}
+		}},
+		{name: "viewer may not set config", token: "viewer", args: []string{"config", "set", "--label", "north", "--values-file", "-"}, stdin: `{}`, code: 4, err: []string{"403"}},
+		{name: "config delete label", args: []string{"config", "delete", "--label", "north"}, out: []string{"deleted"}},
+		{name: "config get deleted", args: []string{"config", "get", "--label", "north"}, code: 3},
 		{name: "labels list", args: []string{"labels", "list"}, out: []string{"NAME", "north", "2"}},
 		{name: "labels assign remove", args: []string{"labels", "assign", "north", "--q", "ctl-test-2", "--remove"}, out: []string{"removed", "true"}},
 		{name: "labels remove unknown", args: []string{"labels", "assign", "nowhere", "--all", "--remove"}, code: 3},

@@ -250,6 +250,49 @@ func TestSeamClusterNudges(t *testing.T) {
 		}
 	})
 
+	t.Run("group values set on A, device values on B", func(t *testing.T) {
+		conn.drain()
+		start := time.Now()
+		if st, body := a.do("PUT", "/api/v1/labels/seam-site/config", adminToken, `{"values":{"site":"north"}}`); st != 200 {
+			t.Fatalf("group values on a: %d %s", st, body)
+		}
+		conn.nudged(t, converge, start, "group values set on a")
+		effective := func(n *node) int64 {
+			st, body := n.do("GET", "/api/v1/devices/"+d.DeviceID+"/config/effective", adminToken, "")
+			var e struct {
+				Version int64 `json:"version"`
+			}
+			if st != 200 || json.Unmarshal(body, &e) != nil {
+				t.Fatalf("effective configuration on %s: %d %s", n.name, st, body)
+			}
+			return e.Version
+		}
+		st, ans := pushAt(t, b, d.Token, 0)
+		if st != 200 || ans.Config == nil || ans.Config.Version != effective(a) || !strings.Contains(string(ans.Config.Data), `"site":"north"`) {
+			t.Fatalf("push on b after the nudge: %d %+v, want a's effective version %d", st, ans, effective(a))
+		}
+		conn.drain()
+		start = time.Now()
+		if st, body := b.do("PUT", "/api/v1/devices/"+d.DeviceID+"/config", adminToken, `{"values":{"own":"${device.machine_id}"}}`); st != 200 {
+			t.Fatalf("device values on b: %d %s", st, body)
+		}
+		conn.nudged(t, converge, start, "device values set on b")
+		within(t, converge, "a has b's device values", func() bool { return effective(a) == effective(b) })
+		if st, ans := pushAt(t, b, d.Token, 0); st != 200 || ans.Config == nil || !strings.Contains(string(ans.Config.Data), `"own":"m-seam-nudge"`) {
+			t.Fatalf("push on b with device values: %d %+v", st, ans)
+		}
+		// Without its layers the device runs its profile's configuration again.
+		for _, p := range []string{"/api/v1/labels/seam-site/config", "/api/v1/devices/" + d.DeviceID + "/config"} {
+			if st, body := a.do("DELETE", p, adminToken, ""); st != 200 {
+				t.Fatalf("delete %s on a: %d %s", p, st, body)
+			}
+		}
+		within(t, converge, "b has no layers left", func() bool {
+			st, body := b.do("GET", "/api/v1/devices/"+d.DeviceID+"/config/effective", adminToken, "")
+			return st == 200 && strings.Contains(string(body), `"layers":[]`)
+		})
+	})
+
 	t.Run("blocked on A, refused on B; approved on B, accepted on A", func(t *testing.T) {
 		if st, body := a.do("POST", "/api/v1/devices/"+d.DeviceID+"/block", adminToken, ""); st != 200 {
 			t.Fatalf("block on a: %d %s", st, body)

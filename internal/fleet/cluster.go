@@ -142,6 +142,9 @@ const (
 	// ChangeAlerts: an alert rule made, changed or deleted, or the e-mail
 	// settings changed: read them back (OnChange).
 	ChangeAlerts ChangeKind = 10
+	// ChangeConfigLayers: a configuration layer or a device type's schema
+	// set, deleted or rolled back: read them all back.
+	ChangeConfigLayers ChangeKind = 11
 )
 
 // Change is one entry of a cluster's change log: something a commit
@@ -250,6 +253,9 @@ func (c *cluster) wire(s *Service) {
 		ChangeFirmware:   func(ctx context.Context, _ uint64) error { return s.firmwareState.reloadFirmware(ctx) },
 		ChangeRollout:    func(ctx context.Context, _ uint64) error { return s.firmwareState.SyncRollouts(ctx) },
 		ChangeJob:        s.commands.refreshJob,
+		ChangeConfigLayers: func(ctx context.Context, _ uint64) error {
+			return s.reloadLayers(ctx)
+		},
 	}
 	if c.store != nil {
 		c.reads = rate.NewLimiter(storedChecksPerSecond, storedChecksPerSecond)

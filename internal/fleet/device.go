@@ -139,7 +139,7 @@ func (d *device) syncState() SyncState {
 		return Arriving
 	case d.configError != "":
 		return SyncError
-	case Behind(d.appliedVersion, d.profile.version()):
+	case Behind(d.appliedVersion, d.desired()):
 		return SyncPending
 	default:
 		return Synchronized
@@ -167,11 +167,12 @@ func (d *device) snapshot(now int64, withState bool) Device {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p := d.profile.get()
+	desired := d.desired()
 	out := Device{
 		ID: d.id, MachineID: d.machineID(), DeviceType: d.deviceType, Model: d.model,
 		Firmware: d.firmware, Serial: d.serial(), RegisteredAt: time.Unix(d.registeredAt, 0).UTC(),
 		Seq: d.seq, SyncState: d.syncState().String(), Liveness: d.liveness(now).String(),
-		AppliedVersion: d.appliedVersion, DesiredVersion: p.Version, ConfigError: d.configError,
+		AppliedVersion: d.appliedVersion, DesiredVersion: desired, ConfigError: d.configError,
 		ProfileID: p.ID, PushInterval: p.PushInterval, Admission: d.admission.String(),
 	}
 	if rq := d.request; rq != nil {

@@ -29,6 +29,11 @@ type Events struct {
 	// another profile (a firmware's own profile approved or linked) whose
 	// configuration's version or push interval differs from its old one.
 	DeviceMoved func(deviceID uint64)
+	// ConfigChanged is called after configuration layers changed
+	// (layers.go): affects says whether a device's effective configuration
+	// may have changed. It may be called later and from any goroutine; it
+	// visits the fleet, so call it off the caller's goroutine.
+	ConfigChanged func(affects func(deviceID uint64) bool)
 }
 
 // PushEvent describes one accepted push.
@@ -102,6 +107,14 @@ func (ss *subscribers) profileChanged(profileID uint64) {
 	for _, e := range ss.get() {
 		if e.ProfileChanged != nil {
 			e.ProfileChanged(profileID)
+		}
+	}
+}
+
+func (ss *subscribers) configChanged(affects func(deviceID uint64) bool) {
+	for _, e := range ss.get() {
+		if e.ConfigChanged != nil {
+			e.ConfigChanged(affects)
 		}
 	}
 }

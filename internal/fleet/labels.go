@@ -209,6 +209,7 @@ func (s *Service) applyLabelsLocked(ctx context.Context, ls LabelStore, rd label
 	s.publishLive()
 	s.relabelAll()
 	r.gen.Add(1)
+	s.labelsChanged(0, nil) // configuration layers (layers.go)
 	return nil
 }
 
@@ -405,6 +406,7 @@ func (s *Service) DeleteLabel(ctx context.Context, name string) error {
 		s.dropLiveLocked(id)
 		s.publishLive()
 	}
+	s.labelsChanged(id, nil) // configuration layers (layers.go)
 	s.each(func(d *device) {
 		if i, ok := slices.BinarySearch(d.labels, id); ok {
 			d.labels = slices.Delete(slices.Clone(d.labels), i, i+1)
@@ -469,6 +471,7 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 		s.relabel(d) // live labels naming this one
 		d.mu.Unlock()
 	}
+	s.labelsChanged(id, ids) // configuration layers (layers.go)
 	return len(ids), nil
 }
 

@@ -24,6 +24,10 @@ type profileEntry struct {
 	// users counts the devices on this profile plus selections not yet
 	// adopted (see selectProfile); a profile in use is never deleted.
 	users atomic.Int64
+	// layers are the fleet's configuration layers (layers.go); vars
+	// caches whether the profile's configuration holds variables.
+	layers *layerState
+	vars   atomic.Pointer[profileVars]
 }
 
 func (e *profileEntry) get() *Profile { return e.p.Load() }
@@ -61,14 +65,15 @@ type profiles struct {
 	// created within the policy's window (unix ns, oldest first).
 	links   map[profileKey]*linkEntry
 	created map[string][]int64
+	layers  *layerState // given to every entry (layers.go)
 }
 
-func newProfiles(loaded []Profile, maxID uint64) *profiles {
+func newProfiles(loaded []Profile, maxID uint64, layers *layerState) *profiles {
 	ps := &profiles{byKey: make(map[profileKey]*profileEntry), byID: make(map[uint64]*profileEntry), nextID: maxID + 1,
-		links: map[profileKey]*linkEntry{}, created: map[string][]int64{}}
+		links: map[profileKey]*linkEntry{}, created: map[string][]int64{}, layers: layers}
 	for i := range loaded {
 		p := loaded[i]
-		e := &profileEntry{ready: make(chan struct{})}
+		e := &profileEntry{ready: make(chan struct{}), layers: layers}
 		e.p.Store(&p)
 		close(e.ready)
 		ps.byKey[profileKey{p.DeviceType, p.Firmware}] = e
@@ -102,7 +107,7 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 		p.Version, p.Config, p.PushInterval = base.Version, base.Config, base.PushInterval
 	}
 	ps.nextID++
-	e := &profileEntry{ready: make(chan struct{})}
+	e := &profileEntry{ready: make(chan struct{}), layers: ps.layers}
 	e.p.Store(p)
 	e.users.Store(1)
 	ps.byKey[key] = e
@@ -279,6 +284,9 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	}
 	if u.Config != nil {
 		next.Config = u.Config
+		if err := s.checkProfileSchema(e, &next); err != nil {
+			return Profile{}, false, err // layerschema.go
+		}
 		next.Version = s.profiles.maxVersion() + 1
 		if cs := s.opts.Cluster; cs != nil {
 			// Other nodes hand out versions too: the database's sequence

@@ -39,6 +39,9 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 		return protocol.PushResponse{}, err
 	}
 	now := s.now()
+	if s.layers.any.Load() {
+		s.labelNames() // renewed, should labels have changed: read under the device's lock below
+	}
 	newProfile, newFirmware, err := s.resolveProfile(ctx, a.d, p.State.Firmware)
 	if err != nil {
 		return protocol.PushResponse{}, err
@@ -260,8 +263,8 @@ func (s *Service) enqueue(d *device, p *protocol.PushRequest, now time.Time, new
 		d.pushTAT = tat
 	}
 	d.took(free, start)
-	if Behind(p.ConfigVersion, c.profile.version()) {
-		d.oweConfig(c.profile.version()) // the answer sends it
+	if v, _ := d.effectiveAt(p.RawState); Behind(p.ConfigVersion, v) {
+		d.oweConfig(v) // the answer sends it
 	}
 	d.lastSample = lastSample
 	d.lastSeen, d.seq, d.appliedVersion = nowNS, p.Seq, p.ConfigVersion
@@ -317,8 +320,14 @@ func (s *Service) afterCommit(ctx context.Context, d *device, p *protocol.PushRe
 		return protocol.PushResponse{}, err
 	}
 	prof := c.profile.get()
+	d.mu.Lock()
+	version, config := prof.Version, prof.Config
+	if d.profile == c.profile {
+		version, config = d.effectiveAt(p.RawState) // layers.go: the profile's own without layers
+	}
+	d.mu.Unlock()
 	s.events.pushed(PushEvent{DeviceID: d.id, DeviceType: prof.DeviceType, Firmware: c.firmware, At: c.now, Seq: p.Seq, State: &p.State,
-		ConfigVersion: p.ConfigVersion, DesiredVersion: prof.Version, ConfigError: p.ConfigError, FirmwareChanged: c.moved, RawState: p.RawState})
+		ConfigVersion: p.ConfigVersion, DesiredVersion: version, ConfigError: p.ConfigError, FirmwareChanged: c.moved, RawState: p.RawState})
 	cmds := c.cmds
 	if c.claim || (s.opts.Cluster != nil && len(p.Results) > 0) {
 		cmds = s.clusterCommandsOnPush(ctx, d, p.Results, c.claim, c.now)
@@ -336,8 +345,8 @@ func (s *Service) afterCommit(ctx context.Context, d *device, p *protocol.PushRe
 		d.owe(n)
 		d.mu.Unlock()
 	}
-	if Behind(p.ConfigVersion, prof.Version) {
-		resp.Config = &protocol.Config{Version: prof.Version, Data: prof.Config}
+	if Behind(p.ConfigVersion, version) {
+		resp.Config = &protocol.Config{Version: version, Data: config}
 	}
 	resp.FirmwareUpdate = s.firmwareOnPush(d.id, c.firmware, p.FirmwareUpdate, c.now)
 	return resp, nil

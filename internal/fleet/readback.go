@@ -175,7 +175,7 @@ func (s *Service) adoptProfile(p Profile) *profileEntry {
 		ps.mu.Unlock()
 		return e // being created here; the claim gives it this ID
 	}
-	e := &profileEntry{ready: make(chan struct{})}
+	e := &profileEntry{ready: make(chan struct{}), layers: &s.layers}
 	e.p.Store(&p)
 	close(e.ready)
 	ps.byKey[key] = e

@@ -29,6 +29,7 @@ var rooms = []struct {
 		"ErrEnrollmentToken", "ErrCertificateRequired", "ErrEnrollConflict", "ErrNothingToDo", "ErrEnrollment"}},
 	{"quotas", "quota.go", []string{"ErrQuota", "ErrTooManyLifts"}},
 	{"labels", "labels.go", []string{"LabelStore", "ErrLabelName", "ErrTooManyIDs", "ErrLabelLive", "ErrLabelInUse", "ErrTooManyFields"}},
+	{"configuration layers", "layers.go", []string{"LayerStore", "ErrSchema"}},
 	{"cluster glue", "cluster.go", []string{"ClusterStore", "ClusterCommands", "RolloutCluster"}},
 }
 
@@ -145,7 +146,7 @@ var serviceInRooms = map[string][]string{
 // serviceFiles are the files of the Service's own room (registry, push,
 // profiles, labels, queries) and of the glue that composes the rooms: the
 // only files with methods on *Service.
-var serviceFiles = []string{"service.go", "load.go", "registry.go", "push.go", "profile.go", "labels.go", "livelabels.go", "stateindex.go", "where.go", "query.go",
+var serviceFiles = []string{"service.go", "load.go", "layers.go", "layermerge.go", "layerschema.go", "registry.go", "push.go", "profile.go", "labels.go", "livelabels.go", "stateindex.go", "where.go", "query.go",
 	"validate.go", "events.go", "authenticate.go", "register.go", "readback.go"}
 
 // TestRoomReceivers fails when a method in a room's file has another

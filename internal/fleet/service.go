@@ -74,6 +74,7 @@ type Service struct {
 
 	labels        labelRegistry // labels.go
 	index         stateIndex    // reported fields filters use (stateindex.go)
+	layers        layerState    // layers.go
 	trust                       // admission.go, enrollment.go, secret.go
 	*quota                      // quota.go
 	policy                      // policy.go
@@ -108,6 +109,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		machineIDs: make(machineIndex), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
+	s.layers.init()
 	s.commands.wire(s)
 	s.trust.wire(s)
 	s.firmwareState.wire(s)
@@ -117,7 +119,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	s.policy.wire(s)
 	store := st.Devices
 	if store == nil {
-		s.profiles = newProfiles(nil, 0)
+		s.profiles = newProfiles(nil, 0, &s.layers)
 		return s, nil
 	}
 	if _, wt := p.(*WriteThrough); wt {
@@ -138,7 +140,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	if err != nil {
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
-	s.profiles = newProfiles(res.Profiles, res.MaxProfileID)
+	s.profiles = newProfiles(res.Profiles, res.MaxProfileID, &s.layers)
 	if st.Policy != nil {
 		if err := s.loadPolicy(ctx, st.Policy); err != nil {
 			return nil, err
@@ -172,6 +174,11 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	if st.Commands != nil {
 		if err := s.loadCommands(ctx, st.Commands); err != nil {
 			return nil, err
+		}
+	}
+	if st.Layers != nil {
+		if err := s.loadLayers(ctx, st.Layers); err != nil {
+			return nil, fmt.Errorf("load configuration layers: %w", err)
 		}
 	}
 	return s, nil

@@ -16,6 +16,7 @@ type Backend interface {
 	LabelStore
 	FirmwareStore
 	CommandStore
+	LayerStore
 }
 
 // Stores are the fleet's store dependencies, each named; New loads from
@@ -31,6 +32,7 @@ type Stores struct {
 	Labels   LabelStore     // labels and their assignments
 	Firmware FirmwareStore  // firmware artifacts, rollouts, profile revisions
 	Commands CommandStore   // remote command jobs and per-device commands
+	Layers   LayerStore     // configuration layers and schemas, with their revisions
 }
 
 // StoresOf is every part of b; none for a nil b.
@@ -38,7 +40,7 @@ func StoresOf(b Backend) Stores {
 	if b == nil {
 		return Stores{}
 	}
-	return Stores{Devices: b, States: b, History: b, Trust: b, Policy: b, Labels: b, Firmware: b, Commands: b}
+	return Stores{Devices: b, States: b, History: b, Trust: b, Policy: b, Labels: b, Firmware: b, Commands: b, Layers: b}
 }
 
 // LoadResult is what Store.Load returns besides the devices.

@@ -81,6 +81,9 @@ func (u *ProfileUpdate) Normalize() error {
 		if err != nil {
 			return err
 		}
+		if err := CheckVariables("config", c); err != nil {
+			return err // variables resolve per device (layermerge.go)
+		}
 		u.Config = c
 	}
 	if u.PushInterval != nil {

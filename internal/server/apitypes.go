@@ -226,3 +226,14 @@ type probeAnswer struct {
 type labelDefineBody struct {
 	Filter string `json:"filter" openapi:"required"` // the filter language (docs/groups.md)
 }
+
+// layerDeleted answers the deletion of a configuration layer.
+type layerDeleted struct {
+	Deleted string          `json:"deleted"`
+	Kind    fleet.LayerKind `json:"kind"`
+}
+
+// layerRevisions lists a configuration layer's revisions, oldest first.
+type layerRevisions struct {
+	Revisions []fleet.ConfigLayer `json:"revisions"`
+}

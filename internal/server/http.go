@@ -173,6 +173,8 @@ func answerError(err error) *apiError {
 		return &apiError{status: http.StatusNotFound, code: "not_found", msg: err.Error()}
 	case errors.Is(err, fleet.ErrTooManyLifts):
 		return &apiError{status: http.StatusConflict, code: "too_many_lifts", msg: err.Error()}
+	case errors.Is(err, fleet.ErrSchema):
+		return &apiError{status: http.StatusUnprocessableEntity, code: "schema_violation", msg: err.Error(), outcome: outInvalid}
 	case errors.Is(err, fleet.ErrCursor):
 		return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: "cursor must be a next_cursor value", outcome: outInvalid}
 	case errors.Is(err, access.ErrExists):

@@ -226,6 +226,7 @@ func (s *Server) loadFleet(ctx context.Context) error {
 		ProfileChanged: func(profile uint64) {
 			go s.hub.notifyWhere(func(id uint64) bool { return s.fleet.ProfileOf(id) == profile })
 		},
+		ConfigChanged: func(affects func(id uint64) bool) { go s.hub.notifyWhere(affects) },
 	})
 	if s.node != nil {
 		s.fleet.Subscribe(fleet.Events{Pushed: s.node.OnPush}) // published to the other nodes

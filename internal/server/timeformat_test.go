@@ -53,6 +53,11 @@ func everyGETAnswer(t *testing.T) map[string]any {
 		t.Fatalf("label: %d %v", st, out)
 	}
 	c.do("POST", "/api/v1/commands", s.AdminToken, map[string]any{"device_id": id, "command": "reboot"})
+	for _, p := range []string{"/api/v1/devices/" + id + "/config", "/api/v1/labels/lab/config", "/api/v1/device-types/ICR-3241/schema"} {
+		if st, _, out := c.do("PUT", p, s.AdminToken, `{"values":{"type":"object"}}`); st != 200 {
+			t.Fatalf("layer %s: %d %v", p, st, out)
+		}
+	}
 	// Firmware and a rollout of it, created with the ID the upload gave.
 	resp, b := c.raw("POST", "/api/v1/firmware?device_type=ICR-3241&version=7.0.0", s.AdminToken, bytes.Repeat([]byte("fw"), 1000), nil)
 	var fw struct{ ID string }
@@ -70,7 +75,7 @@ func everyGETAnswer(t *testing.T) map[string]any {
 		t.Fatal(err)
 	}
 	answers := map[string]any{}
-	fill := strings.NewReplacer("{id}", id, "{name}", "lab", "{machine_id}", "m-1")
+	fill := strings.NewReplacer("{id}", id, "{name}", "lab", "{machine_id}", "m-1", "{type}", "ICR-3241")
 	for path, ops := range doc.Paths {
 		if _, ok := ops["get"]; !ok || path == "/metrics" || strings.HasSuffix(path, "/file") || path == "/api/v1/connect" {
 			continue

@@ -314,6 +314,10 @@ type devicePage struct {
 	Problems []string
 	Actions  []admitButton   // admission.go
 	Quota    *fleet.QuotaHit // quota.go; nil: never hit a quota, not lifted
+	// Config is the effective configuration, member by member with its
+	// source (profile, label NAME, device); nil: unavailable.
+	Config  *fleet.EffectiveConfig
+	Members []fleet.ConfigMember
 }
 
 var ranges = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
@@ -337,6 +341,9 @@ func (h *Handler) device(w http.ResponseWriter, r *http.Request, s *session) {
 		Actions: admitButtons(dev)}
 	if q, ok := h.fleet.QuotaOf(id); ok {
 		d.Quota = &q
+	}
+	if e, err := h.fleet.EffectiveConfig(id); err == nil {
+		d.Config, d.Members = &e, e.Members()
 	}
 	span, ok := ranges[d.Range]
 	if !ok {

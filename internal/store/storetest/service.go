@@ -28,6 +28,7 @@ var serviceTests = []serviceTest{
 	{"IDsNotReused", svcIDsNotReused},
 	{"Commands", svcCommands},
 	{"LiveLabels", svcLiveLabels},
+	{"ConfigLayers", svcConfigLayers},
 }
 
 // env is a fleet.Service on the store under test, in one persistence mode.

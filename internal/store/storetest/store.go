@@ -37,6 +37,7 @@ var storeTests = []storeTest{
 	{"Sessions", testSessions},
 	{"IDsNotReused", testIDsNotReused},
 	{"Commands", testCommands},
+	{"ConfigLayers", testConfigLayers},
 }
 
 // Values chosen to break stores that are not bytes-exact: case and trailing

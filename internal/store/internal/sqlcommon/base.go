@@ -21,7 +21,8 @@ type Base struct {
 // Tables are the stores of the tables every adapter shares, one part per
 // purpose, each on a Base and in a file of its name: alert rules and
 // events (alerts.go), settings, labels, dashboard sessions, users and
-// tokens (access.go), remote commands, firmware. An adapter embeds them.
+// tokens (access.go), remote commands, firmware, configuration layers
+// (layers.go). An adapter embeds them.
 type Tables struct {
 	Base *Base
 	Alerts
@@ -31,12 +32,13 @@ type Tables struct {
 	Access
 	Commands
 	Firmware
+	Layers
 }
 
 // NewTables returns the parts on b.
 func NewTables(b *Base) Tables {
 	return Tables{Base: b, Alerts: Alerts{b}, Settings: Settings{b}, Labels: Labels{b}, Sessions: Sessions{b},
-		Access: Access{b}, Commands: Commands{b}, Firmware: Firmware{b}}
+		Access: Access{b}, Commands: Commands{b}, Firmware: Firmware{b}, Layers: Layers{b}}
 }
 
 // exec runs one write.

@@ -5,7 +5,7 @@
 // instance lock's check, ID high-water marks): Alerts (rules, alert and
 // sync events), Settings, Labels, Sessions, Access (users, API tokens,
 // audit log), Commands, Firmware (artifacts, rollouts, profile
-// revisions), which Tables composes; Policy (the profile policy), Samples
+// revisions), Layers (configuration layers), which Tables composes; Policy (the profile policy), Samples
 // (history reads on PostgreSQL and MariaDB) and Load (devices and
 // profiles at start) stand on their own.
 package sqlcommon
