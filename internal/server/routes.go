@@ -52,7 +52,8 @@ type route struct {
 	// with (its context carries what it checked).
 	refuse func(w http.ResponseWriter, r *http.Request) (*http.Request, bool)
 	// stream: the handler bounds the body itself and may take up to
-	// -firmware-download-max (firmware uploads).
+	// -firmware-download-max (firmware uploads), or it is a plain handler
+	// that reads a body of any size (file uploads to a device).
 	stream bool
 	// Device endpoints count every answer in outcomes; ok names the
 	// counter of a success.
@@ -84,6 +85,9 @@ func (a *api) table() []route {
 		{method: "GET", path: "/api/v1/devices", need: viewer, fn: a.listDevices, query: deviceListQuery},
 		{method: "GET", path: "/api/v1/devices/{id}", need: viewer, fn: a.getDevice},
 		{method: "GET", path: "/api/v1/devices/{id}/tunnel", need: remoteAccess, endpoint: "tunnel", h: a.tunnelHandler(), query: q("to")},
+		{method: "GET", path: "/api/v1/devices/{id}/terminal", need: remoteAccess, endpoint: "terminal", h: a.terminalHandler(), query: q("cols", "rows", "command")},
+		{method: "GET", path: "/api/v1/devices/{id}/files", need: remoteAccess, endpoint: "files", h: a.filesHandler(false), query: q("path")},
+		{method: "PUT", path: "/api/v1/devices/{id}/files", need: remoteAccess, endpoint: "files", h: a.filesHandler(true), query: q("path"), stream: true},
 		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory, query: q("from", "to", "limit", "format")},
 		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve)},
 		{method: "POST", path: "/api/v1/devices/{id}/reject", need: operator, fn: a.admitDevice(fleet.Reject)},
@@ -334,7 +338,7 @@ func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
 		rt.endpoint = rt.path
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > protocol.MaxBodyBytes { // none of them reads a body
+		if !rt.stream && r.ContentLength > protocol.MaxBodyBytes { // none of them reads a body but uploads
 			defer closeAfter(w, r)()
 			a.fail(w, &rt, bodyTooLarge(protocol.MaxBodyBytes, false))
 			return
