@@ -8,8 +8,8 @@ package agent
 // nothing the server sends widens either.
 
 import (
-	"crypto/sha256"
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"

@@ -67,7 +67,7 @@ type Options struct {
 	// server's); nil: the firmware page takes no uploads. TransferTimeout
 	// bounds an upload (default: the server's request deadline).
 	// OIDC enables single sign-on (oidc.go); nil: passwords only.
-	OIDC            *OIDC
+	OIDC *OIDC
 	// Terminal serves a remote terminal's WebSocket for a logged-in
 	// operator (the server's, docs/remote-access.md); nil: the device
 	// page has no terminal.
