@@ -66,7 +66,9 @@ func (a *Agent) serveShell(ctx context.Context, st *yamux.Stream, req tunnel.Req
 		cmd.Dir = home
 	}
 	var out sync.Mutex // frames from two goroutines
+	ready := make(chan struct{}) // closed once the answer line is out
 	send := func(typ byte, p []byte) error {
+		<-ready
 		out.Lock()
 		defer out.Unlock()
 		return tunnel.WriteFrame(st, typ, p)
@@ -102,7 +104,9 @@ func (a *Agent) serveShell(ctx context.Context, st *yamux.Stream, req tunnel.Req
 			}
 		}()
 	}
-	if !answer(tunnel.Answer{}) {
+	ok := answer(tunnel.Answer{})
+	close(ready)
+	if !ok {
 		hangUp(cmd)
 		cmd.Wait()
 		return

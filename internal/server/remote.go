@@ -403,6 +403,7 @@ func (a *api) serveTerminal(w http.ResponseWriter, r *http.Request, who access.A
 	stop()
 	op.rec.ExitStatus = status
 	reason := op.endReason(&why, rerr)
+	op.end() // the slot is free before the operator hears of the end
 	if status != nil {
 		reason = tunnelClosed
 		b, _ := json.Marshal(terminalMessage{Type: "exit", Status: status})
@@ -578,6 +579,7 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 		err = tunnel.ReadLine(st, &ans)
 	}
 	stop()
+	op.end() // the slot is free before the operator hears of the end
 	var answer error
 	switch {
 	case err == nil && ans.Error != "":
@@ -638,8 +640,10 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 		err = fmt.Errorf("the device sent %d bytes of %d", n, ans.Size)
 	}
 	stop()
+	linkLost := op.l.sess.IsClosed()
+	op.end()
 	op.rec.EndReason = op.endReason(&why, err)
-	if err != nil && why.Load() == nil && !op.l.sess.IsClosed() {
+	if err != nil && why.Load() == nil && !linkLost {
 		op.rec.EndReason = "failed: " + err.Error()
 	}
 	op.finish(up, down)
