@@ -79,7 +79,9 @@ func refused(what, device string, err error) error {
 // terminal's own.
 type exitStatus int
 
-func (e exitStatus) Error() string { return fmt.Sprintf("the remote shell exited with status %d", int(e)) }
+func (e exitStatus) Error() string {
+	return fmt.Sprintf("the remote shell exited with status %d", int(e))
+}
 func (e exitStatus) ExitCode() int {
 	if e < 0 || e > 255 {
 		return 1

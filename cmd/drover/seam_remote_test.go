@@ -121,7 +121,7 @@ func TestSeamRemoteTerminalAndFiles(t *testing.T) {
 	}{
 		{"a viewer's terminal", r.viewer, []string{"terminal", r.dev, "--", "true"}, "your role may not do this (forbidden)"},
 		{"a viewer's download", r.viewer, []string{"files", "get", r.dev, remote, filepath.Join(local, "v")}, "your role may not do this (forbidden)"},
-		{"an upload outside the directory", r.operator, []string{"files", "put", r.dev, src, filepath.Join(outside, "x")}, "not under a directory of this device's --files-allow ("+files+") (path_not_allowed)"},
+		{"an upload outside the directory", r.operator, []string{"files", "put", r.dev, src, filepath.Join(outside, "x")}, "not under a directory of this device's --files-allow (" + files + ") (path_not_allowed)"},
 		{"a download through a link out of it", r.operator, []string{"files", "get", r.dev, filepath.Join(files, "link", "secret"), filepath.Join(local, "s")}, "(path_not_allowed)"},
 		{"a download with ..", r.operator, []string{"files", "get", r.dev, files + "/../" + filepath.Base(outside) + "/secret", filepath.Join(local, "s")}, "(path_not_allowed)"},
 		{"an upload over the size limit", r.operator, []string{"files", "put", r.dev, big, filepath.Join(files, "big.bin")}, "over this device's --files-max-size of 1048576 bytes (file_too_large)"},

@@ -65,7 +65,7 @@ func (a *Agent) serveShell(ctx context.Context, st *yamux.Stream, req tunnel.Req
 	if home, err := os.UserHomeDir(); err == nil {
 		cmd.Dir = home
 	}
-	var out sync.Mutex // frames from two goroutines
+	var out sync.Mutex           // frames from two goroutines
 	ready := make(chan struct{}) // closed once the answer line is out
 	send := func(typ byte, p []byte) error {
 		<-ready
