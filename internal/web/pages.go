@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
@@ -312,6 +313,9 @@ type devicePage struct {
 	Problems []string
 	Actions  []admitButton   // admission.go
 	Quota    *fleet.QuotaHit // quota.go; nil: never hit a quota, not lifted
+	// Terminal: the page offers a remote terminal (the server serves
+	// them and the user may open one).
+	Terminal bool
 }
 
 var ranges = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
@@ -332,7 +336,7 @@ func (h *Handler) device(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d := devicePage{D: dev, Labels: h.fleet.DeviceLabels(id), Range: r.URL.Query().Get("range"), Ranges: []string{"1h", "6h", "24h", "7d"},
-		Actions: admitButtons(dev)}
+		Actions: admitButtons(dev), Terminal: h.opts.Terminal != nil && actorOf(r).Role.May(access.RemoteAccess)}
 	if q, ok := h.fleet.QuotaOf(id); ok {
 		d.Quota = &q
 	}
