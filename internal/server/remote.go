@@ -212,16 +212,47 @@ func (t *tunnels) watch(last *atomic.Int64, end func(reason string)) (stop func(
 	return func() { once.Do(func() { close(done) }) }
 }
 
-// finish records a session's end and its metrics.
-func (op *remoteOp) finish(up, down *tunnel.Counter) {
+// running is a session between its start and its end.
+type running struct {
+	why      atomic.Value // the first reason it was ended for
+	up, down *tunnel.Counter
+	end      func(reason string) // ends it: closeAll, the reason kept
+	stop     func()              // stops watching its time
+	tracked  bool
+}
+
+// run records the session's start, tracks it for the server's stop and
+// watches its idle and total time; closeAll ends it.
+func (op *remoteOp) run(closeAll func()) *running {
+	t := op.a.tunnels
+	op.a.record(op.r.Context(), op.who, op.r, op.kind+" open", op.object, nil, auditJSON(op.rec))
+	s := &running{}
+	s.end = func(reason string) {
+		s.why.CompareAndSwap(nil, reason)
+		closeAll()
+	}
+	if s.tracked = t.track(op.rec.Session, func() { s.end(tunnelStopping) }); !s.tracked {
+		s.end(tunnelStopping)
+	}
+	var last *atomic.Int64
+	s.up, s.down, last = tunnel.NewCounters()
+	s.stop = t.watch(last, s.end)
+	return s
+}
+
+// finish records a session's end and its metrics, and forgets it.
+func (op *remoteOp) finish(s *running) {
 	op.rec.EndedAt = time.Now().UTC()
-	op.rec.ToDevice, op.rec.FromDevice = up.N(), down.N()
+	op.rec.ToDevice, op.rec.FromDevice = s.up.N(), s.down.N()
 	if m := op.a.tunnels.m; m.ended != nil {
 		m.ended.WithLabelValues(strings.SplitN(op.rec.EndReason, ":", 2)[0]).Inc()
 		m.bytes.WithLabelValues("to_device").Add(float64(op.rec.ToDevice))
 		m.bytes.WithLabelValues("from_device").Add(float64(op.rec.FromDevice))
 	}
 	op.a.record(op.r.Context(), op.who, op.r, op.kind+" end", op.object, nil, auditJSON(op.rec))
+	if s.tracked {
+		op.a.tunnels.untrack(op.rec.Session)
+	}
 }
 
 // endReason is why a session ended: the watch's or the server's reason,
@@ -331,24 +362,14 @@ func (a *api) serveTerminal(w http.ResponseWriter, r *http.Request, who access.A
 	if rec != nil {
 		op.rec.Recording = filepath.Base(rec.name)
 	}
-	a.record(r.Context(), who, r, kindShell+" open", op.object, nil, auditJSON(op.rec))
-
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var why atomic.Value
 	st := op.st
-	end := func(reason string) {
-		why.CompareAndSwap(nil, reason)
+	s := op.run(func() {
 		st.Close()
 		cancel()
-	}
-	id := op.rec.Session
-	tracked := a.tunnels.track(id, func() { end(tunnelStopping) })
-	if !tracked {
-		end(tunnelStopping)
-	}
-	up, down, last := tunnel.NewCounters()
-	stop := a.tunnels.watch(last, end)
+	})
+	up, down, end := s.up, s.down, s.end
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // operator → device
@@ -400,9 +421,9 @@ func (a *api) serveTerminal(w http.ResponseWriter, r *http.Request, who access.A
 			}
 		}
 	}
-	stop()
+	s.stop()
 	op.rec.ExitStatus = status
-	reason := op.endReason(&why, rerr)
+	reason := op.endReason(&s.why, rerr)
 	op.end() // the slot is free before the operator hears of the end
 	if status != nil {
 		reason = tunnelClosed
@@ -417,10 +438,7 @@ func (a *api) serveTerminal(w http.ResponseWriter, r *http.Request, who access.A
 	wg.Wait()
 	rec.close()
 	op.rec.EndReason = reason
-	op.finish(up, down)
-	if tracked {
-		a.tunnels.untrack(id)
-	}
+	op.finish(s)
 }
 
 // terminalRecorder writes a terminal's output as an asciinema v2 file.
@@ -557,28 +575,16 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 		return
 	}
 	defer op.end()
-	a.record(r.Context(), who, r, kindFile+" open", op.object, nil, auditJSON(op.rec))
-	var why atomic.Value
 	st := op.st
-	end := func(reason string) {
-		why.CompareAndSwap(nil, reason)
-		st.Close()
-	}
-	id := op.rec.Session
-	tracked := a.tunnels.track(id, func() { end(tunnelStopping) })
-	if !tracked {
-		end(tunnelStopping)
-	}
-	up, down, last := tunnel.NewCounters()
-	stop := a.tunnels.watch(last, end)
-	_, err := io.Copy(countWriter{st, up}, io.LimitReader(r.Body, r.ContentLength))
+	s := op.run(func() { st.Close() })
+	_, err := io.Copy(countWriter{st, s.up}, io.LimitReader(r.Body, r.ContentLength))
 	var ans tunnel.Answer
 	if err == nil {
 		st.Close() // the file's end; the answer still comes
 		st.SetReadDeadline(time.Now().Add(a.tunnels.lim.Open + time.Minute))
 		err = tunnel.ReadLine(st, &ans)
 	}
-	stop()
+	s.stop()
 	op.end() // the slot is free before the operator hears of the end
 	var answer error
 	switch {
@@ -586,21 +592,18 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 		answer = agentRefusal(tunnel.KindPut, ans)
 		op.rec.EndReason = "failed: " + ans.Message
 	case err != nil:
-		op.rec.EndReason = op.endReason(&why, err)
+		op.rec.EndReason = op.endReason(&s.why, err)
 		answer = &apiError{status: http.StatusBadGateway, code: "transfer_failed", msg: "the upload ended early: " + op.rec.EndReason}
 	default:
 		op.rec.EndReason, op.rec.SHA256 = tunnelClosed, ans.SHA256
 	}
-	op.finish(up, down)
-	if tracked {
-		a.tunnels.untrack(id)
-	}
+	op.finish(s)
 	if answer != nil {
 		defer closeAfter(w, r)()
 		a.fail(w, rt, answer)
 		return
 	}
-	writeJSON(w, http.StatusCreated, fileAnswer{DeviceID: strconv.FormatUint(op.dev, 10), Path: op.rec.Path, Size: up.N(), SHA256: ans.SHA256})
+	writeJSON(w, http.StatusCreated, fileAnswer{DeviceID: strconv.FormatUint(op.dev, 10), Path: op.rec.Path, Size: s.up.N(), SHA256: ans.SHA256})
 }
 
 func (a *api) getFile(w http.ResponseWriter, r *http.Request, who access.Actor) {
@@ -615,41 +618,26 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 		return
 	}
 	defer op.end()
-	a.record(r.Context(), who, r, kindFile+" open", op.object, nil, auditJSON(op.rec))
-	var why atomic.Value
 	st := op.st
-	end := func(reason string) {
-		why.CompareAndSwap(nil, reason)
-		st.Close()
-	}
-	id := op.rec.Session
-	tracked := a.tunnels.track(id, func() { end(tunnelStopping) })
-	if !tracked {
-		end(tunnelStopping)
-	}
-	up, down, last := tunnel.NewCounters()
-	stop := a.tunnels.watch(last, end)
+	s := op.run(func() { st.Close() })
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Length", strconv.FormatInt(ans.Size, 10))
 	h.Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", filepath.Base(op.rec.Path)))
-	h.Set("X-Drover-Session", strconv.FormatUint(id, 10))
+	h.Set("X-Drover-Session", strconv.FormatUint(op.rec.Session, 10))
 	w.WriteHeader(http.StatusOK)
-	n, err := io.Copy(countWriter{w, down}, st)
+	n, err := io.Copy(countWriter{w, s.down}, st)
 	if err == nil && n != ans.Size {
 		err = fmt.Errorf("the device sent %d bytes of %d", n, ans.Size)
 	}
-	stop()
+	s.stop()
 	linkLost := op.l.sess.IsClosed()
 	op.end()
-	op.rec.EndReason = op.endReason(&why, err)
-	if err != nil && why.Load() == nil && !linkLost {
+	op.rec.EndReason = op.endReason(&s.why, err)
+	if err != nil && s.why.Load() == nil && !linkLost {
 		op.rec.EndReason = "failed: " + err.Error()
 	}
-	op.finish(up, down)
-	if tracked {
-		a.tunnels.untrack(id)
-	}
+	op.finish(s)
 }
 
 // countWriter counts what it writes.

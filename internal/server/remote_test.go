@@ -26,19 +26,7 @@ func TestRemoteLabelGateAndOldAgents(t *testing.T) {
 	}})
 	c := &client{t: t, s: s, url: s.URL}
 	id, token := c.register("m-remote-gate")
-	ws := dialConnect(t, s, token)
-	waitMetric(t, s, "drover_device_connections", 1)
-	msgs := make(chan string, 8)
-	go func() {
-		for {
-			_, m, err := ws.Read(context.Background())
-			if err != nil {
-				close(msgs)
-				return
-			}
-			msgs <- string(m)
-		}
-	}()
+	msgs := connectedMessages(t, s, token)
 	dev := "/api/v1/devices/" + id
 	for _, path := range []string{dev + "/terminal", dev + "/files?path=/etc/hosts", dev + "/tunnel?to=127.0.0.1:22"} {
 		st, _, out := c.do("GET", path, s.AdminToken, nil)
@@ -100,4 +88,23 @@ func TestRemoteLabelGateAndOldAgents(t *testing.T) {
 	if e, _ := a.out["error"].(map[string]any); a.st != 501 || e["code"] != "not_supported" || !strings.Contains(e["message"].(string), "update it") {
 		t.Fatalf("terminal on an old agent: %d %v", a.st, a.out)
 	}
+}
+
+// connectedMessages holds the device's persistent connection and passes on
+// what the server writes on it, until it ends.
+func connectedMessages(t *testing.T, s *servertest.Server, token string) <-chan string {
+	ws := dialConnect(t, s, token)
+	waitMetric(t, s, "drover_device_connections", 1)
+	msgs := make(chan string, 8)
+	go func() {
+		for {
+			_, m, err := ws.Read(context.Background())
+			if err != nil {
+				close(msgs)
+				return
+			}
+			msgs <- string(m)
+		}
+	}()
+	return msgs
 }

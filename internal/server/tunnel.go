@@ -497,35 +497,15 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 		nc.Close()
 		return
 	}
-	a.record(r.Context(), who, r, "tunnel open", op.object, nil, auditJSON(op.rec))
-	var tracked bool
-	up, down, last := tunnel.NewCounters()
-	op.rec.EndReason, tracked = a.pipeTunnel(op, opc, up, down, last)
-	op.finish(up, down)
-	if tracked {
-		a.tunnels.untrack(id)
-	}
-}
-
-// pipeTunnel carries one session until it ends, within the limits; it
-// returns why it ended and says whether the session is tracked (the
-// caller untracks it once its end is recorded).
-func (a *api) pipeTunnel(op *remoteOp, opc net.Conn, up, down *tunnel.Counter, last *atomic.Int64) (string, bool) {
 	st := op.st
-	var why atomic.Value
-	end := func(reason string) {
-		why.CompareAndSwap(nil, reason)
+	run := op.run(func() {
 		opc.Close()
 		st.Close()
-	}
-	tracked := a.tunnels.track(op.rec.Session, func() { end(tunnelStopping) })
-	if !tracked {
-		end(tunnelStopping)
-	}
-	stop := a.tunnels.watch(last, end)
-	err := tunnel.Pipe(opc, st, up, down)
-	stop()
-	return op.endReason(&why, err), tracked
+	})
+	err = tunnel.Pipe(opc, st, run.up, run.down)
+	run.stop()
+	op.rec.EndReason = op.endReason(&run.why, err)
+	op.finish(run)
 }
 
 // agentRefusal is the API error of an agent's refusal of a stream of kind.
