@@ -227,9 +227,13 @@ func (op *remoteOp) run(closeAll func()) *running {
 	t := op.a.tunnels
 	op.a.record(op.r.Context(), op.who, op.r, op.kind+" open", op.object, nil, auditJSON(op.rec))
 	s := &running{}
+	st := op.st
 	s.end = func(reason string) {
 		s.why.CompareAndSwap(nil, reason)
 		closeAll()
+		// Closing sends the device our end but still reads its bytes:
+		// this read stops now.
+		st.SetReadDeadline(time.Now())
 	}
 	if s.tracked = t.track(op.rec.Session, func() { s.end(tunnelStopping) }); !s.tracked {
 		s.end(tunnelStopping)
@@ -365,10 +369,7 @@ func (a *api) serveTerminal(w http.ResponseWriter, r *http.Request, who access.A
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st := op.st
-	s := op.run(func() {
-		st.Close()
-		cancel()
-	})
+	s := op.run(func() { st.Close() })
 	up, down, end := s.up, s.down, s.end
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -9,6 +9,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/testwait"
 	"github.com/drover/drover/internal/tunnel"
 	"github.com/hashicorp/yamux"
 )
@@ -107,4 +108,80 @@ func connectedMessages(t *testing.T, s *servertest.Server, token string) <-chan 
 		}
 	}()
 	return msgs
+}
+
+// TestRemoteShellIdleAndFrames: a terminal carries input, window changes
+// and output as frames on the device's stream, and the session's idle
+// limit ends it (1001 idle_timeout to the operator, the audit row with
+// its bytes and reason), as it ends a tunnel.
+func TestRemoteShellIdleAndFrames(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.Tunnel.Idle = time.Second }})
+	c := &client{t: t, s: s, url: s.URL}
+	id, token := c.register("m-remote-idle")
+	msgs := connectedMessages(t, s, token)
+	type dialed struct {
+		ws  *websocket.Conn
+		err error
+	}
+	opened := make(chan dialed, 1)
+	op := tunnelClient(s, s.AdminToken)
+	go func() {
+		ws, err := op.Terminal(context.Background(), id, tunnel.TerminalOptions{Cols: 90, Rows: 30})
+		opened <- dialed{ws, err}
+	}()
+	if m := <-msgs; m != `{"type":"tunnel"}` {
+		t.Fatalf("message %q, want the tunnel request", m)
+	}
+	lw, _, err := dialLink(s, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := yamux.Server(websocket.NetConn(context.Background(), lw, websocket.MessageBinary), tunnel.SessionConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	st, err := sess.AcceptStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req tunnel.Request
+	if err := tunnel.ReadLine(st, &req); err != nil || req.Kind != tunnel.KindShell || req.Check || req.Cols != 90 || req.Rows != 30 {
+		t.Fatalf("request %+v, %v", req, err)
+	}
+	tunnel.WriteLine(st, tunnel.Answer{})
+	d := <-opened
+	if d.err != nil {
+		t.Fatal(d.err)
+	}
+	ctx := context.Background()
+	d.ws.Write(ctx, websocket.MessageBinary, []byte("ls\r"))
+	d.ws.Write(ctx, websocket.MessageText, []byte(`{"type":"resize","cols":120,"rows":50}`))
+	buf := make([]byte, tunnel.MaxFrame)
+	if typ, p, err := tunnel.ReadFrame(st, buf); err != nil || typ != tunnel.FrameData || string(p) != "ls\r" {
+		t.Fatalf("input frame %c %q %v", typ, p, err)
+	}
+	if typ, p, err := tunnel.ReadFrame(st, buf); err != nil || typ != tunnel.FrameWindow {
+		t.Fatalf("window frame %c %v", typ, err)
+	} else if cols, rows, _ := tunnel.ParseWindow(p); cols != 120 || rows != 50 {
+		t.Fatalf("window %dx%d", cols, rows)
+	}
+	tunnel.WriteFrame(st, tunnel.FrameData, []byte("a.txt\r\n"))
+	if typ, m, err := d.ws.Read(ctx); err != nil || typ != websocket.MessageBinary || string(m) != "a.txt\r\n" {
+		t.Fatalf("output %v %q %v", typ, m, err)
+	}
+	start := time.Now()
+	_, _, err = d.ws.Read(ctx)
+	if websocket.CloseStatus(err) != websocket.StatusGoingAway || !strings.Contains(err.Error(), "idle_timeout") || time.Since(start) < 900*time.Millisecond {
+		t.Fatalf("after a second without a byte: %v after %v", err, time.Since(start))
+	}
+	var entries []any
+	testwait.For(t, 5*time.Second, "the shell's end in the audit log", func() bool {
+		_, _, out := c.do("GET", "/api/v1/audit?action=shell+end", s.AdminToken, nil)
+		entries, _ = out["entries"].([]any)
+		return len(entries) == 1
+	})
+	if a := entries[0].(map[string]any)["after"].(map[string]any); a["end_reason"] != "idle_timeout" || a["bytes_to_device"] != float64(3) || a["bytes_from_device"] != float64(7) || a["kind"] != "shell" {
+		t.Fatalf("audit row %v", a)
+	}
 }
