@@ -90,6 +90,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.DurationVar(&c.Tunnel.Idle, "tunnel-idle-timeout", c.Tunnel.Idle, "a remote session without a byte either way for this long is closed")
 	fs.DurationVar(&c.Tunnel.MaxDuration, "tunnel-max-duration", c.Tunnel.MaxDuration, "a remote session is closed after this, busy or not")
 	fs.StringVar(&c.RemoteAccessLabels, "remote-access-labels", "", "comma-separated labels: only devices carrying one of them may be reached by tunnels, terminals and file transfers; empty: every device (docs/remote-access.md)")
+	fs.Int64Var(&c.RemoteFileMaxSize, "remote-file-max-size", c.RemoteFileMaxSize, "largest file upload to a device through this server, in bytes (413 beyond; each agent has its own --files-max-size)")
 	fs.BoolVar(&c.TerminalRecord, "terminal-record", false, "record every remote terminal's output as an asciinema v2 file under DATA-DIR/recordings")
 	fs.DurationVar(&c.TerminalRecordRetention, "terminal-record-retention", c.TerminalRecordRetention, "terminal recordings older than this are deleted")
 	fs.DurationVar(&c.Tunnel.Open, "tunnel-open-timeout", c.Tunnel.Open, "how long a device has to open its tunnel link when asked, and to answer a session's request")

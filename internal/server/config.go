@@ -142,6 +142,9 @@ type Config struct {
 	// TerminalRecordRetention.
 	TerminalRecord          bool
 	TerminalRecordRetention time.Duration
+	// RemoteFileMaxSize bounds a file upload to a device through this
+	// server (each agent has its own bound, --files-max-size).
+	RemoteFileMaxSize int64
 }
 
 // DefaultCommitInterval is the default -commit-interval (docs/performance.md,
@@ -200,6 +203,7 @@ func DefaultConfig() Config {
 		NATSURL:                 cluster.DefaultConfig().NATSURL,
 		Tunnel:                  DefaultTunnelLimits(),
 		TerminalRecordRetention: 90 * 24 * time.Hour,
+		RemoteFileMaxSize:       1 << 30,
 	}
 }
 
@@ -272,6 +276,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TerminalRecordRetention < time.Hour {
 		return errors.New("-terminal-record-retention must be at least 1h")
+	}
+	if c.RemoteFileMaxSize < 0 {
+		return errors.New("-remote-file-max-size must not be negative")
 	}
 	if err := c.validateSecrets(); err != nil {
 		return err

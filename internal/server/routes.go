@@ -53,7 +53,8 @@ type route struct {
 	refuse func(w http.ResponseWriter, r *http.Request) (*http.Request, bool)
 	// stream: the handler bounds the body itself and may take up to
 	// -firmware-download-max (firmware uploads), or it is a plain handler
-	// that reads a body of any size (file uploads to a device).
+	// whose body may reach -remote-file-max-size (file uploads to a
+	// device).
 	stream bool
 	// Device endpoints count every answer in outcomes; ok names the
 	// counter of a success.
@@ -338,9 +339,13 @@ func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
 		rt.endpoint = rt.path
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !rt.stream && r.ContentLength > protocol.MaxBodyBytes { // none of them reads a body but uploads
+		limit := int64(protocol.MaxBodyBytes) // none of them reads a body but uploads to devices
+		if rt.stream {
+			limit = a.fileMax
+		}
+		if r.ContentLength > limit {
 			defer closeAfter(w, r)()
-			a.fail(w, &rt, bodyTooLarge(protocol.MaxBodyBytes, false))
+			a.fail(w, &rt, bodyTooLarge(limit, false))
 			return
 		}
 		r, err := a.authorize(rt.need, r)

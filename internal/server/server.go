@@ -274,6 +274,7 @@ func (s *Server) buildHandler(context.Context) error {
 	a.hub = s.hub
 	a.tunnels = newTunnels(s.cfg.Tunnel, s.hub)
 	a.tunnels.opt = s.cfg.remoteOptions()
+	a.fileMax = s.cfg.RemoteFileMaxSize
 	a.tunnels.register(s.m.reg)
 	s.stopHolds = make(chan struct{})
 	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
