@@ -300,6 +300,16 @@ func (a *api) DashboardTerminal(w http.ResponseWriter, r *http.Request, who acce
 	a.serveTerminal(w, r, who)
 }
 
+// DashboardDownload is the dashboard's file download
+// (web.Options.Download): the API's, for a logged-in operator.
+func (a *api) DashboardDownload(w http.ResponseWriter, r *http.Request, who access.Actor) {
+	if !who.Role.May(access.RemoteAccess) {
+		a.fail(w, &route{endpoint: "files"}, errForbidden)
+		return
+	}
+	a.getFile(w, r, who)
+}
+
 // terminalMessage is a text message of the operator's WebSocket.
 type terminalMessage struct {
 	Type   string `json:"type"`             // resize (to the server), exit (from it)

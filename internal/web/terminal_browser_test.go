@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
 	"github.com/drover/drover/internal/testwait"
+	"github.com/drover/drover/internal/tunnel"
 )
 
 // The device page's terminal in headless chromium: an agent with
@@ -34,10 +37,17 @@ func TestBrowserTerminal(t *testing.T) {
 	ca := filepath.Join(dir, "ca.pem")
 	os.WriteFile(ca, srv.CACertPEM, 0o600)
 	cfg := agent.DefaultConfig()
+	var err error
+	var a *agent.Agent
 	cfg.Server, cfg.EnrollSecret, cfg.TLS.CACert = srv.URL, srv.EnrollmentSecret, ca
 	cfg.StateDir, cfg.MachineID, cfg.Root = filepath.Join(dir, "state"), "browser-terminal", "../agent/testdata/root"
 	cfg.Connect, cfg.RemoteShell = true, "/bin/sh"
-	a, err := agent.New(cfg)
+	files := t.TempDir()
+	os.WriteFile(filepath.Join(files, "network"), []byte("config interface 'lan'\n"), 0o600)
+	if cfg.FilesAllow, err = tunnel.ParseFileRoots(files); err != nil {
+		t.Fatal(err)
+	}
+	a, err = agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +125,27 @@ func TestBrowserTerminal(t *testing.T) {
 	if e := audit.Entries[0].After; e["kind"] != "shell" || e["exit_status"] != float64(0) || e["bytes_to_device"].(float64) < 20 {
 		t.Errorf("audit row %v", e)
 	}
-	if p := problems(); len(p) > 0 {
+	// The page's download form: the file's bytes with the session's
+	// cookie, a path outside the agent's directory refused with its
+	// reason.
+	do("download form", chromedp.WaitVisible(chromedp.ID("files-download")))
+	fetch := func(path string) string {
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(function () { var x = new XMLHttpRequest(); `+
+			`x.open("GET", document.querySelector("#filescard form").action + "?path=" + encodeURIComponent(`+strconv.Quote(path)+`), false); `+
+			`x.send(); return x.status + " " + x.responseText; })()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if got := fetch(filepath.Join(files, "network")); got != "200 config interface 'lan'\n" {
+		t.Errorf("download: %q", got)
+	}
+	if got := fetch("/etc/passwd"); !strings.HasPrefix(got, "403 ") || !strings.Contains(got, "path_not_allowed") {
+		t.Errorf("download outside --files-allow: %q", got)
+	}
+	p := slices.DeleteFunc(problems(), func(p string) bool { return strings.Contains(p, "status of 403") }) // the refused download
+	if len(p) > 0 {
 		t.Fatalf("the browser reported problems (CSP violations or script errors):\n%s", strings.Join(p, "\n"))
 	}
 }

@@ -71,7 +71,10 @@ type Options struct {
 	// Terminal serves a remote terminal's WebSocket for a logged-in
 	// operator (the server's, docs/remote-access.md); nil: the device
 	// page has no terminal.
-	Terminal        func(w http.ResponseWriter, r *http.Request, who access.Actor)
+	Terminal func(w http.ResponseWriter, r *http.Request, who access.Actor)
+	// Download serves a file from a device (?path=) for a logged-in
+	// operator (the server's); nil: the device page offers none.
+	Download        func(w http.ResponseWriter, r *http.Request, who access.Actor)
 	UploadFirmware  FirmwareUpload
 	DeleteFirmware  func(ctx context.Context, id uint64) error
 	TransferTimeout time.Duration
@@ -172,6 +175,11 @@ func (h *Handler) routes() {
 		// session by the server, not as a change.
 		m.HandleFunc("GET "+Prefix+"devices/{id}/terminal", h.can(access.RemoteAccess.Least(), "", func(w http.ResponseWriter, r *http.Request, _ *session) {
 			h.opts.Terminal(w, r, actorOf(r))
+		}))
+	}
+	if h.opts.Download != nil {
+		m.HandleFunc("GET "+Prefix+"devices/{id}/files", h.can(access.RemoteAccess.Least(), "", func(w http.ResponseWriter, r *http.Request, _ *session) {
+			h.opts.Download(w, r, actorOf(r))
 		}))
 	}
 	m.HandleFunc("POST "+Prefix+"devices/{id}/admission", h.can(O, "/api/v1/devices/{id}", h.admitDevice))
