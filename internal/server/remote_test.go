@@ -57,22 +57,7 @@ func TestRemoteLabelGateAndOldAgents(t *testing.T) {
 		st, _, out := c.do("GET", dev+"/terminal?cols=120&rows=40", s.AdminToken, nil)
 		done <- answer{st, out}
 	}()
-	if m := <-msgs; m != `{"type":"tunnel"}` {
-		t.Fatalf("message %q, want the tunnel request", m)
-	}
-	lw, _, err := dialLink(s, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess, err := yamux.Server(websocket.NetConn(context.Background(), lw, websocket.MessageBinary), tunnel.SessionConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	st, err := sess.AcceptStream()
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := acceptStream(t, s, token, msgs)
 	// What an agent from before terminals sees and answers: a tunnel
 	// request with no destination, refused.
 	var req struct {
@@ -129,22 +114,7 @@ func TestRemoteShellIdleAndFrames(t *testing.T) {
 		ws, err := op.Terminal(context.Background(), id, tunnel.TerminalOptions{Cols: 90, Rows: 30})
 		opened <- dialed{ws, err}
 	}()
-	if m := <-msgs; m != `{"type":"tunnel"}` {
-		t.Fatalf("message %q, want the tunnel request", m)
-	}
-	lw, _, err := dialLink(s, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess, err := yamux.Server(websocket.NetConn(context.Background(), lw, websocket.MessageBinary), tunnel.SessionConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	st, err := sess.AcceptStream()
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := acceptStream(t, s, token, msgs)
 	var req tunnel.Request
 	if err := tunnel.ReadLine(st, &req); err != nil || req.Kind != tunnel.KindShell || req.Check || req.Cols != 90 || req.Rows != 30 {
 		t.Fatalf("request %+v, %v", req, err)
@@ -171,7 +141,7 @@ func TestRemoteShellIdleAndFrames(t *testing.T) {
 		t.Fatalf("output %v %q %v", typ, m, err)
 	}
 	start := time.Now()
-	_, _, err = d.ws.Read(ctx)
+	_, _, err := d.ws.Read(ctx)
 	if websocket.CloseStatus(err) != websocket.StatusGoingAway || !strings.Contains(err.Error(), "idle_timeout") || time.Since(start) < 900*time.Millisecond {
 		t.Fatalf("after a second without a byte: %v after %v", err, time.Since(start))
 	}
@@ -184,4 +154,28 @@ func TestRemoteShellIdleAndFrames(t *testing.T) {
 	if a := entries[0].(map[string]any)["after"].(map[string]any); a["end_reason"] != "idle_timeout" || a["bytes_to_device"] != float64(3) || a["bytes_from_device"] != float64(7) || a["kind"] != "shell" {
 		t.Fatalf("audit row %v", a)
 	}
+}
+
+// acceptStream is the agent's side of the server's first stream: it waits
+// for the server's request for the link on msgs, opens the link and
+// accepts the stream (the link closes when the test ends).
+func acceptStream(t *testing.T, s *servertest.Server, token string, msgs <-chan string) *yamux.Stream {
+	t.Helper()
+	if m := <-msgs; m != `{"type":"tunnel"}` {
+		t.Fatalf("message %q, want the tunnel request", m)
+	}
+	lw, _, err := dialLink(s, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := yamux.Server(websocket.NetConn(context.Background(), lw, websocket.MessageBinary), tunnel.SessionConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sess.Close() })
+	st, err := sess.AcceptStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
