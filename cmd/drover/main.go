@@ -32,6 +32,8 @@ var commands = []cmd{
 	}},
 	{"ctl", "operate a running server through its API: devices, profiles, labels, commands, rollouts, users", ctlCmd},
 	{"tunnel", "forward a local port to a host and port as seen from a device (port forwarding)", tunnelCmd},
+	{"terminal", "open a shell on a device, or run a command there (remote terminal)", terminalCmd},
+	{"files", "copy a file to or from a device (put, get)", filesCmd},
 	{"emulate", "emulate a fleet of devices against a server and measure it", emulate},
 	{"report", "render drover emulate results as text, Markdown or HTML", report_},
 	{"perf", "run the performance tests and write their protocols", perf_},

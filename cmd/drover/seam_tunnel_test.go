@@ -107,6 +107,7 @@ func TestSeamTunnelAgentConnect(t *testing.T) {
 // tunnelRig is a real drover serve and a real drover agent --connect with
 // an allow-list, and an operator's and a viewer's tokens.
 type tunnelRig struct {
+	data                    string
 	serve                   *proc
 	base, caFile, dev       string
 	admin, operator, viewer string
@@ -116,6 +117,13 @@ type tunnelRig struct {
 }
 
 func startTunnelRig(t *testing.T, allow string, serveFlags ...string) *tunnelRig {
+	t.Helper()
+	return startRemoteRig(t, []string{"--tunnel-allow", allow}, serveFlags...)
+}
+
+// startRemoteRig is startTunnelRig with the agent's remote access flags
+// given whole; the rig's data directory is its serve's.
+func startRemoteRig(t *testing.T, agentFlags []string, serveFlags ...string) *tunnelRig {
 	t.Helper()
 	data := t.TempDir()
 	p := startServe(t, data, serveFlags...)
@@ -158,9 +166,8 @@ func startTunnelRig(t *testing.T, allow string, serveFlags ...string) *tunnelRig
 
 	dir := t.TempDir()
 	root, _ := filepath.Abs("../../internal/agent/testdata/root")
-	agentCmd := exec.Command(droverBin, "agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
-		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-tunnel", "--root", root,
-		"--tunnel-allow", allow)
+	agentCmd := exec.Command(droverBin, append([]string{"agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
+		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-tunnel", "--root", root}, agentFlags...)...)
 	agentLog := &bytes.Buffer{}
 	agentCmd.Stdout, agentCmd.Stderr = agentLog, agentLog
 	if err := agentCmd.Start(); err != nil {
@@ -190,6 +197,6 @@ func startTunnelRig(t *testing.T, allow string, serveFlags ...string) *tunnelRig
 	if st := api("/api/v1/devices", "", &devices); st != 200 || len(devices.Devices) != 1 {
 		t.Fatalf("devices: %d %+v", st, devices)
 	}
-	return &tunnelRig{serve: p, base: base, caFile: caFile, dev: devices.Devices[0].ID, admin: secrets.Admin,
+	return &tunnelRig{data: data, serve: p, base: base, caFile: caFile, dev: devices.Devices[0].ID, admin: secrets.Admin,
 		operator: operator, viewer: viewer, client: c, agent: agentCmd, agentLog: agentLog}
 }

@@ -85,10 +85,14 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.StringVar(&c.RegisterRateExempt, "register-rate-exempt", c.RegisterRateExempt, "comma-separated addresses or CIDR prefixes without a per-address registration limit")
 	fs.BoolVar(&c.Cluster, "cluster", c.Cluster, "run as one node of a cluster sharing the PostgreSQL --db with other nodes (docs/cluster.md); write-through only")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "cluster mode: NATS server(s) carrying the nodes' news to each other, comma-separated (empty: the database alone, slower)")
-	fs.IntVar(&c.Tunnel.PerDevice, "tunnel-max-per-device", c.Tunnel.PerDevice, "port forwarding sessions open at once per device; more get 429 (docs/remote-access.md)")
-	fs.IntVar(&c.Tunnel.Total, "tunnel-max-total", c.Tunnel.Total, "port forwarding sessions open at once on this server; more get 429")
-	fs.DurationVar(&c.Tunnel.Idle, "tunnel-idle-timeout", c.Tunnel.Idle, "a port forwarding session without a byte either way for this long is closed")
-	fs.DurationVar(&c.Tunnel.MaxDuration, "tunnel-max-duration", c.Tunnel.MaxDuration, "a port forwarding session is closed after this, busy or not")
+	fs.IntVar(&c.Tunnel.PerDevice, "tunnel-max-per-device", c.Tunnel.PerDevice, "remote sessions (port forwarding, terminals, file transfers) open at once per device; more get 429 (docs/remote-access.md)")
+	fs.IntVar(&c.Tunnel.Total, "tunnel-max-total", c.Tunnel.Total, "remote sessions open at once on this server; more get 429")
+	fs.DurationVar(&c.Tunnel.Idle, "tunnel-idle-timeout", c.Tunnel.Idle, "a remote session without a byte either way for this long is closed")
+	fs.DurationVar(&c.Tunnel.MaxDuration, "tunnel-max-duration", c.Tunnel.MaxDuration, "a remote session is closed after this, busy or not")
+	fs.StringVar(&c.RemoteAccessLabels, "remote-access-labels", "", "comma-separated labels: only devices carrying one of them may be reached by tunnels, terminals and file transfers; empty: every device (docs/remote-access.md)")
+	fs.Int64Var(&c.RemoteFileMaxSize, "remote-file-max-size", c.RemoteFileMaxSize, "largest file upload to a device through this server, in bytes (413 beyond; each agent has its own --files-max-size)")
+	fs.BoolVar(&c.TerminalRecord, "terminal-record", false, "record every remote terminal's output as an asciinema v2 file under DATA-DIR/recordings")
+	fs.DurationVar(&c.TerminalRecordRetention, "terminal-record-retention", c.TerminalRecordRetention, "terminal recordings older than this are deleted")
 	fs.DurationVar(&c.Tunnel.Open, "tunnel-open-timeout", c.Tunnel.Open, "how long a device has to open its tunnel link when asked, and to answer a session's request")
 }
 

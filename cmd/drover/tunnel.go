@@ -2,18 +2,13 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/drover/drover/cmd/internal/command"
-	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/tunnel"
 )
 
@@ -21,13 +16,9 @@ import (
 // forwarded to HOST:PORT as seen from the device (docs/remote-access.md).
 func tunnelCmd(ctx context.Context, args []string, env command.Env) error {
 	fs := flag.NewFlagSet("drover tunnel", flag.ContinueOnError)
-	var c tunnel.Client
-	var caFile, listen string
-	var insecure bool
-	fs.StringVar(&c.Server, "server", "", "URL of drover serve, e.g. https://drover.example.com:8443 (required)")
-	fs.StringVar(&c.Token, "token", "", "API token of an operator or admin (drover user token; or DROVER_TOKEN)")
-	fs.StringVar(&caFile, "ca-cert", "", "PEM file of the CA, or of the server's self-signed certificate, to trust (default: system roots)")
-	fs.BoolVar(&insecure, "insecure", false, "do not verify the server's certificate")
+	var rf remoteFlags
+	var listen string
+	rf.define(fs)
 	fs.StringVar(&listen, "listen", "127.0.0.1", "local address the forwarded port listens on")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: drover tunnel --server URL --token T [flags] DEVICE LOCALPORT:HOST:PORT\n\n"+
@@ -44,12 +35,9 @@ func tunnelCmd(ctx context.Context, args []string, env command.Env) error {
 	if fs.NArg() != 2 {
 		return command.Usagef("name a device ID and LOCALPORT:HOST:PORT")
 	}
-	if c.Server == "" || c.Token == "" {
-		return command.Usagef("--server and --token are required")
-	}
 	device := fs.Arg(0)
-	if id, err := strconv.ParseUint(device, 10, 64); err != nil || id == 0 {
-		return command.Usagef("device %q: a device ID is a positive integer", device)
+	if err := deviceArg(device); err != nil {
+		return err
 	}
 	lport, dest, ok := strings.Cut(fs.Arg(1), ":")
 	if _, err := strconv.ParseUint(lport, 10, 16); !ok || err != nil {
@@ -58,25 +46,12 @@ func tunnelCmd(ctx context.Context, args []string, env command.Env) error {
 	if _, _, err := tunnel.SplitDestination(dest); err != nil {
 		return command.Usage(err)
 	}
-	cfg := &tls.Config{InsecureSkipVerify: insecure}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return fmt.Errorf("--ca-cert: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("--ca-cert %s: no PEM certificate in it", caFile)
-		}
+	c, err := rf.client()
+	if err != nil {
+		return err
 	}
-	c.TLS = cfg
-	c.UserAgent = "drover/" + buildinfo.Version()
 	if err := c.Check(ctx, device, dest); err != nil {
-		var ae *tunnel.APIError
-		if errors.As(err, &ae) {
-			return fmt.Errorf("tunnel to %s on device %s refused: %s (%s)", dest, device, ae.Message, ae.Code)
-		}
-		return fmt.Errorf("tunnel to %s on device %s: %w", dest, device, err)
+		return refused("tunnel to "+dest, device, err)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(listen, lport))
 	if err != nil {

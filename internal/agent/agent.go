@@ -53,6 +53,14 @@ type Config struct {
 	// TunnelAllow is what the server may reach through this device when
 	// it asks for a tunnel (tunnel.go); empty: nothing.
 	TunnelAllow *tunnel.AllowList
+	// RemoteShell is the shell the server may start on this device, with
+	// a terminal, for an operator (remote.go); "": none.
+	RemoteShell string
+	// FilesAllow is the directories the server may write files to and
+	// read files from (remote.go); empty: none. FilesMaxSize bounds a
+	// file either way.
+	FilesAllow   *tunnel.FileRoots
+	FilesMaxSize int64
 
 	Identity  Identity // empty fields are read from the system
 	MachineID string   // empty: the one kept in StateDir, derived once (identity.go)
@@ -96,6 +104,7 @@ func DefaultConfig() Config {
 		MaxBackoff:          5 * time.Minute,
 		EnrollRetry:         10 * time.Minute,
 		RequestTimeout:      30 * time.Second,
+		FilesMaxSize:        64 << 20,
 		CPUWindow:           time.Second,
 		CommandKinds:        DefaultCommandKinds,
 		RebootCommand:       []string{"/sbin/reboot"},

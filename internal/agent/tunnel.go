@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -115,6 +116,18 @@ func (a *Agent) serveStream(ctx context.Context, st *yamux.Stream) {
 	refuse := func(code string, err error) {
 		tunnel.WriteLine(st, tunnel.Answer{Error: code, Message: err.Error()})
 		st.Close()
+	}
+	switch req.Kind {
+	case "":
+	case tunnel.KindShell:
+		a.serveShell(ctx, st, req)
+		return
+	case tunnel.KindPut, tunnel.KindGet:
+		a.serveFile(st, req)
+		return
+	default:
+		refuse(tunnel.CodeBadRequest, errors.New("unknown kind of stream "+strconv.Quote(req.Kind)))
+		return
 	}
 	addr, err := a.cfg.TunnelAllow.Resolve(ctx, req.To, lookupIP)
 	switch {

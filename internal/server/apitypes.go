@@ -237,3 +237,7 @@ type layerDeleted struct {
 type layerRevisions struct {
 	Revisions []fleet.ConfigLayer `json:"revisions"`
 }
+
+// rawUpload is the request body of a route that takes the bytes of a file
+// as they are (application/octet-stream), not JSON.
+type rawUpload struct{}

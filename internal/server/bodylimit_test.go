@@ -74,8 +74,10 @@ func declaredBody(t *testing.T, s *servertest.Server, base, method, path, token 
 // body (each route of the API, the device routes, firmware uploads with
 // their own limit), whatever the declared length.
 func TestDeclaredOversizeBodyAnswered413AtOnce(t *testing.T) {
-	const fwMax = 4 << 20
-	s := servertest.Start(t, servertest.Options{HTTP: true, Configure: func(c *server.Config) { c.FirmwareMaxSize = fwMax }})
+	const fwMax, fileMax = 4 << 20, 2 << 20
+	s := servertest.Start(t, servertest.Options{HTTP: true, Configure: func(c *server.Config) {
+		c.FirmwareMaxSize, c.RemoteFileMaxSize = fwMax, fileMax
+	}})
 	c := &client{t: t, s: s, url: s.URL}
 	_, token := c.register("m-1")
 
@@ -135,7 +137,7 @@ func TestDeclaredOversizeBodyAnswered413AtOnce(t *testing.T) {
 				check(t, base, "POST", "/api/v1/push", token, n, "65536 bytes")
 			}
 			for _, r := range reqs {
-				if r.path == "/api/v1/firmware" && r.method == "POST" {
+				if r.path == "/api/v1/firmware" && r.method == "POST" || r.path == "/api/v1/devices/1/files" && r.method == "PUT" {
 					continue
 				}
 				check(t, base, r.method, r.path, s.AdminToken, 65537, "65536 bytes")
@@ -143,6 +145,10 @@ func TestDeclaredOversizeBodyAnswered413AtOnce(t *testing.T) {
 			// A firmware upload has its own limit (--firmware-max-size).
 			check(t, base, "POST", "/api/v1/firmware?device_type=ICR&version=1", s.AdminToken, fwMax+1, fmt.Sprintf("%d bytes", fwMax))
 			check(t, base, "POST", "/api/v1/firmware?device_type=ICR&version=1", s.AdminToken, 99999999999, fmt.Sprintf("%d bytes", fwMax))
+			// A file upload to a device has its own limit too
+			// (--remote-file-max-size).
+			check(t, base, "PUT", "/api/v1/devices/1/files?path=/tmp/x", s.AdminToken, fileMax+1, fmt.Sprintf("%d bytes", fileMax))
+			check(t, base, "PUT", "/api/v1/devices/1/files?path=/tmp/x", s.AdminToken, 99999999999, fmt.Sprintf("%d bytes", fileMax))
 			// The dashboard's forms: the login form 64 KiB, the others 1 MiB.
 			check(t, base, "POST", "/ui/login", "", 65537, "65536 bytes")
 			check(t, base, "POST", "/ui/profiles/1", "", 1<<20+1, "1048576 bytes")

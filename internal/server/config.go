@@ -130,8 +130,21 @@ type Config struct {
 	ACMEEmail        string
 	ACMECACert       string
 	// Tunnel bounds port forwarding sessions (tunnel.go,
-	// docs/remote-access.md).
+	// docs/remote-access.md), and remote terminals and file transfers
+	// as well.
 	Tunnel TunnelLimits
+	// RemoteAccessLabels, comma-separated, are the labels a device must
+	// carry one of for any remote access (tunnels, terminals, files);
+	// "": every device (remote.go, docs/remote-access.md).
+	RemoteAccessLabels string
+	// TerminalRecord keeps every remote terminal's output as an asciinema
+	// v2 file in DataDir/recordings, deleted after
+	// TerminalRecordRetention.
+	TerminalRecord          bool
+	TerminalRecordRetention time.Duration
+	// RemoteFileMaxSize bounds a file upload to a device through this
+	// server (each agent has its own bound, --files-max-size).
+	RemoteFileMaxSize int64
 }
 
 // DefaultCommitInterval is the default -commit-interval (docs/performance.md,
@@ -189,6 +202,8 @@ func DefaultConfig() Config {
 		FirmwareDownloadMax:     6 * time.Hour,
 		NATSURL:                 cluster.DefaultConfig().NATSURL,
 		Tunnel:                  DefaultTunnelLimits(),
+		TerminalRecordRetention: 90 * 24 * time.Hour,
+		RemoteFileMaxSize:       1 << 30,
 	}
 }
 
@@ -258,6 +273,12 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Tunnel.check(); err != nil {
 		return err
+	}
+	if c.TerminalRecordRetention < time.Hour {
+		return errors.New("-terminal-record-retention must be at least 1h")
+	}
+	if c.RemoteFileMaxSize < 0 {
+		return errors.New("-remote-file-max-size must not be negative")
 	}
 	if err := c.validateSecrets(); err != nil {
 		return err

@@ -104,7 +104,10 @@ func (g *schemaGen) operation(rt route) map[string]any {
 	if params != nil {
 		op["parameters"] = params
 	}
-	if rt.in != nil {
+	if _, raw := rt.in.(rawUpload); raw {
+		op["requestBody"] = map[string]any{"required": true, "content": map[string]any{
+			"application/octet-stream": map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}}
+	} else if rt.in != nil {
 		if _, none := rt.in.(noBody); !none {
 			content := map[string]any{"application/json": map[string]any{"schema": g.request(rt.in)}}
 			if rt.stream { // the file itself, its metadata in the query

@@ -56,7 +56,9 @@ type route struct {
 	// with (its context carries what it checked).
 	refuse func(w http.ResponseWriter, r *http.Request) (*http.Request, bool)
 	// stream: the handler bounds the body itself and may take up to
-	// -firmware-download-max (firmware uploads).
+	// -firmware-download-max (firmware uploads), or it is a plain handler
+	// whose body may reach -remote-file-max-size (file uploads to a
+	// device).
 	stream bool
 	// Device endpoints count every answer in outcomes; ok names the
 	// counter of a success.
@@ -107,6 +109,12 @@ func (a *api) table() []route {
 			summary: "Get a device", out: fleet.Device{}},
 		{method: "GET", path: "/api/v1/devices/{id}/tunnel", need: remoteAccess, endpoint: "tunnel", h: a.tunnelHandler(), query: q("to"),
 			summary: "Open a tunnel to a device (WebSocket)", out: rawAnswer{101, ""}, errs: e(409, 429, 502, 503, 504)},
+		{method: "GET", path: "/api/v1/devices/{id}/terminal", need: remoteAccess, endpoint: "terminal", h: a.terminalHandler(), query: q("cols", "rows", "command"),
+			summary: "Open a terminal on a device (WebSocket)", out: rawAnswer{101, ""}, errs: e(409, 429, 501, 502, 503, 504)},
+		{method: "GET", path: "/api/v1/devices/{id}/files", need: remoteAccess, endpoint: "files", h: a.filesHandler(false), query: q("path"),
+			summary: "Download a file from a device", out: rawAnswer{200, "application/octet-stream"}, errs: e(404, 409, 429, 501, 502, 503, 504)},
+		{method: "PUT", path: "/api/v1/devices/{id}/files", need: remoteAccess, endpoint: "files", h: a.filesHandler(true), query: q("path"), stream: true,
+			summary: "Upload a file to a device", in: rawUpload{}, out: created(fileAnswer{}), errs: e(404, 409, 411, 429, 501, 502, 503, 504)},
 		{method: "GET", path: "/api/v1/devices/{id}/history", need: viewer, fn: a.getHistory, query: q("from", "to", "limit", "format"),
 			summary: "Get a device's state history", out: historyPage{}},
 		{method: "POST", path: "/api/v1/devices/{id}/approve", need: operator, fn: a.admitDevice(fleet.Approve),
@@ -482,9 +490,13 @@ func (a *api) guard(rt route, h http.Handler) http.HandlerFunc {
 		rt.endpoint = rt.path
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength > protocol.MaxBodyBytes { // none of them reads a body
+		limit := int64(protocol.MaxBodyBytes) // none of them reads a body but uploads to devices
+		if rt.stream {
+			limit = a.fileMax
+		}
+		if r.ContentLength > limit {
 			defer closeAfter(w, r)()
-			a.fail(w, &rt, bodyTooLarge(protocol.MaxBodyBytes, false))
+			a.fail(w, &rt, bodyTooLarge(limit, false))
 			return
 		}
 		r, err := a.authorize(rt.need, r)

@@ -275,6 +275,8 @@ func (s *Server) buildHandler(context.Context) error {
 	}
 	a.hub = s.hub
 	a.tunnels = newTunnels(s.cfg.Tunnel, s.hub)
+	a.tunnels.opt = s.cfg.remoteOptions()
+	a.fileMax = s.cfg.RemoteFileMaxSize
 	a.tunnels.register(s.m.reg)
 	s.stopHolds = make(chan struct{})
 	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
@@ -286,6 +288,7 @@ func (s *Server) buildHandler(context.Context) error {
 	ui, err := web.New(web.Options{OIDC: sso,
 		Fleet: s.fleet, Alerts: s.alerts, Access: s.acc, Audit: a.Audited, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
 		Sessions: s.sessionStore(), SharedSessions: s.cfg.Cluster, Cluster: s.clusterNodes(),
+		Terminal: a.DashboardTerminal, Download: a.DashboardDownload,
 		UploadFirmware: a.storeFirmware, DeleteFirmware: a.removeFirmware, TransferTimeout: s.cfg.FirmwareDownloadMax,
 	})
 	if err != nil {

@@ -20,7 +20,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +63,7 @@ var tunnelLinkIdle = time.Minute
 // tunnels holds the devices' links and the open sessions.
 type tunnels struct {
 	lim       TunnelLimits
+	opt       RemoteOptions
 	hub       *hub
 	mu        sync.Mutex
 	links     map[uint64]*tunnelLink
@@ -410,13 +410,22 @@ func (a *api) tunnelLink(w http.ResponseWriter, r *http.Request) {
 
 // tunnelSession is one operator session's audit record.
 type tunnelSession struct {
-	Session     uint64    `json:"session"`
-	Destination string    `json:"destination"`
-	StartedAt   time.Time `json:"started_at"`
-	EndedAt     time.Time `json:"ended_at,omitzero"`
-	ToDevice    int64     `json:"bytes_to_device"`
-	FromDevice  int64     `json:"bytes_from_device"`
-	EndReason   string    `json:"end_reason,omitempty"`
+	Session uint64 `json:"session"`
+	// Kind is tunnel, shell or file (remote.go).
+	Kind        string `json:"kind"`
+	Destination string `json:"destination,omitempty"` // tunnel
+	Command     string `json:"command,omitempty"`     // shell: the command line run instead of a shell
+	Recording   string `json:"recording,omitempty"`   // shell: its recording's file name
+	ExitStatus  *int   `json:"exit_status,omitempty"` // shell
+	Path        string `json:"path,omitempty"`        // file
+	Direction   string `json:"direction,omitempty"`   // file: put or get
+	SHA256      string `json:"sha256,omitempty"`      // file put: of the file written
+
+	StartedAt  time.Time `json:"started_at"`
+	EndedAt    time.Time `json:"ended_at,omitzero"`
+	ToDevice   int64     `json:"bytes_to_device"`
+	FromDevice int64     `json:"bytes_from_device"`
+	EndReason  string    `json:"end_reason,omitempty"`
 }
 
 // Why a session ended, as the audit log says.
@@ -439,8 +448,7 @@ func (a *api) tunnelHandler() http.Handler {
 func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 	rt := &route{endpoint: "tunnel"}
 	who, _ := actorOf(r)
-	dev, err := pathID(r)
-	if err != nil {
+	if _, err := pathID(r); err != nil {
 		a.fail(w, rt, err)
 		return
 	}
@@ -454,80 +462,32 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, rt, errBadTunnel)
 		return
 	}
-	d, err := a.fleet.Device(r.Context(), dev)
+	op, err := a.startRemote(r, rt, kindTunnel, who, upgrade)
 	if err != nil {
-		a.fail(w, rt, ifNotFound(err, "device "+strconv.FormatUint(dev, 10)))
-		return
-	}
-	object := "/api/v1/devices/" + strconv.FormatUint(dev, 10)
-	rec := tunnelSession{Destination: dest, StartedAt: time.Now().UTC()}
-	refuse := func(err error) {
-		if upgrade && a.tunnels.m.refused != nil {
-			a.tunnels.m.refused.WithLabelValues(answerError(err).code).Inc()
-		}
-		if upgrade {
-			rec.EndedAt, rec.EndReason = time.Now().UTC(), "refused: "+answerError(err).code
-			a.record(r.Context(), who, r, "tunnel refused", object, nil, auditJSON(rec))
-		}
 		a.fail(w, rt, err)
-	}
-	if d.Admission != "" && d.Admission != "active" {
-		refuse(&apiError{status: http.StatusConflict, code: "device_not_active",
-			msg: fmt.Sprintf("device %d is %s: no tunnel reaches it", dev, d.Admission)})
 		return
 	}
-	id, release, err := a.tunnels.reserve(dev)
-	if err != nil {
-		refuse(err)
+	op.rec.Destination = dest
+	if _, err := op.open(tunnel.Request{To: dest, Check: !upgrade}); err != nil {
+		op.refuse(w, err)
 		return
 	}
-	defer release()
-	rec.Session = id
-	lim := a.tunnels.lim
-	l, err := a.tunnels.link(r.Context(), dev)
-	if err != nil {
-		refuse(err)
-		return
-	}
-	st, err := a.tunnels.openStream(l)
-	if err != nil {
-		refuse(&apiError{status: http.StatusBadGateway, code: "device_no_tunnel", msg: "the device's tunnel link failed: " + err.Error()})
-		return
-	}
-	defer a.tunnels.streamDone(l)
-	var ans tunnel.Answer
-	st.SetDeadline(time.Now().Add(lim.Open))
-	err = tunnel.WriteLine(st, tunnel.Request{To: dest, Check: !upgrade})
-	if err == nil {
-		err = tunnel.ReadLine(st, &ans)
-	}
-	st.SetDeadline(time.Time{})
-	if err != nil {
-		st.Close()
-		refuse(&apiError{status: http.StatusGatewayTimeout, code: "device_no_tunnel", msg: "the device did not answer the tunnel request: " + err.Error()})
-		return
-	}
-	if ans.Error != "" {
-		st.Close()
-		refuse(agentRefusal(ans))
-		return
-	}
+	defer op.end()
 	if !upgrade {
-		st.Close()
-		writeJSON(w, http.StatusOK, map[string]any{"device_id": strconv.FormatUint(dev, 10), "to": dest, "allowed": true})
+		writeJSON(w, http.StatusOK, map[string]any{"device_id": strconv.FormatUint(op.dev, 10), "to": dest, "allowed": true})
 		return
 	}
 	nc, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		st.Close()
 		a.fail(w, rt, err)
 		return
 	}
 	nc.SetDeadline(time.Time{})
-	var op net.Conn = nc
+	var opc net.Conn = nc
 	if n := brw.Reader.Buffered(); n > 0 { // the client's first bytes, sent early
-		op = &bufferedConn{Conn: nc, r: brw.Reader}
+		opc = &bufferedConn{Conn: nc, r: brw.Reader}
 	}
+	id := op.rec.Session
 	answer := "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + tunnel.UpgradeToken + "\r\n" +
 		"X-Drover-Tunnel-Session: " + strconv.FormatUint(id, 10) + "\r\n"
 	if a.node != nil {
@@ -535,84 +495,46 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	if _, err := nc.Write([]byte(answer + "\r\n")); err != nil {
 		nc.Close()
-		st.Close()
 		return
 	}
-	a.record(r.Context(), who, r, "tunnel open", object, nil, auditJSON(rec))
-	var tracked bool
-	rec.EndReason, tracked = a.pipeTunnel(id, op, st, l, &rec)
-	rec.EndedAt = time.Now().UTC()
-	if m := a.tunnels.m; m.ended != nil {
-		m.ended.WithLabelValues(strings.SplitN(rec.EndReason, ":", 2)[0]).Inc()
-		m.bytes.WithLabelValues("to_device").Add(float64(rec.ToDevice))
-		m.bytes.WithLabelValues("from_device").Add(float64(rec.FromDevice))
-	}
-	a.record(r.Context(), who, r, "tunnel end", object, nil, auditJSON(rec))
-	if tracked {
-		a.tunnels.untrack(id)
-	}
-}
-
-// pipeTunnel carries one session until it ends, within the limits; it
-// returns why it ended, fills rec's byte counts and says whether the
-// session is tracked (the caller untracks it once its end is recorded).
-func (a *api) pipeTunnel(id uint64, op net.Conn, st *yamux.Stream, l *tunnelLink, rec *tunnelSession) (string, bool) {
-	lim := a.tunnels.lim
-	var why atomic.Value
-	end := func(reason string) {
-		why.CompareAndSwap(nil, reason)
-		op.Close()
+	st := op.st
+	run := op.run(func() {
+		opc.Close()
 		st.Close()
-	}
-	tracked := a.tunnels.track(id, func() { end(tunnelStopping) })
-	if !tracked {
-		end(tunnelStopping)
-	}
-	up, down, last := tunnel.NewCounters()
-	done := make(chan struct{})
-	go func() {
-		tick := min(lim.Idle, lim.MaxDuration) / 10
-		t := time.NewTicker(max(tick, 10*time.Millisecond))
-		defer t.Stop()
-		deadline := time.Now().Add(lim.MaxDuration)
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-t.C:
-				switch {
-				case now.After(deadline):
-					end(tunnelMaxDuration)
-					return
-				case now.Sub(time.Unix(0, last.Load())) >= lim.Idle:
-					end(tunnelIdle)
-					return
-				}
-			}
-		}
-	}()
-	err := tunnel.Pipe(op, st, up, down)
-	close(done)
-	rec.ToDevice, rec.FromDevice = up.N(), down.N()
-	if r, ok := why.Load().(string); ok {
-		return r, tracked
-	}
-	if l.sess.IsClosed() {
-		return tunnelLinkLost, tracked
-	}
-	if err != nil {
-		return tunnelClosed + ": " + err.Error(), tracked
-	}
-	return tunnelClosed, tracked
+	})
+	err = tunnel.Pipe(opc, st, run.up, run.down)
+	run.stop()
+	op.rec.EndReason = op.endReason(&run.why, err)
+	op.finish(run)
 }
 
-// agentRefusal is the API error of an agent's refusal.
-func agentRefusal(ans tunnel.Answer) error {
+// agentRefusal is the API error of an agent's refusal of a stream of kind.
+func agentRefusal(kind string, ans tunnel.Answer) error {
+	msg := "the device refused: " + ans.Message
+	if kind != "" {
+		switch ans.Error {
+		case tunnel.CodeNotAllowed, tunnel.CodeOff, tunnel.CodeUnreachable:
+			// An agent from before terminals and files took the request
+			// for a tunnel.
+			return &apiError{status: http.StatusNotImplemented, code: "not_supported",
+				msg: "the device's agent does not support remote terminals and file transfer: update it (drover agent, drover-agent)"}
+		}
+	}
 	switch ans.Error {
 	case tunnel.CodeNotAllowed, tunnel.CodeOff:
-		return &apiError{status: http.StatusForbidden, code: "destination_not_allowed", msg: "the device refused: " + ans.Message}
+		return &apiError{status: http.StatusForbidden, code: "destination_not_allowed", msg: msg}
 	case tunnel.CodeUnreachable:
 		return &apiError{status: http.StatusBadGateway, code: "destination_unreachable", msg: "the device could not connect: " + ans.Message}
+	case tunnel.CodeShellOff:
+		return &apiError{status: http.StatusForbidden, code: "shell_not_allowed", msg: msg}
+	case tunnel.CodeFilesOff, tunnel.CodePathNotAllowed:
+		return &apiError{status: http.StatusForbidden, code: "path_not_allowed", msg: msg}
+	case tunnel.CodeTooLarge:
+		return &apiError{status: http.StatusRequestEntityTooLarge, code: "file_too_large", msg: msg}
+	case tunnel.CodeNotFound:
+		return &apiError{status: http.StatusNotFound, code: "file_not_found", msg: msg}
+	case tunnel.CodeFailed:
+		return &apiError{status: http.StatusBadGateway, code: "device_failed", msg: "the device failed: " + ans.Message}
 	}
 	return &apiError{status: http.StatusBadRequest, code: "invalid_field", msg: "the device refused the request: " + ans.Message}
 }

@@ -64,19 +64,7 @@ func TestTunnelOldAgentsAndStrayDevices(t *testing.T) {
 		t.Fatalf("blocked device: %v", err)
 	}
 
-	ws := dialConnect(t, s, token)
-	waitMetric(t, s, "drover_device_connections", 1)
-	msgs := make(chan string, 8)
-	go func() {
-		for {
-			_, m, err := ws.Read(context.Background())
-			if err != nil {
-				close(msgs)
-				return
-			}
-			msgs <- string(m)
-		}
-	}()
+	msgs := connectedMessages(t, s, token)
 	start := time.Now()
 	if err := op.Check(ctx, id, "127.0.0.1:22"); tunnelCode(err) != "device_no_tunnel" || time.Since(start) < 900*time.Millisecond {
 		t.Fatalf("an agent that ignores the request: %v after %v", err, time.Since(start))

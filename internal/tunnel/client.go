@@ -11,8 +11,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // UpgradeToken is the Upgrade header of the operator's tunnel request: after
@@ -213,4 +216,147 @@ func (c *Client) Forward(ctx context.Context, ln net.Listener, device, dest stri
 			logf("%s", msg)
 		}()
 	}
+}
+
+// httpClient is c's client for the API's plain requests (files,
+// terminals): the 100-continue wait covers the device's link opening, so
+// that a refused upload is refused before its body is sent.
+func (c *Client) httpClient() *http.Client {
+	timeout := c.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	tr := &http.Transport{TLSClientConfig: c.TLS, ExpectContinueTimeout: timeout, ResponseHeaderTimeout: timeout + time.Minute,
+		Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: false}
+	return &http.Client{Transport: tr}
+}
+
+// apiURL is the URL of path on c's server.
+func (c *Client) apiURL(path string) (string, error) {
+	u, err := url.Parse(c.Server)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return "", fmt.Errorf("--server %q is not an http(s)://HOST[:PORT] URL", c.Server)
+	}
+	return strings.TrimSuffix(c.Server, "/") + path, nil
+}
+
+func (c *Client) header() http.Header {
+	h := http.Header{"Authorization": {"Bearer " + c.Token}}
+	if c.UserAgent != "" {
+		h.Set("User-Agent", c.UserAgent)
+	}
+	return h
+}
+
+// FileResult is the server's answer to an upload.
+type FileResult struct {
+	DeviceID string `json:"device_id"`
+	Path     string `json:"path"`
+	Size     int64  `json:"size"`
+	SHA256   string `json:"sha256"`
+}
+
+// filesPath is the files route of device and path.
+func filesPath(device, path string) string {
+	return "/api/v1/devices/" + url.PathEscape(device) + "/files?path=" + url.QueryEscape(path)
+}
+
+// Put uploads size bytes of body to path on device.
+func (c *Client) Put(ctx context.Context, device, path string, body io.Reader, size int64) (FileResult, error) {
+	u, err := c.apiURL(filesPath(device, path))
+	if err != nil {
+		return FileResult{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, body)
+	if err != nil {
+		return FileResult{}, err
+	}
+	req.ContentLength = size
+	if size == 0 {
+		req.Body = http.NoBody
+	}
+	req.Header = c.header()
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Expect", "100-continue")
+	resp, err := c.httpClient().Do(req)
+	if err != nil {
+		return FileResult{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return FileResult{}, readError(resp, nil)
+	}
+	var res FileResult
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		return FileResult{}, fmt.Errorf("the server's answer: %w", err)
+	}
+	return res, nil
+}
+
+// Get downloads path from device into w; it returns the bytes written.
+func (c *Client) Get(ctx context.Context, device, path string, w io.Writer) (int64, error) {
+	u, err := c.apiURL(filesPath(device, path))
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header = c.header()
+	resp, err := c.httpClient().Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, readError(resp, nil)
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err == nil && resp.ContentLength >= 0 && n != resp.ContentLength {
+		err = fmt.Errorf("received %d bytes of %d", n, resp.ContentLength)
+	}
+	return n, err
+}
+
+// TerminalOptions shape a terminal: its window, or a command line run
+// without one.
+type TerminalOptions struct {
+	Cols, Rows uint16
+	Command    string
+}
+
+// Terminal opens a terminal on device: a WebSocket whose binary messages
+// are the terminal's bytes both ways, and whose text messages are JSON:
+// {"type":"resize","cols":C,"rows":R} to the server, {"type":"exit",
+// "status":N} from it (docs/remote-access.md).
+func (c *Client) Terminal(ctx context.Context, device string, o TerminalOptions) (*websocket.Conn, error) {
+	q := url.Values{}
+	if o.Cols > 0 && o.Rows > 0 {
+		q.Set("cols", strconv.Itoa(int(o.Cols)))
+		q.Set("rows", strconv.Itoa(int(o.Rows)))
+	}
+	if o.Command != "" {
+		q.Set("command", o.Command)
+	}
+	u, err := c.apiURL("/api/v1/devices/" + url.PathEscape(device) + "/terminal?" + q.Encode())
+	if err != nil {
+		return nil, err
+	}
+	timeout := c.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ws, resp, err := websocket.Dial(dctx, u, &websocket.DialOptions{HTTPClient: c.httpClient(), HTTPHeader: c.header(),
+		CompressionMode: websocket.CompressionDisabled})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return nil, readError(resp, nil)
+		}
+		return nil, err
+	}
+	ws.SetReadLimit(MaxFrame + 64)
+	return ws, nil
 }

@@ -31,16 +31,36 @@ var LinkMessage = []byte(`{"type":"tunnel"}`)
 
 // Request is the server's first line on a stream.
 type Request struct {
-	To string `json:"to"` // HOST:PORT as seen from the device
-	// Check asks only whether To is allowed, without dialling.
+	To string `json:"to"` // HOST:PORT as seen from the device (Kind "")
+	// Check asks only whether the request is allowed, without dialling,
+	// starting a shell or touching a file.
 	Check bool `json:"check,omitempty"`
+	// Kind is what the stream carries (remote.go): "" a TCP connection to
+	// To, KindShell a shell, KindPut or KindGet a file.
+	Kind string `json:"kind,omitempty"`
+	// Path is the file of KindPut and KindGet, absolute on the device.
+	Path string `json:"path,omitempty"`
+	// Size is the length of a KindPut file, sent after the answer.
+	Size int64 `json:"size,omitempty"`
+	// Cols and Rows are a shell's first window size.
+	Cols uint16 `json:"cols,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	// Command, for KindShell, runs this command line with the shell
+	// (SHELL -c COMMAND, no terminal, no input) instead of an
+	// interactive shell.
+	Command string `json:"command,omitempty"`
 }
 
 // Answer is the agent's first line on a stream: Error "" when connected
 // (or, for a check, allowed).
 type Answer struct {
-	Error   string `json:"error,omitempty"` // not_allowed, tunnels_off, unreachable, bad_request
+	Error   string `json:"error,omitempty"` // not_allowed, tunnels_off, unreachable, bad_request, and remote.go's
 	Message string `json:"message,omitempty"`
+	// Size is the length of a KindGet file, sent after the answer.
+	Size int64 `json:"size,omitempty"`
+	// SHA256 is, in the last line of a KindPut stream, the hex SHA-256
+	// of the file written.
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // Answer codes.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -135,6 +136,48 @@ func seedDatabase(t *testing.T, path string, sd *fleetSeed, now time.Time) {
 
 func ptr(v float64) *float64 { return &v }
 
+// startBrowser starts a headless chromium for the test, for at most
+// timeout; problems returns the script errors and console errors (CSP
+// violations among them) it reported so far.
+func startBrowser(t *testing.T, chrome string, timeout time.Duration) (ctx context.Context, problems func() []string) {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("headless", true), chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.Flag("ignore-certificate-errors", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1360, 900),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	t.Cleanup(cancelCtx)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	t.Cleanup(cancel)
+
+	var consoleMu sync.Mutex
+	var seen []string
+	listen := func(ev any) {
+		consoleMu.Lock()
+		defer consoleMu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			seen = append(seen, "exception: "+e.ExceptionDetails.Text)
+		case *log.EventEntryAdded:
+			if e.Entry.Level == log.EntryLevelError && !strings.Contains(e.Entry.Text, "status of 400") {
+				seen = append(seen, "console: "+e.Entry.Text)
+			}
+		}
+	}
+	if err := chromedp.Listen(ctx, listen); err != nil {
+		t.Fatalf("starting chromium: %v", err)
+	}
+	return ctx, func() []string {
+		consoleMu.Lock()
+		defer consoleMu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
 // hookReceiver records webhook POSTs.
 type hookReceiver struct {
 	mu     sync.Mutex
@@ -183,36 +226,7 @@ func TestBrowser(t *testing.T) {
 		shots = filepath.Join("..", "..", shots)
 	}
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("headless", true), chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.Flag("ignore-certificate-errors", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1360, 900),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelCtx := chromedp.NewContext(actx)
-	defer cancelCtx()
-	ctx, cancel := context.WithTimeout(ctx, 100*time.Second)
-	defer cancel()
-
-	var consoleMu sync.Mutex
-	var problems []string
-	listen := func(ev any) {
-		consoleMu.Lock()
-		defer consoleMu.Unlock()
-		switch e := ev.(type) {
-		case *runtime.EventExceptionThrown:
-			problems = append(problems, "exception: "+e.ExceptionDetails.Text)
-		case *log.EventEntryAdded:
-			if e.Entry.Level == log.EntryLevelError && !strings.Contains(e.Entry.Text, "status of 400") {
-				problems = append(problems, "console: "+e.Entry.Text)
-			}
-		}
-	}
-	if err := chromedp.Listen(ctx, listen); err != nil {
-		t.Fatalf("starting chromium: %v", err)
-	}
+	ctx, problems := startBrowser(t, chrome, 100*time.Second)
 	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		if err := chromedp.Do(ctx, steps...); err != nil {
@@ -510,10 +524,8 @@ func TestBrowser(t *testing.T) {
 		t.Fatal("a viewer can edit a profile")
 	}
 
-	consoleMu.Lock()
-	defer consoleMu.Unlock()
-	if len(problems) > 0 {
-		t.Fatalf("the browser reported problems (CSP violations or script errors):\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the browser reported problems (CSP violations or script errors):\n%s", strings.Join(p, "\n"))
 	}
 }
 

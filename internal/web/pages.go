@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/alert"
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
@@ -318,6 +319,9 @@ type devicePage struct {
 	// source (profile, label NAME, device); nil: unavailable.
 	Config  *fleet.EffectiveConfig
 	Members []fleet.ConfigMember
+	// Terminal, Download: the page offers a remote terminal, a file
+	// download (the server serves them and the user may open one).
+	Terminal, Download bool
 }
 
 var ranges = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
@@ -338,7 +342,8 @@ func (h *Handler) device(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d := devicePage{D: dev, Labels: h.fleet.DeviceLabels(id), Range: r.URL.Query().Get("range"), Ranges: []string{"1h", "6h", "24h", "7d"},
-		Actions: admitButtons(dev)}
+		Actions: admitButtons(dev), Terminal: h.opts.Terminal != nil && actorOf(r).Role.May(access.RemoteAccess),
+		Download: h.opts.Download != nil && actorOf(r).Role.May(access.RemoteAccess)}
 	if q, ok := h.fleet.QuotaOf(id); ok {
 		d.Quota = &q
 	}

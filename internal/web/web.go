@@ -67,7 +67,14 @@ type Options struct {
 	// server's); nil: the firmware page takes no uploads. TransferTimeout
 	// bounds an upload (default: the server's request deadline).
 	// OIDC enables single sign-on (oidc.go); nil: passwords only.
-	OIDC            *OIDC
+	OIDC *OIDC
+	// Terminal serves a remote terminal's WebSocket for a logged-in
+	// operator (the server's, docs/remote-access.md); nil: the device
+	// page has no terminal.
+	Terminal func(w http.ResponseWriter, r *http.Request, who access.Actor)
+	// Download serves a file from a device (?path=) for a logged-in
+	// operator (the server's); nil: the device page offers none.
+	Download        func(w http.ResponseWriter, r *http.Request, who access.Actor)
 	UploadFirmware  FirmwareUpload
 	DeleteFirmware  func(ctx context.Context, id uint64) error
 	TransferTimeout time.Duration
@@ -163,6 +170,18 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET "+Prefix+"devices", h.can(V, "", h.devices))
 	m.HandleFunc("POST "+Prefix+"devices/label", h.can(O, "/api/v1/labels", h.labelDevices))
 	m.HandleFunc("GET "+Prefix+"devices/{id}", h.can(V, "", h.device))
+	if h.opts.Terminal != nil {
+		// The WebSocket of the device page's terminal: audited as a
+		// session by the server, not as a change.
+		m.HandleFunc("GET "+Prefix+"devices/{id}/terminal", h.can(access.RemoteAccess.Least(), "", func(w http.ResponseWriter, r *http.Request, _ *session) {
+			h.opts.Terminal(w, r, actorOf(r))
+		}))
+	}
+	if h.opts.Download != nil {
+		m.HandleFunc("GET "+Prefix+"devices/{id}/files", h.can(access.RemoteAccess.Least(), "", func(w http.ResponseWriter, r *http.Request, _ *session) {
+			h.opts.Download(w, r, actorOf(r))
+		}))
+	}
 	m.HandleFunc("POST "+Prefix+"devices/{id}/admission", h.can(O, "/api/v1/devices/{id}", h.admitDevice))
 	m.HandleFunc("POST "+Prefix+"devices/{id}/quota", h.can(O, "/api/v1/devices/{id}/quota", h.deviceQuota))
 	m.HandleFunc("GET "+Prefix+"profiles", h.can(V, "", h.profiles))

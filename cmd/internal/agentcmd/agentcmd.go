@@ -22,7 +22,7 @@ import (
 func Run(ctx context.Context, prog string, args []string, env command.Env) error {
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
-	var secretFile, interfaces, logFormat, logLevel, printPin, tunnelAllow string
+	var secretFile, interfaces, logFormat, logLevel, printPin, tunnelAllow, filesAllow string
 	var printMachineID bool
 	fs.StringVar(&cfg.Server, "server", "", "server URL, e.g. https://drover.example.com:8443 (required)")
 	fs.StringVar(&cfg.EnrollSecret, "enroll-secret", "", "enrollment secret of the server (needed to register)")
@@ -63,6 +63,9 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 	fs.StringVar(&rebootCmd, "reboot-command", rebootCmd, "program and arguments (split at spaces, no shell) the reboot command runs")
 	fs.BoolVar(&cfg.Connect, "connect", false, "hold a persistent connection (WebSocket) to the server, which then reaches this device within a second; pushes go on as usual")
 	fs.StringVar(&tunnelAllow, "tunnel-allow", "", "destinations the server may reach through this device (port forwarding, needs --connect): comma-separated HOST:PORT, IP:PORT or CIDR:PORT, PORT a number, LO-HI or *; empty: none (docs/agent.md)")
+	fs.StringVar(&cfg.RemoteShell, "remote-shell", "", "shell the server may start on this device, with a terminal, for an operator's remote terminal (needs --connect), e.g. /bin/sh; empty: none (docs/remote-access.md)")
+	fs.StringVar(&filesAllow, "files-allow", "", "directories the server may write files to and read files from for an operator (file transfer, needs --connect): comma-separated absolute paths; empty: none (docs/remote-access.md)")
+	fs.Int64Var(&cfg.FilesMaxSize, "files-max-size", cfg.FilesMaxSize, "largest file transferred to or from this device, in bytes")
 	fs.StringVar(&logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&printPin, "print-pin", "", "print the --pin-pubkey value of a PEM certificate file and exit")
@@ -125,6 +128,12 @@ func Run(ctx context.Context, prog string, args []string, env command.Env) error
 		return command.Usage(err)
 	}
 	cfg.TunnelAllow = allow
+	if cfg.FilesAllow, err = tunnel.ParseFileRoots(filesAllow); err != nil {
+		return command.Usage(err)
+	}
+	if cfg.FilesMaxSize < 0 {
+		return command.Usage(errors.New("--files-max-size must not be negative"))
+	}
 	log, _, err := command.NewLogger(env.Stderr, logFormat, logLevel)
 	if err != nil {
 		return err
