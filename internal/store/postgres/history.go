@@ -546,7 +546,9 @@ func (s *Store) CompactHistory(ctx context.Context, now time.Time) (int, error) 
 }
 
 // packedName is the table partition from is packed into before the swap.
-func packedName(from int64) string { return "history_packing_" + strings.TrimPrefix(partName(from), "history_") }
+func packedName(from int64) string {
+	return "history_packing_" + strings.TrimPrefix(partName(from), "history_")
+}
 
 // compactStopAfter, if positive, stops a compaction after that many chunks
 // as a crash would (tests).

@@ -377,4 +377,3 @@ func Decode(b []byte, id uint64) ([]fleet.Sample, error) {
 	}
 	return ss, nil
 }
-

@@ -2,7 +2,7 @@ package histcodec
 
 import (
 	"math"
-		"reflect"
+	"reflect"
 	"testing"
 	"time"
 
