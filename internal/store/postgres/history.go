@@ -89,15 +89,18 @@ func (s *Store) loadParts(ctx context.Context) error {
 	}
 	var parts []hpart
 	for rows.Next() {
-		var bound string
+		var bound *string // NULL: a partition being swapped in by the compactor
 		if err := rows.Scan(&bound); err != nil {
 			rows.Close()
 			return err
 		}
-		m := boundRE.FindStringSubmatch(bound)
+		if bound == nil {
+			continue
+		}
+		m := boundRE.FindStringSubmatch(*bound)
 		if m == nil {
 			rows.Close()
-			return fmt.Errorf("history partition bound %q", bound)
+			return fmt.Errorf("history partition bound %q", *bound)
 		}
 		from, _ := strconv.ParseInt(m[1], 10, 64)
 		to, _ := strconv.ParseInt(m[2], 10, 64)

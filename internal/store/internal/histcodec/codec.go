@@ -1,9 +1,11 @@
 // Package histcodec packs a device's history samples into one compact
 // value: column by column, each numeric column as varints of its deltas (or
 // deltas of deltas, whichever is shorter) with their common trailing zero
-// bits shifted out, decimals as scaled integers when that is exact. A push's
-// sample usually differs little from the previous one, so a packed run of
-// samples takes a few bytes each instead of a row each.
+// bits shifted out, decimals as scaled integers when that is exact; a
+// column whose values step evenly (sequence numbers, constants) takes a few
+// bytes in all. A push's sample usually differs little from the previous
+// one, so a packed run of samples takes a few bytes each instead of a row
+// each.
 package histcodec
 
 import (
@@ -148,9 +150,24 @@ func zigzag(v int64) uint64 { return uint64(v<<1) ^ uint64(v>>63) }
 
 func unzigzag(u uint64) int64 { return int64(u>>1) ^ -int64(u&1) }
 
+// constDelta marks a column whose values differ by the same step each
+// (counters of uptime, sequence numbers, constants): the first value and
+// the step, nothing per sample.
+const constDelta = 3
+
 func appendInts(out []byte, vs []int64) []byte {
 	if len(vs) == 0 {
 		return out
+	}
+	if len(vs) > 2 {
+		step, same := vs[1]-vs[0], true
+		for i := 2; i < len(vs) && same; i++ {
+			same = vs[i]-vs[i-1] == step
+		}
+		if same {
+			out = append(out, constDelta<<6)
+			return binary.AppendUvarint(binary.AppendUvarint(out, zigzag(vs[0])), zigzag(step))
+		}
 	}
 	best, bestOrder, bestShift := 0, 1, uint(0)
 	r := make([]int64, len(vs))
@@ -242,6 +259,18 @@ func (r *reader) ints(dst []int64) {
 	}
 	h := r.byte()
 	order, shift := int(h>>6), uint(h&63)
+	if order == constDelta {
+		if shift != 0 || len(dst) < 3 {
+			r.err = true
+			return
+		}
+		dst[0] = unzigzag(r.uvarint())
+		step := unzigzag(r.uvarint())
+		for i := 1; i < len(dst); i++ {
+			dst[i] = dst[i-1] + step
+		}
+		return
+	}
 	if order < 1 || order > 2 {
 		r.err = true
 		return
@@ -330,10 +359,15 @@ func Decode(b []byte, id uint64) ([]fleet.Sample, error) {
 				m.DiskUsed = &v
 			case 4:
 				m.DiskTotal = &v
-			case 5:
-				m.RxBytes = batchutil.UnclampU(&v)
-			case 6:
-				m.TxBytes = batchutil.UnclampU(&v)
+			case 5, 6: // counters are stored clamped to 0..MaxInt64
+				if v < 0 {
+					return nil, ErrCorrupt
+				}
+				if k == 5 {
+					m.RxBytes = batchutil.UnclampU(&v)
+				} else {
+					m.TxBytes = batchutil.UnclampU(&v)
+				}
 			}
 		}
 	}

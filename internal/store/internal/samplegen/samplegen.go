@@ -1,6 +1,7 @@
 // Package samplegen makes history samples like those the emulator's default
 // template pushes (internal/emulator: a cellular router every push
-// interval): random walks for CPU and temperature with one decimal, memory
+// interval): uptime in seconds since a boot up to 30 days before, random walks for CPU and
+// temperature with one decimal, memory
 // following CPU in MiB, disk used uniform in 41–42 MB, traffic counters
 // growing by random amounts, signal values uniform, push times jittered by
 // a few hundred milliseconds. The store's size and speed tests load them.
@@ -21,7 +22,7 @@ func Device(id uint64, start time.Time, interval time.Duration, n int, seed uint
 	at := start.Add(time.Duration(r.Int64N(int64(interval))))
 	cpu, temp := 5+float64(r.IntN(30)), 38+float64(r.IntN(12))
 	rx, tx := uint64(r.IntN(1<<30)), uint64(r.IntN(1<<28))
-	up := int64(r.IntN(30 * 24 * 3600))
+	boot := at.Add(-time.Duration(r.IntN(30*24*3600)) * time.Second)
 	ptr := func(v int64) *int64 { return &v }
 	tenths := func(v float64) *float64 { x := math.Round(v*10) / 10; return &x }
 	out := make([]fleet.Sample, n)
@@ -31,7 +32,7 @@ func Device(id uint64, start time.Time, interval time.Duration, n int, seed uint
 		rx += 2000 + uint64(r.IntN(400_000))
 		tx += 1000 + uint64(r.IntN(100_000))
 		at = at.Add(interval + time.Duration(r.IntN(400)-200)*time.Millisecond)
-		up += int64(interval / time.Second)
+		up := int64(at.Sub(boot) / time.Second)
 		rxs, txs := 2*rx, 2*tx // eth0 and wwan0
 		out[i] = fleet.Sample{DeviceID: id, At: at.Truncate(time.Millisecond), Seq: uint64(i + 1), Uptime: ptr(up),
 			CPU: tenths(cpu), MemUsed: ptr(80<<20 + int64(cpu)<<20), MemTotal: ptr(268435456),
