@@ -178,17 +178,22 @@ func TestHistorySizeAndSpeed(t *testing.T) {
 	const per = 432 // a day at 200 s
 	total := int64(devices) * per
 	start := time.Now()
+	var oldLoad, newLoad time.Duration
 	for id := uint64(1); id <= uint64(devices); {
 		var b fleet.Batch
 		for ; id <= uint64(devices) && len(b.Samples) < 20000; id++ {
 			b.Samples = append(b.Samples, samplegen.Device(id, histStart, 200*time.Second, per, 9)...)
 		}
+		t0 := time.Now()
 		loadLegacy(t, s, b.Samples)
+		t1 := time.Now()
 		if err := s.Commit(ctx, &b); err != nil {
 			t.Fatal(err)
 		}
+		oldLoad, newLoad = oldLoad+t1.Sub(t0), newLoad+time.Since(t1)
 	}
-	t.Logf("loaded %d samples twice in %v", total, time.Since(start).Round(time.Second))
+	t.Logf("loaded %d samples twice in %v: samples table %v, partitions %v (batches of 20,000)", total,
+		time.Since(start).Round(time.Second), oldLoad.Round(time.Millisecond), newLoad.Round(time.Millisecond))
 	if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE samples`); err != nil {
 		t.Fatal(err)
 	}
@@ -249,6 +254,24 @@ func TestHistorySizeAndSpeed(t *testing.T) {
 		oldMed, oldMed2, rawMed, packedMed)
 	t.Logf("compaction: %v wall, %.2f µs CPU a sample in drover, %.2f µs in PostgreSQL",
 		wall.Round(time.Millisecond), float64(goCPU.Microseconds())/float64(total), float64(pgCPU.Microseconds())/float64(total))
+
+	// Retention within the first packed partition: every row is cut.
+	before := histStart.Add(2 * time.Hour)
+	pgCPU0, goCPU0, start = serverCPU(t), processCPU(), time.Now()
+	var pruned int64
+	for {
+		n, err := s.PruneHistory(ctx, before, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pruned += n; n < 10000 {
+			break
+		}
+	}
+	wall = time.Since(start)
+	pgCPU, goCPU = serverCPU(t)-pgCPU0, processCPU()-goCPU0
+	t.Logf("retention cut through a packed partition: %d samples of %d rows in %v, %.2f µs CPU a sample in drover, %.2f µs in PostgreSQL",
+		pruned, devices, wall.Round(time.Millisecond), float64(goCPU.Microseconds())/float64(pruned), float64(pgCPU.Microseconds())/float64(pruned))
 }
 
 // serverCPU is the CPU time of the test's PostgreSQL server and its
