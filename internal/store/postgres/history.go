@@ -145,12 +145,13 @@ func (s *Store) ensureParts(ctx context.Context, ats []int64) error {
 	now := partStart(time.Now().UnixMilli())
 	s.hist.mu.Lock()
 	for _, at := range ats {
-		if _, ok := s.hist.covering(at); !ok {
-			if p := partStart(at); !slices.Contains(need, p) {
-				need = append(need, p)
-				if p == now {
-					need = append(need, p+partitionPeriod)
-				}
+		p := partStart(at)
+		if _, ok := s.hist.covering(at); !ok && !slices.Contains(need, p) {
+			need = append(need, p)
+		}
+		if p == now { // the next partition is ready before its first push
+			if _, ok := s.hist.covering(now + partitionPeriod); !ok && !slices.Contains(need, now+partitionPeriod) {
+				need = append(need, now+partitionPeriod)
 			}
 		}
 	}

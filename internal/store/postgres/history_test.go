@@ -310,3 +310,27 @@ func processCPU() time.Duration {
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
+
+// A push into the present partition has the next one created ahead, so
+// that the first push of the next period does not wait for DDL.
+func TestHistoryNextPartitionAhead(t *testing.T) {
+	ctx := context.Background()
+	s := openHist(t, dbtest.Need(t, dbtest.Postgres, server).NewDB(t))
+	defer s.Close()
+	now := time.Now()
+	// The present partition exists already (created ahead a period ago).
+	if err := s.createPart(ctx, partStart(now.UnixMilli())); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.loadParts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, &fleet.Batch{Samples: []fleet.Sample{{DeviceID: 1, At: now, Seq: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	next := partStart(now.UnixMilli()) + partitionPeriod
+	var ok bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, partName(next)).Scan(&ok); err != nil || !ok {
+		t.Fatalf("next partition %s: %v %v", partName(next), ok, err)
+	}
+}
