@@ -538,10 +538,7 @@ func (s *Store) CompactHistory(ctx context.Context, now time.Time) (int, error) 
 	s.hist.mu.Unlock()
 	n := 0
 	for _, p := range todo {
-		start := time.Now()
-		rows, err := s.compactPart(ctx, p)
-		s.reportUpkeep("history_compact", rows, start, err)
-		if err != nil {
+		if err := s.compactPart(ctx, p); err != nil {
 			return n, fmt.Errorf("compacting %s: %w", partName(p.from), err)
 		}
 		n++
@@ -560,61 +557,70 @@ var compactStopAfter = 0
 
 var errCompactStopped = errors.New("compaction stopped")
 
-// compactPart packs partition p into a new table and swaps it in; it
-// returns how many rows it read.
-func (s *Store) compactPart(ctx context.Context, p hpart) (int64, error) {
+// compactPart packs partition p into a new table and swaps it in. Each
+// step reports to the upkeep observer: history_pack (a chunk; items: rows
+// read), history_index, history_swap (items: rows replaced).
+func (s *Store) compactPart(ctx context.Context, p hpart) error {
 	old, packed := pgx.Identifier{partName(p.from)}.Sanitize(), pgx.Identifier{packedName(p.from)}.Sanitize()
 	if _, err := s.pool.Exec(ctx, `DROP TABLE IF EXISTS `+packed); err != nil {
-		return 0, err
+		return err
 	}
 	if _, err := s.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (LIKE history INCLUDING DEFAULTS,
 		CHECK (first_at >= %d AND first_at < %d))`, packed, p.from, p.to)); err != nil {
-		return 0, err
+		return err
 	}
 	// What the copy reads: the rows up to the last ID now.
 	var maxID, count, samples int64
 	if err := s.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0), count(*), coalesce(sum(n), 0) FROM `+old).Scan(&maxID, &count, &samples); err != nil {
-		return 0, err
+		return err
 	}
 	last := int64(math.MinInt64)
 	for chunk := 1; ; chunk++ {
 		if compactStopAfter > 0 && chunk > compactStopAfter {
-			return 0, errCompactStopped
+			return errCompactStopped
 		}
-		more, next, err := s.packChunk(ctx, old, packed, last, maxID)
+		start := time.Now()
+		more, next, rows, err := s.packChunk(ctx, old, packed, last, maxID)
+		s.reportUpkeep("history_pack", rows, start, err)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if !more {
 			break
 		}
 		last = next
 	}
-	if _, err := s.pool.Exec(ctx, `CREATE INDEX ON `+packed+` (device_id, first_at)`); err != nil {
-		return 0, err
+	start := time.Now()
+	_, err := s.pool.Exec(ctx, `CREATE INDEX ON `+packed+` (device_id, first_at)`)
+	s.reportUpkeep("history_index", 0, start, err)
+	if err != nil {
+		return err
 	}
-	return count, s.swapPacked(ctx, p, old, packed, maxID, count, samples)
+	start = time.Now()
+	err = s.swapPacked(ctx, p, old, packed, maxID, count, samples)
+	s.reportUpkeep("history_swap", count, start, err)
+	return err
 }
 
 // packChunk packs the rows (up to maxID) of about compactChunk rows' worth
 // of devices after last into packed, in one transaction. It returns whether
-// devices remain and the chunk's last device.
-func (s *Store) packChunk(ctx context.Context, old, packed string, last, maxID int64) (more bool, hi int64, err error) {
+// devices remain, the chunk's last device and how many rows it read.
+func (s *Store) packChunk(ctx context.Context, old, packed string, last, maxID int64) (more bool, hi, read int64, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return false, 0, err
+		return false, 0, read, err
 	}
 	defer tx.Rollback(ctx)
 	hi = math.MaxInt64
 	err = tx.QueryRow(ctx, `SELECT device_id FROM `+old+` WHERE device_id > $1 ORDER BY device_id OFFSET $2 LIMIT 1`,
 		last, compactChunk).Scan(&hi)
 	if more = err == nil; err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return false, 0, err
+		return false, 0, read, err
 	}
 	rows, err := tx.Query(ctx, `SELECT device_id, id, data FROM `+old+` WHERE device_id > $1 AND device_id <= $2 AND id <= $3
 		ORDER BY device_id, first_at, id`, last, hi, maxID)
 	if err != nil {
-		return false, 0, err
+		return false, 0, read, err
 	}
 	var (
 		pDev, pFirst, pLast, pID []int64
@@ -641,8 +647,9 @@ func (s *Store) packChunk(ctx context.Context, old, packed string, last, maxID i
 		var data []byte
 		if err := rows.Scan(&dev, &id, &data); err != nil {
 			rows.Close()
-			return false, 0, err
+			return false, 0, read, err
 		}
+		read++
 		if dev != cur {
 			pack()
 			cur = dev
@@ -650,7 +657,7 @@ func (s *Store) packChunk(ctx context.Context, old, packed string, last, maxID i
 		ss, err := histcodec.Decode(data, uint64(dev))
 		if err != nil {
 			rows.Close()
-			return false, 0, fmt.Errorf("device %d row %d: %w", dev, id, err)
+			return false, 0, read, fmt.Errorf("device %d row %d: %w", dev, id, err)
 		}
 		for i, m := range ss {
 			group = append(group, keyed{m, id, i})
@@ -659,17 +666,17 @@ func (s *Store) packChunk(ctx context.Context, old, packed string, last, maxID i
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return false, 0, err
+		return false, 0, read, err
 	}
 	pack()
 	if len(pDev) > 0 {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+packed+` (device_id, first_at, last_at, id, n, data)
 			SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::integer[], $6::bytea[])`,
 			pDev, pFirst, pLast, pID, pN, pData); err != nil {
-			return false, 0, err
+			return false, 0, read, err
 		}
 	}
-	return more, hi, tx.Commit(ctx)
+	return more, hi, read, tx.Commit(ctx)
 }
 
 // swapPacked replaces partition old by packed in one transaction, once no
