@@ -14,6 +14,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"math"
 	"math/big"
 	"net"
 	"net/http"
@@ -31,8 +32,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/drover/drover/internal/emulator/results"
+	drover "github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/netlab"
 	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/store/postgres"
 	"github.com/drover/drover/internal/testwait"
 )
 
@@ -569,29 +572,45 @@ type pushKey struct {
 	seq    int64
 }
 
-// stored returns every (device, seq) of the history and the sample count.
+// stored returns every (device, seq) of the history and the sample count,
+// read through the store (history rows are packed: internal/store/postgres).
 func (l *lab) stored() (map[pushKey]bool, int64) {
 	l.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := l.db(ctx)
 	defer c.Close(ctx)
-	rows, err := c.Query(ctx, `SELECT device_id, seq FROM samples`)
+	rows, err := c.Query(ctx, `SELECT id FROM devices`)
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	out := map[pushKey]bool{}
-	var n int64
+	var ids []uint64
 	for rows.Next() {
-		var id, seq int64
-		if err := rows.Scan(&id, &seq); err != nil {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
 			l.t.Fatal(err)
 		}
-		out[pushKey{strconv.FormatInt(id, 10), seq}] = true
-		n++
+		ids = append(ids, uint64(id))
 	}
 	if err := rows.Err(); err != nil {
 		l.t.Fatal(err)
+	}
+	s, err := postgres.OpenUnlocked(ctx, l.dsn)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	defer s.Close()
+	out := map[pushKey]bool{}
+	var n int64
+	for _, id := range ids {
+		h, err := s.History(ctx, id, drover.HistoryQuery{Limit: math.MaxInt32})
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		for _, m := range h {
+			out[pushKey{strconv.FormatUint(id, 10), int64(m.Seq)}] = true
+			n++
+		}
 	}
 	return out, n
 }

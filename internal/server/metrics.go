@@ -103,7 +103,7 @@ func newMetrics() *metrics {
 	})
 	m.storeUp.Set(1)
 	m.upkeepTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "drover_store_upkeep_duration_seconds", Help: "Time of one step of the store's background work, by work (SQLite: checkpoint, wal_restart, state_log_merge, state_log_unlist, state_log_drop, history_stage, history_archive, history_drop).",
+		Name: "drover_store_upkeep_duration_seconds", Help: "Time of one step of the store's background work, by work (SQLite: checkpoint, wal_restart, state_log_merge, state_log_unlist, state_log_drop, history_stage, history_archive, history_drop; PostgreSQL: history_pack, history_index, history_swap).",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	}, []string{"work"})
 	m.upkeepItems = prometheus.NewCounterVec(prometheus.CounterOpts{

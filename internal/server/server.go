@@ -175,8 +175,8 @@ func (s *Server) observeCommit(n int, took time.Duration, err error) {
 // pushes' commits wait as long), a checkpoint's fsync slows the commits'.
 const slowUpkeep = time.Second
 
-// watchUpkeep exports the store's background work (SQLite's; the other
-// backends have none) and logs its slow and failed steps.
+// watchUpkeep exports the store's background work (SQLite's, PostgreSQL's
+// history packing; MariaDB has none) and logs its slow and failed steps.
 func (s *Server) watchUpkeep() {
 	observe := s.store.Extras().ObserveUpkeep
 	if observe == nil {

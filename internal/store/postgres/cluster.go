@@ -101,6 +101,7 @@ func OpenCluster(ctx context.Context, dsn, node string) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("postgres: cluster sequences: %w", err)
 	}
+	s.startCompactor() // one node at a time compacts (history.go)
 	return s, nil
 }
 

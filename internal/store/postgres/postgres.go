@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,8 +35,10 @@ var migrations embed.FS
 // database/sql on the same pool.
 type Store struct {
 	sqlcommon.Tables
-	*sqlcommon.Samples // History, DeviceState, PruneHistory, DropHistory
+	*sqlcommon.Samples // DeviceState; History and retention of the legacy samples table
 	pool               *pgxpool.Pool
+	hist               history // time partitions (history.go)
+	upkeep             atomic.Pointer[fleet.UpkeepObserver]
 	lock               *lock    // nil: no instance lock (drover migrate, cluster mode)
 	cluster            *cluster // cluster mode (cluster.go); nil: not
 	policyStore
@@ -51,7 +54,11 @@ type Store struct {
 // fenced by the recorded holder, so that a server that lost the lock to
 // another one meanwhile fails its writes rather than mix them in.
 func Open(ctx context.Context, dsn string) (*Store, error) {
-	return open(ctx, dsn, true)
+	s, err := open(ctx, dsn, true)
+	if err == nil {
+		s.startCompactor()
+	}
+	return s, err
 }
 
 // OpenUnlocked opens the database without the instance lock, for drover
@@ -95,6 +102,10 @@ func open(ctx context.Context, dsn string, exclusive bool) (s *Store, err error)
 	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: db, W: db, D: sqlcommon.Postgres, Writable: s.LockLost})
 	s.Samples = &sqlcommon.Samples{DB: db, D: sqlcommon.Postgres, Writable: s.LockLost}
 	s.policyStore = newPolicyStore(db)
+	if err := s.openHistory(ctx); err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("postgres: history: %w", err)
+	}
 	return s, nil
 }
 
@@ -130,10 +141,22 @@ func Migrate(ctx context.Context, cc *pgx.ConnConfig) (int, error) {
 }
 
 // Extras implements contract.Store: the checkpoint settings, for advice.
-func (s *Store) Extras() contract.Extras { return contract.Extras{CheckpointRoom: s.CheckpointRoom} }
+func (s *Store) Extras() contract.Extras {
+	return contract.Extras{CheckpointRoom: s.CheckpointRoom, ObserveUpkeep: s.ObserveUpkeep}
+}
+
+// ObserveUpkeep has f told about each step of the history compactor.
+func (s *Store) ObserveUpkeep(f fleet.UpkeepObserver) { s.upkeep.Store(&f) }
+
+func (s *Store) reportUpkeep(work string, items int64, start time.Time, err error) {
+	if f := s.upkeep.Load(); f != nil {
+		(*f)(work, items, time.Since(start), err)
+	}
+}
 
 // Close closes the pool and releases the instance lock.
 func (s *Store) Close() error {
+	s.stopCompactor()
 	s.Tables.Base.R.Close()
 	s.pool.Close()
 	if s.lock != nil {
@@ -164,10 +187,6 @@ const (
 		FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bytea[], $7::bytea[])
 			AS v(id, firmware, last_seen, seq, applied_version, config_error, state)
 		WHERE d.id = v.id`
-	insertSamples = `INSERT INTO samples (device_id, at, seq, uptime, cpu, mem_used, mem_total, disk_used, disk_total,
-			temperature, rx_bytes, tx_bytes, rssi, rsrp, rsrq, sinr)
-		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::float8[], $6::bigint[], $7::bigint[],
-			$8::bigint[], $9::bigint[], $10::float8[], $11::bigint[], $12::bigint[], $13::float8[], $14::float8[], $15::float8[], $16::float8[])`
 )
 
 // Commit implements fleet.Store. Deadlocks with a concurrent writer are
@@ -201,7 +220,12 @@ func (s *Store) Commit(ctx context.Context, b *fleet.Batch) error {
 			// connections are as stale as this one.
 			s.pool.Reset()
 		}
-		retry := isPG && (pgErr.Code == "40P01" || pgErr.Code == "40001") || pgconn.SafeToRetry(err)
+		if isPG && pgErr.Code == "23514" && len(b.Samples) > 0 {
+			// No partition for a sample: one was dropped since it was
+			// listed (another node's retention); list them again.
+			s.forgetParts()
+		}
+		retry := isPG && (pgErr.Code == "40P01" || pgErr.Code == "40001" || pgErr.Code == "23514") || pgconn.SafeToRetry(err)
 		if !retry || attempt == 5 || ctx.Err() != nil {
 			return err
 		}
@@ -248,25 +272,10 @@ func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []
 		q.Queue(updateStates, id, fw, seen, seq, av, ce, st)
 	}
 	if len(samples) > 0 {
-		n := len(samples)
-		dev, at, seq := make([]int64, n), make([]int64, n), make([]int64, n)
-		ints := [7][]*int64{}     // uptime, mem_used, mem_total, disk_used, disk_total, rx_bytes, tx_bytes
-		floats := [6][]*float64{} // cpu, temperature, rssi, rsrp, rsrq, sinr
-		for k := range ints {
-			ints[k] = make([]*int64, n)
+		if err := s.ensureParts(ctx, sampleTimes(samples)); err != nil {
+			return err
 		}
-		for k := range floats {
-			floats[k] = make([]*float64, n)
-		}
-		for i := range samples {
-			m := &samples[i]
-			dev[i], at[i], seq[i] = int64(m.DeviceID), m.At.UnixMilli(), int64(m.Seq)
-			ints[0][i], ints[1][i], ints[2][i], ints[3][i], ints[4][i] = m.Uptime, m.MemUsed, m.MemTotal, m.DiskUsed, m.DiskTotal
-			ints[5][i], ints[6][i] = batchutil.ClampU(m.RxBytes), batchutil.ClampU(m.TxBytes)
-			floats[0][i], floats[1][i], floats[2][i], floats[3][i], floats[4][i], floats[5][i] = m.CPU, m.Temperature, m.RSSI, m.RSRP, m.RSRQ, m.SINR
-		}
-		q.Queue(insertSamples, dev, at, seq, ints[0], floats[0], ints[1], ints[2], ints[3], ints[4], floats[1], ints[5], ints[6],
-			floats[2], floats[3], floats[4], floats[5])
+		queueSamples(&q, samples)
 	}
 	queueTrust(&q, trust)
 	if s.cluster != nil {

@@ -97,8 +97,8 @@ func TestCheckpointRoom(t *testing.T) {
 	}
 	defer s.Close()
 	room := s.Extras().CheckpointRoom // as the server reads it
-	if room == nil || s.Extras().InnoDBSizes != nil || s.Extras().ObserveUpkeep != nil {
-		t.Fatalf("Extras: %+v, want CheckpointRoom only", s.Extras())
+	if room == nil || s.Extras().InnoDBSizes != nil || s.Extras().ObserveUpkeep == nil {
+		t.Fatalf("Extras: %+v, want CheckpointRoom and ObserveUpkeep (the history packer)", s.Extras())
 	}
 	wal, timeout, err := room(ctx)
 	if err != nil {

@@ -212,6 +212,13 @@ func (s *Store) ArchiveClosedPartitions(ctx context.Context, now time.Time) (int
 	return n, nil
 }
 
+// CompactHistory is ArchiveClosedPartitions: the store's compaction of
+// closed partitions (the conformance suite calls it on every backend that
+// has one).
+func (s *Store) CompactHistory(ctx context.Context, now time.Time) (int, error) {
+	return s.ArchiveClosedPartitions(ctx, now)
+}
+
 // archive copies p into the archive, marks it archived, then drops its table
 // from the main database gently (drop.go). It seals p first: samples of p's
 // period committed from then on go to the legacy table, and an empty
@@ -546,15 +553,24 @@ func (s *Store) History(ctx context.Context, deviceID uint64, q fleet.HistoryQue
 		return out, nil
 	}
 	// Legacy samples may have any time: merge, legacy first on equal times
-	// (it was written before every partition).
+	// (it was written before every partition), unless the legacy sample's
+	// time is in a partition sealed or archived already: then it came late,
+	// after that partition's samples.
 	old, err := s.readSamples(ctx, nil, s.r, "samples", "rowid", deviceID, from, to, limit)
 	if err != nil || len(old) == 0 {
 		return out, err
 	}
+	late := func(at time.Time) bool {
+		ms := at.UnixMilli()
+		s.hist.mu.Lock()
+		defer s.hist.mu.Unlock()
+		i := s.hist.find(partStart(ms))
+		return i >= 0 && s.hist.parts[i].to > ms && (s.hist.parts[i].archived || s.hist.parts[i].sealed)
+	}
 	merged := make([]fleet.Sample, 0, min(limit, len(old)+len(out)))
 	i, j := 0, 0
 	for len(merged) < limit && (i < len(old) || j < len(out)) {
-		if j == len(out) || (i < len(old) && !out[j].At.Before(old[i].At)) {
+		if j == len(out) || (i < len(old) && (old[i].At.Before(out[j].At) || old[i].At.Equal(out[j].At) && !late(old[i].At))) {
 			merged = append(merged, old[i])
 			i++
 		} else {

@@ -25,6 +25,7 @@ var storeTests = []storeTest{
 	{"Profiles", testProfiles},
 	{"History", testHistory},
 	{"Retention", testRetention},
+	{"HistoryCompacted", testHistoryCompacted},
 	{"Atomic", testAtomic},
 	{"DeviceState", testDeviceState},
 	{"BigBatch", testBigBatch},
