@@ -72,3 +72,22 @@ func BenchmarkRegisterHandler(b *testing.B) {
 	req := httptest.NewRequest(http.MethodPost, protocol.PathRegister, nil)
 	run(b, h, req, []byte(`{"machine_id":"m-1","device_type":"t","firmware":"f","enrollment_secret":"s"}`))
 }
+
+// routerPushBody is the push scripts/wrk/push.lua sends: a router's state
+// of about 750 bytes.
+const routerPushBody = `{"seq":2,"config_version":0,"state":{"uptime":1,"cpu":12.5,"load1":0.31,"mem_total":268435456,"mem_used":98304000,"disk_total":134217728,"disk_used":41943040,"temperature":47.5,"firmware":"6.3.5","interfaces":[{"name":"eth0","rx_bytes":1234567,"tx_bytes":7654321,"rx_packets":9876,"tx_packets":8765},{"name":"eth1","rx_bytes":0,"tx_bytes":0},{"name":"wwan0","rx_bytes":987654321,"tx_bytes":123456789,"rx_packets":765432,"tx_packets":654321}],"signal":{"rssi":-67,"rsrp":-95,"rsrq":-10,"sinr":12.4,"operator":"Vodafone CZ","technology":"LTE"},"extra":{"iccid":"8942031019123456789","imei":"356938035643809","apn":"internet"}}}`
+
+// BenchmarkPushHandlerConn is a push as a served connection has it: the
+// request's context carries the connection's state (withConnState), the
+// body is a router's state.
+func BenchmarkPushHandlerConn(b *testing.B) {
+	a, h := benchAPI(b)
+	resp, err := a.fleet.Register(context.Background(), protocol.RegisterRequest{MachineID: "m", DeviceType: "t", Firmware: "f", EnrollmentSecret: "s"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, protocol.PathPush, nil)
+	req = req.WithContext(withConnState(req.Context(), nil))
+	req.Header.Set("Authorization", "Bearer "+resp.Token)
+	run(b, h, req, []byte(routerPushBody))
+}
