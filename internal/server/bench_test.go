@@ -27,7 +27,7 @@ type body struct{ bytes.Reader }
 
 func (*body) Close() error { return nil }
 
-func benchAPI(b *testing.B) (*api, http.Handler) {
+func benchAPI(b testing.TB) (*api, http.Handler) {
 	f, err := fleet.New(context.Background(), fleet.Stores{}, nil, fleet.Options{EnrollmentSecret: "s"})
 	if err != nil {
 		b.Fatal(err)
@@ -39,17 +39,26 @@ func benchAPI(b *testing.B) (*api, http.Handler) {
 
 // run serves req with raw as its body b.N times, wanting 200.
 func run(b *testing.B, h http.Handler, req *http.Request, raw []byte) {
-	w := &discardWriter{h: http.Header{}}
-	rd := &body{}
+	serve := serveOnce(b, h, req, raw)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		serve()
+	}
+}
+
+// serveOnce returns a function that serves req with raw as its body,
+// wanting 200, allocating nothing of its own.
+func serveOnce(tb testing.TB, h http.Handler, req *http.Request, raw []byte) func() {
+	w := &discardWriter{h: http.Header{}}
+	rd := &body{}
+	return func() {
 		rd.Reset(raw)
 		req.Body, req.ContentLength = rd, int64(len(raw))
 		clear(w.h)
 		h.ServeHTTP(w, req)
 		if w.code != 200 {
-			b.Fatal(w.code)
+			tb.Fatal(w.code)
 		}
 	}
 }
@@ -81,13 +90,20 @@ const routerPushBody = `{"seq":2,"config_version":0,"state":{"uptime":1,"cpu":12
 // request's context carries the connection's state (withConnState), the
 // body is a router's state.
 func BenchmarkPushHandlerConn(b *testing.B) {
-	a, h := benchAPI(b)
+	h, req := connPush(b)
+	run(b, h, req, []byte(routerPushBody))
+}
+
+// connPush is the push handler and a push request of a registered device
+// whose context carries a connection's state, as a served connection's does.
+func connPush(tb testing.TB) (http.Handler, *http.Request) {
+	a, h := benchAPI(tb)
 	resp, err := a.fleet.Register(context.Background(), protocol.RegisterRequest{MachineID: "m", DeviceType: "t", Firmware: "f", EnrollmentSecret: "s"})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	req := httptest.NewRequest(http.MethodPost, protocol.PathPush, nil)
 	req = req.WithContext(withConnState(req.Context(), nil))
 	req.Header.Set("Authorization", "Bearer "+resp.Token)
-	run(b, h, req, []byte(routerPushBody))
+	return h, req
 }
