@@ -282,14 +282,8 @@ func (a *api) push(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	// admitPush authenticated and admitted it: the connection's state or
-	// r's context carries that.
-	ctx := r.Context()
-	if cs, _ := ctx.Value(connKey{}).(*connState); cs != nil && cs.auth != nil {
-		ctx = fleet.WithPushAuth(ctx, cs.auth)
-		cs.auth = nil
-	}
-	return a.fleet.Push(ctx, token, req)
+	// admitPush authenticated and admitted it: r's context carries that.
+	return a.fleet.Push(r.Context(), token, req)
 }
 
 // decodePush reads and decodes a push's body.

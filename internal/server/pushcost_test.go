@@ -38,9 +38,8 @@ func TestPushAnswerBytes(t *testing.T) {
 }
 
 // An accepted push on a served connection stays within its allocation
-// budget: the authentication goes to the handler without a copy of the
-// request, the answer without the encoder, the token hash without a heap
-// copy, the signal checks without building field names.
+// budget: the answer goes out without the encoder, the token is hashed
+// without a heap copy, the signal is checked without building field names.
 func TestPushHandlerAllocations(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation count")

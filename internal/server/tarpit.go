@@ -38,10 +38,6 @@ type connState struct {
 	// gated is the accept gate's record of the connection (gate.go);
 	// nil when it did not come through a gate.
 	gated *gatedConn
-	// auth is what admitPush checked of the push the connection serves,
-	// for the push handler: HTTP/1.1 serves one request at a time on a
-	// connection, so it needs no copy of the request to carry it.
-	auth *fleet.PushAuth
 }
 
 type connKey struct{}
@@ -121,27 +117,21 @@ func quotaBody(secs int) []byte {
 
 // admitPush authenticates and admits a push before its body is read
 // (fleet.CheckPush) and answers it when it is over its device's quota
-// (true). Otherwise the push goes on with the request it returns; the
-// connection's state (or, without one, the returned request's context)
-// carries the authentication for the push handler (fleet.Push);
+// (true). Otherwise the push goes on with the request it returns, whose
+// context carries the authentication for the push handler (fleet.Push);
 // other refusals are the handler's to give, after the body is decoded.
 // A push without a bearer token goes on as it is: push says so.
 func (a *api) admitPush(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
-	cs, _ := r.Context().Value(connKey{}).(*connState)
-	if cs != nil {
-		cs.auth = nil
-	}
 	token, ok := bearer(r)
 	if !ok {
 		return r, false
 	}
 	auth, err := a.fleet.CheckPush(token)
+	cs, _ := r.Context().Value(connKey{}).(*connState)
 	qe, over := err.(*fleet.QuotaError)
 	if !over {
 		if cs != nil {
 			cs.refused.Store(false)
-			cs.auth = auth // push takes it
-			return r, false
 		}
 		return r.WithContext(fleet.WithPushAuth(r.Context(), auth)), false
 	}
