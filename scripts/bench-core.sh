@@ -15,7 +15,9 @@
 #     Drover accept each);
 # then RSS per device with N registered devices that each pushed once.
 #
-# Usage: scripts/bench-core.sh [-r runs] [-d seconds] [-c connections] [-n rss-devices] [-K kx,...] [-N] [-W] [-M]
+# Usage: scripts/bench-core.sh [-r runs] [-d seconds] [-c connections] [-n rss-devices] [-K kx,...] [-b drover-binary] [-N] [-W] [-M]
+#   -b  another drover binary (an older build) run next to this tree's in the keep-alive rows
+#       ("(base)" rows, write-through and memory), for before/after ratios in one run
 #   -K  key exchanges of the new-connection runs, e.g. classic,p256,hybrid,tls12 (default: classic;
 #       tls12: classic at TLS 1.2 on the devices' side, where resumption skips the key exchange;
 #       tls12-p256 and the like: that key exchange at TLS 1.2;
@@ -25,9 +27,9 @@
 # Needs: go, python3, wrk, nginx (Debian packages wrk nginx-light: installed
 # on demand when missing and running as root).
 set -euo pipefail
-runs=3 dur=10 conns=64 rssn=100000 threads=2 newconn=1 keepalive=1 mem=1 kxs=classic
-while getopts r:d:c:n:K:NWM o; do
-  case $o in r) runs=$OPTARG;; d) dur=$OPTARG;; c) conns=$OPTARG;; n) rssn=$OPTARG;; K) kxs=$OPTARG;; N) newconn=0;; W) keepalive=0;; M) mem=0;; *) exit 2;; esac
+runs=3 dur=10 conns=64 rssn=100000 threads=2 newconn=1 keepalive=1 mem=1 kxs=classic base=
+while getopts r:d:c:n:K:b:NWM o; do
+  case $o in r) runs=$OPTARG;; d) dur=$OPTARG;; c) conns=$OPTARG;; n) rssn=$OPTARG;; K) kxs=$OPTARG;; b) base=$(realpath "$OPTARG");; N) newconn=0;; W) keepalive=0;; M) mem=0;; *) exit 2;; esac
 done
 IFS=, read -r -a kxlist <<<"$kxs"
 # The server's default (classic) accepts X25519, P-256 and P-384; hybrid
@@ -98,6 +100,15 @@ mport=$(freeport)
 pids+=($!); waitport $mport
 msecret=$(python3 -c "import json;print(json.load(open('$work/datam/secrets.json'))['enrollment_secret'])")
 
+# The base binary (-b): write-through and memory mode again.
+if [ -n "$base" ]; then
+  bport=$(freeport); bmport=$(freeport)
+  "$base" serve $noquota --tls-key-exchange $serverkx --data-dir "$work/datab" --listen 127.0.0.1:$bport --http-listen= --log-level warn >/dev/null 2>"$work/serveb.log" &
+  pids+=($!); waitport $bport
+  "$base" serve $noquota --persistence memory --data-dir "$work/databm" --listen 127.0.0.1:$bmport --http-listen= --log-level warn >/dev/null 2>"$work/servebm.log" &
+  pids+=($!); waitport $bmport
+fi
+
 # Bare Go net/http, and bare fasthttp over HTTPS.
 gport=$(freeport); gsport=$(freeport); fsport=$(freeport)
 "$work/barehttp" -http 127.0.0.1:$gport -https 127.0.0.1:$gsport -fasthttps 127.0.0.1:$fsport -cert "$cert" -key "$key" 2>/dev/null & pids+=($!); waitport $gsport; waitport $fsport
@@ -106,6 +117,13 @@ if [ "$keepalive" = 1 ]; then
   echo "registering 10000 devices for the push runs..." >&2
   "$work/benchprep" -url https://127.0.0.1:$dport -secret "$secret" -n 10000 -out "$work/tokens.txt" -prefix pushbench 2>&2
   "$work/benchprep" -url https://127.0.0.1:$mport -secret "$msecret" -n 10000 -out "$work/tokensm.txt" -prefix pushbench 2>&2
+  if [ -n "$base" ]; then
+    for p in b bm; do
+      s=$(python3 -c "import json;print(json.load(open('$work/data$p/secrets.json'))['enrollment_secret'])")
+      port=$bport; [ $p = bm ] && port=$bmport
+      "$work/benchprep" -url https://127.0.0.1:$port -secret "$s" -n 10000 -out "$work/tokens$p.txt" -prefix pushbench 2>&2
+    done
+  fi
 fi
 if [ "$newconn" = 1 ]; then
   # The emulator's fleet, registered once with the write-through server; the
@@ -171,6 +189,10 @@ for i in $(seq "$runs"); do
   TOKENS=$work/tokens.txt WRK_THREADS=$threads run "drover push, http"  -s "$top/scripts/wrk/push.lua" http://127.0.0.1:$dhport
   TOKENS=$work/tokens.txt WRK_THREADS=$threads run "drover push, https" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$dport
   TOKENS=$work/tokensm.txt WRK_THREADS=$threads run "drover push, https, memory" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$mport
+  if [ -n "$base" ]; then
+  TOKENS=$work/tokensb.txt WRK_THREADS=$threads run "drover push, https (base)" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$bport
+  TOKENS=$work/tokensbm.txt WRK_THREADS=$threads run "drover push, https, memory (base)" -s "$top/scripts/wrk/push.lua" https://127.0.0.1:$bmport
+  fi
   SECRET=$secret RUN=r$i run "drover register, https" -s "$top/scripts/wrk/register.lua" https://127.0.0.1:$dport
   fi
   if [ "$newconn" = 1 ]; then
@@ -193,6 +215,7 @@ names=()
 if [ "$keepalive" = 1 ]; then
   names+=("nginx return 200, http" "nginx return 200, https" "go net/http bare, http" "go net/http bare, https"
     "nginx return 200, https, push requests" "go net/http bare, https, push requests" "fasthttp bare, https, push requests" "drover push, http" "drover push, https" "drover push, https, memory" "drover register, https")
+  [ -n "$base" ] && names+=("drover push, https (base)" "drover push, https, memory (base)")
 fi
 if [ "$newconn" = 1 ]; then
   for kx in "${kxlist[@]}"; do
@@ -213,7 +236,11 @@ echo
   -v m="${med[drover push, https, memory]}" \
   'BEGIN {printf "keep-alive, nginx sent the same push requests: drover push write-through / nginx (https): %.2f (target: >= 0.6); memory / nginx (https): %.2f (>= 0.8)\n", a/b, m/b
           printf "  bare net/http / nginx: %.2f; bare fasthttp / nginx: %.2f (https, push requests)\n", c/b, f/b
-          printf "against nginx answering a bodiless GET: write-through %.2f, memory %.2f (https); drover push / nginx (http): %.2f\n", a/g, m/g, d/e}'
+          printf "against nginx answering a bodiless GET: write-through %.2f, memory %.2f (https); drover push / nginx (http): %.2f\n", a/g, m/g, d/e
+          printf "against bare net/http given the same push requests (https): write-through %.2f, memory %.2f\n", a/c, m/c}'
+[ "$keepalive" = 1 ] && [ -n "$base" ] && awk -v a="${med[drover push, https (base)]}" -v m="${med[drover push, https, memory (base)]}" -v c="${med[go net/http bare, https, push requests]}" \
+  -v na="${med[drover push, https]}" -v nm="${med[drover push, https, memory]}" \
+  'BEGIN {printf "base binary against bare net/http (https, push requests): write-through %.2f, memory %.2f; this tree / base: write-through %.2f, memory %.2f\n", a/c, m/c, na/a, nm/m}'
 if [ "$newconn" = 1 ]; then
   for kx in "${kxlist[@]}"; do
     awk -v kx="$kx" -v n="${med[drover push, https, new connection, $kx]}" -v g="${med[nginx return 200, https, new connection, $kx]}" \

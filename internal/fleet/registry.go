@@ -159,7 +159,9 @@ func (s *Service) deviceForToken(token string) (*device, [32]byte, bool) {
 	if d == nil {
 		return nil, [32]byte{}, false
 	}
-	return d, sha256.Sum256([]byte(token)), true
+	// Hashed from a stack copy: []byte(token) is a heap copy past 32 bytes.
+	var buf [128]byte
+	return d, sha256.Sum256(append(buf[:0], token...)), true
 }
 
 // PruneHistory deletes samples older than retention, in chunks so that it

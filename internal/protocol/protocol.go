@@ -351,8 +351,8 @@ func (s *State) Validate() error {
 			name     string
 			v        *float64
 			min, max float64
-		}{{"rssi", g.RSSI, -200, 0}, {"rsrp", g.RSRP, -200, 0}, {"rsrq", g.RSRQ, -100, 100}, {"sinr", g.SINR, -100, 100}} {
-			if err := checkFinite("state.signal."+f.name, f.v, f.min, f.max); err != nil {
+		}{{"state.signal.rssi", g.RSSI, -200, 0}, {"state.signal.rsrp", g.RSRP, -200, 0}, {"state.signal.rsrq", g.RSRQ, -100, 100}, {"state.signal.sinr", g.SINR, -100, 100}} {
+			if err := checkFinite(f.name, f.v, f.min, f.max); err != nil {
 				return err
 			}
 		}

@@ -333,17 +333,36 @@ func (a *api) isMetricsReader(r *http.Request) bool {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	if err := fastjson.NewEncoder(buf).Encode(v); err != nil {
+	if p, ok := v.(protocol.PushResponse); ok && plainPushAnswer(&p) {
+		buf.Write(appendPushAnswer(buf.AvailableBuffer(), p.PushInterval))
+	} else if err := fastjson.NewEncoder(buf).Encode(v); err != nil {
 		buf.Reset()
 		status = http.StatusInternalServerError
 		buf.WriteString(`{"error":{"code":"internal","message":"encoding the answer failed"}}` + "\n")
 	}
+	// The keys are canonical already: no Header.Set, which canonicalizes
+	// them again on every answer. One allocation holds both values.
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(buf.Len()))
+	hv := make([]string, 2)
+	hv[0], hv[1] = "application/json", strconv.Itoa(buf.Len())
+	h["Content-Type"], h["Content-Length"] = hv[0:1:1], hv[1:2:2]
 	w.WriteHeader(status)
 	w.Write(buf.Bytes())
 	putBuf(buf)
+}
+
+// plainPushAnswer says whether p carries the push interval alone, the
+// answer to nearly every push.
+func plainPushAnswer(p *protocol.PushResponse) bool {
+	return p.Config == nil && p.FirmwareUpdate == nil && len(p.Commands) == 0
+}
+
+// appendPushAnswer appends the JSON of a push answer that carries only
+// the push interval, byte for byte what the encoder writes for it.
+func appendPushAnswer(b []byte, interval int) []byte {
+	b = append(b, `{"push_interval":`...)
+	b = strconv.AppendInt(b, int64(interval), 10)
+	return append(b, "}\n"...)
 }
 
 func optUint(v string) (uint64, error) {
