@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"testing"
 
@@ -49,5 +50,21 @@ func TestPushHandlerAllocations(t *testing.T) {
 	const budget = 40
 	if allocs > budget && !raceEnabled {
 		t.Errorf("%.0f allocations per push, want at most %d", allocs, budget)
+	}
+}
+
+// TestPushAnswerFieldsKnown: the short path of the push answer
+// (plainPushAnswer) knows every field of protocol.PushResponse; a new
+// field must be added there, or answers carrying it would lose it.
+func TestPushAnswerFieldsKnown(t *testing.T) {
+	known := []string{"PushInterval", "Config", "FirmwareUpdate", "Commands"}
+	rt := reflect.TypeFor[protocol.PushResponse]()
+	if rt.NumField() != len(known) {
+		t.Fatalf("protocol.PushResponse has %d fields, plainPushAnswer knows %v: add the new ones to it", rt.NumField(), known)
+	}
+	for i, name := range known {
+		if rt.Field(i).Name != name {
+			t.Errorf("field %d of protocol.PushResponse is %s, plainPushAnswer knows %s", i, rt.Field(i).Name, name)
+		}
 	}
 }
