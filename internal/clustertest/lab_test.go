@@ -580,7 +580,10 @@ func (l *lab) stored() (map[pushKey]bool, int64) {
 	defer cancel()
 	c := l.db(ctx)
 	defer c.Close(ctx)
-	rows, err := c.Query(ctx, `SELECT id FROM devices`)
+	// Every device with history, deleted ones included: a push accepted
+	// just before (or, within the cluster's bound, after) a deletion on
+	// another node is stored all the same.
+	rows, err := c.Query(ctx, `SELECT id FROM devices UNION SELECT DISTINCT device_id FROM history UNION SELECT DISTINCT device_id FROM samples`)
 	if err != nil {
 		l.t.Fatal(err)
 	}
