@@ -455,7 +455,10 @@ func TestSeamClusterRevisions(t *testing.T) {
 	}
 
 	t.Run("labels made on A and B at once", func(t *testing.T) {
-		registerAs(t, a, "m-rev-labels", "SEAM-REV-LABELS", "1.0")
+		r := registerAs(t, a, "m-rev-labels", "SEAM-REV-LABELS", "1.0")
+		// An assignment selects among the devices its node knows: b must
+		// know the device before its filter can match it.
+		within(t, converge, "b knows the device", func() bool { return deviceProfile(t, b, r.DeviceID) != "" })
 		const each = 5
 		post := func(*node, int) string { return "POST" }
 		atOnce(t, each, 200, post, func(*node, int) string { return "/api/v1/labels/assign" }, func(n *node, k int) string {
