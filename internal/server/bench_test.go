@@ -9,6 +9,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/server/transport"
 )
 
 // discardWriter is a ResponseWriter that keeps nothing, so that the
@@ -87,7 +88,7 @@ func BenchmarkRegisterHandler(b *testing.B) {
 const routerPushBody = `{"seq":2,"config_version":0,"state":{"uptime":1,"cpu":12.5,"load1":0.31,"mem_total":268435456,"mem_used":98304000,"disk_total":134217728,"disk_used":41943040,"temperature":47.5,"firmware":"6.3.5","interfaces":[{"name":"eth0","rx_bytes":1234567,"tx_bytes":7654321,"rx_packets":9876,"tx_packets":8765},{"name":"eth1","rx_bytes":0,"tx_bytes":0},{"name":"wwan0","rx_bytes":987654321,"tx_bytes":123456789,"rx_packets":765432,"tx_packets":654321}],"signal":{"rssi":-67,"rsrp":-95,"rsrq":-10,"sinr":12.4,"operator":"Vodafone CZ","technology":"LTE"},"extra":{"iccid":"8942031019123456789","imei":"356938035643809","apn":"internet"}}}`
 
 // BenchmarkPushHandlerConn is a push as a served connection has it: the
-// request's context carries the connection's state (withConnState), the
+// request's context carries the connection's state (transport.WithConn), the
 // body is a router's state.
 func BenchmarkPushHandlerConn(b *testing.B) {
 	h, req := connPush(b)
@@ -103,7 +104,7 @@ func connPush(tb testing.TB) (http.Handler, *http.Request) {
 		tb.Fatal(err)
 	}
 	req := httptest.NewRequest(http.MethodPost, protocol.PathPush, nil)
-	req = req.WithContext(withConnState(req.Context(), nil))
+	req = req.WithContext(transport.WithConn(req.Context(), nil))
 	req.Header.Set("Authorization", "Bearer "+resp.Token)
 	return h, req
 }

@@ -54,7 +54,7 @@ type Config struct {
 	QuotaHistorySamples int
 	QuotaHistoryBytes   int64
 	// QuotaHold is the longest a push over quota is held before its 429
-	// when the connection's last push was refused too (tarpit.go); 0:
+	// when the connection's last push was refused too (push.go); 0:
 	// never held.
 	QuotaHold        time.Duration
 	MaxPendingWrites int
@@ -67,7 +67,7 @@ type Config struct {
 	CommitBatch int
 	MaxInflight int
 	// MaxBusyConns is how many connections may be reading or answering a
-	// request at once; beyond, the listeners stop accepting (gate.go).
+	// request at once; beyond, the listeners stop accepting (transport.Gate).
 	MaxBusyConns    int
 	Threads         int
 	ShutdownTimeout time.Duration

@@ -26,6 +26,7 @@ import (
 
 	"github.com/drover/drover/internal/access"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/server/transport"
 )
 
 // firmwareFiles is the directory of uploaded firmware.
@@ -380,6 +381,6 @@ func (a *api) firmwareFile(w http.ResponseWriter, r *http.Request) {
 	h.Set("ETag", `"`+f.SHA256+`"`)
 	h.Set("Cache-Control", "private, max-age=31536000, immutable")
 	a.m.firmwareDownloads.Inc()
-	notBusy(r) // paced by the device's link, not the server (gate.go)
+	transport.NotBusy(r) // paced by the device's link, not the server
 	http.ServeContent(w, r, "", f.CreatedAt, file)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/httpclose"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/server/transport"
 	fastjson "github.com/goccy/go-json"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -62,10 +63,12 @@ type api struct {
 	refused atomic.Uint64
 
 	node []string // the X-Drover-Node header's value; nil: none
-	// tarpit holds the answers to pushes over quota (tarpit.go);
-	// quota429 counts those refusals where fail would.
-	tarpit   tarpit
-	quota429 struct{ pushes, errors prometheus.Counter }
+	// tarpit holds the answers to pushes over quota (push.go),
+	// quotaAnswers counts them by answer; quota429 counts those refusals
+	// where fail would.
+	tarpit       transport.Tarpit
+	quotaAnswers struct{ atOnce, held, closed prometheus.Counter }
+	quota429     struct{ pushes, errors prometheus.Counter }
 
 	allowed *http.ServeMux      // the table's paths, for 405
 	methods map[string][]string // the methods of each path in allowed
@@ -291,29 +294,6 @@ func decodeStrict(r *http.Request, what string, v any) error {
 	return nil
 }
 
-func (a *api) push(r *http.Request) (any, error) {
-	token, ok := bearer(r)
-	if !ok {
-		return nil, errNoBearer
-	}
-	req, err := decodePush(r)
-	if err != nil {
-		return nil, err
-	}
-	// admitPush authenticated and admitted it: r's context carries that.
-	return a.fleet.Push(r.Context(), token, req)
-}
-
-// decodePush reads and decodes a push's body.
-func decodePush(r *http.Request) (protocol.PushRequest, error) {
-	buf, err := readBody(r)
-	if err != nil {
-		return protocol.PushRequest{}, err
-	}
-	defer putBuf(buf)
-	return protocol.DecodePush(buf.Bytes())
-}
-
 func bearer(r *http.Request) (string, bool) {
 	h := r.Header.Get("Authorization")
 	if len(h) < 8 || !strings.EqualFold(h[:7], "bearer ") {
@@ -349,20 +329,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	w.Write(buf.Bytes())
 	putBuf(buf)
-}
-
-// plainPushAnswer says whether p carries the push interval alone, the
-// answer to nearly every push.
-func plainPushAnswer(p *protocol.PushResponse) bool {
-	return p.Config == nil && p.FirmwareUpdate == nil && len(p.Commands) == 0
-}
-
-// appendPushAnswer appends the JSON of a push answer that carries only
-// the push interval, byte for byte what the encoder writes for it.
-func appendPushAnswer(b []byte, interval int) []byte {
-	b = append(b, `{"push_interval":`...)
-	b = strconv.AppendInt(b, int64(interval), 10)
-	return append(b, "}\n"...)
 }
 
 func optUint(v string) (uint64, error) {

@@ -37,7 +37,7 @@ type metrics struct {
 	// connectionsEnded counts ended persistent connections by reason
 	// (connect.go's endReasons).
 	connectionsEnded *prometheus.CounterVec
-	// The accept gate's waits (gate.go).
+	// The accept gate's waits (transport.Gate).
 	acceptHeld, acceptHeldTime prometheus.Counter
 	commitSize                 prometheus.Histogram
 	commitTime                 prometheus.Histogram
@@ -82,7 +82,7 @@ func newMetrics() *metrics {
 		Name: "drover_device_connections_ended_total", Help: "Persistent device connections ended, by reason: closed (by the device, or its connection failed), unanswered (no pong to the server's ping), replaced (by a newer connection of the device), protocol (a frame the server refuses), write_failed, stopping (server shutdown).",
 	}, []string{"reason"})
 	m.acceptHeld = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "drover_accept_held_total", Help: "Times the listeners stopped accepting because --max-busy-connections were busy (gate.go).",
+		Name: "drover_accept_held_total", Help: "Times the listeners stopped accepting because --max-busy-connections were busy.",
 	})
 	m.acceptHeldTime = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "drover_accept_held_seconds_total", Help: "Time the listeners did not accept because --max-busy-connections were busy.",

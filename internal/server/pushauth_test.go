@@ -7,6 +7,7 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/server/transport"
 )
 
 // The push's authentication, checked before the body is read, travels on
@@ -28,7 +29,7 @@ func TestPushAuthOnRequestContext(t *testing.T) {
 	}
 	a, b := reg("m-a"), reg("m-b")
 	api := &api{fleet: f, m: newMetrics(), log: discardLogger()}
-	conn := withConnState(ctx, nil)
+	conn := transport.WithConn(ctx, nil)
 	request := func(token string) *httptest.ResponseRecorder {
 		t.Helper()
 		w := httptest.NewRecorder()
@@ -38,7 +39,7 @@ func TestPushAuthOnRequestContext(t *testing.T) {
 		if refused {
 			t.Fatalf("token %q refused: %d %s", token, w.Code, w.Body)
 		}
-		if r2 == r || r2.Context().Value(connKey{}) == nil {
+		if r2 == r || transport.ConnOf(r2.Context()) == nil {
 			t.Fatal("the admitted request is not r with the connection's context and the authentication")
 		}
 		if _, err := f.Push(r2.Context(), token, protocol.PushRequest{RawState: []byte(`{}`)}); err != nil {
@@ -51,7 +52,7 @@ func TestPushAuthOnRequestContext(t *testing.T) {
 	}
 	request(a)
 	request(b) // same connection, another token
-	if conn.Value(connKey{}).(*connState).refused.Load() {
+	if transport.ConnOf(conn).Refused.Load() {
 		t.Fatal("connection marked refused")
 	}
 }

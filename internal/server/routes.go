@@ -338,8 +338,8 @@ func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
 	a.allowed = http.NewServeMux()
 	a.methods = map[string][]string{}
-	t := &a.tarpit
-	t.atOnce, t.held, t.closed = a.m.quotaAnswers.WithLabelValues("at_once"), a.m.quotaAnswers.WithLabelValues("held"), a.m.quotaAnswers.WithLabelValues("closed")
+	qa := &a.quotaAnswers
+	qa.atOnce, qa.held, qa.closed = a.m.quotaAnswers.WithLabelValues("at_once"), a.m.quotaAnswers.WithLabelValues("held"), a.m.quotaAnswers.WithLabelValues("closed")
 	a.quota429.pushes = a.m.pushes.WithLabelValues(outQuota)
 	a.quota429.errors = a.m.badRequests.WithLabelValues("push", strconv.Itoa(http.StatusTooManyRequests), "quota_exceeded")
 	table := a.table()

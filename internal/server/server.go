@@ -24,6 +24,7 @@ import (
 	"github.com/drover/drover/internal/buildinfo"
 	"github.com/drover/drover/internal/cluster"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/server/transport"
 	"github.com/drover/drover/internal/sessions"
 	"github.com/drover/drover/internal/store"
 	"github.com/drover/drover/internal/web"
@@ -52,7 +53,7 @@ type Server struct {
 	cert      atomic.Pointer[tls.Certificate] // served on httpsLn; Reload replaces it
 	acme      *autocert.Manager               // certificates of -acme-domains (tls.go), or nil
 	servers   []*http.Server
-	gate      *acceptGate // the device listeners' (gate.go)
+	gate      *transport.Gate // the device listeners'
 	storeErr  atomic.Pointer[string]
 	draining  atomic.Bool
 	stopHolds chan struct{} // closed on draining: held over-quota answers go out
@@ -279,7 +280,7 @@ func (s *Server) buildHandler(context.Context) error {
 	a.fileMax = s.cfg.RemoteFileMaxSize
 	a.tunnels.register(s.m.reg)
 	s.stopHolds = make(chan struct{})
-	a.tarpit.stop, a.tarpit.maxHold = s.stopHolds, s.cfg.QuotaHold
+	a.tarpit.Stop, a.tarpit.MaxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}
 	sso, err := s.cfg.oidc()
 	if err != nil {
@@ -304,12 +305,12 @@ func (s *Server) listen(context.Context) error {
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	newHTTP := func() *http.Server {
 		return &http.Server{
-			Handler: s.front(), ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: withConnState, ConnState: s.start.connState,
+			Handler: s.front(), ErrorLog: errLog, MaxHeaderBytes: 16 << 10, ConnContext: transport.WithConn, ConnState: s.start.connState,
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 			WriteTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		}
 	}
-	s.gate = newAcceptGate(s.cfg.MaxBusyConns, s.m.acceptHeld, s.m.acceptHeldTime)
+	s.gate = transport.NewGate(s.cfg.MaxBusyConns, s.m.acceptHeld, s.m.acceptHeldTime)
 	if s.cfg.Listen != "" {
 		cert, generated, err := loadCertificate(&s.cfg)
 		if err != nil {
@@ -330,7 +331,7 @@ func (s *Server) listen(context.Context) error {
 			ln.Close()
 			return err
 		}
-		if s.httpsLn, err = tlsListener(&gatedListener{Listener: ln, g: s.gate}, s.getCertificate, &s.cfg); err != nil {
+		if s.httpsLn, err = tlsListener(s.gate.Listener(ln), s.getCertificate, &s.cfg); err != nil {
 			ln.Close()
 			return err
 		}
@@ -347,7 +348,7 @@ func (s *Server) listen(context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.httpLn = &gatedListener{Listener: ln, g: s.gate}
+		s.httpLn = s.gate.Listener(ln)
 		srv := newHTTP()
 		if s.acme != nil {
 			srv.Handler = s.acme.HTTPHandler(s.front()) // http-01 challenges; the rest as usual

@@ -47,7 +47,7 @@ type startup struct {
 // connState is the device servers' ConnState hook: the accept gate's
 // count, and the connections that have not sent their first request.
 func (st *startup) connState(c net.Conn, state http.ConnState) {
-	trackBusy(c, state)
+	transport.TrackBusy(c, state)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if state == http.StateNew {

@@ -1,5 +1,12 @@
 package server
 
+// The push route, POST /api/v1/push, top to bottom: admitPush
+// authenticates and admits the push before its body is read (one quota
+// check, fleet.CheckPush) and hands the result on the request's context;
+// push decodes the body and calls fleet.Push, which resolves the profile,
+// enqueues the push and answers after its commit; the answer is appended
+// without the JSON encoder when it carries only the interval.
+//
 // Over-quota pushes cost the server next to nothing (docs/operations.md,
 // "Quotas"). A push over its device's quota is refused
 // before a request slot is taken and before its body is read, with a 429
@@ -7,96 +14,20 @@ package server
 // the next over-quota push on the same keep-alive connection is held (a
 // timer: no CPU) for up to its Retry-After, at most Config.QuotaHold, before its 429:
 // a client that ignores Retry-After gets one answer per Retry-After per
-// connection, however fast it sends. At most heldPerDevice connections of
-// one device, and heldTotal in all, are held at once; beyond that the 429
+// connection, however fast it sends. At most transport.HeldPerDevice connections
+// of one device, and transport.HeldTotal in all, are held at once; beyond that the 429
 // closes the connection. A device that waits as told is never held.
 
 import (
-	"context"
-	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/protocol"
+	"github.com/drover/drover/internal/server/transport"
 	fastjson "github.com/goccy/go-json"
-	"github.com/prometheus/client_golang/prometheus"
 )
-
-const (
-	heldPerDevice = 4
-	heldTotal     = 10_000
-)
-
-// connState is what the server remembers about one connection.
-type connState struct {
-	// refused: the last push on this connection was over quota.
-	refused atomic.Bool
-	// gated is the accept gate's record of the connection (gate.go);
-	// nil when it did not come through a gate.
-	gated *gatedConn
-}
-
-type connKey struct{}
-
-// withConnState is the servers' ConnContext.
-func withConnState(ctx context.Context, c net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, &connState{gated: gatedOf(c)})
-}
-
-// tarpit counts the held answers; routes sets its counters.
-type tarpit struct {
-	stop     <-chan struct{} // closed when the server drains: held answers go out at once; nil: never
-	maxHold  time.Duration   // 0: none held
-	mu       sync.Mutex
-	byDevice map[uint64]int
-	total    int
-
-	// Over-quota pushes by their answer: at once, held, closing the
-	// connection.
-	atOnce, held, closed prometheus.Counter
-}
-
-// enter takes a held place for device id; false when none is free.
-func (t *tarpit) enter(id uint64) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.total >= heldTotal || t.byDevice[id] >= heldPerDevice {
-		return false
-	}
-	if t.byDevice == nil {
-		t.byDevice = map[uint64]int{}
-	}
-	t.byDevice[id]++
-	t.total++
-	return true
-}
-
-func (t *tarpit) leave(id uint64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.byDevice[id]--; t.byDevice[id] <= 0 {
-		delete(t.byDevice, id)
-	}
-	t.total--
-}
-
-// hold waits d, or less when ctx ends or the server drains; it returns how
-// long it waited.
-func (t *tarpit) hold(ctx context.Context, d time.Duration) time.Duration {
-	start := time.Now()
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-	case <-ctx.Done():
-	case <-t.stop:
-	}
-	return time.Since(start)
-}
 
 // quotaBodies are the 429 bodies by Retry-After seconds, encoded on first use.
 var quotaBodies [3601]atomic.Pointer[[]byte]
@@ -127,11 +58,11 @@ func (a *api) admitPush(w http.ResponseWriter, r *http.Request) (*http.Request, 
 		return r, false
 	}
 	auth, err := a.fleet.CheckPush(token)
-	cs, _ := r.Context().Value(connKey{}).(*connState)
+	cs := transport.ConnOf(r.Context())
 	qe, over := err.(*fleet.QuotaError)
 	if !over {
 		if cs != nil {
-			cs.refused.Store(false)
+			cs.Refused.Store(false)
 		}
 		return r.WithContext(fleet.WithPushAuth(r.Context(), auth)), false
 	}
@@ -139,16 +70,16 @@ func (a *api) admitPush(w http.ResponseWriter, r *http.Request) (*http.Request, 
 	wait := qe.RetryAfter
 	h := w.Header()
 	switch {
-	case cs == nil || !cs.refused.Swap(true) || t.maxHold <= 0:
-		t.atOnce.Inc()
-	case t.enter(qe.DeviceID):
-		notBusy(r) // a held answer takes no CPU
-		wait -= t.hold(r.Context(), min(wait, t.maxHold))
-		t.leave(qe.DeviceID)
-		t.held.Inc()
+	case cs == nil || !cs.Refused.Swap(true) || t.MaxHold <= 0:
+		a.quotaAnswers.atOnce.Inc()
+	case t.Enter(qe.DeviceID):
+		transport.NotBusy(r) // a held answer takes no CPU
+		wait -= t.Hold(r.Context(), min(wait, t.MaxHold))
+		t.Leave(qe.DeviceID)
+		a.quotaAnswers.held.Inc()
 	default:
 		h["Connection"] = []string{"close"}
-		t.closed.Inc()
+		a.quotaAnswers.closed.Inc()
 	}
 	secs := quotaSeconds(wait)
 	body := quotaBody(secs)
@@ -160,4 +91,41 @@ func (a *api) admitPush(w http.ResponseWriter, r *http.Request) (*http.Request, 
 	a.quota429.pushes.Inc()
 	a.quota429.errors.Inc()
 	return r, true
+}
+
+func (a *api) push(r *http.Request) (any, error) {
+	token, ok := bearer(r)
+	if !ok {
+		return nil, errNoBearer
+	}
+	req, err := decodePush(r)
+	if err != nil {
+		return nil, err
+	}
+	// admitPush authenticated and admitted it: r's context carries that.
+	return a.fleet.Push(r.Context(), token, req)
+}
+
+// decodePush reads and decodes a push's body.
+func decodePush(r *http.Request) (protocol.PushRequest, error) {
+	buf, err := readBody(r)
+	if err != nil {
+		return protocol.PushRequest{}, err
+	}
+	defer putBuf(buf)
+	return protocol.DecodePush(buf.Bytes())
+}
+
+// plainPushAnswer says whether p carries the push interval alone, the
+// answer to nearly every push.
+func plainPushAnswer(p *protocol.PushResponse) bool {
+	return p.Config == nil && p.FirmwareUpdate == nil && len(p.Commands) == 0
+}
+
+// appendPushAnswer appends the JSON of a push answer that carries only
+// the push interval, byte for byte what the encoder writes for it.
+func appendPushAnswer(b []byte, interval int) []byte {
+	b = append(b, `{"push_interval":`...)
+	b = strconv.AppendInt(b, int64(interval), 10)
+	return append(b, "}\n"...)
 }

@@ -1,4 +1,4 @@
-package server
+package transport
 
 import (
 	"io"
@@ -20,21 +20,21 @@ import (
 // kept-alive connections do not count.
 func TestAcceptGateHoldsNewConnectionsWhileBusy(t *testing.T) {
 	held := prometheus.NewCounter(prometheus.CounterOpts{Name: "held"})
-	g := newAcceptGate(2, held, prometheus.NewCounter(prometheus.CounterOpts{Name: "held_s"}))
+	g := NewGate(2, held, prometheus.NewCounter(prometheus.CounterOpts{Name: "held_s"}))
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
 	var entered atomic.Int32
-	srv := &http.Server{ConnState: trackBusy, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{ConnState: TrackBusy, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/block" {
 			entered.Add(1)
 			<-release
 		}
 		io.WriteString(w, "ok")
 	})}
-	go srv.Serve(&gatedListener{Listener: raw, g: g})
+	go srv.Serve(g.Listener(raw))
 	defer srv.Close()
 	url := "http://" + raw.Addr().String()
 	oneShot := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 20 * time.Second}
@@ -86,22 +86,22 @@ func TestAcceptGateHoldsNewConnectionsWhileBusy(t *testing.T) {
 	testwait.For(t, 10*time.Second, "the busy count back to 0 (not leaked)", func() bool { return g.busy.Load() == 0 })
 }
 
-// A request marked notBusy (a download, a held 429) leaves the gate's count.
+// A request marked NotBusy (a download, a held 429) leaves the gate's count.
 func TestNotBusyLeavesTheGate(t *testing.T) {
-	g := newAcceptGate(1, prometheus.NewCounter(prometheus.CounterOpts{Name: "h"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "hs"}))
+	g := NewGate(1, prometheus.NewCounter(prometheus.CounterOpts{Name: "h"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "hs"}))
 	c1, c2 := net.Pipe()
 	defer c1.Close()
 	defer c2.Close()
-	gc := &gatedConn{Conn: c1, g: g}
-	gc.setBusy(true)
+	gc := &GatedConn{Conn: c1, g: g}
+	gc.SetBusy(true)
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	r = r.WithContext(withConnState(r.Context(), gc))
-	notBusy(r)
+	r = r.WithContext(WithConn(r.Context(), gc))
+	NotBusy(r)
 	if n := g.busy.Load(); n != 0 {
-		t.Fatalf("busy %d after notBusy, want 0", n)
+		t.Fatalf("busy %d after NotBusy, want 0", n)
 	}
-	notBusy(r) // twice: still counted once
-	trackBusy(gc, http.StateActive)
+	NotBusy(r) // twice: still counted once
+	TrackBusy(gc, http.StateActive)
 	if n := g.busy.Load(); n != 1 {
 		t.Fatalf("busy %d after the next request, want 1", n)
 	}
