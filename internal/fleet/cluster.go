@@ -247,7 +247,7 @@ func (c *cluster) wire(s *Service) {
 	c.readBack = map[ChangeKind]func(context.Context, uint64) error{
 		ChangeDevice:     s.refreshDevice,
 		ChangeProfile:    s.refreshProfile,
-		ChangeLabels:     func(ctx context.Context, _ uint64) error { return s.reloadLabels(ctx) },
+		ChangeLabels:     func(ctx context.Context, _ uint64) error { return s.labels.reloadLabels(ctx) },
 		ChangePolicy:     func(ctx context.Context, _ uint64) error { return s.reloadPolicy(ctx) },
 		ChangeEnrollment: func(ctx context.Context, _ uint64) error { return s.trust.reloadEnrollment(ctx) },
 		ChangeFirmware:   func(ctx context.Context, _ uint64) error { return s.firmwareState.reloadFirmware(ctx) },

@@ -7,17 +7,6 @@ package fleet
 
 import "context"
 
-// reloadLabels replaces every label and assignment with the stored ones.
-func (s *Service) reloadLabels(ctx context.Context) error {
-	r := &s.labels
-	if r.store == nil {
-		return nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return s.loadLabelsLocked(ctx, r.store, true)
-}
-
 // reloadPolicy replaces the profile policy and the quota lifts with the
 // stored ones, and takes the firmware links other nodes made: their
 // devices here go to the linked profile (moveToOwn), as on the node that

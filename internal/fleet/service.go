@@ -72,14 +72,13 @@ type Service struct {
 	profiles     *profiles
 	profileWrite sync.Mutex // serialises profile updates
 
-	labels        labelRegistry // labels.go
-	index         stateIndex    // reported fields filters use (stateindex.go)
-	layers        layerState    // layers.go
-	trust                       // admission.go, enrollment.go, secret.go
-	*quota                      // quota.go
-	policy                      // policy.go
-	firmwareState               // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
-	commands                    // commands.go, commands_cluster.go
+	layers        layerState // layers.go
+	labels                   // labels.go, livelabels.go, stateindex.go, where.go
+	trust                    // admission.go, enrollment.go, secret.go
+	*quota                   // quota.go
+	policy                   // policy.go
+	firmwareState            // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
+	commands                 // commands.go, commands_cluster.go
 
 	cluster             // cluster.go
 	events  subscribers // events.go
@@ -109,7 +108,11 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		machineIDs: make(machineIndex), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
+	if _, wt := p.(*WriteThrough); wt && st.Devices != nil {
+		s.states = st.States
+	}
 	s.layers.init()
+	s.labels.wire(s)
 	s.commands.wire(s)
 	s.trust.wire(s)
 	s.firmwareState.wire(s)
@@ -122,19 +125,16 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		s.profiles = newProfiles(nil, 0, &s.layers)
 		return s, nil
 	}
-	if _, wt := p.(*WriteThrough); wt {
-		s.states = st.States
-	}
 	// Labels are read first: the state paths live labels use are indexed
 	// as the devices load.
-	var labels labelsRead
+	var rd labelsRead
 	var cols []*column
 	if st.Labels != nil {
 		var err error
-		if labels, err = readLabels(ctx, st.Labels); err != nil {
+		if rd, err = readLabels(ctx, st.Labels); err != nil {
 			return nil, err
 		}
-		cols = s.index.preset(labels.statePaths())
+		cols = s.labels.index.preset(rd.statePaths())
 	}
 	res, loaded, err := s.loadDevices(ctx, store, opts.Progress, cols)
 	if err != nil {
@@ -167,7 +167,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 	}
 	if st.Labels != nil {
-		if err := s.loadLabels(ctx, st.Labels, labels); err != nil {
+		if err := s.loadLabels(ctx, st.Labels, rd); err != nil {
 			return nil, err
 		}
 	}
