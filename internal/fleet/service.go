@@ -69,8 +69,7 @@ type Service struct {
 	devMu   sync.RWMutex
 	devices []*device // index: device ID; nil where no device
 
-	profiles     *profiles
-	profileWrite sync.Mutex // serialises profile updates
+	*profiles // profile.go, profileselect.go
 
 	layers        layerState // layers.go
 	labels                   // labels.go, livelabels.go, stateindex.go, where.go
@@ -123,6 +122,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	store := st.Devices
 	if store == nil {
 		s.profiles = newProfiles(nil, 0, &s.layers)
+		s.profiles.wire(s)
 		return s, nil
 	}
 	// Labels are read first: the state paths live labels use are indexed
@@ -141,10 +141,18 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
 	s.profiles = newProfiles(res.Profiles, res.MaxProfileID, &s.layers)
+	s.profiles.wire(s)
 	if st.Policy != nil {
-		if err := s.loadPolicy(ctx, st.Policy); err != nil {
+		// The policy, then the links to the profiles and the lifted quotas.
+		data, err := st.Policy.LoadPolicy(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("load profile policy: %w", err)
+		}
+		if err := s.policy.loaded(st.Policy, data.Policy); err != nil {
 			return nil, err
 		}
+		s.profiles.loadLinks(data.Links, s.intern)
+		s.quota.loadLifts(data.Lifts)
 	}
 	if st.Firmware != nil {
 		if err := s.loadFirmware(ctx, st.Firmware); err != nil {
