@@ -254,7 +254,7 @@ func (c *cluster) wire(s *Service) {
 		ChangeRollout:    func(ctx context.Context, _ uint64) error { return s.firmwareState.SyncRollouts(ctx) },
 		ChangeJob:        s.commands.refreshJob,
 		ChangeConfigLayers: func(ctx context.Context, _ uint64) error {
-			return s.reloadLayers(ctx)
+			return s.layerState.reloadLayers(ctx)
 		},
 	}
 	if c.store != nil {

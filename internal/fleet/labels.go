@@ -89,15 +89,16 @@ type labels struct {
 	// note writes a change log entry (cluster glue, cluster.go).
 	note func(ctx context.Context, kind ChangeKind, id uint64)
 	// tellLayers hears that label id was assigned to or removed from
-	// devs, r.mu held (configuration layers, layers.go).
-	tellLayers func(id uint16, devs []uint64)
+	// devs, with the names at generation gen, r.mu held (configuration
+	// layers, layers.go).
+	tellLayers func(id uint16, devs []uint64, names map[uint16]string, gen uint64)
 }
 
 // wire gives the room what it needs of the others (New, once the
 // Service knows where states are kept).
 func (r *labels) wire(s *Service) {
 	r.devs, r.cluster, r.now, r.log, r.note = s, s.opts.Cluster, s.now, s.log, s.noteChange
-	r.tellLayers = s.labelsChanged
+	r.tellLayers = s.layerState.labelsChanged
 	if s.states != nil && s.store != nil {
 		st := s.store
 		r.loadStates = func(ctx context.Context, each func(DeviceRecord) error) error {
@@ -241,7 +242,7 @@ func (r *labels) applyLabelsLocked(ctx context.Context, ls LabelStore, rd labels
 	r.publishLive()
 	r.relabelAll()
 	r.gen.Add(1)
-	r.tellLayers(0, nil) // configuration layers (layers.go)
+	r.tellLayers(0, nil, r.names, r.gen.Load()) // configuration layers (layers.go)
 	return nil
 }
 
@@ -424,7 +425,7 @@ func (r *labels) DeleteLabel(ctx context.Context, name string) error {
 		r.dropLiveLocked(id)
 		r.publishLive()
 	}
-	r.tellLayers(id, nil) // configuration layers (layers.go)
+	r.tellLayers(id, nil, r.names, r.gen.Load()) // configuration layers (layers.go)
 	r.devs.each(func(d *device) {
 		if i, ok := slices.BinarySearch(d.labels, id); ok {
 			d.labels = slices.Delete(slices.Clone(d.labels), i, i+1)
@@ -488,8 +489,17 @@ func (r *labels) AssignLabel(ctx context.Context, name string, f Filter, remove 
 		r.relabel(d) // live labels naming this one
 		d.mu.Unlock()
 	}
-	r.tellLayers(id, ids) // configuration layers (layers.go)
+	r.tellLayers(id, ids, r.names, r.gen.Load()) // configuration layers (layers.go)
 	return len(ids), nil
+}
+
+// renewNames has the configuration layers' copy of the names renewed
+// (labelNames, layers.go).
+func (r *labels) renewNames() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	r.tellLayers(0xffff, []uint64{}, r.names, r.gen.Load()) // no label has this ID: nobody is told
 }
 
 func (r *labels) labelStore() LabelStore {

@@ -110,7 +110,7 @@ func (ps *profiles) wire(s *Service) {
 	ps.defaultInterval, ps.cluster, ps.persist = s.opts.DefaultPushInterval, s.opts.Cluster, s.persist
 	ps.devs, ps.events, ps.now, ps.log, ps.note = s, &s.events, s.now, s.log, s.noteChange
 	ps.policy, ps.policyLocked, ps.saveLink = s.policy.profilePolicy, s.policy.locked, s.policy.saveLink
-	ps.quotaNote, ps.recordRevision, ps.checkSchema = s.quota.note, s.firmwareState.recordRevision, s.checkProfileSchema
+	ps.quotaNote, ps.recordRevision, ps.checkSchema = s.quota.note, s.firmwareState.recordRevision, s.layerState.checkProfileSchema
 }
 
 func newProfiles(loaded []Profile, maxID uint64, layers *layerState) *profiles {

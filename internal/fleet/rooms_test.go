@@ -140,12 +140,15 @@ var roomFiles = map[string][]string{
 	"livelabels.go":       {"labels", "compiledWhere"},
 	"stateindex.go":       {"labels", "stateIndex", "column"},
 	"where.go":            {"Where", "cond", "whereToken"},
+	"layers.go":           {"layerState", "device", "profileEntry"},
+	"layermerge.go":       {"layerInputs", "EffectiveConfig", "effCache", "stateSource"},
+	"layerschema.go":      {"layerState", "layerInputs", "layerSchema"},
 }
 
 // serviceFiles are the files of the Service's own room (registry, push,
-// profiles, labels, queries) and of the glue that composes the rooms: the
-// only files with methods on *Service.
-var serviceFiles = []string{"service.go", "load.go", "layers.go", "layermerge.go", "layerschema.go", "registry.go", "push.go", "query.go",
+// queries) and of the glue that composes the rooms: the only files with
+// methods on *Service.
+var serviceFiles = []string{"service.go", "load.go", "registry.go", "push.go", "query.go",
 	"validate.go", "events.go", "authenticate.go", "register.go", "readback.go"}
 
 // TestRoomReceivers fails when a method in a room's file has another

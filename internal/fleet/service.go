@@ -71,13 +71,13 @@ type Service struct {
 
 	*profiles // profile.go, profileselect.go
 
-	layers        layerState // layers.go
-	labels                   // labels.go, livelabels.go, stateindex.go, where.go
-	trust                    // admission.go, enrollment.go, secret.go
-	*quota                   // quota.go
-	policy                   // policy.go
-	firmwareState            // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
-	commands                 // commands.go, commands_cluster.go
+	layerState    // layers.go, layermerge.go, layerschema.go
+	labels        // labels.go, livelabels.go, stateindex.go, where.go
+	trust         // admission.go, enrollment.go, secret.go
+	*quota        // quota.go
+	policy        // policy.go
+	firmwareState // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
+	commands      // commands.go, commands_cluster.go
 
 	cluster             // cluster.go
 	events  subscribers // events.go
@@ -110,7 +110,8 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	if _, wt := p.(*WriteThrough); wt && st.Devices != nil {
 		s.states = st.States
 	}
-	s.layers.init()
+	s.layerState.init()
+	s.layerState.wire(s)
 	s.labels.wire(s)
 	s.commands.wire(s)
 	s.trust.wire(s)
@@ -121,7 +122,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	s.policy.wire(s)
 	store := st.Devices
 	if store == nil {
-		s.profiles = newProfiles(nil, 0, &s.layers)
+		s.profiles = newProfiles(nil, 0, &s.layerState)
 		s.profiles.wire(s)
 		return s, nil
 	}
@@ -140,7 +141,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	if err != nil {
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
-	s.profiles = newProfiles(res.Profiles, res.MaxProfileID, &s.layers)
+	s.profiles = newProfiles(res.Profiles, res.MaxProfileID, &s.layerState)
 	s.profiles.wire(s)
 	if st.Policy != nil {
 		// The policy, then the links to the profiles and the lifted quotas.
