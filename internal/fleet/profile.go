@@ -299,7 +299,6 @@ func (ps *profiles) updateProfile(ctx context.Context, id uint64, u ProfileUpdat
 	if err := u.Normalize(); err != nil {
 		return Profile{}, false, err
 	}
-
 	ps.mu.Lock()
 	e, ok := ps.byID[id]
 	ps.mu.Unlock()
