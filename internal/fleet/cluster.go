@@ -246,15 +246,15 @@ func (c *cluster) wire(s *Service) {
 	c.store, c.devs, c.now, c.log = s.opts.Cluster, s, s.now, s.log
 	c.readBack = map[ChangeKind]func(context.Context, uint64) error{
 		ChangeDevice:     s.refreshDevice,
-		ChangeProfile:    s.refreshProfile,
-		ChangeLabels:     func(ctx context.Context, _ uint64) error { return s.reloadLabels(ctx) },
+		ChangeProfile:    func(ctx context.Context, id uint64) error { return s.profiles.refreshProfile(ctx, id) },
+		ChangeLabels:     func(ctx context.Context, _ uint64) error { return s.labels.reloadLabels(ctx) },
 		ChangePolicy:     func(ctx context.Context, _ uint64) error { return s.reloadPolicy(ctx) },
 		ChangeEnrollment: func(ctx context.Context, _ uint64) error { return s.trust.reloadEnrollment(ctx) },
 		ChangeFirmware:   func(ctx context.Context, _ uint64) error { return s.firmwareState.reloadFirmware(ctx) },
 		ChangeRollout:    func(ctx context.Context, _ uint64) error { return s.firmwareState.SyncRollouts(ctx) },
 		ChangeJob:        s.commands.refreshJob,
 		ChangeConfigLayers: func(ctx context.Context, _ uint64) error {
-			return s.reloadLayers(ctx)
+			return s.layerState.reloadLayers(ctx)
 		},
 	}
 	if c.store != nil {

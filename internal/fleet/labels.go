@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 )
 
@@ -57,8 +59,12 @@ var (
 	ErrTooManyFields = &FieldError{Field: FilterWhere, Message: "where: too many reported fields in use by live labels; delete a live label first"}
 )
 
-// labelRegistry maps label names to small IDs. Devices hold the IDs.
-type labelRegistry struct {
+// labels is the labels room: label names and their small IDs (devices
+// hold the IDs), the live labels' definitions (livelabels.go) and the
+// index of reported fields filters read (stateindex.go). The Service
+// embeds it, so that its exported methods are the Service's; the devices'
+// label lists are the registry's, written under each device's lock.
+type labels struct {
 	mu     sync.Mutex // serialises label changes
 	store  LabelStore
 	byName map[string]uint16
@@ -70,13 +76,42 @@ type labelRegistry struct {
 	filters  map[uint16]string
 	compiled map[uint16]*compiledWhere
 	live     atomic.Pointer[[]liveLabel]
+	index    stateIndex // reported fields filters use (stateindex.go)
+
+	// Set by New: what the room needs of the others.
+	devs    deviceFinder
+	cluster ClusterStore // nil: one server
+	// loadStates reads the stored states (write-through: states stay in
+	// the store); nil: they are in memory.
+	loadStates func(ctx context.Context, each func(DeviceRecord) error) error
+	now        func() time.Time
+	log        *slog.Logger
+	// note writes a change log entry (cluster glue, cluster.go).
+	note func(ctx context.Context, kind ChangeKind, id uint64)
+	// tellLayers hears that label id was assigned to or removed from
+	// devs, with the names at generation gen, r.mu held (configuration
+	// layers, layers.go).
+	tellLayers func(id uint16, devs []uint64, names map[uint16]string, gen uint64)
+}
+
+// wire gives the room what it needs of the others (New, once the
+// Service knows where states are kept).
+func (r *labels) wire(s *Service) {
+	r.devs, r.cluster, r.now, r.log, r.note = s, s.opts.Cluster, s.now, s.log, s.noteChange
+	r.tellLayers = s.layerState.labelsChanged
+	if s.states != nil && s.store != nil {
+		st := s.store
+		r.loadStates = func(ctx context.Context, each func(DeviceRecord) error) error {
+			_, err := st.Load(ctx, LoadOptions{}, each)
+			return err
+		}
+	}
 }
 
 // LabelsGeneration changes whenever a label is created or deleted, so that
 // holders of resolved label IDs know when to resolve again.
-func (s *Service) LabelsGeneration() uint64 { return s.labels.gen.Load() }
-
-func (r *labelRegistry) init() {
+func (r *labels) LabelsGeneration() uint64 { return r.gen.Load() }
+func (r *labels) init() {
 	if r.byName == nil {
 		r.byName, r.names, r.next = map[string]uint16{}, map[uint16]string{}, 1
 		r.filters, r.compiled = map[uint16]string{}, map[uint16]*compiledWhere{}
@@ -147,38 +182,36 @@ func (rd *labelsRead) statePaths() []string {
 
 // loadLabels takes labels read from ls (New, after the devices) and
 // keeps later changes there.
-func (s *Service) loadLabels(ctx context.Context, ls LabelStore, rd labelsRead) error {
-	r := &s.labels
+func (r *labels) loadLabels(ctx context.Context, ls LabelStore, rd labelsRead) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return s.applyLabelsLocked(ctx, ls, rd, false)
+	return r.applyLabelsLocked(ctx, ls, rd, false)
 }
 
 // loadLabelsLocked reads every label and assignment from ls; replace
 // first forgets what memory holds (cluster mode: another node changed
 // them). r.mu held.
-func (s *Service) loadLabelsLocked(ctx context.Context, ls LabelStore, replace bool) error {
+func (r *labels) loadLabelsLocked(ctx context.Context, ls LabelStore, replace bool) error {
 	rd, err := readLabels(ctx, ls)
 	if err != nil {
 		return err
 	}
-	return s.applyLabelsLocked(ctx, ls, rd, replace)
+	return r.applyLabelsLocked(ctx, ls, rd, replace)
 }
 
 // applyLabelsLocked takes what readLabels read, and evaluates the live
 // labels over the fleet. r.mu held.
-func (s *Service) applyLabelsLocked(ctx context.Context, ls LabelStore, rd labelsRead, replace bool) error {
-	r := &s.labels
+func (r *labels) applyLabelsLocked(ctx context.Context, ls LabelStore, rd labelsRead, replace bool) error {
 	r.init()
 	labels, perDevice, high := rd.labels, rd.perDevice, rd.high
 	if replace {
 		clear(r.byName)
 		clear(r.names)
 		for id := range r.compiled {
-			s.dropLiveLocked(id)
+			r.dropLiveLocked(id)
 		}
-		s.publishLive()
-		s.each(func(d *device) {
+		r.publishLive()
+		r.devs.each(func(d *device) {
 			if _, ok := perDevice[d.id]; !ok {
 				d.labels = nil
 			}
@@ -192,7 +225,7 @@ func (s *Service) applyLabelsLocked(ctx context.Context, ls LabelStore, rd label
 		r.next = high + 1 // 0 after 65535: no more labels
 	}
 	for dev, ids := range perDevice {
-		if d := s.get(dev); d != nil {
+		if d := r.devs.get(dev); d != nil {
 			slices.Sort(ids)
 			d.mu.Lock()
 			d.labels = slices.Compact(ids)
@@ -203,19 +236,28 @@ func (s *Service) applyLabelsLocked(ctx context.Context, ls LabelStore, rd label
 	for _, l := range labels {
 		if l.Filter != "" {
 			r.filters[l.ID] = l.Filter
-			s.compileLiveLocked(ctx, l.ID, l.Filter)
+			r.compileLiveLocked(ctx, l.ID, l.Filter)
 		}
 	}
-	s.publishLive()
-	s.relabelAll()
+	r.publishLive()
+	r.relabelAll()
 	r.gen.Add(1)
-	s.labelsChanged(0, nil) // configuration layers (layers.go)
+	r.tellLayers(0, nil, r.names, r.gen.Load()) // configuration layers (layers.go)
 	return nil
 }
 
+// reloadLabels replaces every label and assignment with the stored ones.
+func (r *labels) reloadLabels(ctx context.Context) error {
+	if r.store == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.loadLabelsLocked(ctx, r.store, true)
+}
+
 // LabelIDs resolves names; an unknown name gives 0, which no device has.
-func (s *Service) LabelIDs(names []string) []uint16 {
-	r := &s.labels
+func (r *labels) LabelIDs(names []string) []uint16 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]uint16, len(names))
@@ -226,8 +268,7 @@ func (s *Service) LabelIDs(names []string) []uint16 {
 }
 
 // LabelNames returns the names of ids ("" for unknown ones).
-func (s *Service) LabelNames(ids []uint16) []string {
-	r := &s.labels
+func (r *labels) LabelNames(ids []uint16) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]string, len(ids))
@@ -238,22 +279,22 @@ func (s *Service) LabelNames(ids []uint16) []string {
 }
 
 // DeviceLabels returns the names of a device's labels, sorted.
-func (s *Service) DeviceLabels(id uint64) []string {
-	d := s.get(id)
+func (r *labels) DeviceLabels(id uint64) []string {
+	d := r.devs.get(id)
 	if d == nil {
 		return nil
 	}
 	d.mu.Lock()
 	ids := d.labels
 	d.mu.Unlock()
-	names := s.LabelNames(ids)
+	names := r.LabelNames(ids)
 	sort.Strings(names)
 	return names
 }
 
 // HasLabel reports whether device id carries label.
-func (s *Service) HasLabel(id uint64, label uint16) bool {
-	d := s.get(id)
+func (r *labels) HasLabel(id uint64, label uint16) bool {
+	d := r.devs.get(id)
 	if d == nil {
 		return false
 	}
@@ -265,8 +306,7 @@ func (s *Service) HasLabel(id uint64, label uint16) bool {
 
 // LabelNamesSorted returns every label's name, sorted, without counting
 // devices.
-func (s *Service) LabelNamesSorted() []string {
-	r := &s.labels
+func (r *labels) LabelNamesSorted() []string {
 	r.mu.Lock()
 	out := make([]string, 0, len(r.names))
 	for _, n := range r.names {
@@ -279,8 +319,7 @@ func (s *Service) LabelNamesSorted() []string {
 
 // Labels returns every label with its device count, ordered by name. It
 // visits every device.
-func (s *Service) Labels() []Label {
-	r := &s.labels
+func (r *labels) Labels() []Label {
 	r.mu.Lock()
 	out := make([]Label, 0, len(r.names))
 	index := map[uint16]int{}
@@ -290,7 +329,7 @@ func (s *Service) Labels() []Label {
 	}
 	r.mu.Unlock()
 	if len(out) > 0 {
-		s.each(func(d *device) {
+		r.devs.each(func(d *device) {
 			for _, id := range d.labels {
 				if i, ok := index[id]; ok {
 					out[i].Devices++
@@ -302,35 +341,16 @@ func (s *Service) Labels() []Label {
 	return out
 }
 
-// each calls fn for every registered device with d.mu held.
-func (s *Service) each(fn func(d *device)) {
-	s.devMu.RLock()
-	all := s.devices
-	s.devMu.RUnlock()
-	for _, d := range all {
-		if d == nil {
-			continue
-		}
-		d.mu.Lock()
-		if d.profile != nil {
-			fn(d)
-		}
-		d.mu.Unlock()
-	}
-}
-
 // CreateLabel adds a label, or returns the existing one of that name.
-func (s *Service) CreateLabel(ctx context.Context, name string) (Label, error) {
-	r := &s.labels
+func (r *labels) CreateLabel(ctx context.Context, name string) (Label, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return s.createLabelLocked(ctx, name, "")
+	return r.createLabelLocked(ctx, name, "")
 }
 
 // createLabelLocked makes a label (live: filter set), or returns the
 // existing one of that name. r.mu held.
-func (s *Service) createLabelLocked(ctx context.Context, name, filter string) (Label, error) {
-	r := &s.labels
+func (r *labels) createLabelLocked(ctx context.Context, name, filter string) (Label, error) {
 	r.init()
 	if err := ValidLabelName(name); err != nil {
 		return Label{}, err
@@ -342,10 +362,10 @@ func (s *Service) createLabelLocked(ctx context.Context, name, filter string) (L
 		return Label{}, ErrTooManyIDs
 	}
 	l := Label{ID: r.next, Name: name, Filter: filter}
-	cs := s.opts.Cluster
+	cs := r.cluster
 	if cs != nil && r.store != nil {
 		// Another node may have made labels since: take its IDs and names.
-		if err := s.loadLabelsLocked(ctx, r.store, true); err != nil {
+		if err := r.loadLabelsLocked(ctx, r.store, true); err != nil {
 			return Label{}, err
 		}
 		if id, ok := r.byName[name]; ok {
@@ -363,7 +383,7 @@ func (s *Service) createLabelLocked(ctx context.Context, name, filter string) (L
 	}
 	if r.store != nil {
 		if err := r.store.CreateLabel(ctx, l); err != nil {
-			if cs != nil && s.loadLabelsLocked(ctx, r.store, true) == nil {
+			if cs != nil && r.loadLabelsLocked(ctx, r.store, true) == nil {
 				// Another node made the same name a moment ago.
 				if id, ok := r.byName[name]; ok {
 					return Label{ID: id, Name: name, Filter: r.filters[id]}, nil
@@ -371,7 +391,7 @@ func (s *Service) createLabelLocked(ctx context.Context, name, filter string) (L
 			}
 			return Label{}, err
 		}
-		s.noteChange(ctx, ChangeLabels, uint64(l.ID))
+		r.note(ctx, ChangeLabels, uint64(l.ID))
 	}
 	if l.ID >= r.next {
 		r.next = l.ID + 1 // 0 after 65535: no more labels
@@ -385,29 +405,28 @@ func (s *Service) createLabelLocked(ctx context.Context, name, filter string) (L
 }
 
 // DeleteLabel removes a label from every device and forgets it.
-func (s *Service) DeleteLabel(ctx context.Context, name string) error {
-	r := &s.labels
+func (r *labels) DeleteLabel(ctx context.Context, name string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	id, ok := r.byName[name]
 	if !ok {
 		return ErrNotFound
 	}
-	if by := s.usedBy(id); by != "" {
+	if by := r.usedBy(id); by != "" {
 		return errors.Join(ErrLabelInUse, errors.New("label "+strconv.Quote(name)+" is named by live label "+strconv.Quote(by)+": change or delete that first"))
 	}
 	if r.store != nil {
 		if err := r.store.DeleteLabel(ctx, id); err != nil {
 			return err
 		}
-		s.noteChange(ctx, ChangeLabels, uint64(id))
+		r.note(ctx, ChangeLabels, uint64(id))
 	}
 	if _, live := r.filters[id]; live {
-		s.dropLiveLocked(id)
-		s.publishLive()
+		r.dropLiveLocked(id)
+		r.publishLive()
 	}
-	s.labelsChanged(id, nil) // configuration layers (layers.go)
-	s.each(func(d *device) {
+	r.tellLayers(id, nil, r.names, r.gen.Load()) // configuration layers (layers.go)
+	r.devs.each(func(d *device) {
 		if i, ok := slices.BinarySearch(d.labels, id); ok {
 			d.labels = slices.Delete(slices.Clone(d.labels), i, i+1)
 		}
@@ -421,8 +440,7 @@ func (s *Service) DeleteLabel(ctx context.Context, name string) error {
 // AssignLabel adds the label name (created if needed) to every device
 // matching f, or removes it (remove true). It returns how many devices
 // changed.
-func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove bool) (int, error) {
-	r := &s.labels
+func (r *labels) AssignLabel(ctx context.Context, name string, f Filter, remove bool) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var id uint16
@@ -432,7 +450,7 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 			return 0, ErrNotFound
 		}
 	} else {
-		l, err := s.createLabelLocked(ctx, name, "")
+		l, err := r.createLabelLocked(ctx, name, "")
 		if err != nil {
 			return 0, err
 		}
@@ -441,9 +459,9 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 	if r.filters[id] != "" {
 		return 0, errors.Join(ErrLabelLive, errors.New("label "+strconv.Quote(name)+" is live: its devices are those its filter selects"))
 	}
-	now := s.now().UnixNano()
+	now := r.now().UnixNano()
 	var ids []uint64
-	s.each(func(d *device) {
+	r.devs.each(func(d *device) {
 		_, has := slices.BinarySearch(d.labels, id)
 		if has == remove && f.match(d, now) {
 			ids = append(ids, d.id)
@@ -456,10 +474,10 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 		if err := r.store.AssignLabel(ctx, id, ids, !remove); err != nil {
 			return 0, err
 		}
-		s.noteChange(ctx, ChangeLabels, uint64(id))
+		r.note(ctx, ChangeLabels, uint64(id))
 	}
 	for _, dev := range ids {
-		d := s.get(dev)
+		d := r.devs.get(dev)
 		d.mu.Lock()
 		i, has := slices.BinarySearch(d.labels, id)
 		switch {
@@ -468,15 +486,24 @@ func (s *Service) AssignLabel(ctx context.Context, name string, f Filter, remove
 		case !remove && !has:
 			d.labels = slices.Insert(slices.Clip(d.labels), i, id)
 		}
-		s.relabel(d) // live labels naming this one
+		r.relabel(d) // live labels naming this one
 		d.mu.Unlock()
 	}
-	s.labelsChanged(id, ids) // configuration layers (layers.go)
+	r.tellLayers(id, ids, r.names, r.gen.Load()) // configuration layers (layers.go)
 	return len(ids), nil
 }
 
-func (s *Service) labelStore() LabelStore {
-	s.labels.mu.Lock()
-	defer s.labels.mu.Unlock()
-	return s.labels.store
+// renewNames has the configuration layers' copy of the names renewed
+// (labelNames, layers.go).
+func (r *labels) renewNames() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	r.tellLayers(0xffff, []uint64{}, r.names, r.gen.Load()) // no label has this ID: nobody is told
+}
+
+func (r *labels) labelStore() LabelStore {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.store
 }

@@ -16,6 +16,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
@@ -118,8 +119,11 @@ type layerKey struct {
 	name string
 }
 
-// layerState is the Service's configuration layers. mu is a leaf lock:
-// it is taken with a device's lock held (sync state), never the reverse.
+// layerState is the configuration layers room: the layers, the device
+// types' schemas (layerschema.go) and the effective configurations
+// cached (layermerge.go). The Service embeds it, so that its exported
+// methods are the Service's. mu is a leaf lock: it is taken with a
+// device's lock held (sync state), never the reverse.
 type layerState struct {
 	write sync.Mutex // serialises layer changes
 	store LayerStore
@@ -137,6 +141,28 @@ type layerState struct {
 
 	cacheMu sync.Mutex
 	cache   map[uint64]*effCache
+
+	// Set by New: what the room needs of the others.
+	devs   deviceFinder
+	events *subscribers
+	now    func() time.Time
+	log    *slog.Logger
+	// note writes a change log entry (cluster glue, cluster.go).
+	note func(ctx context.Context, kind ChangeKind, id uint64)
+	// The labels room (labels.go): names to IDs, whether a device
+	// carries a label, the names' generation, and the copy of the names
+	// renewed (it calls labelsChanged under its lock).
+	labelIDs   func(names []string) []uint16
+	hasLabel   func(id uint64, label uint16) bool
+	labelsGen  func() uint64
+	renewNames func()
+}
+
+// wire gives the room what it needs of the others (New).
+func (l *layerState) wire(s *Service) {
+	l.devs, l.events, l.now, l.log, l.note = s, &s.events, s.now, s.log, s.noteChange
+	l.labelIDs, l.hasLabel, l.labelsGen = s.labels.LabelIDs, s.labels.HasLabel, s.labels.LabelsGeneration
+	l.renewNames = s.labels.renewNames
 }
 
 // labelNames is a copy of the label registry's names for reading under a
@@ -166,15 +192,14 @@ func (l *layerState) init() {
 }
 
 // loadLayers reads every layer from ls and keeps later changes there.
-func (s *Service) loadLayers(ctx context.Context, ls LayerStore) error {
-	s.layers.store = ls
-	return s.reloadLayers(ctx)
+func (l *layerState) loadLayers(ctx context.Context, ls LayerStore) error {
+	l.store = ls
+	return l.reloadLayers(ctx)
 }
 
 // reloadLayers replaces the layers with the stored ones (cluster mode:
 // another node changed one) and tells the devices whose layers changed.
-func (s *Service) reloadLayers(ctx context.Context) error {
-	l := &s.layers
+func (l *layerState) reloadLayers(ctx context.Context) error {
 	if l.store == nil {
 		return nil
 	}
@@ -200,7 +225,7 @@ func (s *Service) reloadLayers(ctx context.Context) error {
 		case LayerSchema:
 			sc, err := compileSchema(c.Name, c.Values)
 			if err != nil {
-				s.log.Warn("configuration schema does not compile; ignored", "device_type", c.Name, "err", err)
+				l.log.Warn("configuration schema does not compile; ignored", "device_type", c.Name, "err", err)
 				continue
 			}
 			sc.layer = c
@@ -235,7 +260,7 @@ func (s *Service) reloadLayers(ctx context.Context) error {
 	l.mu.Unlock()
 	l.changed()
 	if len(changedDevs)+len(changedLabels) > 0 {
-		s.tellLayerChange(changedDevs, changedLabels)
+		l.tellLayerChange(changedDevs, changedLabels)
 	}
 	return nil
 }
@@ -266,14 +291,14 @@ func (l *layerState) changed() {
 
 // tellLayerChange tells the devices holding a connection whose layers
 // changed to push (Events.ConfigChanged).
-func (s *Service) tellLayerChange(devs []uint64, labels []string) {
-	ids := s.LabelIDs(labels)
-	s.events.configChanged(func(id uint64) bool {
+func (l *layerState) tellLayerChange(devs []uint64, labels []string) {
+	ids := l.labelIDs(labels)
+	l.events.configChanged(func(id uint64) bool {
 		if slices.Contains(devs, id) {
 			return true
 		}
-		for _, l := range ids {
-			if l != 0 && s.HasLabel(id, l) {
+		for _, lid := range ids {
+			if lid != 0 && l.hasLabel(id, lid) {
 				return true
 			}
 		}
@@ -281,37 +306,35 @@ func (s *Service) tellLayerChange(devs []uint64, labels []string) {
 	})
 }
 
-// labelsChanged is called by the label registry, its lock held, after
+// labelsChanged is called by the labels room, its lock held, after
 // label id was assigned to or removed from devs (nil: deleted, every
 // device may have lost it; id 0: every label was read back from the
-// store): the copy of the names is renewed, and when the label has a
-// layer its devices are told. Labels read back (another node assigned
-// them) tell nobody: as the labels themselves, their values hold at the
-// devices' next push.
-func (s *Service) labelsChanged(id uint16, devs []uint64) {
-	r := &s.labels
-	n := &labelNames{gen: r.gen.Load(), byID: make(map[uint16]string, len(r.names)), byName: make(map[string]uint16, len(r.names))}
-	for i, name := range r.names {
+// store), with its names at generation gen: the copy of the names is
+// renewed, and when the label has a layer its devices are told. Labels
+// read back (another node assigned them) tell nobody: as the labels
+// themselves, their values hold at the devices' next push.
+func (l *layerState) labelsChanged(id uint16, devs []uint64, names map[uint16]string, gen uint64) {
+	n := &labelNames{gen: gen, byID: make(map[uint16]string, len(names)), byName: make(map[string]uint16, len(names))}
+	for i, name := range names {
 		n.byID[i], n.byName[name] = name, i
 	}
-	l := &s.layers
 	l.names.Store(n)
 	if !l.any.Load() {
 		return
 	}
 	l.mu.RLock()
-	_, has := l.labels[r.names[id]]
+	_, has := l.labels[names[id]]
 	l.mu.RUnlock()
 	if !has || id == 0 {
 		return
 	}
 	if devs == nil {
-		s.events.configChanged(func(uint64) bool { return true })
+		l.events.configChanged(func(uint64) bool { return true })
 		return
 	}
 	devs = slices.Clone(devs)
 	slices.Sort(devs)
-	s.events.configChanged(func(dev uint64) bool {
+	l.events.configChanged(func(dev uint64) bool {
 		_, ok := slices.BinarySearch(devs, dev)
 		return ok
 	})
@@ -319,30 +342,25 @@ func (s *Service) labelsChanged(id uint16, devs []uint64) {
 
 // labelNames returns a copy of the label names no older than the
 // registry's last change; the caller holds no device's lock.
-func (s *Service) labelNames() *labelNames {
-	l := &s.layers
-	if n := l.names.Load(); n != nil && n.gen == s.labels.gen.Load() {
+func (l *layerState) labelNames() *labelNames {
+	if n := l.names.Load(); n != nil && n.gen == l.labelsGen() {
 		return n
 	}
-	r := &s.labels
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.init()
-	s.labelsChanged(0xffff, []uint64{}) // no label has this ID: nobody is told
+	l.renewNames()
 	return l.names.Load()
 }
 
 // layerName is a layer's name as stored, checked.
-func (s *Service) layerName(kind LayerKind, name string) (string, error) {
+func (l *layerState) layerName(kind LayerKind, name string) (string, error) {
 	switch kind {
 	case LayerDevice:
 		id, err := strconv.ParseUint(name, 10, 64)
-		if err != nil || s.get(id) == nil {
+		if err != nil || l.devs.get(id) == nil {
 			return "", ErrNotFound
 		}
 		return strconv.FormatUint(id, 10), nil
 	case LayerLabel:
-		if ValidLabelName(name) != nil || s.LabelIDs([]string{name})[0] == 0 {
+		if ValidLabelName(name) != nil || l.labelIDs([]string{name})[0] == 0 {
 			return "", ErrNotFound
 		}
 		return name, nil
@@ -357,12 +375,11 @@ func (s *Service) layerName(kind LayerKind, name string) (string, error) {
 
 // ConfigLayer returns a layer's current revision; ErrNotFound when it
 // has none (never set, or deleted).
-func (s *Service) ConfigLayer(kind LayerKind, name string) (ConfigLayer, error) {
-	name, err := s.layerName(kind, name)
+func (l *layerState) ConfigLayer(kind LayerKind, name string) (ConfigLayer, error) {
+	name, err := l.layerName(kind, name)
 	if err != nil {
 		return ConfigLayer{}, err
 	}
-	l := &s.layers
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var c *ConfigLayer
@@ -388,8 +405,8 @@ func (s *Service) ConfigLayer(kind LayerKind, name string) (ConfigLayer, error) 
 // device type's schema are refused (a *FieldError, or ErrSchema) and
 // nothing changes. The same values and priority change nothing (changed
 // false).
-func (s *Service) PutConfigLayer(ctx context.Context, kind LayerKind, name string, u LayerUpdate) (ConfigLayer, bool, error) {
-	name, err := s.layerName(kind, name)
+func (l *layerState) PutConfigLayer(ctx context.Context, kind LayerKind, name string, u LayerUpdate) (ConfigLayer, bool, error) {
+	name, err := l.layerName(kind, name)
 	if err != nil {
 		return ConfigLayer{}, false, err
 	}
@@ -404,10 +421,9 @@ func (s *Service) PutConfigLayer(ctx context.Context, kind LayerKind, name strin
 	} else if err := CheckVariables("values", vals); err != nil {
 		return ConfigLayer{}, false, err
 	}
-	l := &s.layers
 	l.write.Lock()
 	defer l.write.Unlock()
-	cur, _ := s.ConfigLayer(kind, name)
+	cur, _ := l.ConfigLayer(kind, name)
 	next := ConfigLayer{Kind: kind, Name: name, Priority: cur.Priority, Values: vals, By: u.By, Note: "set"}
 	if u.Priority != nil {
 		if kind != LayerLabel && *u.Priority != 0 {
@@ -418,36 +434,34 @@ func (s *Service) PutConfigLayer(ctx context.Context, kind LayerKind, name strin
 	if cur.Rev > 0 && SameConfig(cur.Values, vals) && cur.Priority == next.Priority {
 		return cur, false, nil
 	}
-	c, err := s.storeLayer(ctx, next)
+	c, err := l.storeLayer(ctx, next)
 	return c, err == nil, err
 }
 
 // DeleteConfigLayer removes a layer's values; its history stays.
-func (s *Service) DeleteConfigLayer(ctx context.Context, kind LayerKind, name, by string) error {
-	name, err := s.layerName(kind, name)
+func (l *layerState) DeleteConfigLayer(ctx context.Context, kind LayerKind, name, by string) error {
+	name, err := l.layerName(kind, name)
 	if err != nil {
 		return err
 	}
-	l := &s.layers
 	l.write.Lock()
 	defer l.write.Unlock()
-	cur, err := s.ConfigLayer(kind, name)
+	cur, err := l.ConfigLayer(kind, name)
 	if err != nil {
 		return err
 	}
-	_, err = s.storeLayer(ctx, ConfigLayer{Kind: kind, Name: name, Priority: cur.Priority, Values: json.RawMessage("null"),
+	_, err = l.storeLayer(ctx, ConfigLayer{Kind: kind, Name: name, Priority: cur.Priority, Values: json.RawMessage("null"),
 		Deleted: true, By: by, Note: "deleted"})
 	return err
 }
 
 // storeLayer checks next against the schemas, stores it as a new revision
 // and makes it current; l.write held.
-func (s *Service) storeLayer(ctx context.Context, next ConfigLayer) (ConfigLayer, error) {
-	if err := s.checkSchemas(next); err != nil {
+func (l *layerState) storeLayer(ctx context.Context, next ConfigLayer) (ConfigLayer, error) {
+	if err := l.checkSchemas(next); err != nil {
 		return ConfigLayer{}, err
 	}
-	l := &s.layers
-	next.At = s.now().UTC().Truncate(time.Millisecond)
+	next.At = l.now().UTC().Truncate(time.Millisecond)
 	if l.store != nil {
 		stored, err := l.store.AddLayerRevision(ctx, next)
 		if err != nil {
@@ -461,16 +475,15 @@ func (s *Service) storeLayer(ctx context.Context, next ConfigLayer) (ConfigLayer
 		l.revs[k] = append(l.revs[k], next)
 		l.mu.Unlock()
 	}
-	s.setLayer(next)
-	s.noteChange(ctx, ChangeConfigLayers, 0)
-	s.log.Info("configuration layer changed", "kind", next.Kind, "name", next.Name, "rev", next.Rev, "by", next.By, "note", next.Note)
+	l.setLayer(next)
+	l.note(ctx, ChangeConfigLayers, 0)
+	l.log.Info("configuration layer changed", "kind", next.Kind, "name", next.Name, "rev", next.Rev, "by", next.By, "note", next.Note)
 	return next, nil
 }
 
 // setLayer makes c its layer's current revision in memory and tells the
 // devices it applies to.
-func (s *Service) setLayer(c ConfigLayer) {
-	l := &s.layers
+func (l *layerState) setLayer(c ConfigLayer) {
 	l.mu.Lock()
 	var devs []uint64
 	var labels []string
@@ -502,17 +515,16 @@ func (s *Service) setLayer(c ConfigLayer) {
 	l.mu.Unlock()
 	l.changed()
 	if len(devs)+len(labels) > 0 {
-		s.tellLayerChange(devs, labels)
+		l.tellLayerChange(devs, labels)
 	}
 }
 
 // LayerHistory returns a layer's revisions, oldest first.
-func (s *Service) LayerHistory(ctx context.Context, kind LayerKind, name string) ([]ConfigLayer, error) {
-	name, err := s.layerName(kind, name)
+func (l *layerState) LayerHistory(ctx context.Context, kind LayerKind, name string) ([]ConfigLayer, error) {
+	name, err := l.layerName(kind, name)
 	if err != nil {
 		return nil, err
 	}
-	l := &s.layers
 	if l.store != nil {
 		out, err := l.store.LayerRevisions(ctx, kind, name)
 		if out == nil {
@@ -525,8 +537,8 @@ func (s *Service) LayerHistory(ctx context.Context, kind LayerKind, name string)
 	return append([]ConfigLayer{}, l.revs[layerKey{kind, name}]...), nil
 }
 
-func (s *Service) layerRevision(ctx context.Context, kind LayerKind, name string, rev int) (ConfigLayer, error) {
-	all, err := s.LayerHistory(ctx, kind, name)
+func (l *layerState) layerRevision(ctx context.Context, kind LayerKind, name string, rev int) (ConfigLayer, error) {
+	all, err := l.LayerHistory(ctx, kind, name)
 	if err != nil {
 		return ConfigLayer{}, err
 	}
@@ -539,12 +551,12 @@ func (s *Service) layerRevision(ctx context.Context, kind LayerKind, name string
 
 // LayerDiff compares revisions from and to of a layer (a deletion's values
 // are null).
-func (s *Service) LayerDiff(ctx context.Context, kind LayerKind, name string, from, to int) ([]DiffEntry, error) {
-	a, err := s.layerRevision(ctx, kind, name, from)
+func (l *layerState) LayerDiff(ctx context.Context, kind LayerKind, name string, from, to int) ([]DiffEntry, error) {
+	a, err := l.layerRevision(ctx, kind, name, from)
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.layerRevision(ctx, kind, name, to)
+	b, err := l.layerRevision(ctx, kind, name, to)
 	if err != nil {
 		return nil, err
 	}
@@ -558,37 +570,36 @@ func (s *Service) LayerDiff(ctx context.Context, kind LayerKind, name string, fr
 
 // RollbackLayer makes revision rev's values and priority the layer's
 // newest revision (rolling back to a deletion deletes the layer).
-func (s *Service) RollbackLayer(ctx context.Context, kind LayerKind, name string, rev int, by string) (ConfigLayer, error) {
-	r, err := s.layerRevision(ctx, kind, name, rev)
+func (l *layerState) RollbackLayer(ctx context.Context, kind LayerKind, name string, rev int, by string) (ConfigLayer, error) {
+	r, err := l.layerRevision(ctx, kind, name, rev)
 	if err != nil {
 		return ConfigLayer{}, err
 	}
-	name, _ = s.layerName(kind, name)
-	l := &s.layers
+	name, _ = l.layerName(kind, name)
 	l.write.Lock()
 	defer l.write.Unlock()
 	r.By, r.Note = by, "rollback to revision "+strconv.Itoa(rev)
-	return s.storeLayer(ctx, r)
+	return l.storeLayer(ctx, r)
 }
 
 // EffectiveConfig returns what device id is to run, with each member's
 // source.
-func (s *Service) EffectiveConfig(id uint64) (EffectiveConfig, error) {
-	d := s.get(id)
+func (l *layerState) EffectiveConfig(id uint64) (EffectiveConfig, error) {
+	d := l.devs.get(id)
 	if d == nil {
 		return EffectiveConfig{}, ErrNotFound
 	}
-	names := s.labelNames()
+	names := l.labelNames()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.profile == nil {
 		return EffectiveConfig{}, ErrNotFound
 	}
 	p := d.profile.get()
-	in := s.layers.inputs(d, names)
-	s.layers.cacheMu.Lock()
-	prev := s.layers.cache[d.id]
-	s.layers.cacheMu.Unlock()
+	in := l.inputs(d, names)
+	l.cacheMu.Lock()
+	prev := l.cache[d.id]
+	l.cacheMu.Unlock()
 	e := in.compute(d, p, names, &stateSource{mem: d.state, prev: prev}, true)
 	e.DeviceID, e.ProfileID, e.AppliedVersion = id, p.ID, d.appliedVersion
 	e.SyncState = d.syncState().String()

@@ -54,8 +54,7 @@ func (sc *layerSchema) check(merged []byte) error {
 // checkSchemas refuses next when, with it in place, the merged
 // configuration of a device it reaches breaks the device's type's schema;
 // each distinct merge (profile and layers) is checked once. l.write held.
-func (s *Service) checkSchemas(next ConfigLayer) error {
-	l := &s.layers
+func (l *layerState) checkSchemas(next ConfigLayer) error {
 	l.mu.RLock()
 	schemas := maps.Clone(l.schemas)
 	l.mu.RUnlock()
@@ -72,12 +71,12 @@ func (s *Service) checkSchemas(next ConfigLayer) error {
 	if len(schemas) == 0 {
 		return nil
 	}
-	names := s.labelNames()
+	names := l.labelNames()
 	labelID, labelKnown := names.byName[next.Name]
 	devID, _ := strconv.ParseUint(next.Name, 10, 64)
 	seen := map[string]bool{}
 	var first error
-	s.each(func(d *device) {
+	l.devs.each(func(d *device) {
 		sc := schemas[d.deviceType]
 		if first != nil || sc == nil {
 			return
@@ -151,15 +150,14 @@ func (in layerInputs) key(p *Profile) string {
 // checkProfileSchema refuses next, a profile's new configuration, when it
 // breaks its device type's schema alone or merged with the layers of any
 // device on the profile (e).
-func (s *Service) checkProfileSchema(e *profileEntry, next *Profile) error {
-	l := &s.layers
+func (l *layerState) checkProfileSchema(e *profileEntry, next *Profile) error {
 	l.mu.RLock()
 	sc := l.schemas[next.DeviceType]
 	l.mu.RUnlock()
 	if sc == nil {
 		return nil
 	}
-	names := s.labelNames()
+	names := l.labelNames()
 	seen := map[string]bool{}
 	check := func(in layerInputs, what string) error {
 		key := in.key(next)
@@ -177,7 +175,7 @@ func (s *Service) checkProfileSchema(e *profileEntry, next *Profile) error {
 		return err
 	}
 	var first error
-	s.each(func(d *device) {
+	l.devs.each(func(d *device) {
 		if first == nil && d.profile == e {
 			first = check(l.inputs(d, names), " with the layers of device "+strconv.FormatUint(d.id, 10))
 		}

@@ -83,8 +83,8 @@ func (w *compiledWhere) match(d *device) bool {
 
 // compileWhere resolves w: label names by labelID, state paths to index
 // columns (added and filled when new; pin: for a live label).
-func (s *Service) compileWhere(ctx context.Context, w Where, pin bool, labelID func(string) uint16) (*compiledWhere, error) {
-	cols, err := s.indexColumns(ctx, w.StatePaths(), pin)
+func (r *labels) compileWhere(ctx context.Context, w Where, pin bool, labelID func(string) uint16) (*compiledWhere, error) {
+	cols, err := r.indexColumns(ctx, w.StatePaths(), pin)
 	if err != nil {
 		return nil, err
 	}
@@ -111,8 +111,8 @@ type liveLabel struct {
 
 // relabel evaluates d's live labels again (d.mu held). It allocates only
 // when d's membership changes.
-func (s *Service) relabel(d *device) {
-	live := s.labels.live.Load()
+func (r *labels) relabel(d *device) {
+	live := r.live.Load()
 	if live == nil {
 		return
 	}
@@ -130,19 +130,18 @@ func (s *Service) relabel(d *device) {
 }
 
 // relabelAll evaluates every device's live labels again.
-func (s *Service) relabelAll() {
-	if s.labels.live.Load() == nil {
+func (r *labels) relabelAll() {
+	if r.live.Load() == nil {
 		return
 	}
-	s.each(s.relabel)
+	r.devs.each(r.relabel)
 }
 
 // publishLive makes the live label set of r.compiled the one devices are
 // evaluated against (r.mu held).
-func (s *Service) publishLive() {
-	r := &s.labels
+func (r *labels) publishLive() {
 	if len(r.compiled) == 0 {
-		s.labels.live.Store(nil)
+		r.live.Store(nil)
 		return
 	}
 	live := make([]liveLabel, 0, len(r.compiled))
@@ -156,28 +155,26 @@ func (s *Service) publishLive() {
 // compileLiveLocked compiles the stored definition of live label id and
 // takes it into r.compiled (r.mu held). A definition this server cannot
 // read selects no device.
-func (s *Service) compileLiveLocked(ctx context.Context, id uint16, filter string) {
-	r := &s.labels
+func (r *labels) compileLiveLocked(ctx context.Context, id uint16, filter string) {
 	w, err := ParseWhere(filter)
 	var cw *compiledWhere
 	if err == nil {
-		cw, err = s.compileWhere(ctx, w, true, func(n string) uint16 { return r.byName[n] })
+		cw, err = r.compileWhere(ctx, w, true, func(n string) uint16 { return r.byName[n] })
 	}
 	if err != nil {
-		s.log.Warn("live label: its filter cannot be used; it selects no device", "label", r.names[id], "filter", filter, "err", err)
+		r.log.Warn("live label: its filter cannot be used; it selects no device", "label", r.names[id], "filter", filter, "err", err)
 		cw = &compiledWhere{conds: []ccond{{cond: cond{field: wLabel, op: opEq}}}} // label 0: nobody
 	}
 	if old := r.compiled[id]; old != nil {
-		s.unpinColumns(old.cols)
+		r.unpinColumns(old.cols)
 	}
 	r.compiled[id] = cw
 }
 
 // dropLiveLocked forgets live label id's definition (r.mu held).
-func (s *Service) dropLiveLocked(id uint16) {
-	r := &s.labels
+func (r *labels) dropLiveLocked(id uint16) {
 	if old := r.compiled[id]; old != nil {
-		s.unpinColumns(old.cols)
+		r.unpinColumns(old.cols)
 		delete(r.compiled, id)
 	}
 	delete(r.filters, id)
@@ -186,8 +183,7 @@ func (s *Service) dropLiveLocked(id uint16) {
 // DefineLabel makes name a live label of the devices filter selects (an
 // expression of the filter language), or changes the expression of the
 // live label name. It returns the label with its device count.
-func (s *Service) DefineLabel(ctx context.Context, name, filter string) (Label, error) {
-	r := &s.labels
+func (r *labels) DefineLabel(ctx context.Context, name, filter string) (Label, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.init()
@@ -214,56 +210,54 @@ func (s *Service) DefineLabel(ctx context.Context, name, filter string) (Label, 
 		}
 	}
 	text := w.String()
-	cw, err := s.compileWhere(ctx, w, true, func(n string) uint16 { return r.byName[n] })
+	cw, err := r.compileWhere(ctx, w, true, func(n string) uint16 { return r.byName[n] })
 	if err != nil {
 		return Label{}, err
 	}
 	if exists {
 		if r.store != nil {
 			if err := r.store.SetLabelFilter(ctx, id, text); err != nil {
-				s.unpinColumns(cw.cols)
+				r.unpinColumns(cw.cols)
 				return Label{}, err
 			}
-			s.noteChange(ctx, ChangeLabels, uint64(id))
+			r.note(ctx, ChangeLabels, uint64(id))
 		}
 	} else {
-		l, err := s.createLabelLocked(ctx, name, text)
+		l, err := r.createLabelLocked(ctx, name, text)
 		if err != nil {
-			s.unpinColumns(cw.cols)
+			r.unpinColumns(cw.cols)
 			return Label{}, err
 		}
 		id = l.ID
 		if r.filters[id] != text { // another node defined it otherwise a moment ago
-			s.unpinColumns(cw.cols)
+			r.unpinColumns(cw.cols)
 			return Label{}, errors.Join(ErrLabelLive, errors.New("label "+strconv.Quote(name)+" was made a moment ago elsewhere"))
 		}
 	}
 	if old := r.compiled[id]; old != nil {
-		s.unpinColumns(old.cols)
+		r.unpinColumns(old.cols)
 	}
 	r.filters[id], r.compiled[id] = text, cw
-	s.publishLive()
-	s.relabelAll()
-	return s.labelLocked(id), nil
+	r.publishLive()
+	r.relabelAll()
+	return r.labelLocked(id), nil
 }
 
 // Label returns the label name with its device count.
-func (s *Service) Label(name string) (Label, error) {
-	r := &s.labels
+func (r *labels) Label(name string) (Label, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	id, ok := r.byName[name]
 	if !ok {
 		return Label{}, ErrNotFound
 	}
-	return s.labelLocked(id), nil
+	return r.labelLocked(id), nil
 }
 
 // labelLocked is label id with its device count (r.mu held).
-func (s *Service) labelLocked(id uint16) Label {
-	r := &s.labels
+func (r *labels) labelLocked(id uint16) Label {
 	l := Label{ID: id, Name: r.names[id], Filter: r.filters[id]}
-	s.each(func(d *device) {
+	r.devs.each(func(d *device) {
 		if _, ok := slices.BinarySearch(d.labels, id); ok {
 			l.Devices++
 		}
@@ -273,8 +267,7 @@ func (s *Service) labelLocked(id uint16) Label {
 
 // usedBy names a live label that names label id; "" when none (r.mu
 // held).
-func (s *Service) usedBy(id uint16) string {
-	r := &s.labels
+func (r *labels) usedBy(id uint16) string {
 	for lid, w := range r.compiled {
 		for _, c := range w.conds {
 			if c.field == wLabel && c.label == id {

@@ -4,12 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+)
+
+// Errors of the profiles' selection, approvals and deletion.
+var (
+	ErrNotPending    = errors.New("this firmware is not waiting for approval")
+	ErrProfileInUse  = errors.New("devices use this profile")
+	ErrProfileExists = errors.New("this firmware has a profile already")
 )
 
 // profileKey identifies a profile.
@@ -54,7 +62,10 @@ func adopt(d *device, pe *profileEntry) {
 	d.profile = pe
 }
 
-// profiles is the in-memory set of profiles and of links (policy.go).
+// profiles is the profiles room: the profiles, the firmware links
+// (profileselect.go) and the creations the policy counts, under its lock.
+// The Service embeds it, so that its exported methods are the Service's;
+// the devices point at their profile, under each device's lock.
 type profiles struct {
 	mu     sync.Mutex
 	byKey  map[profileKey]*profileEntry
@@ -66,6 +77,40 @@ type profiles struct {
 	links   map[profileKey]*linkEntry
 	created map[string][]int64
 	layers  *layerState // given to every entry (layers.go)
+	// profileWrite serialises profile updates and deletions.
+	profileWrite sync.Mutex
+
+	// Set by New: the Options of the room, and what it needs of the others.
+	defaultInterval int          // Options.DefaultPushInterval
+	cluster         ClusterStore // nil: one server
+	persist         Persister
+	devs            deviceFinder
+	events          *subscribers
+	now             func() time.Time
+	log             *slog.Logger
+	// note writes a change log entry (cluster glue, cluster.go).
+	note func(ctx context.Context, kind ChangeKind, id uint64)
+	// The policy room (policy.go): the policy in force, its lock with
+	// its store (nil: memory only), and a link's storing.
+	policy       func() ProfilePolicy
+	policyLocked func(fn func(st PolicyStore) error) error
+	saveLink     func(ctx context.Context, l ProfileLink)
+	// quotaNote lists a device as having hit a quota (quota.go).
+	quotaNote func(id uint64, reason string, now int64)
+	// recordRevision keeps a profile's revision (profilehistory.go).
+	recordRevision func(ctx context.Context, p *Profile, by, note string)
+	// checkSchema checks a configuration against the schemas of the
+	// layers its devices have (layerschema.go).
+	checkSchema func(e *profileEntry, next *Profile) error
+}
+
+// wire gives the room its options and what it needs of the others (New,
+// once the profiles are loaded).
+func (ps *profiles) wire(s *Service) {
+	ps.defaultInterval, ps.cluster, ps.persist = s.opts.DefaultPushInterval, s.opts.Cluster, s.persist
+	ps.devs, ps.events, ps.now, ps.log, ps.note = s, &s.events, s.now, s.log, s.noteChange
+	ps.policy, ps.policyLocked, ps.saveLink = s.policy.profilePolicy, s.policy.locked, s.policy.saveLink
+	ps.quotaNote, ps.recordRevision, ps.checkSchema = s.quota.note, s.firmwareState.recordRevision, s.layerState.checkProfileSchema
 }
 
 func newProfiles(loaded []Profile, maxID uint64, layers *layerState) *profiles {
@@ -93,12 +138,11 @@ func newProfiles(loaded []Profile, maxID uint64, layers *layerState) *profiles {
 // returns with ps.mu released), from base's configuration when inherit
 // is set, and waits until it is durable. Concurrent selectors for key wait
 // for it. The caller holds one use of the result.
-func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profile) (*profileEntry, error) {
-	ps := s.profiles
-	now := s.now().UTC().Truncate(time.Millisecond)
+func (ps *profiles) createProfile(ctx context.Context, key profileKey, base *Profile) (*profileEntry, error) {
+	now := ps.now().UTC().Truncate(time.Millisecond)
 	p := &Profile{
 		ID: ps.nextID, DeviceType: key.deviceType, Firmware: key.firmware,
-		Version: 0, Config: json.RawMessage(`{}`), PushInterval: s.opts.DefaultPushInterval,
+		Version: 0, Config: json.RawMessage(`{}`), PushInterval: ps.defaultInterval,
 		CreatedAt: now, UpdatedAt: now,
 	}
 	if base != nil {
@@ -111,7 +155,7 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 	e.p.Store(p)
 	e.users.Store(1)
 	ps.byKey[key] = e
-	cs := s.opts.Cluster
+	cs := ps.cluster
 	if cs == nil {
 		ps.byID[p.ID] = e
 	}
@@ -132,7 +176,7 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 			ps.mu.Unlock()
 		}
 	} else {
-		err = persist(ctx, s.persist, func(b *Batch) { b.Profiles = append(b.Profiles, *p) })
+		err = persist(ctx, ps.persist, func(b *Batch) { b.Profiles = append(b.Profiles, *p) })
 	}
 	if err != nil {
 		// Let a later registration try again.
@@ -154,8 +198,8 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 	if base != nil {
 		from, note = base.ID, "inherited from profile "+strconv.FormatUint(base.ID, 10)+" ("+base.Firmware+")"
 	}
-	s.recordRevision(ctx, p, "drover", note)
-	s.log.Info("profile created", "profile_id", p.ID, "device_type", key.deviceType, "firmware", key.firmware, "inherited_from", from)
+	ps.recordRevision(ctx, p, "drover", note)
+	ps.log.Info("profile created", "profile_id", p.ID, "device_type", key.deviceType, "firmware", key.firmware, "inherited_from", from)
 	close(e.ready)
 	return e, nil
 }
@@ -166,10 +210,10 @@ func (s *Service) createProfile(ctx context.Context, key profileKey, base *Profi
 // one path of a profile's change, made here (UpdateProfile) or read back
 // from the change log after another node made it (adoptProfile), so that
 // a change reaches connected devices the same way whichever node took it.
-func (s *Service) setProfile(e *profileEntry, p *Profile) {
+func (ps *profiles) setProfile(e *profileEntry, p *Profile) {
 	prev := e.p.Swap(p)
 	if prev == nil || prev.Version != p.Version || prev.PushInterval != p.PushInterval {
-		s.events.profileChanged(p.ID)
+		ps.events.profileChanged(p.ID)
 	}
 }
 
@@ -189,8 +233,7 @@ func (ps *profiles) maxVersion() int64 {
 }
 
 // Profiles returns every profile ordered by ID.
-func (s *Service) Profiles() []Profile {
-	ps := s.profiles
+func (ps *profiles) Profiles() []Profile {
 	ps.mu.Lock()
 	out := make([]Profile, 0, len(ps.byID))
 	for _, e := range ps.byID {
@@ -208,8 +251,7 @@ func (s *Service) Profiles() []Profile {
 }
 
 // Profile returns one profile.
-func (s *Service) Profile(id uint64) (Profile, bool) {
-	ps := s.profiles
+func (ps *profiles) Profile(id uint64) (Profile, bool) {
 	ps.mu.Lock()
 	e, ok := ps.byID[id]
 	ps.mu.Unlock()
@@ -234,8 +276,8 @@ type ProfileUpdate struct {
 // UpdateProfile checks u (a *FieldError when it breaks a rule) and applies
 // it durably; it is ApplyProfileUpdate without saying whether anything
 // changed.
-func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate) (Profile, error) {
-	p, _, err := s.ApplyProfileUpdate(ctx, id, u)
+func (ps *profiles) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate) (Profile, error) {
+	p, _, err := ps.ApplyProfileUpdate(ctx, id, u)
 	return p, err
 }
 
@@ -247,17 +289,16 @@ func (s *Service) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdate)
 // configuration, the same push interval, or neither given) returns the
 // profile as it is with changed false: nothing is stored, no revision is
 // recorded and no device is told.
-func (s *Service) ApplyProfileUpdate(ctx context.Context, id uint64, u ProfileUpdate) (p Profile, changed bool, err error) {
-	return s.updateProfile(ctx, id, u, u.By, "updated", false)
+func (ps *profiles) ApplyProfileUpdate(ctx context.Context, id uint64, u ProfileUpdate) (p Profile, changed bool, err error) {
+	return ps.updateProfile(ctx, id, u, u.By, "updated", false)
 }
 
 // updateProfile applies u; always makes even an unchanged configuration a
 // new version (a rollback).
-func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate, by, note string, always bool) (Profile, bool, error) {
+func (ps *profiles) updateProfile(ctx context.Context, id uint64, u ProfileUpdate, by, note string, always bool) (Profile, bool, error) {
 	if err := u.Normalize(); err != nil {
 		return Profile{}, false, err
 	}
-	ps := s.profiles
 	ps.mu.Lock()
 	e, ok := ps.byID[id]
 	ps.mu.Unlock()
@@ -268,8 +309,8 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	if e.err != nil {
 		return Profile{}, false, ErrNotFound
 	}
-	s.profileWrite.Lock()
-	defer s.profileWrite.Unlock()
+	ps.profileWrite.Lock()
+	defer ps.profileWrite.Unlock()
 	next := *e.get()
 	if !always {
 		if u.Config != nil && SameConfig(u.Config, next.Config) {
@@ -284,11 +325,11 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	}
 	if u.Config != nil {
 		next.Config = u.Config
-		if err := s.checkProfileSchema(e, &next); err != nil {
+		if err := ps.checkSchema(e, &next); err != nil {
 			return Profile{}, false, err // layerschema.go
 		}
-		next.Version = s.profiles.maxVersion() + 1
-		if cs := s.opts.Cluster; cs != nil {
+		next.Version = ps.maxVersion() + 1
+		if cs := ps.cluster; cs != nil {
 			// Other nodes hand out versions too: the database's sequence
 			// (past every stored version) decides.
 			v, err := cs.NextProfileVersion(ctx)
@@ -301,16 +342,108 @@ func (s *Service) updateProfile(ctx context.Context, id uint64, u ProfileUpdate,
 	if u.PushInterval != nil {
 		next.PushInterval = *u.PushInterval
 	}
-	next.UpdatedAt = s.now().UTC().Truncate(time.Millisecond)
-	if err := persist(ctx, s.persist, func(b *Batch) { b.Profiles = append(b.Profiles, next) }); err != nil {
+	next.UpdatedAt = ps.now().UTC().Truncate(time.Millisecond)
+	if err := persist(ctx, ps.persist, func(b *Batch) { b.Profiles = append(b.Profiles, next) }); err != nil {
 		return Profile{}, false, err
 	}
-	s.setProfile(e, &next)
-	s.recordRevision(ctx, &next, by, note)
-	s.log.Info("profile updated", "profile_id", next.ID, "version", next.Version, "by", by, "note", note)
+	ps.setProfile(e, &next)
+	ps.recordRevision(ctx, &next, by, note)
+	ps.log.Info("profile updated", "profile_id", next.ID, "version", next.Version, "by", by, "note", note)
 	return next, true, nil
 }
 
 func sortProfiles(ps []Profile) {
 	sort.Slice(ps, func(i, j int) bool { return ps[i].ID < ps[j].ID })
+}
+
+// takeLinks takes the firmware links other nodes made (reloadPolicy,
+// under the policy lock).
+func (ps *profiles) takeLinks(links []ProfileLink) {
+	var taken []*linkEntry
+	ps.mu.Lock()
+	for _, l := range links {
+		key := profileKey{l.DeviceType, l.Firmware}
+		e, ok := ps.byID[l.ProfileID]
+		if _, own := ps.byKey[key]; own || !ok {
+			continue // approved meanwhile, or its profile is gone
+		}
+		if cur, ok := ps.links[key]; ok && cur.entry == e {
+			continue
+		}
+		le := &linkEntry{link: l, entry: e}
+		ps.links[key] = le
+		taken = append(taken, le)
+	}
+	ps.mu.Unlock()
+	for _, le := range taken {
+		ps.moveToOwn(profileKey{le.link.DeviceType, le.link.Firmware}, le.entry)
+	}
+}
+
+// clusterProfile is loadProfile for a device another node stored: its
+// profile may be one this node has not seen yet.
+func (ps *profiles) clusterProfile(ctx context.Context, key profileKey) (*profileEntry, error) {
+	ps.mu.Lock()
+	_, own := ps.byKey[key]
+	_, linked := ps.links[key]
+	ps.mu.Unlock()
+	if !own && !linked {
+		p, ok, err := ps.cluster.ProfileOf(ctx, key.deviceType, key.firmware)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			ps.adoptProfile(p)
+		}
+	}
+	return ps.loadProfile(ctx, key)
+}
+
+// refreshProfile replaces profile id in memory with the stored one, or
+// drops it when it is no longer stored (another node deleted it).
+func (ps *profiles) refreshProfile(ctx context.Context, id uint64) error {
+	p, ok, err := ps.cluster.ReadProfile(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		// As a local deletion: updates and selections wait meanwhile.
+		ps.profileWrite.Lock()
+		ps.mu.Lock()
+		ps.dropLocked(id)
+		ps.mu.Unlock()
+		ps.profileWrite.Unlock()
+		return nil
+	}
+	ps.adoptProfile(p)
+	return nil
+}
+
+// adoptProfile puts a stored profile into memory, replacing this node's
+// copy; it returns the entry. A profile new to this node for a firmware
+// its devices report takes them, as an approval here would (moveToOwn).
+func (ps *profiles) adoptProfile(p Profile) *profileEntry {
+	ps.mu.Lock()
+	if e, ok := ps.byID[p.ID]; ok {
+		if cur := e.get(); cur == nil || cur.Version != p.Version || cur.PushInterval != p.PushInterval || !p.UpdatedAt.Before(cur.UpdatedAt) {
+			ps.setProfile(e, &p)
+		}
+		ps.mu.Unlock()
+		return e
+	}
+	key := profileKey{p.DeviceType, p.Firmware}
+	if e, ok := ps.byKey[key]; ok {
+		ps.mu.Unlock()
+		return e // being created here; the claim gives it this ID
+	}
+	e := &profileEntry{ready: make(chan struct{}), layers: ps.layers}
+	e.p.Store(&p)
+	close(e.ready)
+	ps.byKey[key] = e
+	ps.byID[p.ID] = e
+	delete(ps.links, key) // approved on another node
+	ps.created[p.DeviceType] = append(ps.created[p.DeviceType], p.CreatedAt.UnixNano())
+	ps.mu.Unlock()
+	ps.moveToOwn(key, e)
+	return e
 }

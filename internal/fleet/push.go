@@ -9,7 +9,7 @@ package fleet
 //     (the quota rules are quota.go's), and neither blocked nor
 //     decommissioned (admit);
 //  3. resolve profile: a push reporting another firmware selects the
-//     device's profile by the policy, policy.go (resolveProfile);
+//     device's profile by the policy, profileselect.go (resolveProfile);
 //  4. enqueue: the push is charged to the quota (it may be free: quota.go),
 //     the state and, within the history quota, a sample go to the grouped
 //     commit, and the device's memory is updated under its lock (enqueue);
@@ -39,7 +39,7 @@ func (s *Service) Push(ctx context.Context, token string, p protocol.PushRequest
 		return protocol.PushResponse{}, err
 	}
 	now := s.now()
-	if s.layers.any.Load() {
+	if s.layerState.any.Load() {
 		s.labelNames() // renewed, should labels have changed: read under the device's lock below
 	}
 	newProfile, newFirmware, err := s.resolveProfile(ctx, a.d, p.State.Firmware)

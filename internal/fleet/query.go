@@ -425,21 +425,11 @@ type Stats struct {
 // Counts returns device counts by sync state and by liveness.
 func (s *Service) Counts() (sync [4]int, live [4]int, total int) {
 	now := s.now().UnixNano()
-	s.devMu.RLock()
-	all := s.devices
-	s.devMu.RUnlock()
-	for _, d := range all {
-		if d == nil {
-			continue
-		}
-		d.mu.Lock()
-		if d.profile != nil {
-			sync[d.syncState()]++
-			live[d.liveness(now)]++
-			total++
-		}
-		d.mu.Unlock()
-	}
+	s.each(func(d *device) {
+		sync[d.syncState()]++
+		live[d.liveness(now)]++
+		total++
+	})
 	return sync, live, total
 }
 

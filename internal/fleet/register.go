@@ -58,7 +58,7 @@ func (s *Service) enroll(ctx context.Context, r protocol.RegisterRequest, pr Pro
 	if err != nil {
 		return protocol.RegisterResponse{}, false, err
 	}
-	// The profile policy picks the profile (policy.go); the new device
+	// The profile policy picks the profile (profileselect.go); the new device
 	// takes the selection's use of it.
 	pe, _, err := s.selectProfile(ctx, profileKey{r.DeviceType, r.Firmware}, nil, 0)
 	if err != nil {

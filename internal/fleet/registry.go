@@ -131,6 +131,23 @@ func (s *Service) get(id uint64) *device {
 	return s.devices[id]
 }
 
+// each calls fn for every registered device with d.mu held.
+func (s *Service) each(fn func(d *device)) {
+	s.devMu.RLock()
+	all := s.devices
+	s.devMu.RUnlock()
+	for _, d := range all {
+		if d == nil {
+			continue
+		}
+		d.mu.Lock()
+		if d.profile != nil {
+			fn(d)
+		}
+		d.mu.Unlock()
+	}
+}
+
 // newToken makes "<device id>.<secret>" and its SHA-256.
 func newToken(id uint64) (string, [32]byte) {
 	var secret [24]byte

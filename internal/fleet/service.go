@@ -69,17 +69,15 @@ type Service struct {
 	devMu   sync.RWMutex
 	devices []*device // index: device ID; nil where no device
 
-	profiles     *profiles
-	profileWrite sync.Mutex // serialises profile updates
+	*profiles // profile.go, profileselect.go
 
-	labels        labelRegistry // labels.go
-	index         stateIndex    // reported fields filters use (stateindex.go)
-	layers        layerState    // layers.go
-	trust                       // admission.go, enrollment.go, secret.go
-	*quota                      // quota.go
-	policy                      // policy.go
-	firmwareState               // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
-	commands                    // commands.go, commands_cluster.go
+	layerState    // layers.go, layermerge.go, layerschema.go
+	labels        // labels.go, livelabels.go, stateindex.go, where.go
+	trust         // admission.go, enrollment.go, secret.go
+	*quota        // quota.go
+	policy        // policy.go
+	firmwareState // firmware.go, rollout.go, rollout_cluster.go, profilehistory.go
+	commands      // commands.go, commands_cluster.go
 
 	cluster             // cluster.go
 	events  subscribers // events.go
@@ -109,7 +107,12 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		machineIDs: make(machineIndex), interned: make(map[string]string), nextID: 1,
 		devices: make([]*device, 1, 1024),
 	}
-	s.layers.init()
+	if _, wt := p.(*WriteThrough); wt && st.Devices != nil {
+		s.states = st.States
+	}
+	s.layerState.init()
+	s.layerState.wire(s)
+	s.labels.wire(s)
 	s.commands.wire(s)
 	s.trust.wire(s)
 	s.firmwareState.wire(s)
@@ -119,32 +122,38 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 	s.policy.wire(s)
 	store := st.Devices
 	if store == nil {
-		s.profiles = newProfiles(nil, 0, &s.layers)
+		s.profiles = newProfiles(nil, 0, &s.layerState)
+		s.profiles.wire(s)
 		return s, nil
-	}
-	if _, wt := p.(*WriteThrough); wt {
-		s.states = st.States
 	}
 	// Labels are read first: the state paths live labels use are indexed
 	// as the devices load.
-	var labels labelsRead
+	var rd labelsRead
 	var cols []*column
 	if st.Labels != nil {
 		var err error
-		if labels, err = readLabels(ctx, st.Labels); err != nil {
+		if rd, err = readLabels(ctx, st.Labels); err != nil {
 			return nil, err
 		}
-		cols = s.index.preset(labels.statePaths())
+		cols = s.labels.index.preset(rd.statePaths())
 	}
 	res, loaded, err := s.loadDevices(ctx, store, opts.Progress, cols)
 	if err != nil {
 		return nil, fmt.Errorf("load fleet: %w", err)
 	}
-	s.profiles = newProfiles(res.Profiles, res.MaxProfileID, &s.layers)
+	s.profiles = newProfiles(res.Profiles, res.MaxProfileID, &s.layerState)
+	s.profiles.wire(s)
 	if st.Policy != nil {
-		if err := s.loadPolicy(ctx, st.Policy); err != nil {
+		// The policy, then the links to the profiles and the lifted quotas.
+		data, err := st.Policy.LoadPolicy(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("load profile policy: %w", err)
+		}
+		if err := s.policy.loaded(st.Policy, data.Policy); err != nil {
 			return nil, err
 		}
+		s.profiles.loadLinks(data.Links, s.intern)
+		s.quota.loadLifts(data.Lifts)
 	}
 	if st.Firmware != nil {
 		if err := s.loadFirmware(ctx, st.Firmware); err != nil {
@@ -167,7 +176,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 	}
 	if st.Labels != nil {
-		if err := s.loadLabels(ctx, st.Labels, labels); err != nil {
+		if err := s.loadLabels(ctx, st.Labels, rd); err != nil {
 			return nil, err
 		}
 	}

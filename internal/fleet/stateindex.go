@@ -174,24 +174,24 @@ type stateIndex struct {
 // its live labels (d.mu held): the push's one call. Without indexed
 // fields and live labels it returns at once; it allocates only when a
 // live label's membership changes or a string value is new.
-func (s *Service) noteReported(d *device, raw []byte) {
-	if cols := s.index.cols.Load(); cols != nil && len(*cols) > 0 {
+func (r *labels) noteReported(d *device, raw []byte) {
+	if cols := r.index.cols.Load(); cols != nil && len(*cols) > 0 {
 		// Read only during the call; intern copies what it keeps.
 		st := unsafe.String(unsafe.SliceData(raw), len(raw))
 		for _, c := range *cols {
 			record(c, d.id, st)
 		}
 	}
-	s.relabel(d)
+	r.relabel(d)
 }
 
 // indexColumns returns the columns of paths, adding and filling those
 // not indexed yet; pin counts a live label's use (unpin: unpinColumns).
-func (s *Service) indexColumns(ctx context.Context, paths []string, pin bool) ([]*column, error) {
+func (r *labels) indexColumns(ctx context.Context, paths []string, pin bool) ([]*column, error) {
 	if len(paths) == 0 {
 		return nil, nil
 	}
-	x := &s.index
+	x := &r.index
 	x.mu.Lock()
 	var cur []*column
 	if p := x.cols.Load(); p != nil {
@@ -200,7 +200,7 @@ func (s *Service) indexColumns(ctx context.Context, paths []string, pin bool) ([
 	out := make([]*column, len(paths))
 	var added []*column
 	next := slices.Clone(cur)
-	now := s.now().UnixNano()
+	now := r.now().UnixNano()
 	for i, p := range paths {
 		j, found := slices.BinarySearchFunc(next, p, func(c *column, p string) int { return strings.Compare(c.path, p) })
 		if !found {
@@ -234,7 +234,7 @@ func (s *Service) indexColumns(ctx context.Context, paths []string, pin bool) ([
 	}
 	x.mu.Unlock()
 	if len(added) > 0 {
-		s.fillColumns(ctx, added)
+		r.fillColumns(ctx, added)
 	}
 	for _, c := range out {
 		select {
@@ -270,26 +270,26 @@ func (x *stateIndex) preset(paths []string) []*column {
 }
 
 // unpinColumns gives back a live label's use of cols.
-func (s *Service) unpinColumns(cols []*column) {
-	s.index.mu.Lock()
+func (r *labels) unpinColumns(cols []*column) {
+	r.index.mu.Lock()
 	for _, c := range cols {
 		c.pins--
 	}
-	s.index.mu.Unlock()
+	r.index.mu.Unlock()
 }
 
 // fillColumns fills new columns: from memory's states, or, with states
 // in the store (write-through), from the store. Pushes write the columns
 // meanwhile; a cell a push wrote is newer than the store's and stays.
-func (s *Service) fillColumns(ctx context.Context, cols []*column) {
+func (r *labels) fillColumns(ctx context.Context, cols []*column) {
 	defer func() {
 		for _, c := range cols {
 			close(c.ready)
 		}
 	}()
 	start := time.Now()
-	if s.states == nil || s.store == nil {
-		s.each(func(d *device) {
+	if r.loadStates == nil {
+		r.devs.each(func(d *device) {
 			for _, c := range cols {
 				if k, _ := c.cell(d.id); k == kUnset {
 					record(c, d.id, d.state)
@@ -298,38 +298,38 @@ func (s *Service) fillColumns(ctx context.Context, cols []*column) {
 		})
 		return
 	}
-	_, err := s.store.Load(context.WithoutCancel(ctx), LoadOptions{}, func(r DeviceRecord) error {
-		d := s.get(r.ID)
+	err := r.loadStates(context.WithoutCancel(ctx), func(rec DeviceRecord) error {
+		d := r.devs.get(rec.ID)
 		if d == nil {
 			return nil
 		}
 		d.mu.Lock()
 		for _, c := range cols {
 			if k, _ := c.cell(d.id); k == kUnset {
-				record(c, d.id, string(r.State.State))
+				record(c, d.id, string(rec.State.State))
 			}
 		}
 		d.mu.Unlock()
 		return nil
 	})
 	if err != nil {
-		s.log.Warn("indexing reported fields: reading states failed; devices not pushing since read as not reporting them", "err", err)
+		r.log.Warn("indexing reported fields: reading states failed; devices not pushing since read as not reporting them", "err", err)
 		return
 	}
-	s.log.Info("indexed reported fields from the store", "fields", len(cols), "took", time.Since(start).Round(time.Millisecond))
+	r.log.Info("indexed reported fields from the store", "fields", len(cols), "took", time.Since(start).Round(time.Millisecond))
 }
 
 // Indexing says whether any state path is indexed: filters read reported
 // fields, so other nodes need this node's pushed states (cluster mode).
-func (s *Service) Indexing() bool {
-	p := s.index.cols.Load()
+func (r *labels) Indexing() bool {
+	p := r.index.cols.Load()
 	return p != nil && len(*p) > 0
 }
 
 // IndexedFields lists the indexed state paths.
-func (s *Service) IndexedFields() []string {
+func (r *labels) IndexedFields() []string {
 	var out []string
-	if p := s.index.cols.Load(); p != nil {
+	if p := r.index.cols.Load(); p != nil {
 		for _, c := range *p {
 			out = append(out, c.path)
 		}
