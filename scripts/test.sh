@@ -33,6 +33,10 @@ command -v systemd-analyze >/dev/null || need+=(systemd)
 [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v ip >/dev/null || [ -x /usr/sbin/ip ] || need+=(iproute2)
 command -v setpriv >/dev/null || need+=(util-linux)
+# cmd/drover: ssh and scp reach an sshd (started on its own, never as the
+# system's service) on a LAN host behind a device, through drover tunnel.
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null || need+=(openssh-client)
 # internal/release: rpm reads the .rpm as distributions do (the .deb is
 # installed with dpkg, the server started from it with setpriv).
 command -v rpm >/dev/null || need+=(rpm)
@@ -42,6 +46,9 @@ if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    case " ${need[*]} " in # the tests start their own sshd
+    *" openssh-server "*) systemctl disable --now ssh.service >/dev/null 2>&1 || true ;;
+    esac
   else
     echo "scripts/test.sh: missing ${need[*]}; install them (Debian: apt-get install ${need[*]})" >&2
     exit 1

@@ -125,6 +125,13 @@ func startTunnelRig(t *testing.T, allow string, serveFlags ...string) *tunnelRig
 // given whole; the rig's data directory is its serve's.
 func startRemoteRig(t *testing.T, agentFlags []string, serveFlags ...string) *tunnelRig {
 	t.Helper()
+	return startRemoteRigOn(t, nil, agentFlags, serveFlags...)
+}
+
+// startRemoteRigOn is startRemoteRig with the agent run by the command
+// prefix on (a network namespace's ip netns exec; nil: here).
+func startRemoteRigOn(t *testing.T, on []string, agentFlags []string, serveFlags ...string) *tunnelRig {
+	t.Helper()
 	data := t.TempDir()
 	p := startServe(t, data, serveFlags...)
 	base := "https://" + p.addr
@@ -166,8 +173,9 @@ func startRemoteRig(t *testing.T, agentFlags []string, serveFlags ...string) *tu
 
 	dir := t.TempDir()
 	root, _ := filepath.Abs("../../internal/agent/testdata/root")
-	agentCmd := exec.Command(droverBin, append([]string{"agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
-		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-tunnel", "--root", root}, agentFlags...)...)
+	agentArgs := append(append(on[:len(on):len(on)], droverBin), "agent", "--connect", "--server", base, "--enroll-secret", secrets.Enroll, "--ca-cert", caFile,
+		"--state-dir", filepath.Join(dir, "state"), "--machine-id", "seam-tunnel", "--root", root)
+	agentCmd := exec.Command(agentArgs[0], append(agentArgs[1:], agentFlags...)...)
 	agentLog := &bytes.Buffer{}
 	agentCmd.Stdout, agentCmd.Stderr = agentLog, agentLog
 	if err := agentCmd.Start(); err != nil {

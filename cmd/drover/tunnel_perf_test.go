@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,6 +141,26 @@ func rssKB(pid int) int64 {
 	return n
 }
 
+// cpuOf is the CPU time (user and system) of a process so far; pid 0:
+// this one.
+func cpuOf(pid int) time.Duration {
+	if pid == 0 {
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	// The fields after the command's closing parenthesis; utime and
+	// stime are the 12th and 13th, in clock ticks (100 a second).
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond
+}
+
 func loadavg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	return strings.Join(strings.Fields(string(b))[:3], " ")
@@ -250,16 +272,35 @@ func TestTunnelPerf(t *testing.T) {
 	}
 	ways := []way{{"direct", direct}, {"tunnel", tunnelled}, {"drover tunnel port", viaCLI}}
 	best := map[string]time.Duration{}
+	// The CPU time of every process taking part (this one is the
+	// operator's client and the LAN host), summed over the transfers.
+	pids := []int{0, pid, r.agent.Process.Pid, cli.Process.Pid}
+	cpuNow := func() []time.Duration {
+		d := make([]time.Duration, len(pids))
+		for i, p := range pids {
+			d[i] = cpuOf(p)
+		}
+		return d
+	}
+	cpu := map[string][]time.Duration{}
 	for round := 0; round < 3; round++ {
 		for _, w := range ways {
 			for _, dir := range []string{"up", "down"} {
 				c := w.dial()
 				var d time.Duration
 				var err error
+				before := cpuNow()
 				if dir == "up" {
 					d, err = upload(c, size)
 				} else {
 					d, err = download(c, size)
+				}
+				after := cpuNow()
+				if cpu[w.name] == nil {
+					cpu[w.name] = make([]time.Duration, len(pids))
+				}
+				for i := range pids {
+					cpu[w.name][i] += after[i] - before[i]
 				}
 				c.Close()
 				if err != nil {
@@ -277,6 +318,16 @@ func TestTunnelPerf(t *testing.T) {
 			report = append(report, fmt.Sprintf("100 MB %s, %s: %.0f MB/s, direct %.0f MB/s: %.2f× direct",
 				dir, w.name, mbps(best[w.name+" "+dir]), mbps(best["direct "+dir]), best["direct "+dir].Seconds()/best[w.name+" "+dir].Seconds()))
 		}
+	}
+	for _, w := range ways {
+		var all time.Duration
+		each := make([]string, len(pids))
+		for i, d := range cpu[w.name] {
+			all += d
+			each[i] = (d / 6).Round(time.Millisecond).String()
+		}
+		report = append(report, fmt.Sprintf("CPU time per 100 MB, %s: %v (operator's client and LAN host %s, drover serve %s, drover agent %s, drover tunnel %s)",
+			w.name, (all/6).Round(time.Millisecond), each[0], each[1], each[2], each[3]))
 	}
 
 	// Small requests' round trips.

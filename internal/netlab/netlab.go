@@ -215,3 +215,38 @@ func WaitTCP(addr string, limit time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// AddLAN makes namespace <id>-<name>, a host on a LAN of its own behind
+// router: a veth pair between the two namespaces, <subnet>.1/24 on the
+// router's end and <subnet>.<octet>/24 on the host's, whose default route
+// is the router. Nothing else reaches the host (subnet "": a free one).
+func (n *Net) AddLAN(router *Host, name, subnet string, octet int) (*Host, error) {
+	if subnet == "" {
+		subnet = FreeSubnet(os.Getpid() + 97)
+	}
+	n.mu.Lock()
+	i := len(n.hosts) + 1
+	h := &Host{NS: n.ID + "-" + name, Veth: fmt.Sprintf("%sl%d", n.ID, i), IP: fmt.Sprintf("%s.%d", subnet, octet)}
+	n.hosts = append(n.hosts, h)
+	n.undo = append(n.undo, func() {
+		exec.Command(Sbin("ip"), "-n", router.NS, "link", "del", h.Veth).Run() // both ends
+		exec.Command(Sbin("ip"), "netns", "del", h.NS).Run()
+	})
+	n.mu.Unlock()
+	peer := fmt.Sprintf("%sq%d", n.ID, i)
+	for _, args := range [][]string{
+		{"netns", "add", h.NS},
+		{"-n", router.NS, "link", "add", h.Veth, "type", "veth", "peer", "name", peer, "netns", h.NS},
+		{"-n", router.NS, "addr", "add", subnet + ".1/24", "dev", h.Veth},
+		{"-n", router.NS, "link", "set", h.Veth, "up"},
+		{"-n", h.NS, "addr", "add", h.IP + "/24", "dev", peer},
+		{"-n", h.NS, "link", "set", peer, "up"},
+		{"-n", h.NS, "link", "set", "lo", "up"},
+		{"-n", h.NS, "route", "add", "default", "via", subnet + ".1"},
+	} {
+		if err := IP(args...); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}

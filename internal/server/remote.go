@@ -310,6 +310,22 @@ func (a *api) DashboardDownload(w http.ResponseWriter, r *http.Request, who acce
 	a.getFile(w, r, who)
 }
 
+// DashboardUpload is the dashboard's file upload (web.Options.Upload):
+// the API's, for a logged-in operator, within --remote-file-max-size.
+func (a *api) DashboardUpload(w http.ResponseWriter, r *http.Request, who access.Actor) {
+	rt := &route{endpoint: "files"}
+	if r.ContentLength > a.fileMax {
+		defer closeAfter(w, r)()
+		a.fail(w, rt, bodyTooLarge(a.fileMax, false))
+		return
+	}
+	if !who.Role.May(access.RemoteAccess) {
+		a.fail(w, rt, errForbidden)
+		return
+	}
+	a.putFile(w, r, who)
+}
+
 // terminalMessage is a text message of the operator's WebSocket.
 type terminalMessage struct {
 	Type   string `json:"type"`             // resize (to the server), exit (from it)

@@ -289,7 +289,7 @@ func (s *Server) buildHandler(context.Context) error {
 	ui, err := web.New(web.Options{OIDC: sso,
 		Fleet: s.fleet, Alerts: s.alerts, Access: s.acc, Audit: a.Audited, Ready: s.ready, Overloaded: ov.reason, Logger: s.log,
 		Sessions: s.sessionStore(), SharedSessions: s.cfg.Cluster, Cluster: s.clusterNodes(),
-		Terminal: a.DashboardTerminal, Download: a.DashboardDownload,
+		Terminal: a.DashboardTerminal, Download: a.DashboardDownload, Upload: a.DashboardUpload,
 		UploadFirmware: a.storeFirmware, DeleteFirmware: a.removeFirmware, TransferTimeout: s.cfg.FirmwareDownloadMax,
 	})
 	if err != nil {

@@ -319,9 +319,10 @@ type devicePage struct {
 	// source (profile, label NAME, device); nil: unavailable.
 	Config  *fleet.EffectiveConfig
 	Members []fleet.ConfigMember
-	// Terminal, Download: the page offers a remote terminal, a file
-	// download (the server serves them and the user may open one).
-	Terminal, Download bool
+	// Terminal, Download, Upload: the page offers a remote terminal, a
+	// file download, a file upload (the server serves them and the user
+	// may open one).
+	Terminal, Download, Upload bool
 }
 
 var ranges = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
@@ -343,7 +344,8 @@ func (h *Handler) device(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	d := devicePage{D: dev, Labels: h.fleet.DeviceLabels(id), Range: r.URL.Query().Get("range"), Ranges: []string{"1h", "6h", "24h", "7d"},
 		Actions: admitButtons(dev), Terminal: h.opts.Terminal != nil && actorOf(r).Role.May(access.RemoteAccess),
-		Download: h.opts.Download != nil && actorOf(r).Role.May(access.RemoteAccess)}
+		Download: h.opts.Download != nil && actorOf(r).Role.May(access.RemoteAccess),
+		Upload:   h.opts.Upload != nil && actorOf(r).Role.May(access.RemoteAccess)}
 	if q, ok := h.fleet.QuotaOf(id); ok {
 		d.Quota = &q
 	}

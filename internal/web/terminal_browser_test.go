@@ -2,8 +2,11 @@ package web_test
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -28,7 +31,8 @@ import (
 // The device page's terminal in headless chromium: an agent with
 // --remote-shell connected, an operator logs in, opens the terminal,
 // types a command and sees its output; exit ends the session, which the
-// audit log holds. The page keeps the dashboard's Content-Security-Policy
+// audit log holds. The page's file forms download a file and upload one
+// chosen in the picker, and show the refusals' reasons. The page keeps the dashboard's Content-Security-Policy
 // without a single violation.
 func TestBrowserTerminal(t *testing.T) {
 	chrome := findChromium(t)
@@ -41,7 +45,7 @@ func TestBrowserTerminal(t *testing.T) {
 	var a *agent.Agent
 	cfg.Server, cfg.EnrollSecret, cfg.TLS.CACert = srv.URL, srv.EnrollmentSecret, ca
 	cfg.StateDir, cfg.MachineID, cfg.Root = filepath.Join(dir, "state"), "browser-terminal", "../agent/testdata/root"
-	cfg.Connect, cfg.RemoteShell = true, "/bin/sh"
+	cfg.Connect, cfg.RemoteShell, cfg.FilesMaxSize = true, "/bin/sh", 2<<20
 	files := t.TempDir()
 	os.WriteFile(filepath.Join(files, "network"), []byte("config interface 'lan'\n"), 0o600)
 	if cfg.FilesAllow, err = tunnel.ParseFileRoots(files); err != nil {
@@ -144,7 +148,68 @@ func TestBrowserTerminal(t *testing.T) {
 	if got := fetch("/etc/passwd"); !strings.HasPrefix(got, "403 ") || !strings.Contains(got, "path_not_allowed") {
 		t.Errorf("download outside --files-allow: %q", got)
 	}
-	p := slices.DeleteFunc(problems(), func(p string) bool { return strings.Contains(p, "status of 403") }) // the refused download
+
+	// The page's upload form: a file chosen in the picker arrives whole
+	// (the page shows the device's SHA-256, the file on the device has
+	// it); a path outside the agent's directory and a file over its size
+	// limit are refused with their reasons.
+	var sent string // the SHA-256 of the last file chosen
+	upload := func(name string, size int, dest string) string {
+		t.Helper()
+		local := filepath.Join(t.TempDir(), name)
+		b := make([]byte, size)
+		rand.Read(b)
+		os.WriteFile(local, b, 0o600)
+		h := sha256.Sum256(b)
+		sent = hex.EncodeToString(h[:])
+		do("choose "+name, chromedp.SetUploadFiles(chromedp.ID("upload-file"), []string{local}),
+			chromedp.SetValue(chromedp.ID("upload-path"), dest))
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("upload-status").textContent = ""`)); err != nil {
+			t.Fatal(err)
+		}
+		do("upload "+name, chromedp.Click(chromedp.ID("upload-send")))
+		var got string
+		testwait.For(t, 20*time.Second, "the upload's outcome on the page", func() bool {
+			v, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("upload-status").textContent`))
+			got = v
+			return strings.HasPrefix(v, "Uploaded") || strings.HasPrefix(v, "The upload failed")
+		})
+		return got
+	}
+	sum := func(path string) string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err.Error()
+		}
+		h := sha256.Sum256(b)
+		return hex.EncodeToString(h[:])
+	}
+	got := upload("app.conf", 1<<20, files+"/")
+	if on := sum(filepath.Join(files, "app.conf")); on != sent || got != "Uploaded to "+filepath.Join(files, "app.conf")+": 1048576 bytes, SHA-256 "+sent+"." {
+		t.Errorf("upload of a file with SHA-256 %s: the page says %q; the file on the device has %s", sent, got, on)
+	}
+	if got := upload("passwd", 100, "/etc/passwd"); !strings.Contains(got, "not under a directory of this device's --files-allow") || !strings.Contains(got, "(path_not_allowed)") {
+		t.Errorf("upload outside --files-allow: the page says %q", got)
+	}
+	if got := upload("big.bin", 3<<20, files+"/"); !strings.Contains(got, "(file_too_large)") {
+		t.Errorf("upload over --files-max-size: the page says %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(files, "big.bin")); err == nil {
+		t.Error("the file over the limit was written")
+	}
+	// A PUT without the session's CSRF token changes nothing.
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(function () { var x = new XMLHttpRequest(); `+
+		`x.open("PUT", document.getElementById("upload").getAttribute("data-path") + "?path=" + encodeURIComponent(`+strconv.Quote(filepath.Join(files, "forged"))+`), false); `+
+		`x.send("forged"); return x.status + " " + x.responseText; })()`))
+	if err != nil || !strings.HasPrefix(v, "403 ") || !strings.Contains(v, "CSRF") {
+		t.Errorf("an upload without the CSRF token: %q %v", v, err)
+	}
+	if _, err := os.Stat(filepath.Join(files, "forged")); err == nil {
+		t.Error("an upload without the CSRF token was written")
+	}
+	p := slices.DeleteFunc(problems(), func(p string) bool {
+		return strings.Contains(p, "status of 403") || strings.Contains(p, "status of 413") // the refused transfers
+	})
 	if len(p) > 0 {
 		t.Fatalf("the browser reported problems (CSP violations or script errors):\n%s", strings.Join(p, "\n"))
 	}

@@ -74,7 +74,11 @@ type Options struct {
 	Terminal func(w http.ResponseWriter, r *http.Request, who access.Actor)
 	// Download serves a file from a device (?path=) for a logged-in
 	// operator (the server's); nil: the device page offers none.
-	Download        func(w http.ResponseWriter, r *http.Request, who access.Actor)
+	Download func(w http.ResponseWriter, r *http.Request, who access.Actor)
+	// Upload writes a request's body to a file on a device (?path=) for
+	// a logged-in operator (the server's); nil: the device page offers
+	// none.
+	Upload          func(w http.ResponseWriter, r *http.Request, who access.Actor)
 	UploadFirmware  FirmwareUpload
 	DeleteFirmware  func(ctx context.Context, id uint64) error
 	TransferTimeout time.Duration
@@ -180,6 +184,21 @@ func (h *Handler) routes() {
 	if h.opts.Download != nil {
 		m.HandleFunc("GET "+Prefix+"devices/{id}/files", h.can(access.RemoteAccess.Least(), "", func(w http.ResponseWriter, r *http.Request, _ *session) {
 			h.opts.Download(w, r, actorOf(r))
+		}))
+	}
+	if h.opts.Upload != nil {
+		// The page's script sends the file as the body, with the
+		// session's CSRF token in a header (not a form: the body
+		// streams to the device).
+		m.HandleFunc("PUT "+Prefix+"devices/{id}/files", h.can(access.RemoteAccess.Least(), "", func(w http.ResponseWriter, r *http.Request, s *session) {
+			if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.Header.Get("X-CSRF-Token")), []byte(s.csrf)) != 1 {
+				w.Header().Set("Connection", "close")
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusForbidden)
+				w.Write([]byte(`{"error":{"code":"forbidden","message":"invalid or missing CSRF token: reload the page and try again"}}` + "\n"))
+				return
+			}
+			h.opts.Upload(w, r, actorOf(r))
 		}))
 	}
 	m.HandleFunc("POST "+Prefix+"devices/{id}/admission", h.can(O, "/api/v1/devices/{id}", h.admitDevice))
