@@ -30,11 +30,16 @@ func (p Problem) String() string { return p.Pos.String() + ": " + p.Reason }
 type InvalidError struct{ Problems []Problem }
 
 func (e *InvalidError) Error() string {
-	lines := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		lines[i] = p.String()
+	var b strings.Builder
+	n := "a problem"
+	if len(e.Problems) > 1 {
+		n = strconv.Itoa(len(e.Problems)) + " problems"
 	}
-	return strings.Join(lines, "\n")
+	fmt.Fprintf(&b, "the description has %s; nothing was applied:", n)
+	for _, p := range e.Problems {
+		b.WriteString("\n" + p.String())
+	}
+	return b.String()
 }
 
 // ExitCode is 2: input refused as invalid (docs/ctl.md).

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
+	"sort"
 	"strings"
 )
 
@@ -86,6 +88,10 @@ func Prepare(ctx context.Context, api API, objs []*Object) (*Plan, error) {
 		plan.Changes = append(plan.Changes, c)
 	}
 	if len(problems) > 0 {
+		sort.SliceStable(problems, func(i, j int) bool {
+			a, b := problems[i].Pos, problems[j].Pos
+			return a.File < b.File || (a.File == b.File && a.Line < b.Line)
+		})
 		return nil, &InvalidError{problems}
 	}
 	return plan, nil
@@ -190,13 +196,22 @@ func prepare(ctx context.Context, api API, st *state, o *Object, newLabels map[s
 	return c, nil, nil
 }
 
-// problemAt is the line of the field a server's message starts with, or
-// the document's.
+// messageNames are names the server's messages give fields by.
+var messageNames = map[string]string{"where": "filter", "kind": "condition"}
+
+var words = regexp.MustCompile(`[a-z_]+`)
+
+// problemAt is the line of the field the server's message names first
+// (by its name or the API's), or the document's.
 func problemAt(o *Object, msg string) Pos {
-	best := ""
-	for name := range o.Lines {
-		if strings.HasPrefix(msg, name) && len(name) > len(best) {
-			best = name
+	best, at := "", len(msg)+1
+	for _, w := range words.FindAllStringIndex(msg, -1) {
+		name := msg[w[0]:w[1]]
+		if n, ok := messageNames[name]; ok {
+			name = n
+		}
+		if _, ok := o.Lines[name]; ok && w[0] < at {
+			best, at = name, w[0]
 		}
 	}
 	if best == "" {
@@ -228,6 +243,16 @@ func (p *Plan) Apply(ctx context.Context, api API, progress io.Writer) error {
 	return nil
 }
 
+// diff is the change as a unified diff of the object's document.
+func (c Change) diff() string {
+	before, from := "", "/dev/null"
+	if c.Before != nil {
+		before = string(Encode([]*Object{c.Before}))
+		from = "server: " + c.Object.Name()
+	}
+	return unifiedDiff(from, c.Object.Pos.String(), before, string(Encode([]*Object{c.After})))
+}
+
 // Write writes the plan for people: each created or changed object as a
 // unified diff of its document, then the counts.
 func (p *Plan) Write(w io.Writer) error {
@@ -236,15 +261,8 @@ func (p *Plan) Write(w io.Writer) error {
 		if c.Action == Unchanged {
 			continue
 		}
-		before := ""
-		from := "/dev/null"
-		if c.Before != nil {
-			before = string(Encode([]*Object{c.Before}))
-			from = "server: " + c.Object.Name()
-		}
-		after := string(Encode([]*Object{c.After}))
 		fmt.Fprintf(&b, "%s %s (%s)\n", map[string]string{Create: "+", Update: "~"}[c.Action], c.Object.Name(), c.Object.Pos)
-		b.WriteString(unifiedDiff(from, c.Object.Pos.String(), before, after))
+		b.WriteString(c.diff())
 		b.WriteString("\n")
 	}
 	created, changed, unchanged := p.Counts()
