@@ -91,7 +91,8 @@ func TestParseProblems(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || err.Error() != tc.want {
+			var inv *InvalidError
+			if !errors.As(err, &inv) || len(inv.Problems) != 1 || inv.Problems[0].String() != tc.want {
 				t.Fatalf("got %v\nwant %s", err, tc.want)
 			}
 		})

@@ -1889,14 +1889,14 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/alerts/rules (the `GetAlertsRules` operationId).
 	GetAlertsRules(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostAlertsRulesWithBody Create an alert rule
+	// PostAlertsRulesWithBody Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
 	PostAlertsRulesWithBody(ctx context.Context, params *PostAlertsRulesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostAlertsRules Create an alert rule
+	// PostAlertsRules Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2625,14 +2625,14 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/users (the `GetUsers` operationId).
 	GetUsers(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostUsersWithBody Create a user
+	// PostUsersWithBody Create a user (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/v1/users (the `PostUsers` operationId).
 	PostUsersWithBody(ctx context.Context, params *PostUsersParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostUsers Create a user
+	// PostUsers Create a user (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2729,7 +2729,7 @@ func (c *Client) GetAlertsRules(ctx context.Context, reqEditors ...RequestEditor
 	return c.Client.Do(req)
 }
 
-// PostAlertsRulesWithBody Create an alert rule
+// PostAlertsRulesWithBody Create an alert rule (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type.
 //
@@ -2746,7 +2746,7 @@ func (c *Client) PostAlertsRulesWithBody(ctx context.Context, params *PostAlerts
 	return c.Client.Do(req)
 }
 
-// PostAlertsRules Create an alert rule
+// PostAlertsRules Create an alert rule (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type.
 //
@@ -4725,7 +4725,7 @@ func (c *Client) GetUsers(ctx context.Context, reqEditors ...RequestEditorFn) (*
 	return c.Client.Do(req)
 }
 
-// PostUsersWithBody Create a user
+// PostUsersWithBody Create a user (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type.
 //
@@ -4742,7 +4742,7 @@ func (c *Client) PostUsersWithBody(ctx context.Context, params *PostUsersParams,
 	return c.Client.Do(req)
 }
 
-// PostUsers Create a user
+// PostUsers Create a user (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type.
 //
@@ -10115,14 +10115,14 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/alerts/rules (the `GetAlertsRules` operationId).
 	GetAlertsRulesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAlertsRulesResponse, error)
 
-	// PostAlertsRulesWithBodyWithResponse Create an alert rule
+	// PostAlertsRulesWithBodyWithResponse Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
 	PostAlertsRulesWithBodyWithResponse(ctx context.Context, params *PostAlertsRulesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error)
 
-	// PostAlertsRulesWithResponse Create an alert rule
+	// PostAlertsRulesWithResponse Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10997,14 +10997,14 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/users (the `GetUsers` operationId).
 	GetUsersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetUsersResponse, error)
 
-	// PostUsersWithBodyWithResponse Create a user
+	// PostUsersWithBodyWithResponse Create a user (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/users (the `PostUsers` operationId).
 	PostUsersWithBodyWithResponse(ctx context.Context, params *PostUsersParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostUsersResponse, error)
 
-	// PostUsersWithResponse Create a user
+	// PostUsersWithResponse Create a user (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -11320,6 +11320,8 @@ func (r GetAlertsRulesResponse) ContentType() string {
 type PostAlertsRulesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Rule
 	// JSON201 the response for an HTTP 201 `application/json` response
 	JSON201 *Rule
 	// JSON400 the response for an HTTP 400 `application/json` response
@@ -11336,6 +11338,11 @@ type PostAlertsRulesResponse struct {
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
 	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostAlertsRulesResponse) GetJSON200() *Rule {
+	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -20439,6 +20446,8 @@ func (r GetUsersResponse) ContentType() string {
 type PostUsersResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *User
 	// JSON201 the response for an HTTP 201 `application/json` response
 	JSON201 *User
 	// JSON400 the response for an HTTP 400 `application/json` response
@@ -20455,6 +20464,11 @@ type PostUsersResponse struct {
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
 	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostUsersResponse) GetJSON200() *User {
+	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -21118,7 +21132,7 @@ func (c *ClientWithResponses) GetAlertsRulesWithResponse(ctx context.Context, re
 	return ParseGetAlertsRulesResponse(rsp)
 }
 
-// PostAlertsRulesWithBodyWithResponse Create an alert rule
+// PostAlertsRulesWithBodyWithResponse Create an alert rule (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -21131,7 +21145,7 @@ func (c *ClientWithResponses) PostAlertsRulesWithBodyWithResponse(ctx context.Co
 	return ParsePostAlertsRulesResponse(rsp)
 }
 
-// PostAlertsRulesWithResponse Create an alert rule
+// PostAlertsRulesWithResponse Create an alert rule (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -22756,7 +22770,7 @@ func (c *ClientWithResponses) GetUsersWithResponse(ctx context.Context, reqEdito
 	return ParseGetUsersResponse(rsp)
 }
 
-// PostUsersWithBodyWithResponse Create a user
+// PostUsersWithBodyWithResponse Create a user (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -22769,7 +22783,7 @@ func (c *ClientWithResponses) PostUsersWithBodyWithResponse(ctx context.Context,
 	return ParsePostUsersResponse(rsp)
 }
 
-// PostUsersWithResponse Create a user
+// PostUsersWithResponse Create a user (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -23104,6 +23118,13 @@ func ParsePostAlertsRulesResponse(rsp *http.Response) (*PostAlertsRulesResponse,
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Rule
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
 		var dest Rule
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -30744,6 +30765,13 @@ func ParsePostUsersResponse(rsp *http.Response) (*PostUsersResponse, error) {
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest User
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
 		var dest User
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
