@@ -196,7 +196,28 @@ filter: state.temperature >>> 3
 		t.Fatalf("apply of the export: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 
-	// A viewer may not: exit 4, and nothing changed.
+	// An operator's token exports everything but the users (admin only),
+	// and may not apply a description naming users: exit 4. A wrong
+	// token: exit 4 too.
+	if st := s.Admin(t, "POST", "/api/v1/users", []byte(`{"name":"otto","role":"operator"}`), nil); st != 201 {
+		t.Fatalf("create otto: %d", st)
+	}
+	var tok struct {
+		Token string `json:"token"`
+	}
+	if st := s.Admin(t, "POST", "/api/v1/tokens", []byte(`{"user":"otto","name":"ci"}`), &tok); st != 201 {
+		t.Fatalf("token: %d", st)
+	}
+	r = ctl(tok.Token, "", "export")
+	if r.code != 0 || !strings.Contains(r.stderr, "users are not exported") || strings.Contains(r.stdout, "kind: User") || !strings.Contains(r.stdout, "kind: AlertRule") {
+		t.Fatalf("export by an operator: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r := ctl(tok.Token, "", "apply", "-f", repo); r.code != 4 {
+		t.Fatalf("apply of users by an operator: exit %d %s", r.code, r.stderr)
+	}
+	if r := ctl(tok.Token, "", "apply", "-f", filepath.Join(repo, "groups")); r.code != 0 || !strings.Contains(r.stdout, "0 to create, 0 to change, 3 unchanged") {
+		t.Fatalf("apply by an operator: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
 	if r := ctl("no-such-token", "", "apply", "-f", repo); r.code != 4 {
 		t.Fatalf("apply with a wrong token: exit %d %s", r.code, r.stderr)
 	}
