@@ -460,6 +460,9 @@ func (l *layerState) PutConfigLayer(ctx context.Context, kind LayerKind, name st
 		return cur, false, nil
 	}
 	if u.DryRun {
+		if err := l.checkSchemas(next); err != nil {
+			return ConfigLayer{}, false, err
+		}
 		next.Rev = cur.Rev + 1
 		return next, true, nil
 	}

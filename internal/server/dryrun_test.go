@@ -16,11 +16,15 @@ func TestDryRun(t *testing.T) {
 	id, _ := c.register("m-1")
 	admin := s.AdminToken
 	op := userToken(c, "otto", "operator")
-	if st, _, out := c.do("PUT", "/api/v1/labels/north", op, `{"filter":"device_type = test"}`); st != 200 {
+	if st, _, out := c.do("PUT", "/api/v1/labels/north", op, `{"filter":"device_type = \"ICR-3241\""}`); st != 200 {
 		t.Fatalf("label: %d %v", st, out)
 	}
 	if st, _, out := c.do("POST", "/api/v1/alerts/rules", op, `{"name":"hot","kind":"temperature_above","threshold":70}`); st != 201 {
 		t.Fatalf("rule: %d %v", st, out)
+	}
+	// A schema the device layer below must meet.
+	if st, _, out := c.do("PUT", "/api/v1/device-types/ICR-3241/schema", op, `{"values":{"type":"object","properties":{"level":{"type":"integer"}}}}`); st != 200 {
+		t.Fatalf("schema: %d %v", st, out)
 	}
 	snapshot := func() string {
 		t.Helper()
@@ -49,6 +53,9 @@ func TestDryRun(t *testing.T) {
 		{"PUT", "/api/v1/profiles/policy", op, `{"mode":"sometimes"}`, 400, "", ""},
 		{"PUT", "/api/v1/devices/" + id + "/config", op, `{"values":{"a":"${device.machine_id}"}}`, 200, "rev", "1"},
 		{"PUT", "/api/v1/devices/" + id + "/config", op, `{"values":{"a":"${device.nope}"}}`, 400, "", ""},
+		{"PUT", "/api/v1/devices/" + id + "/config", op, `{"values":{"level":"high"}}`, 422, "", ""},
+		{"PUT", "/api/v1/labels/north/config", op, `{"values":{"level":"high"}}`, 422, "", ""},
+		{"PATCH", "/api/v1/profiles/1", op, `{"config":{"level":"high"}}`, 422, "", ""},
 		{"PUT", "/api/v1/labels/north/config", op, `{"values":{"b":2},"priority":4}`, 200, "priority", "4"},
 		{"PUT", "/api/v1/labels/nobody/config", op, `{"values":{}}`, 404, "", ""},
 		{"PUT", "/api/v1/device-types/test/schema", op, `{"values":{"type":"object"}}`, 200, "kind", `"schema"`},

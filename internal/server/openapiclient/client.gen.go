@@ -18383,6 +18383,8 @@ type PatchProfilesIdResponse struct {
 	JSON409 *Error
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *Error
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Error
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
@@ -18422,6 +18424,11 @@ func (r PatchProfilesIdResponse) GetJSON409() *Error {
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
 func (r PatchProfilesIdResponse) GetJSON413() *Error {
 	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r PatchProfilesIdResponse) GetJSON422() *Error {
+	return r.JSON422
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
@@ -18480,6 +18487,8 @@ type PutProfilesIdResponse struct {
 	JSON409 *Error
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *Error
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Error
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
@@ -18519,6 +18528,11 @@ func (r PutProfilesIdResponse) GetJSON409() *Error {
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
 func (r PutProfilesIdResponse) GetJSON413() *Error {
 	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r PutProfilesIdResponse) GetJSON422() *Error {
+	return r.JSON422
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
@@ -29079,6 +29093,13 @@ func ParsePatchProfilesIdResponse(rsp *http.Response) (*PatchProfilesIdResponse,
 		}
 		response.JSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -29160,6 +29181,13 @@ func ParsePutProfilesIdResponse(rsp *http.Response) (*PutProfilesIdResponse, err
 			return nil, err
 		}
 		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error
