@@ -369,11 +369,12 @@ var ctlCommands = []ctlCommand{
 		var paths listFlag
 		fs.Var(&paths, "f", "a YAML file, or a directory of them (*.yaml, *.yml, subdirectories too); repeat for several")
 		dry := fs.Bool("dry-run", false, "show what would change, as a diff per object, and change nothing")
+		prune := fs.Bool("prune", false, "also delete the server's objects of the kinds the description has that it does not name (schemas, live labels, layers, alert rules, users; never profiles, the profile policy or your own user)")
 		return func(ctx context.Context, c *ctl.Client, _ []string) error {
 			if len(paths) == 0 {
 				return command.Usagef("name the description: -f FILE or -f DIR")
 			}
-			return gitops.Run(ctx, c, gitops.RunOptions{Paths: paths, DryRun: *dry, JSON: c.Output() == ctl.OutputJSON, Stdout: env.Stdout})
+			return gitops.Run(ctx, c, gitops.RunOptions{Paths: paths, DryRun: *dry, Prune: *prune, JSON: c.Output() == ctl.OutputJSON, Stdout: env.Stdout})
 		}
 	}},
 	{group: "export", args: "[-o DIR]", summary: "write the fleet's configuration (no secrets) as YAML, one file per kind in -o DIR, or to stdout", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {

@@ -196,6 +196,28 @@ filter: state.temperature >>> 3
 		t.Fatalf("apply of the export: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 
+	// --prune deletes what the description does not name, of its kinds
+	// only: the rule hot goes, the users stay.
+	pruned := t.TempDir()
+	write(pruned, "alerts.yaml", "apiVersion: drover/v1\nkind: AlertRule\nname: cold\ncondition: temperature_above\nthreshold: -5\n")
+	r = ctl(s.AdminToken, "", "apply", "-f", pruned, "--prune", "--dry-run")
+	if r.code != 0 || !strings.Contains(r.stdout, "- AlertRule hot (server)") || !strings.Contains(r.stdout, "+ AlertRule cold") ||
+		!strings.Contains(r.stdout, "1 to create, 0 to change, 1 to delete, 0 unchanged") {
+		t.Fatalf("apply --prune --dry-run: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r := ctl(s.AdminToken, "", "apply", "-f", pruned, "--prune"); r.code != 0 || !strings.Contains(r.stdout, "applied: 1 created, 0 changed, 1 deleted, 0 unchanged") {
+		t.Fatalf("apply --prune: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	var rules struct {
+		Rules []struct{ Name string } `json:"rules"`
+	}
+	if st := s.Admin(t, "GET", "/api/v1/alerts/rules", nil, &rules); st != 200 || len(rules.Rules) != 1 || rules.Rules[0].Name != "cold" {
+		t.Fatalf("rules after --prune: %d %+v", st, rules)
+	}
+	if st := s.Admin(t, "GET", "/api/v1/users/alice", nil, nil); st != 200 {
+		t.Fatalf("alice after a prune of alert rules: %d", st)
+	}
+
 	// An operator's token exports everything but the users (admin only),
 	// and may not apply a description naming users: exit 4. A wrong
 	// token: exit 4 too.

@@ -95,6 +95,9 @@ type Pos struct {
 }
 
 func (p Pos) String() string {
+	if p.Line == 0 {
+		return p.File
+	}
 	if p.File == "" {
 		return fmt.Sprintf("line %d", p.Line)
 	}

@@ -16,6 +16,7 @@ const (
 	Create    = "create"
 	Update    = "change"
 	Unchanged = "unchanged"
+	Delete    = "delete" // --prune: on the server, not described
 )
 
 // Change is what applying one object does.
@@ -23,7 +24,7 @@ type Change struct {
 	Object *Object
 	Action string
 	// Before is the server's object (nil when created), After what it
-	// becomes as the server would store it.
+	// becomes as the server would store it (nil when deleted).
 	Before, After *Object
 	// The request that makes the change.
 	method, path string
@@ -33,19 +34,72 @@ type Change struct {
 // Plan is every object of a description compared with the server.
 type Plan struct{ Changes []Change }
 
-// Counts are how many objects the plan creates, changes and leaves.
-func (p *Plan) Counts() (created, changed, unchanged int) {
+// Counts are how many objects the plan creates, changes, deletes and
+// leaves.
+func (p *Plan) Counts() (created, changed, deleted, unchanged int) {
 	for _, c := range p.Changes {
 		switch c.Action {
 		case Create:
 			created++
 		case Update:
 			changed++
+		case Delete:
+			deleted++
 		default:
 			unchanged++
 		}
 	}
 	return
+}
+
+// prunable are the kinds --prune deletes, with the path of an object's
+// deletion. Profiles belong to their devices' firmware, and the profile
+// policy is always there: neither is deleted.
+var prunable = map[string]func(st *state, key string) string{
+	KindSchema:      func(_ *state, k string) string { return "/api/v1/device-types/" + url.PathEscape(k) + "/schema" },
+	KindLabel:       func(_ *state, k string) string { return "/api/v1/labels/" + url.PathEscape(k) },
+	KindLabelLayer:  func(_ *state, k string) string { return "/api/v1/labels/" + url.PathEscape(k) + "/config" },
+	KindDeviceLayer: func(_ *state, k string) string { return "/api/v1/devices/" + url.PathEscape(k) + "/config" },
+	KindAlertRule:   func(st *state, k string) string { return "/api/v1/alerts/rules/" + url.PathEscape(st.ruleIDs[k]) },
+	KindUser:        func(_ *state, k string) string { return "/api/v1/users/" + url.PathEscape(k) },
+}
+
+// prune is the deletions of the server's objects of the kinds objs
+// describe that objs do not name, last kind first (a label's values
+// before the label). The caller's own user is never deleted.
+func prune(ctx context.Context, api API, st *state, objs []*Object) ([]Change, error) {
+	described, named := map[string]bool{}, map[string]bool{}
+	for _, o := range objs {
+		described[o.Kind] = true
+		named[stateKey(o.Kind, o.Key())] = true
+	}
+	me := ""
+	if described[KindUser] {
+		var who struct{ Name string }
+		if err := getJSON(ctx, api, "/api/v1/whoami", &who); err != nil {
+			return nil, err
+		}
+		me = who.Name
+	}
+	var out []Change
+	server := st.sorted()
+	for i := len(server) - 1; i >= 0; i-- {
+		o := server[i]
+		path, ok := prunable[o.Kind]
+		if !ok || !described[o.Kind] || named[stateKey(o.Kind, o.Key())] || (o.Kind == KindUser && o.Key() == me) {
+			continue
+		}
+		o.Pos = Pos{File: "server"}
+		out = append(out, Change{Object: o, Action: Delete, Before: o, method: http.MethodDelete, path: path(st, o.Key())})
+	}
+	return out, nil
+}
+
+// Options are how a description is planned.
+type Options struct {
+	// Prune deletes the server's objects of the kinds the description
+	// has that it does not name (never profiles or the profile policy).
+	Prune bool
 }
 
 // Prepare compares objs with the server's state: each object is checked
@@ -54,7 +108,7 @@ func (p *Plan) Counts() (created, changed, unchanged int) {
 // (defaults, a filter's spacing) are no change. Every problem is
 // reported, each at its file and line (an *InvalidError); the server is
 // not changed.
-func Prepare(ctx context.Context, api API, objs []*Object) (*Plan, error) {
+func Prepare(ctx context.Context, api API, objs []*Object, opt Options) (*Plan, error) {
 	if p := duplicates(objs); len(p) > 0 {
 		return nil, &InvalidError{p}
 	}
@@ -93,6 +147,13 @@ func Prepare(ctx context.Context, api API, objs []*Object) (*Plan, error) {
 			return a.File < b.File || (a.File == b.File && a.Line < b.Line)
 		})
 		return nil, &InvalidError{problems}
+	}
+	if opt.Prune {
+		dels, err := prune(ctx, api, st, objs)
+		if err != nil {
+			return nil, err
+		}
+		plan.Changes = append(plan.Changes, dels...)
 	}
 	return plan, nil
 }
@@ -233,10 +294,7 @@ func (p *Plan) Apply(ctx context.Context, api API, progress io.Writer) error {
 			return fmt.Errorf("%s: %s: %w", c.Object.Pos, c.Object.Name(), err)
 		}
 		if progress != nil {
-			verb := "created"
-			if c.Action == Update {
-				verb = "changed"
-			}
+			verb := map[string]string{Create: "created", Update: "changed", Delete: "deleted"}[c.Action]
 			fmt.Fprintf(progress, "%s %s\n", c.Object.Name(), verb)
 		}
 	}
@@ -250,7 +308,13 @@ func (c Change) diff() string {
 		before = string(Encode([]*Object{c.Before}))
 		from = "server: " + c.Object.Name()
 	}
-	return unifiedDiff(from, c.Object.Pos.String(), before, string(Encode([]*Object{c.After})))
+	after, to := "", c.Object.Pos.String()
+	if c.After != nil {
+		after = string(Encode([]*Object{c.After}))
+	} else {
+		to = "/dev/null"
+	}
+	return unifiedDiff(from, to, before, after)
 }
 
 // Write writes the plan for people: each created or changed object as a
@@ -261,12 +325,16 @@ func (p *Plan) Write(w io.Writer) error {
 		if c.Action == Unchanged {
 			continue
 		}
-		fmt.Fprintf(&b, "%s %s (%s)\n", map[string]string{Create: "+", Update: "~"}[c.Action], c.Object.Name(), c.Object.Pos)
+		fmt.Fprintf(&b, "%s %s (%s)\n", map[string]string{Create: "+", Update: "~", Delete: "-"}[c.Action], c.Object.Name(), c.Object.Pos)
 		b.WriteString(c.diff())
 		b.WriteString("\n")
 	}
-	created, changed, unchanged := p.Counts()
-	fmt.Fprintf(&b, "%d to create, %d to change, %d unchanged\n", created, changed, unchanged)
+	created, changed, deleted, unchanged := p.Counts()
+	if deleted > 0 {
+		fmt.Fprintf(&b, "%d to create, %d to change, %d to delete, %d unchanged\n", created, changed, deleted, unchanged)
+	} else {
+		fmt.Fprintf(&b, "%d to create, %d to change, %d unchanged\n", created, changed, unchanged)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

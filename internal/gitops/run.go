@@ -12,6 +12,7 @@ import (
 type RunOptions struct {
 	Paths  []string // files and directories of the description
 	DryRun bool     // show the plan, change nothing
+	Prune  bool     // delete what the description does not name (Options.Prune)
 	JSON   bool     // write the plan and its result as JSON
 	Stdout io.Writer
 }
@@ -21,6 +22,7 @@ type planJSON struct {
 	DryRun    bool         `json:"dry_run"`
 	Created   int          `json:"created"`
 	Changed   int          `json:"changed"`
+	Deleted   int          `json:"deleted"`
 	Unchanged int          `json:"unchanged"`
 	Changes   []changeJSON `json:"changes"`
 }
@@ -42,13 +44,13 @@ func Run(ctx context.Context, api API, o RunOptions) error {
 	if err != nil {
 		return err
 	}
-	plan, err := Prepare(ctx, api, objs)
+	plan, err := Prepare(ctx, api, objs, Options{Prune: o.Prune})
 	if err != nil {
 		return err
 	}
-	created, changed, unchanged := plan.Counts()
+	created, changed, deleted, unchanged := plan.Counts()
 	if o.JSON {
-		out := planJSON{DryRun: o.DryRun, Created: created, Changed: changed, Unchanged: unchanged, Changes: []changeJSON{}}
+		out := planJSON{DryRun: o.DryRun, Created: created, Changed: changed, Deleted: deleted, Unchanged: unchanged, Changes: []changeJSON{}}
 		for _, c := range plan.Changes {
 			cj := changeJSON{Kind: c.Object.Kind, Key: c.Object.Key(), Action: c.Action, File: c.Object.Pos.File, Line: c.Object.Pos.Line}
 			if c.Action != Unchanged {
@@ -68,13 +70,17 @@ func Run(ctx context.Context, api API, o RunOptions) error {
 	if err := plan.Write(o.Stdout); err != nil {
 		return err
 	}
-	if o.DryRun || created+changed == 0 {
+	if o.DryRun || created+changed+deleted == 0 {
 		return nil
 	}
 	if err := plan.Apply(ctx, api, o.Stdout); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(o.Stdout, "applied: %d created, %d changed, %d unchanged\n", created, changed, unchanged)
+	if deleted > 0 {
+		_, err = fmt.Fprintf(o.Stdout, "applied: %d created, %d changed, %d deleted, %d unchanged\n", created, changed, deleted, unchanged)
+	} else {
+		_, err = fmt.Fprintf(o.Stdout, "applied: %d created, %d changed, %d unchanged\n", created, changed, unchanged)
+	}
 	return err
 }
 
