@@ -14,6 +14,7 @@ import (
 	"github.com/drover/drover/cmd/internal/command"
 	"github.com/drover/drover/internal/ctl"
 	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/gitops"
 )
 
 // drover ctl: the operator's CLI on the operator API (docs/ctl.md). Every
@@ -48,6 +49,8 @@ var ctlGroups = []ctlGroup{
 	{"rollouts", "firmware rollouts: start, status, pause, resume, abort"},
 	{"users", "users of the dashboard and the API (admin)"},
 	{"tokens", "API tokens of users (admin)"},
+	{"apply", "make the fleet's configuration what YAML files describe; --dry-run shows the changes"},
+	{"export", "write the fleet's configuration as the YAML files apply reads"},
 	{"completion", "write the shell completion script of drover"},
 }
 
@@ -361,6 +364,26 @@ var ctlCommands = []ctlCommand{
 			return c.CreateToken(ctx, a[0], a[1], *expires)
 		}
 	}},
+	// Configuration as code (docs/ctl.md): groups that are one command.
+	{group: "apply", args: "-f PATH…", summary: "apply the YAML descriptions in files or directories: the server checks every object first, then the changes are made (--dry-run: only shown)", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
+		var paths listFlag
+		fs.Var(&paths, "f", "a YAML file, or a directory of them (*.yaml, *.yml, subdirectories too); repeat for several")
+		dry := fs.Bool("dry-run", false, "show what would change, as a diff per object, and change nothing")
+		prune := fs.Bool("prune", false, "also delete the server's objects of the kinds the description has that it does not name (schemas, live labels, layers, alert rules, users; never profiles, the profile policy or your own user)")
+		return func(ctx context.Context, c *ctl.Client, _ []string) error {
+			if len(paths) == 0 {
+				return command.Usagef("name the description: -f FILE or -f DIR")
+			}
+			return gitops.Run(ctx, c, gitops.RunOptions{Paths: paths, DryRun: *dry, Prune: *prune, JSON: c.Output() == ctl.OutputJSON, Stdout: env.Stdout})
+		}
+	}},
+	{group: "export", args: "[-o DIR]", summary: "write the fleet's configuration (no secrets) as YAML, one file per kind in -o DIR, or to stdout", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
+		dir := fs.String("o", "", "directory to write one file per kind into (made if missing); empty: stdout")
+		return func(ctx context.Context, c *ctl.Client, _ []string) error {
+			return gitops.ExportTo(ctx, c, *dir, env.Stdout, env.Stderr)
+		}
+	}},
+
 	{group: "tokens", name: "revoke", args: "ID", min: 1, max: 1, summary: "revoke an API token", flags: id1((*ctl.Client).RevokeToken)},
 }
 
@@ -590,6 +613,9 @@ func ctlCmd(ctx context.Context, args []string, env command.Env) error {
 			continue
 		}
 		names = append(names, c.name)
+		if c.name == "" { // the group is this one command
+			return ctlRunCommand(ctx, c, args[1:], env)
+		}
 		if len(args) > 1 && c.name == args[1] {
 			return ctlRunCommand(ctx, c, args[2:], env)
 		}
@@ -603,7 +629,7 @@ func ctlCmd(ctx context.Context, args []string, env command.Env) error {
 func ctlRunCommand(ctx context.Context, c ctlCommand, args []string, env command.Env) error {
 	fs, run := ctlFlagSet(c, env)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: drover ctl %s %s [flags] %s\n\n%s\n", c.group, c.name, c.args, c.summary)
+		fmt.Fprintf(fs.Output(), "usage: %s [flags] %s\n\n%s\n", strings.TrimSpace("drover ctl "+c.group+" "+c.name), c.args, c.summary)
 		if !c.offline {
 			fmt.Fprint(fs.Output(), "\nShared settings, also from DROVER_<NAME> or the --config file: --server,\n"+
 				"--api-token or --api-token-file, --ca-cert, --insecure, --http-timeout,\n"+
@@ -621,7 +647,7 @@ func ctlRunCommand(ctx context.Context, c ctlCommand, args []string, env command
 		if c.args != "" {
 			want = c.args
 		}
-		return command.Usagef("%s %s takes %s, not %q", c.group, c.name, want, strings.Join(a, " "))
+		return command.Usagef("%s takes %s, not %q", strings.TrimSpace(c.group+" "+c.name), want, strings.Join(a, " "))
 	}
 	if c.offline {
 		return run(ctx, nil, a)

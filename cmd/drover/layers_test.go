@@ -49,6 +49,7 @@ func TestImportLayers(t *testing.T) {
 		"internal/logcat":            {},
 		"internal/netlab":            {},
 		"internal/ctl":               {}, // the operator API over HTTP only
+		"internal/gitops":            {}, // configuration as code, on the operator API too
 		"internal/testwait":          {},
 		"internal/alert":             {"internal/fleet", "internal/protocol", "internal/alert"},
 		"internal/web":               {"internal/fleet", "internal/protocol", "internal/alert", "internal/render", "internal/sessions", "internal/access", "internal/httpclose"},

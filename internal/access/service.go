@@ -322,15 +322,7 @@ func (s *Service) hashPassword(p string) (string, error) {
 // AddUser creates a user; password may be "" (no dashboard login until
 // one is set).
 func (s *Service) AddUser(ctx context.Context, name string, role Role, password string) (User, error) {
-	if err := CheckName("the user name", name); err != nil {
-		return User{}, err
-	}
-	if role < Viewer || role > Admin {
-		return User{}, fmt.Errorf("%w: role must be admin, operator or viewer", ErrInvalid)
-	}
-	if _, err := s.o.Store.User(ctx, name); err == nil {
-		return User{}, fmt.Errorf("%w: user %q", ErrExists, name)
-	} else if !errors.Is(err, ErrNotFound) {
+	if err := s.CheckNewUser(ctx, name, role); err != nil {
 		return User{}, err
 	}
 	now := s.o.Now().UTC().Truncate(time.Millisecond)
@@ -349,14 +341,26 @@ func (s *Service) AddUser(ctx context.Context, name string, role Role, password 
 	return u, nil
 }
 
-// UserChange is a change to a user; nil fields stay.
-type UserChange struct {
-	Role     *Role   `json:"role"`
-	Password *string `json:"password"`
+// CheckNewUser checks what AddUser would of a new user, and changes
+// nothing.
+func (s *Service) CheckNewUser(ctx context.Context, name string, role Role) error {
+	if err := CheckName("the user name", name); err != nil {
+		return err
+	}
+	if role < Viewer || role > Admin {
+		return fmt.Errorf("%w: role must be admin, operator or viewer", ErrInvalid)
+	}
+	if _, err := s.o.Store.User(ctx, name); err == nil {
+		return fmt.Errorf("%w: user %q", ErrExists, name)
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
-// UpdateUser changes a user's role or password.
-func (s *Service) UpdateUser(ctx context.Context, name string, c UserChange) (User, error) {
+// CheckUserChange checks what UpdateUser would, and changes nothing: the
+// user as it would be.
+func (s *Service) CheckUserChange(ctx context.Context, name string, c UserChange) (User, error) {
 	u, err := s.o.Store.User(ctx, name)
 	if err != nil {
 		return User{}, err
@@ -366,6 +370,21 @@ func (s *Service) UpdateUser(ctx context.Context, name string, c UserChange) (Us
 			return User{}, fmt.Errorf("%w: role must be admin, operator or viewer", ErrInvalid)
 		}
 		u.Role = *c.Role
+	}
+	return u, nil
+}
+
+// UserChange is a change to a user; nil fields stay.
+type UserChange struct {
+	Role     *Role   `json:"role"`
+	Password *string `json:"password"`
+}
+
+// UpdateUser changes a user's role or password.
+func (s *Service) UpdateUser(ctx context.Context, name string, c UserChange) (User, error) {
+	u, err := s.CheckUserChange(ctx, name, c)
+	if err != nil {
+		return User{}, err
 	}
 	if c.Password != nil {
 		if *c.Password == "" {

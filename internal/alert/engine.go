@@ -729,17 +729,24 @@ var (
 
 // CreateRule validates and stores a new rule.
 func (e *Engine) CreateRule(ctx context.Context, r Rule) (Rule, error) {
-	return e.putRule(ctx, 0, r)
+	return e.putRule(ctx, 0, r, false)
+}
+
+// CheckRule checks what CreateRule (id 0) or UpdateRule would, and
+// changes nothing: the rule as it would be stored (without its ID when
+// new), or their error.
+func (e *Engine) CheckRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
+	return e.putRule(ctx, id, r, true)
 }
 
 // UpdateRule replaces rule id. A change of the condition or target clears
 // the rule's active alerts (without notification); they raise again when
 // the new condition holds.
 func (e *Engine) UpdateRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
-	return e.putRule(ctx, id, r)
+	return e.putRule(ctx, id, r, false)
 }
 
-func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
+func (e *Engine) putRule(ctx context.Context, id uint64, r Rule, check bool) (Rule, error) {
 	r.Email = slices.Clone(r.Email)
 	if err := r.Normalize(); err != nil {
 		return Rule{}, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -754,6 +761,15 @@ func (e *Engine) putRule(ctx context.Context, id uint64, r Rule) (Rule, error) {
 		} else if c.Name == r.Name {
 			return Rule{}, ErrDuplicateName
 		}
+	}
+	if id != 0 && prev == nil {
+		return Rule{}, ErrNotFound
+	}
+	if check {
+		if prev != nil {
+			r.ID, r.CreatedAt, r.UpdatedAt = id, prev.CreatedAt, prev.UpdatedAt
+		}
+		return r, nil
 	}
 	now := e.now().UTC().Truncate(time.Millisecond)
 	if id == 0 {

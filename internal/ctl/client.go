@@ -133,6 +133,9 @@ func loopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// Output is the format answers are written in (OutputTable, …).
+func (c *Client) Output() string { return c.cfg.Output }
+
 // Close releases idle connections.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
@@ -169,6 +172,9 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s (HTTP %d %s)", msg, e.Status, code)
 }
 
+// HTTPStatus is the answer's status.
+func (e *Error) HTTPStatus() int { return e.Status }
+
 // ExitCode is the exit code of the answer's status.
 func (e *Error) ExitCode() int {
 	switch e.Status {
@@ -191,6 +197,12 @@ func (e WaitTimeoutError) Error() string { return e.What }
 
 // ExitCode is ExitWaitTimeout.
 func (e WaitTimeoutError) ExitCode() int { return ExitWaitTimeout }
+
+// Do sends one request: body, when not nil, as JSON; a status other than
+// 2xx is an *Error. The answer's body is returned whole.
+func (c *Client) Do(ctx context.Context, method, path string, query url.Values, body any) ([]byte, error) {
+	return c.do(ctx, method, path, query, body)
+}
 
 // do sends one request; body, when not nil, is sent as JSON. A status
 // other than 2xx is an *Error. The answer's body is returned whole.

@@ -235,9 +235,12 @@ complete -c %[2]s -f
 	for _, g := range t.Groups {
 		fmt.Fprintf(&b, "complete -c %s -n '%s_at %s' -a %s -d %s\n", t.Prog, p, t.Under, zq(g.Name), zq(g.Summary))
 		for _, c := range g.Commands {
-			fmt.Fprintf(&b, "complete -c %s -n '%s_at %s %s' -a %s -d %s\n", t.Prog, p, t.Under, g.Name, zq(c.Name), zq(c.Summary))
+			if c.Name != "" { // a group that is one command
+				fmt.Fprintf(&b, "complete -c %s -n '%s_at %s %s' -a %s -d %s\n", t.Prog, p, t.Under, g.Name, zq(c.Name), zq(c.Summary))
+			}
 			for _, fl := range c.Flags {
-				fmt.Fprintf(&b, "complete -c %s -n '%s_in %s %s %s' -l %s -d %s\n", t.Prog, p, t.Under, g.Name, c.Name, fl.Name, zq(fl.Summary))
+				words := strings.TrimSpace(t.Under + " " + g.Name + " " + c.Name)
+				fmt.Fprintf(&b, "complete -c %s -n '%s_in %s' -l %s -d %s\n", t.Prog, p, words, fl.Name, zq(fl.Summary))
 			}
 		}
 	}

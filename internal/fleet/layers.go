@@ -13,6 +13,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,6 +85,8 @@ type LayerUpdate struct {
 	Values   json.RawMessage `json:"values"`
 	Priority *int            `json:"priority,omitempty"`
 	By       string          `json:"-"`
+	// DryRun checks the update and changes nothing.
+	DryRun bool `json:"-"`
 }
 
 // EffectiveConfig is what a device is to run, and where each member comes
@@ -373,6 +376,28 @@ func (l *layerState) layerName(kind LayerKind, name string) (string, error) {
 	return "", ErrNotFound
 }
 
+// ConfigLayers returns every layer's current revision: devices' by ID,
+// labels' in merge order, then schemas by device type.
+func (l *layerState) ConfigLayers() []ConfigLayer {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]ConfigLayer, 0, len(l.devices)+len(l.ordered)+len(l.schemas))
+	for _, c := range l.devices {
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(a, b ConfigLayer) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortStableFunc(out, func(a, b ConfigLayer) int { return cmp.Compare(len(a.Name), len(b.Name)) })
+	for _, c := range l.ordered {
+		out = append(out, *c)
+	}
+	n := len(out)
+	for _, sc := range l.schemas {
+		out = append(out, sc.layer)
+	}
+	slices.SortFunc(out[n:], func(a, b ConfigLayer) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
 // ConfigLayer returns a layer's current revision; ErrNotFound when it
 // has none (never set, or deleted).
 func (l *layerState) ConfigLayer(kind LayerKind, name string) (ConfigLayer, error) {
@@ -433,6 +458,13 @@ func (l *layerState) PutConfigLayer(ctx context.Context, kind LayerKind, name st
 	}
 	if cur.Rev > 0 && SameConfig(cur.Values, vals) && cur.Priority == next.Priority {
 		return cur, false, nil
+	}
+	if u.DryRun {
+		if err := l.checkSchemas(next); err != nil {
+			return ConfigLayer{}, false, err
+		}
+		next.Rev = cur.Rev + 1
+		return next, true, nil
 	}
 	c, err := l.storeLayer(ctx, next)
 	return c, err == nil, err

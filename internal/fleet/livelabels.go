@@ -184,6 +184,17 @@ func (r *labels) dropLiveLocked(id uint16) {
 // expression of the filter language), or changes the expression of the
 // live label name. It returns the label with its device count.
 func (r *labels) DefineLabel(ctx context.Context, name, filter string) (Label, error) {
+	return r.defineLabel(ctx, name, filter, false)
+}
+
+// CheckLabelDefinition checks what DefineLabel would, and changes nothing:
+// the label as it would be defined (without devices), or DefineLabel's
+// error.
+func (r *labels) CheckLabelDefinition(ctx context.Context, name, filter string) (Label, error) {
+	return r.defineLabel(ctx, name, filter, true)
+}
+
+func (r *labels) defineLabel(ctx context.Context, name, filter string, check bool) (Label, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.init()
@@ -213,6 +224,10 @@ func (r *labels) DefineLabel(ctx context.Context, name, filter string) (Label, e
 	cw, err := r.compileWhere(ctx, w, true, func(n string) uint16 { return r.byName[n] })
 	if err != nil {
 		return Label{}, err
+	}
+	if check {
+		r.unpinColumns(cw.cols)
+		return Label{ID: id, Name: name, Filter: text}, nil
 	}
 	if exists {
 		if r.store != nil {

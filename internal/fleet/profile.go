@@ -271,6 +271,8 @@ type ProfileUpdate struct {
 	PushInterval *int            `json:"push_interval,omitempty"`
 	// By names who makes the change, for the profile's history.
 	By string `json:"-"`
+	// DryRun checks the update and changes nothing.
+	DryRun bool `json:"-"`
 }
 
 // UpdateProfile checks u (a *FieldError when it breaks a rule) and applies
@@ -328,6 +330,12 @@ func (ps *profiles) updateProfile(ctx context.Context, id uint64, u ProfileUpdat
 		if err := ps.checkSchema(e, &next); err != nil {
 			return Profile{}, false, err // layerschema.go
 		}
+		if u.DryRun {
+			if u.PushInterval != nil {
+				next.PushInterval = *u.PushInterval
+			}
+			return next, true, nil
+		}
 		next.Version = ps.maxVersion() + 1
 		if cs := ps.cluster; cs != nil {
 			// Other nodes hand out versions too: the database's sequence
@@ -341,6 +349,9 @@ func (ps *profiles) updateProfile(ctx context.Context, id uint64, u ProfileUpdat
 	}
 	if u.PushInterval != nil {
 		next.PushInterval = *u.PushInterval
+	}
+	if u.DryRun {
+		return next, true, nil
 	}
 	next.UpdatedAt = ps.now().UTC().Truncate(time.Millisecond)
 	if err := persist(ctx, ps.persist, func(b *Batch) { b.Profiles = append(b.Profiles, next) }); err != nil {

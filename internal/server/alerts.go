@@ -151,6 +151,17 @@ func (a *api) createRule(r *http.Request) (any, error) {
 	if err := decodeStrict(r, "", &rl); err != nil {
 		return nil, err
 	}
+	dry, err := dryRun(r)
+	if err != nil {
+		return nil, err
+	}
+	if dry {
+		out, err := a.alerts.CheckRule(r.Context(), 0, rl)
+		if err != nil {
+			return nil, err
+		}
+		return unchangedBody{out}, nil
+	}
 	out, err := a.alerts.CreateRule(r.Context(), rl)
 	if err != nil {
 		return nil, err
@@ -166,6 +177,17 @@ func (a *api) updateRule(r *http.Request) (any, error) {
 	var rl alert.Rule
 	if err := decodeStrict(r, "", &rl); err != nil {
 		return nil, err
+	}
+	dry, err := dryRun(r)
+	if err != nil {
+		return nil, err
+	}
+	if dry {
+		out, err := a.alerts.CheckRule(r.Context(), id, rl)
+		if err != nil {
+			return nil, ifNotFound(err, "such rule")
+		}
+		return unchangedBody{out}, nil
 	}
 	out, err := a.alerts.UpdateRule(r.Context(), id, rl)
 	return out, ifNotFound(err, "such rule")

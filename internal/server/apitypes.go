@@ -223,6 +223,10 @@ type probeAnswer struct {
 }
 
 // labelDefineBody makes a label live (PUT /api/v1/labels/{name}).
+type layerList struct {
+	Layers []fleet.ConfigLayer `json:"layers"`
+}
+
 type labelDefineBody struct {
 	Filter string `json:"filter" openapi:"required"` // the filter language (docs/groups.md)
 }

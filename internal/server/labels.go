@@ -86,12 +86,23 @@ func (a *api) defineLabel(r *http.Request) (any, error) {
 	if in.Filter == "" {
 		return nil, badField(`filter is required: an expression of the filter language, e.g. "state.extra.site = north"`)
 	}
-	l, err := a.fleet.DefineLabel(r.Context(), name, in.Filter)
+	dry, err := dryRun(r)
+	if err != nil {
+		return nil, err
+	}
+	define := a.fleet.DefineLabel
+	if dry {
+		define = a.fleet.CheckLabelDefinition
+	}
+	l, err := define(r.Context(), name, in.Filter)
 	switch {
 	case errors.Is(err, fleet.ErrLabelName), errors.Is(err, fleet.ErrTooManyIDs):
 		return nil, badField("label: " + err.Error())
 	case err != nil:
 		return nil, err
+	}
+	if dry {
+		return unchangedBody{l}, nil
 	}
 	return l, nil
 }

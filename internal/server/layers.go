@@ -42,6 +42,10 @@ func (l layerAt) notFound(name string, err error) error {
 	return ifNotFound(err, l.what+" "+name)
 }
 
+func (a *api) listLayers(r *http.Request) (any, error) {
+	return layerList{a.fleet.ConfigLayers()}, nil
+}
+
 func (a *api) getLayer(l layerAt) apiFunc {
 	return func(r *http.Request) (any, error) {
 		name, err := l.name(r)
@@ -73,11 +77,14 @@ func (a *api) putLayer(l layerAt) apiFunc {
 		if u.By, err = changedBy(r); err != nil {
 			return nil, err
 		}
+		if u.DryRun, err = dryRun(r); err != nil {
+			return nil, err
+		}
 		c, changed, err := a.fleet.PutConfigLayer(r.Context(), l.kind, name, u)
 		if err != nil {
 			return nil, l.notFound(name, err)
 		}
-		if !changed {
+		if !changed || u.DryRun {
 			return unchangedBody{c}, nil
 		}
 		return c, nil

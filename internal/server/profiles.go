@@ -41,11 +41,14 @@ func (a *api) updateProfile(r *http.Request) (any, error) {
 	if u.By, err = changedBy(r); err != nil {
 		return nil, err
 	}
+	if u.DryRun, err = dryRun(r); err != nil {
+		return nil, err
+	}
 	p, changed, err := a.fleet.ApplyProfileUpdate(r.Context(), id, u)
 	if err != nil {
 		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
 	}
-	if !changed {
+	if !changed || u.DryRun {
 		return unchangedBody{p}, nil
 	}
 	return p, nil
@@ -59,6 +62,16 @@ func (a *api) putProfilePolicy(r *http.Request) (any, error) {
 	p := a.fleet.ProfilePolicy()
 	if err := decodeStrict(r, "profile policy: ", &p); err != nil {
 		return nil, err
+	}
+	dry, err := dryRun(r)
+	if err != nil {
+		return nil, err
+	}
+	if dry {
+		if err := p.Check(); err != nil {
+			return nil, err
+		}
+		return unchangedBody{p}, nil
 	}
 	return a.fleet.SetProfilePolicy(r.Context(), p)
 }

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/drover/drover/internal/fleet"
@@ -11,6 +12,26 @@ import (
 
 // q lists a route's query parameters (route.query).
 func q(names ...string) []string { return names }
+
+// dryRunQuery is the parameter of the changes that can only be checked:
+// ?dry_run=1 checks the request as the change would, answers what it
+// would make (200; an invalid one gets the same error), and changes
+// nothing, so that nothing is written to the audit log either.
+const dryRunQuery = "dry_run"
+
+// dryRun reads ?dry_run.
+func dryRun(r *http.Request) (bool, error) {
+	switch v := r.URL.Query().Get(dryRunQuery); v {
+	case "":
+		return false, nil
+	case "1", "true":
+		return true, nil
+	case "0", "false":
+		return false, nil
+	default:
+		return false, badField("dry_run must be 1 or 0, not " + strconv.Quote(v))
+	}
+}
 
 // deviceListQuery is what GET /api/v1/devices reads: the devices filter
 // (fleet.FilterParams), order and paging as the dashboard's, and the

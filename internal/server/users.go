@@ -39,6 +39,16 @@ func (a *api) createUser(r *http.Request) (any, error) {
 	if err := decodeStrict(r, "user: ", &in); err != nil {
 		return nil, err
 	}
+	dry, err := dryRun(r)
+	if err != nil {
+		return nil, err
+	}
+	if dry {
+		if err := a.acc.CheckNewUser(r.Context(), in.Name, in.Role); err != nil {
+			return nil, err
+		}
+		return unchangedBody{access.User{Name: in.Name, Role: in.Role}}, nil
+	}
 	u, err := a.acc.AddUser(r.Context(), in.Name, in.Role, in.Password)
 	if err != nil {
 		return nil, err
@@ -50,6 +60,17 @@ func (a *api) updateUser(r *http.Request) (any, error) {
 	var c access.UserChange
 	if err := decodeStrict(r, "user change: ", &c); err != nil {
 		return nil, err
+	}
+	dry, err := dryRun(r)
+	if err != nil {
+		return nil, err
+	}
+	if dry {
+		u, err := a.acc.CheckUserChange(r.Context(), r.PathValue("name"), c)
+		if err != nil {
+			return nil, ifNotFound(err, "user "+strconv.Quote(r.PathValue("name")))
+		}
+		return unchangedBody{u}, nil
 	}
 	u, err := a.acc.UpdateUser(r.Context(), r.PathValue("name"), c)
 	return u, ifNotFound(err, "user "+strconv.Quote(r.PathValue("name")))

@@ -827,6 +827,11 @@ type LayerDeleted struct {
 	Kind    string `json:"kind"`
 }
 
+// LayerList defines model for LayerList.
+type LayerList struct {
+	Layers *[]ConfigLayer `json:"layers"`
+}
+
 // LayerRef defines model for LayerRef.
 type LayerRef struct {
 	Kind     string `json:"kind"`
@@ -1371,6 +1376,16 @@ type GetAlertsParams struct {
 // GetAlertsParamsState defines parameters for GetAlerts.
 type GetAlertsParamsState string
 
+// PostAlertsRulesParams defines parameters for PostAlertsRules.
+type PostAlertsRulesParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
+// PutAlertsRulesIdParams defines parameters for PutAlertsRulesId.
+type PutAlertsRulesIdParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
 // GetAuditParams defines parameters for GetAudit.
 type GetAuditParams struct {
 	Actor  *string    `form:"actor,omitempty" json:"actor,omitempty"`
@@ -1397,6 +1412,11 @@ type GetCommandsIdDevicesParams struct {
 
 // GetCommandsIdDevicesParamsState defines parameters for GetCommandsIdDevices.
 type GetCommandsIdDevicesParamsState string
+
+// PutDeviceTypesTypeSchemaParams defines parameters for PutDeviceTypesTypeSchema.
+type PutDeviceTypesTypeSchemaParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
 
 // GetDeviceTypesTypeSchemaDiffParams defines parameters for GetDeviceTypesTypeSchemaDiff.
 type GetDeviceTypesTypeSchemaDiffParams struct {
@@ -1452,6 +1472,11 @@ type GetDevicesIdCommandsParams struct {
 // GetDevicesIdCommandsParamsState defines parameters for GetDevicesIdCommands.
 type GetDevicesIdCommandsParamsState string
 
+// PutDevicesIdConfigParams defines parameters for PutDevicesIdConfig.
+type PutDevicesIdConfigParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
 // GetDevicesIdConfigDiffParams defines parameters for GetDevicesIdConfigDiff.
 type GetDevicesIdConfigDiffParams struct {
 	From *int `form:"from,omitempty" json:"from,omitempty"`
@@ -1504,10 +1529,35 @@ type PostFirmwareParams struct {
 	Signature  *string `form:"signature,omitempty" json:"signature,omitempty"`
 }
 
+// PutLabelsNameParams defines parameters for PutLabelsName.
+type PutLabelsNameParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
+// PutLabelsNameConfigParams defines parameters for PutLabelsNameConfig.
+type PutLabelsNameConfigParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
 // GetLabelsNameConfigDiffParams defines parameters for GetLabelsNameConfigDiff.
 type GetLabelsNameConfigDiffParams struct {
 	From *int `form:"from,omitempty" json:"from,omitempty"`
 	To   *int `form:"to,omitempty" json:"to,omitempty"`
+}
+
+// PutProfilesPolicyParams defines parameters for PutProfilesPolicy.
+type PutProfilesPolicyParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
+// PatchProfilesIdParams defines parameters for PatchProfilesId.
+type PatchProfilesIdParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
+// PutProfilesIdParams defines parameters for PutProfilesId.
+type PutProfilesIdParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
 }
 
 // GetProfilesIdDiffParams defines parameters for GetProfilesIdDiff.
@@ -1530,6 +1580,16 @@ type GetRolloutsIdDevicesParamsState string
 // GetTokensParams defines parameters for GetTokens.
 type GetTokensParams struct {
 	User *string `form:"user,omitempty" json:"user,omitempty"`
+}
+
+// PostUsersParams defines parameters for PostUsers.
+type PostUsersParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
+// PatchUsersNameParams defines parameters for PatchUsersName.
+type PatchUsersNameParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
 }
 
 // PostAlertsRulesJSONRequestBody defines body for PostAlertsRules for application/json ContentType.
@@ -1829,19 +1889,19 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/alerts/rules (the `GetAlertsRules` operationId).
 	GetAlertsRules(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostAlertsRulesWithBody Create an alert rule
+	// PostAlertsRulesWithBody Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-	PostAlertsRulesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostAlertsRulesWithBody(ctx context.Context, params *PostAlertsRulesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostAlertsRules Create an alert rule
+	// PostAlertsRules Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-	PostAlertsRules(ctx context.Context, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostAlertsRules(ctx context.Context, params *PostAlertsRulesParams, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteAlertsRulesId Delete an alert rule
 	//
@@ -1858,14 +1918,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-	PutAlertsRulesIdWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutAlertsRulesIdWithBody(ctx context.Context, id string, params *PutAlertsRulesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutAlertsRulesId Replace an alert rule
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-	PutAlertsRulesId(ctx context.Context, id string, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutAlertsRulesId(ctx context.Context, id string, params *PutAlertsRulesIdParams, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetAlertsSmtp Get the e-mail settings
 	//
@@ -1940,6 +2000,11 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/commands/{id}/resume (the `PostCommandsIdResume` operationId).
 	PostCommandsIdResume(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetConfigLayers List every configuration layer's current revision: devices', labels' and device types' schemas
+	//
+	// Corresponds with GET /api/v1/config/layers (the `GetConfigLayers` operationId).
+	GetConfigLayers(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetConnect Open a device's live connection (WebSocket)
 	//
 	// Corresponds with GET /api/v1/connect (the `GetConnect` operationId).
@@ -1960,14 +2025,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-	PutDeviceTypesTypeSchemaWithBody(ctx context.Context, pType string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutDeviceTypesTypeSchemaWithBody(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutDeviceTypesTypeSchema Set a device type's configuration schema
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-	PutDeviceTypesTypeSchema(ctx context.Context, pType string, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutDeviceTypesTypeSchema(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetDeviceTypesTypeSchemaDiff Compare two revisions of a device type's configuration schema
 	//
@@ -2038,14 +2103,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-	PutDevicesIdConfigWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutDevicesIdConfigWithBody(ctx context.Context, id string, params *PutDevicesIdConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutDevicesIdConfig Set a device's own configuration values
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-	PutDevicesIdConfig(ctx context.Context, id string, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutDevicesIdConfig(ctx context.Context, id string, params *PutDevicesIdConfigParams, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetDevicesIdConfigDiff Compare two revisions of a device's own configuration values
 	//
@@ -2229,14 +2294,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-	PutLabelsNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutLabelsNameWithBody(ctx context.Context, name string, params *PutLabelsNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutLabelsName Make a label live: the devices its filter selects, kept current
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-	PutLabelsName(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutLabelsName(ctx context.Context, name string, params *PutLabelsNameParams, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteLabelsNameConfig Delete a label's (group's) configuration values
 	//
@@ -2253,14 +2318,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-	PutLabelsNameConfigWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutLabelsNameConfigWithBody(ctx context.Context, name string, params *PutLabelsNameConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutLabelsNameConfig Set a label's (group's) configuration values
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-	PutLabelsNameConfig(ctx context.Context, name string, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutLabelsNameConfig(ctx context.Context, name string, params *PutLabelsNameConfigParams, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetLabelsNameConfigDiff Compare two revisions of a label's (group's) configuration values
 	//
@@ -2363,14 +2428,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-	PutProfilesPolicyWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutProfilesPolicyWithBody(ctx context.Context, params *PutProfilesPolicyParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutProfilesPolicy Set the profile policy
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-	PutProfilesPolicy(ctx context.Context, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutProfilesPolicy(ctx context.Context, params *PutProfilesPolicyParams, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteProfilesId Delete an unused profile
 	//
@@ -2387,28 +2452,28 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-	PatchProfilesIdWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PatchProfilesIdWithBody(ctx context.Context, id string, params *PatchProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PatchProfilesId Change a profile (the fields given)
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-	PatchProfilesId(ctx context.Context, id string, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PatchProfilesId(ctx context.Context, id string, params *PatchProfilesIdParams, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutProfilesIdWithBody Change a profile
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-	PutProfilesIdWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutProfilesIdWithBody(ctx context.Context, id string, params *PutProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PutProfilesId Change a profile
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-	PutProfilesId(ctx context.Context, id string, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PutProfilesId(ctx context.Context, id string, params *PutProfilesIdParams, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetProfilesIdDiff Compare two revisions of a profile
 	//
@@ -2560,19 +2625,19 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/users (the `GetUsers` operationId).
 	GetUsers(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostUsersWithBody Create a user
+	// PostUsersWithBody Create a user (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-	PostUsersWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostUsersWithBody(ctx context.Context, params *PostUsersParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostUsers Create a user
+	// PostUsers Create a user (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-	PostUsers(ctx context.Context, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostUsers(ctx context.Context, params *PostUsersParams, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteUsersName Delete a user
 	//
@@ -2589,14 +2654,14 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-	PatchUsersNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PatchUsersNameWithBody(ctx context.Context, name string, params *PatchUsersNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PatchUsersName Change a user's role or password
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-	PatchUsersName(ctx context.Context, name string, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PatchUsersName(ctx context.Context, name string, params *PatchUsersNameParams, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetWhoami Get the caller's name and role
 	//
@@ -2664,13 +2729,13 @@ func (c *Client) GetAlertsRules(ctx context.Context, reqEditors ...RequestEditor
 	return c.Client.Do(req)
 }
 
-// PostAlertsRulesWithBody Create an alert rule
+// PostAlertsRulesWithBody Create an alert rule (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-func (c *Client) PostAlertsRulesWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostAlertsRulesRequestWithBody(c.Server, contentType, body)
+func (c *Client) PostAlertsRulesWithBody(ctx context.Context, params *PostAlertsRulesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostAlertsRulesRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2681,13 +2746,13 @@ func (c *Client) PostAlertsRulesWithBody(ctx context.Context, contentType string
 	return c.Client.Do(req)
 }
 
-// PostAlertsRules Create an alert rule
+// PostAlertsRules Create an alert rule (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-func (c *Client) PostAlertsRules(ctx context.Context, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostAlertsRulesRequest(c.Server, body)
+func (c *Client) PostAlertsRules(ctx context.Context, params *PostAlertsRulesParams, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostAlertsRulesRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2733,8 +2798,8 @@ func (c *Client) GetAlertsRulesId(ctx context.Context, id string, reqEditors ...
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-func (c *Client) PutAlertsRulesIdWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutAlertsRulesIdRequestWithBody(c.Server, id, contentType, body)
+func (c *Client) PutAlertsRulesIdWithBody(ctx context.Context, id string, params *PutAlertsRulesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutAlertsRulesIdRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2750,8 +2815,8 @@ func (c *Client) PutAlertsRulesIdWithBody(ctx context.Context, id string, conten
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-func (c *Client) PutAlertsRulesId(ctx context.Context, id string, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutAlertsRulesIdRequest(c.Server, id, body)
+func (c *Client) PutAlertsRulesId(ctx context.Context, id string, params *PutAlertsRulesIdParams, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutAlertsRulesIdRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2965,6 +3030,21 @@ func (c *Client) PostCommandsIdResume(ctx context.Context, id string, reqEditors
 	return c.Client.Do(req)
 }
 
+// GetConfigLayers List every configuration layer's current revision: devices', labels' and device types' schemas
+//
+// Corresponds with GET /api/v1/config/layers (the `GetConfigLayers` operationId).
+func (c *Client) GetConfigLayers(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetConfigLayersRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetConnect Open a device's live connection (WebSocket)
 //
 // Corresponds with GET /api/v1/connect (the `GetConnect` operationId).
@@ -3015,8 +3095,8 @@ func (c *Client) GetDeviceTypesTypeSchema(ctx context.Context, pType string, req
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-func (c *Client) PutDeviceTypesTypeSchemaWithBody(ctx context.Context, pType string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutDeviceTypesTypeSchemaRequestWithBody(c.Server, pType, contentType, body)
+func (c *Client) PutDeviceTypesTypeSchemaWithBody(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutDeviceTypesTypeSchemaRequestWithBody(c.Server, pType, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3032,8 +3112,8 @@ func (c *Client) PutDeviceTypesTypeSchemaWithBody(ctx context.Context, pType str
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-func (c *Client) PutDeviceTypesTypeSchema(ctx context.Context, pType string, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutDeviceTypesTypeSchemaRequest(c.Server, pType, body)
+func (c *Client) PutDeviceTypesTypeSchema(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutDeviceTypesTypeSchemaRequest(c.Server, pType, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3233,8 +3313,8 @@ func (c *Client) GetDevicesIdConfig(ctx context.Context, id string, reqEditors .
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-func (c *Client) PutDevicesIdConfigWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutDevicesIdConfigRequestWithBody(c.Server, id, contentType, body)
+func (c *Client) PutDevicesIdConfigWithBody(ctx context.Context, id string, params *PutDevicesIdConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutDevicesIdConfigRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3250,8 +3330,8 @@ func (c *Client) PutDevicesIdConfigWithBody(ctx context.Context, id string, cont
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-func (c *Client) PutDevicesIdConfig(ctx context.Context, id string, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutDevicesIdConfigRequest(c.Server, id, body)
+func (c *Client) PutDevicesIdConfig(ctx context.Context, id string, params *PutDevicesIdConfigParams, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutDevicesIdConfigRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3754,8 +3834,8 @@ func (c *Client) GetLabelsName(ctx context.Context, name string, reqEditors ...R
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-func (c *Client) PutLabelsNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutLabelsNameRequestWithBody(c.Server, name, contentType, body)
+func (c *Client) PutLabelsNameWithBody(ctx context.Context, name string, params *PutLabelsNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutLabelsNameRequestWithBody(c.Server, name, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3771,8 +3851,8 @@ func (c *Client) PutLabelsNameWithBody(ctx context.Context, name string, content
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-func (c *Client) PutLabelsName(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutLabelsNameRequest(c.Server, name, body)
+func (c *Client) PutLabelsName(ctx context.Context, name string, params *PutLabelsNameParams, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutLabelsNameRequest(c.Server, name, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3818,8 +3898,8 @@ func (c *Client) GetLabelsNameConfig(ctx context.Context, name string, reqEditor
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-func (c *Client) PutLabelsNameConfigWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutLabelsNameConfigRequestWithBody(c.Server, name, contentType, body)
+func (c *Client) PutLabelsNameConfigWithBody(ctx context.Context, name string, params *PutLabelsNameConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutLabelsNameConfigRequestWithBody(c.Server, name, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3835,8 +3915,8 @@ func (c *Client) PutLabelsNameConfigWithBody(ctx context.Context, name string, c
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-func (c *Client) PutLabelsNameConfig(ctx context.Context, name string, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutLabelsNameConfigRequest(c.Server, name, body)
+func (c *Client) PutLabelsNameConfig(ctx context.Context, name string, params *PutLabelsNameConfigParams, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutLabelsNameConfigRequest(c.Server, name, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4108,8 +4188,8 @@ func (c *Client) GetProfilesPolicy(ctx context.Context, reqEditors ...RequestEdi
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-func (c *Client) PutProfilesPolicyWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutProfilesPolicyRequestWithBody(c.Server, contentType, body)
+func (c *Client) PutProfilesPolicyWithBody(ctx context.Context, params *PutProfilesPolicyParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutProfilesPolicyRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4125,8 +4205,8 @@ func (c *Client) PutProfilesPolicyWithBody(ctx context.Context, contentType stri
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-func (c *Client) PutProfilesPolicy(ctx context.Context, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutProfilesPolicyRequest(c.Server, body)
+func (c *Client) PutProfilesPolicy(ctx context.Context, params *PutProfilesPolicyParams, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutProfilesPolicyRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4172,8 +4252,8 @@ func (c *Client) GetProfilesId(ctx context.Context, id string, reqEditors ...Req
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-func (c *Client) PatchProfilesIdWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPatchProfilesIdRequestWithBody(c.Server, id, contentType, body)
+func (c *Client) PatchProfilesIdWithBody(ctx context.Context, id string, params *PatchProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchProfilesIdRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4189,8 +4269,8 @@ func (c *Client) PatchProfilesIdWithBody(ctx context.Context, id string, content
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-func (c *Client) PatchProfilesId(ctx context.Context, id string, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPatchProfilesIdRequest(c.Server, id, body)
+func (c *Client) PatchProfilesId(ctx context.Context, id string, params *PatchProfilesIdParams, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchProfilesIdRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4206,8 +4286,8 @@ func (c *Client) PatchProfilesId(ctx context.Context, id string, body PatchProfi
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-func (c *Client) PutProfilesIdWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutProfilesIdRequestWithBody(c.Server, id, contentType, body)
+func (c *Client) PutProfilesIdWithBody(ctx context.Context, id string, params *PutProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutProfilesIdRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4223,8 +4303,8 @@ func (c *Client) PutProfilesIdWithBody(ctx context.Context, id string, contentTy
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-func (c *Client) PutProfilesId(ctx context.Context, id string, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutProfilesIdRequest(c.Server, id, body)
+func (c *Client) PutProfilesId(ctx context.Context, id string, params *PutProfilesIdParams, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutProfilesIdRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4645,13 +4725,13 @@ func (c *Client) GetUsers(ctx context.Context, reqEditors ...RequestEditorFn) (*
 	return c.Client.Do(req)
 }
 
-// PostUsersWithBody Create a user
+// PostUsersWithBody Create a user (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-func (c *Client) PostUsersWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostUsersRequestWithBody(c.Server, contentType, body)
+func (c *Client) PostUsersWithBody(ctx context.Context, params *PostUsersParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostUsersRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4662,13 +4742,13 @@ func (c *Client) PostUsersWithBody(ctx context.Context, contentType string, body
 	return c.Client.Do(req)
 }
 
-// PostUsers Create a user
+// PostUsers Create a user (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-func (c *Client) PostUsers(ctx context.Context, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostUsersRequest(c.Server, body)
+func (c *Client) PostUsers(ctx context.Context, params *PostUsersParams, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostUsersRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4714,8 +4794,8 @@ func (c *Client) GetUsersName(ctx context.Context, name string, reqEditors ...Re
 // Takes any type of body and a specified content type.
 //
 // Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-func (c *Client) PatchUsersNameWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPatchUsersNameRequestWithBody(c.Server, name, contentType, body)
+func (c *Client) PatchUsersNameWithBody(ctx context.Context, name string, params *PatchUsersNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchUsersNameRequestWithBody(c.Server, name, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4731,8 +4811,8 @@ func (c *Client) PatchUsersNameWithBody(ctx context.Context, name string, conten
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-func (c *Client) PatchUsersName(ctx context.Context, name string, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPatchUsersNameRequest(c.Server, name, body)
+func (c *Client) PatchUsersName(ctx context.Context, name string, params *PatchUsersNameParams, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPatchUsersNameRequest(c.Server, name, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4972,18 +5052,18 @@ func NewGetAlertsRulesRequest(server string) (*http.Request, error) {
 }
 
 // NewPostAlertsRulesRequest calls the generic PostAlertsRules builder with application/json body
-func NewPostAlertsRulesRequest(server string, body PostAlertsRulesJSONRequestBody) (*http.Request, error) {
+func NewPostAlertsRulesRequest(server string, params *PostAlertsRulesParams, body PostAlertsRulesJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostAlertsRulesRequestWithBody(server, "application/json", bodyReader)
+	return NewPostAlertsRulesRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewPostAlertsRulesRequestWithBody constructs an http.Request for the PostAlertsRules method, with any body, and a specified content type
-func NewPostAlertsRulesRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPostAlertsRulesRequestWithBody(server string, params *PostAlertsRulesParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4999,6 +5079,33 @@ func NewPostAlertsRulesRequestWithBody(server string, contentType string, body i
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
@@ -5080,18 +5187,18 @@ func NewGetAlertsRulesIdRequest(server string, id string) (*http.Request, error)
 }
 
 // NewPutAlertsRulesIdRequest calls the generic PutAlertsRulesId builder with application/json body
-func NewPutAlertsRulesIdRequest(server string, id string, body PutAlertsRulesIdJSONRequestBody) (*http.Request, error) {
+func NewPutAlertsRulesIdRequest(server string, id string, params *PutAlertsRulesIdParams, body PutAlertsRulesIdJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutAlertsRulesIdRequestWithBody(server, id, "application/json", bodyReader)
+	return NewPutAlertsRulesIdRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
 // NewPutAlertsRulesIdRequestWithBody constructs an http.Request for the PutAlertsRulesId method, with any body, and a specified content type
-func NewPutAlertsRulesIdRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPutAlertsRulesIdRequestWithBody(server string, id string, params *PutAlertsRulesIdParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -5114,6 +5221,33 @@ func NewPutAlertsRulesIdRequestWithBody(server string, id string, contentType st
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
@@ -5673,6 +5807,33 @@ func NewPostCommandsIdResumeRequest(server string, id string) (*http.Request, er
 	return req, nil
 }
 
+// NewGetConfigLayersRequest constructs an http.Request for the GetConfigLayers method
+func NewGetConfigLayersRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/config/layers")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetConnectRequest constructs an http.Request for the GetConnect method
 func NewGetConnectRequest(server string) (*http.Request, error) {
 	var err error
@@ -5769,18 +5930,18 @@ func NewGetDeviceTypesTypeSchemaRequest(server string, pType string) (*http.Requ
 }
 
 // NewPutDeviceTypesTypeSchemaRequest calls the generic PutDeviceTypesTypeSchema builder with application/json body
-func NewPutDeviceTypesTypeSchemaRequest(server string, pType string, body PutDeviceTypesTypeSchemaJSONRequestBody) (*http.Request, error) {
+func NewPutDeviceTypesTypeSchemaRequest(server string, pType string, params *PutDeviceTypesTypeSchemaParams, body PutDeviceTypesTypeSchemaJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutDeviceTypesTypeSchemaRequestWithBody(server, pType, "application/json", bodyReader)
+	return NewPutDeviceTypesTypeSchemaRequestWithBody(server, pType, params, "application/json", bodyReader)
 }
 
 // NewPutDeviceTypesTypeSchemaRequestWithBody constructs an http.Request for the PutDeviceTypesTypeSchema method, with any body, and a specified content type
-func NewPutDeviceTypesTypeSchemaRequestWithBody(server string, pType string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPutDeviceTypesTypeSchemaRequestWithBody(server string, pType string, params *PutDeviceTypesTypeSchemaParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -5803,6 +5964,33 @@ func NewPutDeviceTypesTypeSchemaRequestWithBody(server string, pType string, con
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
@@ -6493,18 +6681,18 @@ func NewGetDevicesIdConfigRequest(server string, id string) (*http.Request, erro
 }
 
 // NewPutDevicesIdConfigRequest calls the generic PutDevicesIdConfig builder with application/json body
-func NewPutDevicesIdConfigRequest(server string, id string, body PutDevicesIdConfigJSONRequestBody) (*http.Request, error) {
+func NewPutDevicesIdConfigRequest(server string, id string, params *PutDevicesIdConfigParams, body PutDevicesIdConfigJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutDevicesIdConfigRequestWithBody(server, id, "application/json", bodyReader)
+	return NewPutDevicesIdConfigRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
 // NewPutDevicesIdConfigRequestWithBody constructs an http.Request for the PutDevicesIdConfig method, with any body, and a specified content type
-func NewPutDevicesIdConfigRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPutDevicesIdConfigRequestWithBody(server string, id string, params *PutDevicesIdConfigParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -6527,6 +6715,33 @@ func NewPutDevicesIdConfigRequestWithBody(server string, id string, contentType 
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
@@ -7746,18 +7961,18 @@ func NewGetLabelsNameRequest(server string, name string) (*http.Request, error) 
 }
 
 // NewPutLabelsNameRequest calls the generic PutLabelsName builder with application/json body
-func NewPutLabelsNameRequest(server string, name string, body PutLabelsNameJSONRequestBody) (*http.Request, error) {
+func NewPutLabelsNameRequest(server string, name string, params *PutLabelsNameParams, body PutLabelsNameJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutLabelsNameRequestWithBody(server, name, "application/json", bodyReader)
+	return NewPutLabelsNameRequestWithBody(server, name, params, "application/json", bodyReader)
 }
 
 // NewPutLabelsNameRequestWithBody constructs an http.Request for the PutLabelsName method, with any body, and a specified content type
-func NewPutLabelsNameRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPutLabelsNameRequestWithBody(server string, name string, params *PutLabelsNameParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -7780,6 +7995,33 @@ func NewPutLabelsNameRequestWithBody(server string, name string, contentType str
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
@@ -7861,18 +8103,18 @@ func NewGetLabelsNameConfigRequest(server string, name string) (*http.Request, e
 }
 
 // NewPutLabelsNameConfigRequest calls the generic PutLabelsNameConfig builder with application/json body
-func NewPutLabelsNameConfigRequest(server string, name string, body PutLabelsNameConfigJSONRequestBody) (*http.Request, error) {
+func NewPutLabelsNameConfigRequest(server string, name string, params *PutLabelsNameConfigParams, body PutLabelsNameConfigJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutLabelsNameConfigRequestWithBody(server, name, "application/json", bodyReader)
+	return NewPutLabelsNameConfigRequestWithBody(server, name, params, "application/json", bodyReader)
 }
 
 // NewPutLabelsNameConfigRequestWithBody constructs an http.Request for the PutLabelsNameConfig method, with any body, and a specified content type
-func NewPutLabelsNameConfigRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPutLabelsNameConfigRequestWithBody(server string, name string, params *PutLabelsNameConfigParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -7895,6 +8137,33 @@ func NewPutLabelsNameConfigRequestWithBody(server string, name string, contentTy
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
@@ -8351,18 +8620,18 @@ func NewGetProfilesPolicyRequest(server string) (*http.Request, error) {
 }
 
 // NewPutProfilesPolicyRequest calls the generic PutProfilesPolicy builder with application/json body
-func NewPutProfilesPolicyRequest(server string, body PutProfilesPolicyJSONRequestBody) (*http.Request, error) {
+func NewPutProfilesPolicyRequest(server string, params *PutProfilesPolicyParams, body PutProfilesPolicyJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutProfilesPolicyRequestWithBody(server, "application/json", bodyReader)
+	return NewPutProfilesPolicyRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewPutProfilesPolicyRequestWithBody constructs an http.Request for the PutProfilesPolicy method, with any body, and a specified content type
-func NewPutProfilesPolicyRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPutProfilesPolicyRequestWithBody(server string, params *PutProfilesPolicyParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -8378,6 +8647,33 @@ func NewPutProfilesPolicyRequestWithBody(server string, contentType string, body
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
@@ -8459,18 +8755,18 @@ func NewGetProfilesIdRequest(server string, id string) (*http.Request, error) {
 }
 
 // NewPatchProfilesIdRequest calls the generic PatchProfilesId builder with application/json body
-func NewPatchProfilesIdRequest(server string, id string, body PatchProfilesIdJSONRequestBody) (*http.Request, error) {
+func NewPatchProfilesIdRequest(server string, id string, params *PatchProfilesIdParams, body PatchProfilesIdJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPatchProfilesIdRequestWithBody(server, id, "application/json", bodyReader)
+	return NewPatchProfilesIdRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
 // NewPatchProfilesIdRequestWithBody constructs an http.Request for the PatchProfilesId method, with any body, and a specified content type
-func NewPatchProfilesIdRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPatchProfilesIdRequestWithBody(server string, id string, params *PatchProfilesIdParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -8493,6 +8789,33 @@ func NewPatchProfilesIdRequestWithBody(server string, id string, contentType str
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
@@ -8506,18 +8829,18 @@ func NewPatchProfilesIdRequestWithBody(server string, id string, contentType str
 }
 
 // NewPutProfilesIdRequest calls the generic PutProfilesId builder with application/json body
-func NewPutProfilesIdRequest(server string, id string, body PutProfilesIdJSONRequestBody) (*http.Request, error) {
+func NewPutProfilesIdRequest(server string, id string, params *PutProfilesIdParams, body PutProfilesIdJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutProfilesIdRequestWithBody(server, id, "application/json", bodyReader)
+	return NewPutProfilesIdRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
 // NewPutProfilesIdRequestWithBody constructs an http.Request for the PutProfilesId method, with any body, and a specified content type
-func NewPutProfilesIdRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPutProfilesIdRequestWithBody(server string, id string, params *PutProfilesIdParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -8540,6 +8863,33 @@ func NewPutProfilesIdRequestWithBody(server string, id string, contentType strin
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
@@ -9384,18 +9734,18 @@ func NewGetUsersRequest(server string) (*http.Request, error) {
 }
 
 // NewPostUsersRequest calls the generic PostUsers builder with application/json body
-func NewPostUsersRequest(server string, body PostUsersJSONRequestBody) (*http.Request, error) {
+func NewPostUsersRequest(server string, params *PostUsersParams, body PostUsersJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostUsersRequestWithBody(server, "application/json", bodyReader)
+	return NewPostUsersRequestWithBody(server, params, "application/json", bodyReader)
 }
 
 // NewPostUsersRequestWithBody constructs an http.Request for the PostUsers method, with any body, and a specified content type
-func NewPostUsersRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPostUsersRequestWithBody(server string, params *PostUsersParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -9411,6 +9761,33 @@ func NewPostUsersRequestWithBody(server string, contentType string, body io.Read
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
@@ -9492,18 +9869,18 @@ func NewGetUsersNameRequest(server string, name string) (*http.Request, error) {
 }
 
 // NewPatchUsersNameRequest calls the generic PatchUsersName builder with application/json body
-func NewPatchUsersNameRequest(server string, name string, body PatchUsersNameJSONRequestBody) (*http.Request, error) {
+func NewPatchUsersNameRequest(server string, name string, params *PatchUsersNameParams, body PatchUsersNameJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPatchUsersNameRequestWithBody(server, name, "application/json", bodyReader)
+	return NewPatchUsersNameRequestWithBody(server, name, params, "application/json", bodyReader)
 }
 
 // NewPatchUsersNameRequestWithBody constructs an http.Request for the PatchUsersName method, with any body, and a specified content type
-func NewPatchUsersNameRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPatchUsersNameRequestWithBody(server string, name string, params *PatchUsersNameParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -9526,6 +9903,33 @@ func NewPatchUsersNameRequestWithBody(server string, name string, contentType st
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
@@ -9711,19 +10115,19 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/alerts/rules (the `GetAlertsRules` operationId).
 	GetAlertsRulesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAlertsRulesResponse, error)
 
-	// PostAlertsRulesWithBodyWithResponse Create an alert rule
+	// PostAlertsRulesWithBodyWithResponse Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-	PostAlertsRulesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error)
+	PostAlertsRulesWithBodyWithResponse(ctx context.Context, params *PostAlertsRulesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error)
 
-	// PostAlertsRulesWithResponse Create an alert rule
+	// PostAlertsRulesWithResponse Create an alert rule (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-	PostAlertsRulesWithResponse(ctx context.Context, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error)
+	PostAlertsRulesWithResponse(ctx context.Context, params *PostAlertsRulesParams, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error)
 
 	// DeleteAlertsRulesIdWithResponse Delete an alert rule
 	//
@@ -9744,14 +10148,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-	PutAlertsRulesIdWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error)
+	PutAlertsRulesIdWithBodyWithResponse(ctx context.Context, id string, params *PutAlertsRulesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error)
 
 	// PutAlertsRulesIdWithResponse Replace an alert rule
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-	PutAlertsRulesIdWithResponse(ctx context.Context, id string, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error)
+	PutAlertsRulesIdWithResponse(ctx context.Context, id string, params *PutAlertsRulesIdParams, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error)
 
 	// GetAlertsSmtpWithResponse Get the e-mail settings
 	//
@@ -9844,6 +10248,13 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/commands/{id}/resume (the `PostCommandsIdResume` operationId).
 	PostCommandsIdResumeWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostCommandsIdResumeResponse, error)
 
+	// GetConfigLayersWithResponse List every configuration layer's current revision: devices', labels' and device types' schemas
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/config/layers (the `GetConfigLayers` operationId).
+	GetConfigLayersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetConfigLayersResponse, error)
+
 	// GetConnectWithResponse Open a device's live connection (WebSocket)
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -9870,14 +10281,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-	PutDeviceTypesTypeSchemaWithBodyWithResponse(ctx context.Context, pType string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error)
+	PutDeviceTypesTypeSchemaWithBodyWithResponse(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error)
 
 	// PutDeviceTypesTypeSchemaWithResponse Set a device type's configuration schema
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-	PutDeviceTypesTypeSchemaWithResponse(ctx context.Context, pType string, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error)
+	PutDeviceTypesTypeSchemaWithResponse(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error)
 
 	// GetDeviceTypesTypeSchemaDiffWithResponse Compare two revisions of a device type's configuration schema
 	//
@@ -9968,14 +10379,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-	PutDevicesIdConfigWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error)
+	PutDevicesIdConfigWithBodyWithResponse(ctx context.Context, id string, params *PutDevicesIdConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error)
 
 	// PutDevicesIdConfigWithResponse Set a device's own configuration values
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-	PutDevicesIdConfigWithResponse(ctx context.Context, id string, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error)
+	PutDevicesIdConfigWithResponse(ctx context.Context, id string, params *PutDevicesIdConfigParams, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error)
 
 	// GetDevicesIdConfigDiffWithResponse Compare two revisions of a device's own configuration values
 	//
@@ -10199,14 +10610,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-	PutLabelsNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error)
+	PutLabelsNameWithBodyWithResponse(ctx context.Context, name string, params *PutLabelsNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error)
 
 	// PutLabelsNameWithResponse Make a label live: the devices its filter selects, kept current
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-	PutLabelsNameWithResponse(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error)
+	PutLabelsNameWithResponse(ctx context.Context, name string, params *PutLabelsNameParams, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error)
 
 	// DeleteLabelsNameConfigWithResponse Delete a label's (group's) configuration values
 	//
@@ -10227,14 +10638,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-	PutLabelsNameConfigWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error)
+	PutLabelsNameConfigWithBodyWithResponse(ctx context.Context, name string, params *PutLabelsNameConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error)
 
 	// PutLabelsNameConfigWithResponse Set a label's (group's) configuration values
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-	PutLabelsNameConfigWithResponse(ctx context.Context, name string, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error)
+	PutLabelsNameConfigWithResponse(ctx context.Context, name string, params *PutLabelsNameConfigParams, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error)
 
 	// GetLabelsNameConfigDiffWithResponse Compare two revisions of a label's (group's) configuration values
 	//
@@ -10353,14 +10764,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-	PutProfilesPolicyWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error)
+	PutProfilesPolicyWithBodyWithResponse(ctx context.Context, params *PutProfilesPolicyParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error)
 
 	// PutProfilesPolicyWithResponse Set the profile policy
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-	PutProfilesPolicyWithResponse(ctx context.Context, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error)
+	PutProfilesPolicyWithResponse(ctx context.Context, params *PutProfilesPolicyParams, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error)
 
 	// DeleteProfilesIdWithResponse Delete an unused profile
 	//
@@ -10381,28 +10792,28 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-	PatchProfilesIdWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error)
+	PatchProfilesIdWithBodyWithResponse(ctx context.Context, id string, params *PatchProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error)
 
 	// PatchProfilesIdWithResponse Change a profile (the fields given)
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-	PatchProfilesIdWithResponse(ctx context.Context, id string, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error)
+	PatchProfilesIdWithResponse(ctx context.Context, id string, params *PatchProfilesIdParams, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error)
 
 	// PutProfilesIdWithBodyWithResponse Change a profile
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-	PutProfilesIdWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error)
+	PutProfilesIdWithBodyWithResponse(ctx context.Context, id string, params *PutProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error)
 
 	// PutProfilesIdWithResponse Change a profile
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-	PutProfilesIdWithResponse(ctx context.Context, id string, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error)
+	PutProfilesIdWithResponse(ctx context.Context, id string, params *PutProfilesIdParams, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error)
 
 	// GetProfilesIdDiffWithResponse Compare two revisions of a profile
 	//
@@ -10586,19 +10997,19 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/users (the `GetUsers` operationId).
 	GetUsersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetUsersResponse, error)
 
-	// PostUsersWithBodyWithResponse Create a user
+	// PostUsersWithBodyWithResponse Create a user (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-	PostUsersWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostUsersResponse, error)
+	PostUsersWithBodyWithResponse(ctx context.Context, params *PostUsersParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostUsersResponse, error)
 
-	// PostUsersWithResponse Create a user
+	// PostUsersWithResponse Create a user (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-	PostUsersWithResponse(ctx context.Context, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*PostUsersResponse, error)
+	PostUsersWithResponse(ctx context.Context, params *PostUsersParams, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*PostUsersResponse, error)
 
 	// DeleteUsersNameWithResponse Delete a user
 	//
@@ -10619,14 +11030,14 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-	PatchUsersNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error)
+	PatchUsersNameWithBodyWithResponse(ctx context.Context, name string, params *PatchUsersNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error)
 
 	// PatchUsersNameWithResponse Change a user's role or password
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-	PatchUsersNameWithResponse(ctx context.Context, name string, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error)
+	PatchUsersNameWithResponse(ctx context.Context, name string, params *PatchUsersNameParams, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error)
 
 	// GetWhoamiWithResponse Get the caller's name and role
 	//
@@ -10909,6 +11320,8 @@ func (r GetAlertsRulesResponse) ContentType() string {
 type PostAlertsRulesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Rule
 	// JSON201 the response for an HTTP 201 `application/json` response
 	JSON201 *Rule
 	// JSON400 the response for an HTTP 400 `application/json` response
@@ -10925,6 +11338,11 @@ type PostAlertsRulesResponse struct {
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
 	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostAlertsRulesResponse) GetJSON200() *Rule {
+	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -12250,6 +12668,89 @@ func (r PostCommandsIdResumeResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r PostCommandsIdResumeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetConfigLayersResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *LayerList
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetConfigLayersResponse) GetJSON200() *LayerList {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetConfigLayersResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetConfigLayersResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetConfigLayersResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r GetConfigLayersResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetConfigLayersResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r GetConfigLayersResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetConfigLayersResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetConfigLayersResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetConfigLayersResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetConfigLayersResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -17882,6 +18383,8 @@ type PatchProfilesIdResponse struct {
 	JSON409 *Error
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *Error
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Error
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
@@ -17921,6 +18424,11 @@ func (r PatchProfilesIdResponse) GetJSON409() *Error {
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
 func (r PatchProfilesIdResponse) GetJSON413() *Error {
 	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r PatchProfilesIdResponse) GetJSON422() *Error {
+	return r.JSON422
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
@@ -17979,6 +18487,8 @@ type PutProfilesIdResponse struct {
 	JSON409 *Error
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *Error
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Error
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
@@ -18018,6 +18528,11 @@ func (r PutProfilesIdResponse) GetJSON409() *Error {
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
 func (r PutProfilesIdResponse) GetJSON413() *Error {
 	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r PutProfilesIdResponse) GetJSON422() *Error {
+	return r.JSON422
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
@@ -19945,6 +20460,8 @@ func (r GetUsersResponse) ContentType() string {
 type PostUsersResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *User
 	// JSON201 the response for an HTTP 201 `application/json` response
 	JSON201 *User
 	// JSON400 the response for an HTTP 400 `application/json` response
@@ -19961,6 +20478,11 @@ type PostUsersResponse struct {
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
 	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostUsersResponse) GetJSON200() *User {
+	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -20624,26 +21146,26 @@ func (c *ClientWithResponses) GetAlertsRulesWithResponse(ctx context.Context, re
 	return ParseGetAlertsRulesResponse(rsp)
 }
 
-// PostAlertsRulesWithBodyWithResponse Create an alert rule
+// PostAlertsRulesWithBodyWithResponse Create an alert rule (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-func (c *ClientWithResponses) PostAlertsRulesWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error) {
-	rsp, err := c.PostAlertsRulesWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PostAlertsRulesWithBodyWithResponse(ctx context.Context, params *PostAlertsRulesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error) {
+	rsp, err := c.PostAlertsRulesWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParsePostAlertsRulesResponse(rsp)
 }
 
-// PostAlertsRulesWithResponse Create an alert rule
+// PostAlertsRulesWithResponse Create an alert rule (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/alerts/rules (the `PostAlertsRules` operationId).
-func (c *ClientWithResponses) PostAlertsRulesWithResponse(ctx context.Context, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error) {
-	rsp, err := c.PostAlertsRules(ctx, body, reqEditors...)
+func (c *ClientWithResponses) PostAlertsRulesWithResponse(ctx context.Context, params *PostAlertsRulesParams, body PostAlertsRulesJSONRequestBody, reqEditors ...RequestEditorFn) (*PostAlertsRulesResponse, error) {
+	rsp, err := c.PostAlertsRules(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -20681,8 +21203,8 @@ func (c *ClientWithResponses) GetAlertsRulesIdWithResponse(ctx context.Context, 
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-func (c *ClientWithResponses) PutAlertsRulesIdWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error) {
-	rsp, err := c.PutAlertsRulesIdWithBody(ctx, id, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PutAlertsRulesIdWithBodyWithResponse(ctx context.Context, id string, params *PutAlertsRulesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error) {
+	rsp, err := c.PutAlertsRulesIdWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -20694,8 +21216,8 @@ func (c *ClientWithResponses) PutAlertsRulesIdWithBodyWithResponse(ctx context.C
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/alerts/rules/{id} (the `PutAlertsRulesId` operationId).
-func (c *ClientWithResponses) PutAlertsRulesIdWithResponse(ctx context.Context, id string, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error) {
-	rsp, err := c.PutAlertsRulesId(ctx, id, body, reqEditors...)
+func (c *ClientWithResponses) PutAlertsRulesIdWithResponse(ctx context.Context, id string, params *PutAlertsRulesIdParams, body PutAlertsRulesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutAlertsRulesIdResponse, error) {
+	rsp, err := c.PutAlertsRulesId(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -20871,6 +21393,19 @@ func (c *ClientWithResponses) PostCommandsIdResumeWithResponse(ctx context.Conte
 	return ParsePostCommandsIdResumeResponse(rsp)
 }
 
+// GetConfigLayersWithResponse List every configuration layer's current revision: devices', labels' and device types' schemas
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/config/layers (the `GetConfigLayers` operationId).
+func (c *ClientWithResponses) GetConfigLayersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetConfigLayersResponse, error) {
+	rsp, err := c.GetConfigLayers(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetConfigLayersResponse(rsp)
+}
+
 // GetConnectWithResponse Open a device's live connection (WebSocket)
 //
 // Returns a wrapper object for the known response body format(s).
@@ -20915,8 +21450,8 @@ func (c *ClientWithResponses) GetDeviceTypesTypeSchemaWithResponse(ctx context.C
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-func (c *ClientWithResponses) PutDeviceTypesTypeSchemaWithBodyWithResponse(ctx context.Context, pType string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error) {
-	rsp, err := c.PutDeviceTypesTypeSchemaWithBody(ctx, pType, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PutDeviceTypesTypeSchemaWithBodyWithResponse(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error) {
+	rsp, err := c.PutDeviceTypesTypeSchemaWithBody(ctx, pType, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -20928,8 +21463,8 @@ func (c *ClientWithResponses) PutDeviceTypesTypeSchemaWithBodyWithResponse(ctx c
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/device-types/{type}/schema (the `PutDeviceTypesTypeSchema` operationId).
-func (c *ClientWithResponses) PutDeviceTypesTypeSchemaWithResponse(ctx context.Context, pType string, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error) {
-	rsp, err := c.PutDeviceTypesTypeSchema(ctx, pType, body, reqEditors...)
+func (c *ClientWithResponses) PutDeviceTypesTypeSchemaWithResponse(ctx context.Context, pType string, params *PutDeviceTypesTypeSchemaParams, body PutDeviceTypesTypeSchemaJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDeviceTypesTypeSchemaResponse, error) {
+	rsp, err := c.PutDeviceTypesTypeSchema(ctx, pType, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21097,8 +21632,8 @@ func (c *ClientWithResponses) GetDevicesIdConfigWithResponse(ctx context.Context
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-func (c *ClientWithResponses) PutDevicesIdConfigWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error) {
-	rsp, err := c.PutDevicesIdConfigWithBody(ctx, id, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PutDevicesIdConfigWithBodyWithResponse(ctx context.Context, id string, params *PutDevicesIdConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error) {
+	rsp, err := c.PutDevicesIdConfigWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21110,8 +21645,8 @@ func (c *ClientWithResponses) PutDevicesIdConfigWithBodyWithResponse(ctx context
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/devices/{id}/config (the `PutDevicesIdConfig` operationId).
-func (c *ClientWithResponses) PutDevicesIdConfigWithResponse(ctx context.Context, id string, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error) {
-	rsp, err := c.PutDevicesIdConfig(ctx, id, body, reqEditors...)
+func (c *ClientWithResponses) PutDevicesIdConfigWithResponse(ctx context.Context, id string, params *PutDevicesIdConfigParams, body PutDevicesIdConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutDevicesIdConfigResponse, error) {
+	rsp, err := c.PutDevicesIdConfig(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21526,8 +22061,8 @@ func (c *ClientWithResponses) GetLabelsNameWithResponse(ctx context.Context, nam
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-func (c *ClientWithResponses) PutLabelsNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error) {
-	rsp, err := c.PutLabelsNameWithBody(ctx, name, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PutLabelsNameWithBodyWithResponse(ctx context.Context, name string, params *PutLabelsNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error) {
+	rsp, err := c.PutLabelsNameWithBody(ctx, name, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21539,8 +22074,8 @@ func (c *ClientWithResponses) PutLabelsNameWithBodyWithResponse(ctx context.Cont
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/labels/{name} (the `PutLabelsName` operationId).
-func (c *ClientWithResponses) PutLabelsNameWithResponse(ctx context.Context, name string, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error) {
-	rsp, err := c.PutLabelsName(ctx, name, body, reqEditors...)
+func (c *ClientWithResponses) PutLabelsNameWithResponse(ctx context.Context, name string, params *PutLabelsNameParams, body PutLabelsNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameResponse, error) {
+	rsp, err := c.PutLabelsName(ctx, name, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21578,8 +22113,8 @@ func (c *ClientWithResponses) GetLabelsNameConfigWithResponse(ctx context.Contex
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-func (c *ClientWithResponses) PutLabelsNameConfigWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error) {
-	rsp, err := c.PutLabelsNameConfigWithBody(ctx, name, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PutLabelsNameConfigWithBodyWithResponse(ctx context.Context, name string, params *PutLabelsNameConfigParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error) {
+	rsp, err := c.PutLabelsNameConfigWithBody(ctx, name, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21591,8 +22126,8 @@ func (c *ClientWithResponses) PutLabelsNameConfigWithBodyWithResponse(ctx contex
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/labels/{name}/config (the `PutLabelsNameConfig` operationId).
-func (c *ClientWithResponses) PutLabelsNameConfigWithResponse(ctx context.Context, name string, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error) {
-	rsp, err := c.PutLabelsNameConfig(ctx, name, body, reqEditors...)
+func (c *ClientWithResponses) PutLabelsNameConfigWithResponse(ctx context.Context, name string, params *PutLabelsNameConfigParams, body PutLabelsNameConfigJSONRequestBody, reqEditors ...RequestEditorFn) (*PutLabelsNameConfigResponse, error) {
+	rsp, err := c.PutLabelsNameConfig(ctx, name, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21812,8 +22347,8 @@ func (c *ClientWithResponses) GetProfilesPolicyWithResponse(ctx context.Context,
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-func (c *ClientWithResponses) PutProfilesPolicyWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error) {
-	rsp, err := c.PutProfilesPolicyWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PutProfilesPolicyWithBodyWithResponse(ctx context.Context, params *PutProfilesPolicyParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error) {
+	rsp, err := c.PutProfilesPolicyWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21825,8 +22360,8 @@ func (c *ClientWithResponses) PutProfilesPolicyWithBodyWithResponse(ctx context.
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/profiles/policy (the `PutProfilesPolicy` operationId).
-func (c *ClientWithResponses) PutProfilesPolicyWithResponse(ctx context.Context, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error) {
-	rsp, err := c.PutProfilesPolicy(ctx, body, reqEditors...)
+func (c *ClientWithResponses) PutProfilesPolicyWithResponse(ctx context.Context, params *PutProfilesPolicyParams, body PutProfilesPolicyJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesPolicyResponse, error) {
+	rsp, err := c.PutProfilesPolicy(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21864,8 +22399,8 @@ func (c *ClientWithResponses) GetProfilesIdWithResponse(ctx context.Context, id 
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-func (c *ClientWithResponses) PatchProfilesIdWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error) {
-	rsp, err := c.PatchProfilesIdWithBody(ctx, id, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PatchProfilesIdWithBodyWithResponse(ctx context.Context, id string, params *PatchProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error) {
+	rsp, err := c.PatchProfilesIdWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21877,8 +22412,8 @@ func (c *ClientWithResponses) PatchProfilesIdWithBodyWithResponse(ctx context.Co
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PATCH /api/v1/profiles/{id} (the `PatchProfilesId` operationId).
-func (c *ClientWithResponses) PatchProfilesIdWithResponse(ctx context.Context, id string, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error) {
-	rsp, err := c.PatchProfilesId(ctx, id, body, reqEditors...)
+func (c *ClientWithResponses) PatchProfilesIdWithResponse(ctx context.Context, id string, params *PatchProfilesIdParams, body PatchProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchProfilesIdResponse, error) {
+	rsp, err := c.PatchProfilesId(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21890,8 +22425,8 @@ func (c *ClientWithResponses) PatchProfilesIdWithResponse(ctx context.Context, i
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-func (c *ClientWithResponses) PutProfilesIdWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error) {
-	rsp, err := c.PutProfilesIdWithBody(ctx, id, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PutProfilesIdWithBodyWithResponse(ctx context.Context, id string, params *PutProfilesIdParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error) {
+	rsp, err := c.PutProfilesIdWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -21903,8 +22438,8 @@ func (c *ClientWithResponses) PutProfilesIdWithBodyWithResponse(ctx context.Cont
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PUT /api/v1/profiles/{id} (the `PutProfilesId` operationId).
-func (c *ClientWithResponses) PutProfilesIdWithResponse(ctx context.Context, id string, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error) {
-	rsp, err := c.PutProfilesId(ctx, id, body, reqEditors...)
+func (c *ClientWithResponses) PutProfilesIdWithResponse(ctx context.Context, id string, params *PutProfilesIdParams, body PutProfilesIdJSONRequestBody, reqEditors ...RequestEditorFn) (*PutProfilesIdResponse, error) {
+	rsp, err := c.PutProfilesId(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -22249,26 +22784,26 @@ func (c *ClientWithResponses) GetUsersWithResponse(ctx context.Context, reqEdito
 	return ParseGetUsersResponse(rsp)
 }
 
-// PostUsersWithBodyWithResponse Create a user
+// PostUsersWithBodyWithResponse Create a user (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-func (c *ClientWithResponses) PostUsersWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostUsersResponse, error) {
-	rsp, err := c.PostUsersWithBody(ctx, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PostUsersWithBodyWithResponse(ctx context.Context, params *PostUsersParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostUsersResponse, error) {
+	rsp, err := c.PostUsersWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParsePostUsersResponse(rsp)
 }
 
-// PostUsersWithResponse Create a user
+// PostUsersWithResponse Create a user (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/users (the `PostUsers` operationId).
-func (c *ClientWithResponses) PostUsersWithResponse(ctx context.Context, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*PostUsersResponse, error) {
-	rsp, err := c.PostUsers(ctx, body, reqEditors...)
+func (c *ClientWithResponses) PostUsersWithResponse(ctx context.Context, params *PostUsersParams, body PostUsersJSONRequestBody, reqEditors ...RequestEditorFn) (*PostUsersResponse, error) {
+	rsp, err := c.PostUsers(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -22306,8 +22841,8 @@ func (c *ClientWithResponses) GetUsersNameWithResponse(ctx context.Context, name
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-func (c *ClientWithResponses) PatchUsersNameWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error) {
-	rsp, err := c.PatchUsersNameWithBody(ctx, name, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PatchUsersNameWithBodyWithResponse(ctx context.Context, name string, params *PatchUsersNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error) {
+	rsp, err := c.PatchUsersNameWithBody(ctx, name, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -22319,8 +22854,8 @@ func (c *ClientWithResponses) PatchUsersNameWithBodyWithResponse(ctx context.Con
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with PATCH /api/v1/users/{name} (the `PatchUsersName` operationId).
-func (c *ClientWithResponses) PatchUsersNameWithResponse(ctx context.Context, name string, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error) {
-	rsp, err := c.PatchUsersName(ctx, name, body, reqEditors...)
+func (c *ClientWithResponses) PatchUsersNameWithResponse(ctx context.Context, name string, params *PatchUsersNameParams, body PatchUsersNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PatchUsersNameResponse, error) {
+	rsp, err := c.PatchUsersName(ctx, name, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -22597,6 +23132,13 @@ func ParsePostAlertsRulesResponse(rsp *http.Response) (*PostAlertsRulesResponse,
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Rule
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
 		var dest Rule
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -23681,6 +24223,74 @@ func ParsePostCommandsIdResumeResponse(rsp *http.Response) (*PostCommandsIdResum
 			return nil, err
 		}
 		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetConfigLayersResponse parses an HTTP response from a GetConfigLayersWithResponse call
+func ParseGetConfigLayersResponse(rsp *http.Response) (*GetConfigLayersResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetConfigLayersResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest LayerList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest Error
@@ -28483,6 +29093,13 @@ func ParsePatchProfilesIdResponse(rsp *http.Response) (*PatchProfilesIdResponse,
 		}
 		response.JSON413 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -28564,6 +29181,13 @@ func ParsePutProfilesIdResponse(rsp *http.Response) (*PutProfilesIdResponse, err
 			return nil, err
 		}
 		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error
@@ -30169,6 +30793,13 @@ func ParsePostUsersResponse(rsp *http.Response) (*PostUsersResponse, error) {
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest User
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
 		var dest User
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {

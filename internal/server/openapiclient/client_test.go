@@ -63,13 +63,13 @@ func TestGeneratedClientAgainstServer(t *testing.T) {
 
 	// Change the devices' profile.
 	interval := 120
-	prof, err := c.PutProfilesIdWithResponse(ctx, first.ProfileId, openapiclient.ProfileUpdateInput{PushInterval: &interval})
+	prof, err := c.PutProfilesIdWithResponse(ctx, first.ProfileId, nil, openapiclient.ProfileUpdateInput{PushInterval: &interval})
 	if err != nil || prof.JSON200 == nil || prof.JSON200.PushInterval != 120 || prof.JSON200.Id != first.ProfileId {
 		t.Fatalf("profile: %v %d %s", err, prof.StatusCode(), prof.Body)
 	}
 	// A bad one answers 400 with the error body, typed too.
 	interval = -1
-	bad, err := c.PutProfilesIdWithResponse(ctx, first.ProfileId, openapiclient.ProfileUpdateInput{PushInterval: &interval})
+	bad, err := c.PutProfilesIdWithResponse(ctx, first.ProfileId, nil, openapiclient.ProfileUpdateInput{PushInterval: &interval})
 	if err != nil || bad.JSON400 == nil || bad.JSON400.Error.Code == "" {
 		t.Fatalf("bad profile: %v %d %s", err, bad.StatusCode(), bad.Body)
 	}
