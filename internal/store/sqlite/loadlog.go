@@ -178,29 +178,28 @@ func (s *Store) readLogRange(ctx context.Context, g, lo, hi int64, meta, states 
 			cols += `, state`
 		}
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT `+cols+` FROM `+logTable(g)+` WHERE rowid >= `+strconv.FormatInt(lo, 10)+
-		` AND rowid < `+strconv.FormatInt(hi, 10)+` ORDER BY rowid`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
+	query := `SELECT ` + cols + ` FROM ` + logTable(g) + ` WHERE rowid >= ` + strconv.FormatInt(lo, 10) +
+		` AND rowid < ` + strconv.FormatInt(hi, 10) + ` ORDER BY rowid`
 	out := make([]logRow, 0, hi-lo)
-	var r logRow
-	dest := []any{&r.rowid, &r.id}
-	if meta {
-		dest = append(dest, &r.firmware, &r.lastSeen, &r.seq, &r.applied, &r.configError)
-		if states {
-			dest = append(dest, &r.state)
+	err := streamRaw(s.r)(ctx, query, func(rows sqlcommon.Rows) error {
+		var r logRow
+		dest := []any{&r.rowid, &r.id}
+		if meta {
+			dest = append(dest, &r.firmware, &r.lastSeen, &r.seq, &r.applied, &r.configError)
+			if states {
+				dest = append(dest, &r.state)
+			}
 		}
-	}
-	for rows.Next() {
-		r.state = nil
-		if err := rows.Scan(dest...); err != nil {
-			return nil, err
+		for rows.Next() {
+			r.state = nil
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+			out = append(out, r)
 		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return rows.Err()
+	})
+	return out, err
 }
 
 // overlay returns the newest logged states: those kept since open if still
@@ -248,7 +247,7 @@ func (s *Store) Load(ctx context.Context, opts fleet.LoadOptions, each func(flee
 	if err != nil {
 		return fleet.LoadResult{}, err
 	}
-	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.r), Newest: o.apply}.Load(ctx, opts, each)
+	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.r), Stream: streamRaw(s.r), Newest: o.apply}.Load(ctx, opts, each)
 }
 
 // upkeepHold is how long the background work (the history archiver, the

@@ -28,6 +28,10 @@ type Rows interface {
 type Loader struct {
 	// Query runs one of Load's queries.
 	Query func(ctx context.Context, query string) (Rows, error)
+	// Stream, if set, runs the queries that read the devices instead of
+	// Query: fn reads the rows, which end when it returns (SQLite's
+	// driver-level rows, read on a connection held meanwhile).
+	Stream func(ctx context.Context, query string, fn func(Rows) error) error
 	// Newest, if set, overwrites a device row's state columns with the
 	// device's newest state where it is kept elsewhere (SQLite's state
 	// log, read into memory before). It is called from several goroutines
@@ -183,11 +187,19 @@ func (l Loader) readRange(ctx context.Context, noStates bool, lo, hi int64, out 
 		q += `, state`
 	}
 	q += ` FROM devices WHERE id >= ` + strconv.FormatInt(lo, 10) + ` AND id < ` + strconv.FormatInt(hi, 10) + ` ORDER BY id`
+	if l.Stream != nil {
+		return l.Stream(ctx, q, func(rows Rows) error { return l.readRows(ctx, noStates, rows, out) })
+	}
 	rows, err := l.Query(ctx, q)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	return l.readRows(ctx, noStates, rows, out)
+}
+
+// readRows reads a query's device rows and sends them in chunks.
+func (l Loader) readRows(ctx context.Context, noStates bool, rows Rows, out chan<- []fleet.DeviceRecord) error {
 	r := new(DeviceRow)
 	dest := []any{&r.ID, &r.MachineID, &r.DeviceType, &r.Model, &r.Firmware, &r.Serial, &r.TokenHash, &r.Registered,
 		&r.LastSeen, &r.Seq, &r.AppliedVersion, &r.ConfigError}
