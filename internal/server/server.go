@@ -92,6 +92,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			s.gcAfterLoad(ctx)
 			s.closeAll()
 		}
 	}()
@@ -99,8 +100,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		s.loadSecrets,     // data directory and credentials
 		s.listen,          // HTTPS, plain HTTP and debug listeners
 		s.answerEarly,     // 503 to devices until the routes are in place
+		s.gcForLoad,       // fewer collections while the fleet loads
 		s.openPersistence, // store and write mode
 		s.loadFleet,       // devices, profiles, labels, alert rules
+		s.gcAfterLoad,     // the heap back to its target
 		s.buildHandler,    // the routes table and the dashboard
 	}
 	for _, step := range steps {

@@ -10,6 +10,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -108,7 +109,7 @@ type logRow struct {
 // of rows at once; their rows are taken in storage order all the same.
 func (s *Store) readLog(ctx context.Context, g int64, o *logOverlay, set func(id uint64, r ref)) (int64, error) {
 	var maxRow int64
-	if err := s.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(rowid), 0) FROM `+logTable(g)).Scan(&maxRow); err != nil {
+	if err := s.readers().QueryRowContext(ctx, `SELECT COALESCE(MAX(rowid), 0) FROM `+logTable(g)).Scan(&maxRow); err != nil {
 		return 0, err
 	}
 	ranges := int((maxRow + logRange - 1) / logRange)
@@ -178,29 +179,28 @@ func (s *Store) readLogRange(ctx context.Context, g, lo, hi int64, meta, states 
 			cols += `, state`
 		}
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT `+cols+` FROM `+logTable(g)+` WHERE rowid >= `+strconv.FormatInt(lo, 10)+
-		` AND rowid < `+strconv.FormatInt(hi, 10)+` ORDER BY rowid`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
+	query := `SELECT ` + cols + ` FROM ` + logTable(g) + ` WHERE rowid >= ` + strconv.FormatInt(lo, 10) +
+		` AND rowid < ` + strconv.FormatInt(hi, 10) + ` ORDER BY rowid`
 	out := make([]logRow, 0, hi-lo)
-	var r logRow
-	dest := []any{&r.rowid, &r.id}
-	if meta {
-		dest = append(dest, &r.firmware, &r.lastSeen, &r.seq, &r.applied, &r.configError)
-		if states {
-			dest = append(dest, &r.state)
+	err := streamRaw(s.readers())(ctx, query, func(rows sqlcommon.Rows) error {
+		var r logRow
+		dest := []any{&r.rowid, &r.id}
+		if meta {
+			dest = append(dest, &r.firmware, &r.lastSeen, &r.seq, &r.applied, &r.configError)
+			if states {
+				dest = append(dest, &r.state)
+			}
 		}
-	}
-	for rows.Next() {
-		r.state = nil
-		if err := rows.Scan(dest...); err != nil {
-			return nil, err
+		for rows.Next() {
+			r.state = nil
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+			out = append(out, r)
 		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return rows.Err()
+	})
+	return out, err
 }
 
 // overlay returns the newest logged states: those kept since open if still
@@ -240,7 +240,10 @@ func (s *Store) maxDeviceID(ctx context.Context) (int64, error) {
 // Load implements fleet.Store. A device's newest state may be in the
 // state log. Merges wait until it returns.
 func (s *Store) Load(ctx context.Context, opts fleet.LoadOptions, each func(fleet.DeviceRecord) error) (fleet.LoadResult, error) {
-	defer s.loadDone.Do(func() { close(s.loaded) })
+	defer s.loadDone.Do(func() {
+		s.closeLoadReaders()
+		close(s.loaded)
+	})
 	l := &s.states
 	l.opMu.Lock()
 	defer l.opMu.Unlock()
@@ -248,7 +251,29 @@ func (s *Store) Load(ctx context.Context, opts fleet.LoadOptions, each func(flee
 	if err != nil {
 		return fleet.LoadResult{}, err
 	}
-	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(s.r), Newest: o.apply}.Load(ctx, opts, each)
+	db := s.readers()
+	return sqlcommon.Loader{Query: sqlcommon.QuerySQL(db), Stream: streamRaw(db), Newest: o.apply}.Load(ctx, opts, each)
+}
+
+// loadMmapSize is how much of the file the load's readers map: SQLite's
+// most on 64-bit Linux; pages beyond are read as usual.
+const loadMmapSize = 0x7fff0000
+
+// readers are the load's readers until the first Load ended, then the
+// store's.
+func (s *Store) readers() *sql.DB {
+	if db := s.loadR.Load(); db != nil {
+		return db
+	}
+	return s.r
+}
+
+// closeLoadReaders closes the load's readers, unmapping the file.
+func (s *Store) closeLoadReaders() error {
+	if db := s.loadR.Swap(nil); db != nil {
+		return db.Close()
+	}
+	return nil
 }
 
 // upkeepHold is how long the background work (the history archiver, the

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,9 @@ type Store struct {
 	// loaded is closed when the first Load ends (loadlog.go).
 	loaded   chan struct{}
 	loadDone sync.Once
+	// loadR are the readers of the open's and the first Load's whole
+	// tables, closed when that Load ends (loadlog.go); nil since.
+	loadR atomic.Pointer[sql.DB]
 }
 
 // upkeepReport reports one step of the store's background work: what it
@@ -162,6 +166,18 @@ func open(ctx context.Context, path string, durable bool, lock *instlock.FileLoc
 	}
 	r.SetMaxOpenConns(4)
 	s := &Store{w: w, r: r, lock: lock, policyStore: newPolicyStore(w), loaded: make(chan struct{})}
+	// The load's readers map the file: its pages are read without a
+	// system call and a copy each. Mapped pages count in the process's
+	// resident size; they are unmapped when these close.
+	rq.Add("_pragma", "mmap_size("+strconv.Itoa(loadMmapSize)+")")
+	lr, err := sql.Open("sqlite", "file:"+uriPath(path)+"?"+rq.Encode())
+	if err != nil {
+		r.Close()
+		w.Close()
+		return nil, err
+	}
+	lr.SetMaxOpenConns(4)
+	s.loadR.Store(lr)
 	s.Tables = sqlcommon.NewTables(&sqlcommon.Base{R: r, W: w, D: sqlcommon.SQLite, Writable: s.LockLost})
 	// The archiver runs in a server (with the lock), not in drover migrate.
 	if err := s.loadHistory(ctx, path, sync, lock != nil); err != nil {
@@ -209,7 +225,7 @@ func (s *Store) LockLost() error {
 // closeDBs closes the databases, not the lock.
 func (s *Store) closeDBs() error {
 	s.stopStateLog()
-	return errors.Join(s.ckpt.close(), s.closeHistory(), s.r.Close(), s.w.Close())
+	return errors.Join(s.ckpt.close(), s.closeHistory(), s.closeLoadReaders(), s.r.Close(), s.w.Close())
 }
 
 const (

@@ -28,6 +28,10 @@ type Rows interface {
 type Loader struct {
 	// Query runs one of Load's queries.
 	Query func(ctx context.Context, query string) (Rows, error)
+	// Stream, if set, runs the queries that read the devices instead of
+	// Query: fn reads the rows, which end when it returns (SQLite's
+	// driver-level rows, read on a connection held meanwhile).
+	Stream func(ctx context.Context, query string, fn func(Rows) error) error
 	// Newest, if set, overwrites a device row's state columns with the
 	// device's newest state where it is kept elsewhere (SQLite's state
 	// log, read into memory before). It is called from several goroutines
@@ -119,6 +123,9 @@ func (l Loader) Load(ctx context.Context, opts fleet.LoadOptions, each func(flee
 	defer cancel()
 	g, gctx := errgroup.WithContext(lctx)
 	chunks := make(chan []fleet.DeviceRecord, 2*workers)
+	// Chunks handed over come back to be filled again: a million devices'
+	// records are a quarter of a gigabyte of garbage otherwise.
+	free := make(chan []fleet.DeviceRecord, 3*workers)
 	var next atomic.Int64 // the next range's first ID
 	next.Store(1)
 	for range workers {
@@ -133,7 +140,7 @@ func (l Loader) Load(ctx context.Context, opts fleet.LoadOptions, each func(flee
 					hi = maxID + 1
 					next.Store(hi)
 				}
-				if err := l.readRange(gctx, opts.NoStates, lo, hi, chunks); err != nil {
+				if err := l.readRange(gctx, opts.NoStates, lo, hi, chunks, free); err != nil {
 					return err
 				}
 			}
@@ -149,6 +156,11 @@ func (l Loader) Load(ctx context.Context, opts fleet.LoadOptions, each func(flee
 			if eachErr = each(chunk[i]); eachErr != nil {
 				cancel() // the queries stop; what they sent meanwhile is dropped
 			}
+		}
+		clear(chunk)
+		select {
+		case free <- chunk[:0]:
+		default:
 		}
 	}
 	err = g.Wait()
@@ -176,32 +188,49 @@ func (l Loader) maxID(ctx context.Context) (int64, error) {
 	return id, rows.Err()
 }
 
-// readRange reads the devices of IDs [lo, hi) and sends them in chunks.
-func (l Loader) readRange(ctx context.Context, noStates bool, lo, hi int64, out chan<- []fleet.DeviceRecord) error {
+// readRange reads the devices of IDs [lo, hi) and sends them in chunks,
+// taken from free while it has some.
+func (l Loader) readRange(ctx context.Context, noStates bool, lo, hi int64, out chan<- []fleet.DeviceRecord, free <-chan []fleet.DeviceRecord) error {
 	q := loadColumns
 	if !noStates {
 		q += `, state`
 	}
 	q += ` FROM devices WHERE id >= ` + strconv.FormatInt(lo, 10) + ` AND id < ` + strconv.FormatInt(hi, 10) + ` ORDER BY id`
+	if l.Stream != nil {
+		return l.Stream(ctx, q, func(rows Rows) error { return l.readRows(ctx, noStates, rows, out, free) })
+	}
 	rows, err := l.Query(ctx, q)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	return l.readRows(ctx, noStates, rows, out, free)
+}
+
+// readRows reads a query's device rows and sends them in chunks.
+func (l Loader) readRows(ctx context.Context, noStates bool, rows Rows, out chan<- []fleet.DeviceRecord, free <-chan []fleet.DeviceRecord) error {
 	r := new(DeviceRow)
 	dest := []any{&r.ID, &r.MachineID, &r.DeviceType, &r.Model, &r.Firmware, &r.Serial, &r.TokenHash, &r.Registered,
 		&r.LastSeen, &r.Seq, &r.AppliedVersion, &r.ConfigError}
 	if !noStates {
 		dest = append(dest, &r.State)
 	}
-	chunk := make([]fleet.DeviceRecord, 0, loadChunk)
+	next := func() []fleet.DeviceRecord {
+		select {
+		case c := <-free:
+			return c
+		default:
+			return make([]fleet.DeviceRecord, 0, loadChunk)
+		}
+	}
+	chunk := next()
 	send := func() error {
 		select {
 		case out <- chunk:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		chunk = make([]fleet.DeviceRecord, 0, loadChunk)
+		chunk = next()
 		return nil
 	}
 	for rows.Next() {
