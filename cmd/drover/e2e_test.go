@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,6 +26,14 @@ import (
 var droverBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// The parallel tests mostly wait on the servers and agents they
+	// start: four at a time unless -parallel says otherwise.
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", "4")
+	}
 	dir, err := os.MkdirTemp("", "drover-e2e")
 	if err != nil {
 		panic(err)
