@@ -16,7 +16,6 @@ import (
 // interval, and exit 0; a command the agent refuses makes --wait exit 1
 // with the device's error shown.
 func TestSeamCtlCommandsAgent(t *testing.T) {
-	t.Parallel()
 	data := t.TempDir()
 	// A result must not wait for the interval.
 	p := startServe(t, data, "--push-interval", "600", "--quota-push-rate", "0")
