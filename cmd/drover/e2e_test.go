@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,26 +26,47 @@ import (
 var droverBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// The parallel tests mostly wait on the servers and agents they
+	// start: four at a time unless -parallel says otherwise.
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", "4")
+	}
 	dir, err := os.MkdirTemp("", "drover-e2e")
 	if err != nil {
 		panic(err)
 	}
-	droverBin = filepath.Join(dir, "drover")
-	// Stamped with the version and commit as scripts/release.sh does.
-	stamp, err := exec.Command("../../scripts/version.sh").Output()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "scripts/version.sh:", err)
-		os.Exit(1)
-	}
-	build := exec.Command("go", "build", "-ldflags", strings.TrimSpace(string(stamp)), "-o", droverBin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building drover:", err)
+	droverBin = filepath.Join(dir, "drover") // drover-agent is built next to it
+	if prebuilt := os.Getenv("DROVER_TEST_BINARY"); prebuilt != "" {
+		// scripts/test.sh builds drover once for every package, stamped.
+		if err := os.Symlink(prebuilt, droverBin); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	} else if err := buildStamped(droverBin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// buildStamped builds drover stamped with the version and commit as
+// scripts/release.sh does.
+func buildStamped(bin string) error {
+	stamp, err := exec.Command("../../scripts/version.sh").Output()
+	if err != nil {
+		return fmt.Errorf("scripts/version.sh: %w", err)
+	}
+	build := exec.Command("go", "build", "-ldflags", strings.TrimSpace(string(stamp)), "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("building drover: %w", err)
+	}
+	return nil
 }
 
 type proc struct {

@@ -34,10 +34,9 @@ import (
 func TestSeamAgentCommands(t *testing.T) {
 	const interval, chainLen = 10, 4
 	const bound = interval * time.Second / 2
-	t.Setenv("DROVER_PUSH_INTERVAL", fmt.Sprint(interval))
-	t.Setenv("DROVER_QUOTA_PUSH_RATE", "0")
+	t.Parallel()
 	data := t.TempDir()
-	p := startServe(t, data)
+	p := startServe(t, data, "--push-interval", fmt.Sprint(interval), "--quota-push-rate", "0")
 	base := "https://" + p.addr
 	secrets := readSecrets(t, data)
 	caFile := caFile(data)

@@ -16,10 +16,9 @@ import (
 // interval, and exit 0; a command the agent refuses makes --wait exit 1
 // with the device's error shown.
 func TestSeamCtlCommandsAgent(t *testing.T) {
-	t.Setenv("DROVER_PUSH_INTERVAL", "600") // a result must not wait for the interval
-	t.Setenv("DROVER_QUOTA_PUSH_RATE", "0")
 	data := t.TempDir()
-	p := startServe(t, data)
+	// A result must not wait for the interval.
+	p := startServe(t, data, "--push-interval", "600", "--quota-push-rate", "0")
 	base := "https://" + p.addr
 	secrets := readSecrets(t, data)
 	caFile := caFile(data)

@@ -20,10 +20,9 @@ import (
 // reports another; the devices list's --filter reads the reported field;
 // a bad expression is refused before anything is sent.
 func TestSeamLiveGroups(t *testing.T) {
-	t.Setenv("DROVER_PUSH_INTERVAL", "1")
-	t.Setenv("DROVER_QUOTA_PUSH_RATE", "0")
+	t.Parallel()
 	data := t.TempDir()
-	p := startServe(t, data)
+	p := startServe(t, data, "--push-interval", "1", "--quota-push-rate", "0")
 	base := "https://" + p.addr
 	secrets := readSecrets(t, data)
 	ca := caFile(data)

@@ -22,12 +22,11 @@ import (
 // token brings it back at once, and the shell agent on the same box comes
 // back as the same device too.
 func TestSeamIdentityWipedAgent(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
 	// Every accepted push is a history sample: the history shows what the
 	// wipe must not lose.
-	t.Setenv("DROVER_QUOTA_HISTORY_SAMPLES", "0")
-	t.Setenv("DROVER_QUOTA_HISTORY_BYTES", "0")
-	data := t.TempDir()
-	p := startServe(t, data)
+	p := startServe(t, data, "--quota-history-samples", "0", "--quota-history-bytes", "0")
 	secrets := readSecrets(t, data)
 	caFile := caFile(data)
 	c := trustingClient(t, data, 10*time.Second)

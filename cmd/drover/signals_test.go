@@ -227,11 +227,7 @@ func TestSIGHUPReloadsUnderTraffic(t *testing.T) {
 // stop cleanly on SIGTERM.
 func TestAgentsSurviveSIGHUP(t *testing.T) {
 	t.Parallel()
-	agentBin := filepath.Join(filepath.Dir(droverBin), "drover-agent")
-	build := exec.Command("go", "build", "-o", agentBin, "../drover-agent")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building drover-agent: %v\n%s", err, out)
-	}
+	agentBin := agentBinary(t)
 	for _, argv := range [][]string{{droverBin, "agent"}, {agentBin}} {
 		t.Run(filepath.Base(argv[0]), func(t *testing.T) {
 			// A server that is not there: the agent waits and retries.

@@ -305,6 +305,7 @@ func startCluster(t *testing.T, names ...string) (dsn string, nats *natsServer, 
 }
 
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	dsn, nats, ab := startCluster(t, "a", "b")
 	a, b := ab[0], ab[1]
 
@@ -985,6 +986,7 @@ func pushesCostNoReads(t *testing.T, dsn string, a, b *node) {
 // at once (B reads the list back when its memory does not know the ID),
 // and one taken off the list on B is refused on A.
 func TestClusterPreauthorized(t *testing.T) {
+	t.Parallel()
 	srv := dbtest.Need(t, dbtest.Postgres, pg)
 	dsn := srv.NewDB(t)
 	nats := startNATS(t)
@@ -1022,6 +1024,7 @@ func TestClusterPreauthorized(t *testing.T) {
 }
 
 func TestClusterRefusesOtherBackends(t *testing.T) {
+	t.Parallel()
 	for _, dsn := range []string{"sqlite:" + filepath.Join(t.TempDir(), "x.db"), "mysql://root@tcp(127.0.0.1:1)/x"} {
 		out, err := exec.CommandContext(context.Background(), droverBin, "serve", "--cluster", "--db", dsn,
 			"--data-dir", t.TempDir()).CombinedOutput()

@@ -90,6 +90,7 @@ func count(ids []string, id string) int {
 }
 
 func TestClusterCommands(t *testing.T) {
+	t.Parallel()
 	_, nats, nodes := startCluster(t, "a", "b", "c")
 	a, b, c := nodes[0], nodes[1], nodes[2]
 

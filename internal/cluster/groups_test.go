@@ -12,6 +12,7 @@ import (
 // on the others too (push summaries carry the state while filters read
 // reported fields).
 func TestClusterLiveLabels(t *testing.T) {
+	t.Parallel()
 	_, _, nodes := startCluster(t, "a", "b")
 	a, b := nodes[0], nodes[1]
 	dev := a.mustRegister("live-1")

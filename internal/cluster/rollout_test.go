@@ -87,6 +87,7 @@ func control(t *testing.T, n *node, id uint64, action string) rolloutView {
 // and abort from any node, and the driver's kill -9 taken over by another
 // node without a wave started twice.
 func TestClusterRollout(t *testing.T) {
+	t.Parallel()
 	srv := dbtest.Need(t, dbtest.Postgres, pg)
 	dsn := srv.NewDB(t)
 	nats := startNATS(t)

@@ -164,6 +164,7 @@ func patchProfile(t *testing.T, n *node, id, body string) int64 {
 // admission changes taken on A hold at the device's next push on B, as
 // on one server. The 101 carries B's name.
 func TestSeamClusterNudges(t *testing.T) {
+	t.Parallel()
 	_, nats, nodes := startCluster(t, "a", "b")
 	a, b := nodes[0], nodes[1]
 	d := registerAs(t, a, "m-seam-nudge", "SEAM-NUDGE", "1.0")
@@ -348,6 +349,7 @@ func revisions(t *testing.T, n *node, id string) []struct {
 // revision number; labels and alert rules made on two nodes at once each
 // get their own ID: the database allocates them, no node logs a failure.
 func TestSeamClusterRevisions(t *testing.T) {
+	t.Parallel()
 	_, _, nodes := startCluster(t, "a", "b")
 	a, b := nodes[0], nodes[1]
 
@@ -540,6 +542,7 @@ func TestSeamClusterRevisions(t *testing.T) {
 // firmware's profile on every node, and a change of that profile made on
 // A tells the device's connection on B to push.
 func TestSeamClusterRollouts(t *testing.T) {
+	t.Parallel()
 	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
 	nats := startNATS(t)
 	a := startNode(t, "a", dsn, nats.url(), "--rollout-interval", "200ms")
@@ -620,6 +623,7 @@ func profileOf(t *testing.T, n *node, id string) (int, int, int64) {
 // is gone on B, and a registration on B of its type and firmware makes a
 // new one.
 func TestSeamClusterProfilePolicy(t *testing.T) {
+	t.Parallel()
 	_, _, nodes := startCluster(t, "a", "b")
 	a, b := nodes[0], nodes[1]
 
@@ -721,6 +725,7 @@ func TestSeamClusterProfilePolicy(t *testing.T) {
 // node that takes over from it each keep their own event: their IDs come
 // from the database, never from a node's memory of the IDs it saw.
 func TestSeamClusterAlertIDs(t *testing.T) {
+	t.Parallel()
 	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
 	nats := startNATS(t)
 	a := startNode(t, "a", dsn, nats.url())
@@ -813,6 +818,7 @@ func TestSeamClusterAlertIDs(t *testing.T) {
 // on A holds on B at once, as on A, not when B's cache of users and
 // tokens expires: B drops it when it reads the change log entry.
 func TestSeamClusterAccess(t *testing.T) {
+	t.Parallel()
 	_, _, nodes := startCluster(t, "a", "b")
 	a, b := nodes[0], nodes[1]
 	if st, body := a.do("POST", "/api/v1/users", adminToken, `{"name":"seam-op","role":"admin","password":"seam-password-1"}`); st != 201 {
@@ -871,6 +877,7 @@ func TestSeamClusterAccess(t *testing.T) {
 // check; e-mail settings set on B are the leader's at once, not after
 // its restart.
 func TestSeamClusterAlertSettings(t *testing.T) {
+	t.Parallel()
 	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
 	nats := startNATS(t)
 	a := startNode(t, "a", dsn, nats.url())

@@ -182,7 +182,10 @@ func (dl *downloader) fetch(ctx context.Context, d *device, j *dlJob, offered ti
 	n := dl.active.Add(1)
 	for m := dl.maxActive.Load(); n > m && !dl.maxActive.CompareAndSwap(m, n); m = dl.maxActive.Load() {
 	}
-	defer dl.active.Add(-1)
+	// Called before the state that ends the download is stored: a push may
+	// report it at once, and the server give the slot to another device.
+	inactive := sync.OnceFunc(func() { dl.active.Add(-1) })
+	defer inactive()
 	r := rng{s: dl.e.id.hash(d.idx, uint64(offered.UnixNano()))}
 	wait := time.Second
 	for attempt := 0; ctx.Err() == nil; attempt++ {
@@ -191,6 +194,7 @@ func (dl *downloader) fetch(ctx context.Context, d *device, j *dlJob, offered ti
 		}
 		err := dl.attempt(ctx, j, &r)
 		if err == nil {
+			inactive()
 			if j.have.Load() != j.offer.Size {
 				dl.fail(j, fmt.Sprintf("size %d, offered %d", j.have.Load(), j.offer.Size))
 				return
@@ -206,6 +210,7 @@ func (dl *downloader) fetch(ctx context.Context, d *device, j *dlJob, offered ti
 		}
 		var fatal *fatalErr
 		if errors.As(err, &fatal) {
+			inactive()
 			dl.fail(j, fatal.msg)
 			return
 		}

@@ -24,7 +24,19 @@ var droverBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if !testing.Short() {
+	// The tests that start servers mostly wait (runs of a fixed length,
+	// servers settling) and run in parallel: four at a time unless
+	// -parallel says otherwise.
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", "4")
+	}
+	// scripts/test.sh builds drover once for every package.
+	droverBin = os.Getenv("DROVER_TEST_BINARY")
+	built := false
+	if !testing.Short() && droverBin == "" {
+		built = true
 		dir, err := os.MkdirTemp("", "drover-perf-e2e")
 		if err != nil {
 			panic(err)
@@ -38,7 +50,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
-	if droverBin != "" {
+	if built {
 		os.RemoveAll(filepath.Dir(droverBin))
 	}
 	os.Exit(code)
@@ -46,8 +58,12 @@ func TestMain(m *testing.M) {
 
 func testOptions(t *testing.T, o override) Options {
 	return Options{ServerCmd: []string{droverBin, "serve"}, WorkDir: t.TempDir(),
-		Override: o, Version: "test", Command: "go test", ProgressEvery: time.Hour}
+		Override: o, Version: "test", Command: "go test", ProgressEvery: time.Hour, settle: testSettle}
 }
+
+// testSettle is the servers' settle before the pre-test snapshot in these
+// tests: nothing they check depends on its length.
+const testSettle = 300 * time.Millisecond
 
 func runE2E(t *testing.T, name string, o override) (*Result, Calc) {
 	t.Helper()
@@ -91,6 +107,7 @@ func runE2EPreset(t *testing.T, p Preset, o override) (*Result, Calc) {
 }
 
 func TestE2EBenchmark(t *testing.T) {
+	t.Parallel()
 	r, c := runE2E(t, "Bench-6-SSL", override{Devices: 60, Handlers: []int{1, 2}})
 	if len(r.Parts) != 2 || r.Parts[0].HandlerThreads != 1 || r.Parts[1].HandlerThreads != 2 {
 		t.Fatalf("parts %+v", r.Parts)
@@ -115,6 +132,7 @@ func TestE2EBenchmark(t *testing.T) {
 }
 
 func TestE2EStability(t *testing.T) {
+	t.Parallel()
 	r, c := runE2E(t, "Stab-2-2", override{Devices: 100, Duration: 8 * time.Second, LoopTime: 2})
 	// 100 devices every 2 s for 8 s: 4 loops, 400 pushes (a few may be cut
 	// off by the end of the run).
@@ -134,6 +152,7 @@ func TestE2EStability(t *testing.T) {
 // CPU per push is measured for both. (Its verdict is not judged here: a
 // test machine's CPU per push and RSS projection say nothing.)
 func TestE2EFleetTLS(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
@@ -162,6 +181,7 @@ func TestE2EFleetTLS(t *testing.T) {
 }
 
 func TestE2EPeakFullCycle(t *testing.T) {
+	t.Parallel()
 	r, _ := runE2E(t, "PeakF-64-max", override{Devices: 100, Threads: 8, Duration: 7 * time.Second})
 	part := r.Parts[0]
 	if part.ConfigChanges < 1 || part.Push.ConfigsSeen < 100 || part.Register.Accepted != 100 {
@@ -175,6 +195,7 @@ func TestE2EPeakFullCycle(t *testing.T) {
 }
 
 func TestE2EPeakDataAgainstRunningServer(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
@@ -271,6 +292,7 @@ func TestRemoteMetricsAccess(t *testing.T) {
 // links that drop 30 % of the attempts; every device is verified, the
 // waves and bytes served are measured and the server's RSS judged.
 func TestE2ERollout(t *testing.T) {
+	t.Parallel()
 	p, _ := Lookup("Rollout-10k")
 	spec := *p.Rollout
 	spec.ArtifactMiB, spec.LinkBps, spec.FailRate, spec.MaxDownloads = 1, 2<<20, 0.3, 10
@@ -279,7 +301,11 @@ func TestE2ERollout(t *testing.T) {
 	f := r.Parts[0].Rollout
 	if f == nil || f.State != "done" || f.Counts["verified"] != 30 || len(f.Waves) != 3 || f.Downloads == nil ||
 		f.Downloads.Completed != 30 || f.Downloads.Bytes < 30<<20 || f.Downloads.MaxActive > 10 || len(f.Timeline) == 0 {
-		t.Fatalf("rollout figures %+v", f)
+		var dl any
+		if f != nil && f.Downloads != nil {
+			dl = *f.Downloads
+		}
+		t.Fatalf("rollout figures %+v; downloads %+v", f, dl)
 	}
 	if len(c.Checks) != 5 || f.RSSMaxMiB <= 0 {
 		t.Fatalf("checks %+v", c.Checks)
@@ -301,6 +327,7 @@ func TestE2ERollout(t *testing.T) {
 // and the machine's memory in every snapshot; the load machine is only
 // where the emulator ran.
 func TestRemoteServerDescribed(t *testing.T) {
+	t.Parallel()
 	srv := startRunning(t, "")
 	p, _ := Lookup("Stab-2-2")
 	o := testOptions(t, override{Devices: 20, Threads: 2, Duration: 3 * time.Second, LoopTime: 1})
@@ -354,6 +381,7 @@ func TestRemoteServerDescribed(t *testing.T) {
 // --cpus and --memory: the started server runs in a cgroup of its own,
 // and the protocol's limits, CPU share and memory are the cgroup's.
 func TestE2ELimitedServer(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a server")
 	}

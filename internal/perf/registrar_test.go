@@ -52,6 +52,7 @@ func TestRegistrarCells(t *testing.T) {
 // persistence mode × handler threads × machine-ID kind once, each on a
 // fresh server.
 func TestE2ERegistrar(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts servers")
 	}

@@ -66,7 +66,8 @@ type Options struct {
 	WorkerToken   string
 	WorkerTimeout time.Duration
 	pool          *loadPool
-	machineIDs    string // the emulator's machine-ID kind ("": random); the registrar test sets it per run
+	machineIDs    string        // the emulator's machine-ID kind ("": random); the registrar test sets it per run
+	settle        time.Duration // the pause before the pre-test snapshot (0: 2 s; tests shorten it)
 
 	Override override
 	Conn     emulator.ConnMode // default: the preset's, else a new connection per request
@@ -312,7 +313,7 @@ func runPart(ctx context.Context, r *Result, p Preset, handlers int, o Options) 
 	}
 
 	// Settle, then the pre-test snapshot.
-	sleepCtx(ctx, 2*time.Second)
+	sleepCtx(ctx, cmp.Or(o.settle, 2*time.Second))
 	before, err := t.snapshot()
 	if err != nil {
 		part.Err = err.Error()

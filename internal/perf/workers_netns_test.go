@@ -19,6 +19,7 @@ import (
 // test) in the root namespace. The merged counts must equal the server's
 // counters, and each load machine's own link must have carried its share.
 func TestWorkersOnNetnsHosts(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts servers")
 	}

@@ -64,6 +64,7 @@ func serverCounter(t *testing.T, base, token, name, outcome string) int64 {
 // the server's, each load machine ran its half, and the protocol names
 // them.
 func TestWorkersSplitOneTest(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a server")
 	}
@@ -126,6 +127,7 @@ func checkSplit(t *testing.T, r *Result, devices, loops int, addrs []string, ser
 // A load machine that stops sending fails the test with an error naming
 // it, after the worker timeout: no hang.
 func TestWorkerSilentFailsClearly(t *testing.T) {
+	t.Parallel()
 	good := startWorker(t)
 	w, err := NewWorker(WorkerConfig{Token: testWorkerToken, WorkDir: t.TempDir()})
 	if err != nil {
@@ -195,6 +197,7 @@ func TestWorkerRefusesWithoutToken(t *testing.T) {
 // Interrupting the coordinator stops every load machine's shard early,
 // and their summaries still come: the figures so far, merged.
 func TestWorkersStopEarlyWithSummaries(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a server")
 	}

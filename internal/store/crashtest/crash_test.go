@@ -433,98 +433,103 @@ func TestKillUnderLoad(t *testing.T) {
 	const devices, workers, load = 200, 24, 2500 * time.Millisecond
 	const flush = time.Second
 	for i, mk := range backends(t) {
-		for _, mode := range []string{"write-through", "write-back"} {
-			t.Run(backendNames[i]+"/"+mode, func(t *testing.T) {
-				b := mk(t)
-				data := t.TempDir()
-				s := startServe(t, data, b.dsn, mode, flush)
-				devs := s.registerAll("kill", devices)
-				stop := make(chan struct{})
-				var out outcome
-				wg := s.pushLoad(devs, workers, stop, &out)
-				// The load the kill interrupts: a time under load, not a wait.
-				time.Sleep(load)
-				s.kill() // mid-load: requests are in flight
-				killedAt := time.Now()
-				close(stop)
-				wg.Wait()
-				if out.ok.Load() < devices {
-					t.Fatalf("only %d pushes acknowledged before the kill", out.ok.Load())
-				}
-				if p := out.firstOther.Load(); p != nil {
-					t.Fatalf("unexpected answer during load: %s", *p)
-				}
+		t.Run(backendNames[i], func(t *testing.T) {
+			// The backends at once (each its own server or file), the
+			// modes of one after the other.
+			t.Parallel()
+			for _, mode := range []string{"write-through", "write-back"} {
+				t.Run(mode, func(t *testing.T) {
+					b := mk(t)
+					data := t.TempDir()
+					s := startServe(t, data, b.dsn, mode, flush)
+					devs := s.registerAll("kill", devices)
+					stop := make(chan struct{})
+					var out outcome
+					wg := s.pushLoad(devs, workers, stop, &out)
+					// The load the kill interrupts: a time under load, not a wait.
+					time.Sleep(load)
+					s.kill() // mid-load: requests are in flight
+					killedAt := time.Now()
+					close(stop)
+					wg.Wait()
+					if out.ok.Load() < devices {
+						t.Fatalf("only %d pushes acknowledged before the kill", out.ok.Load())
+					}
+					if p := out.firstOther.Load(); p != nil {
+						t.Fatalf("unexpected answer during load: %s", *p)
+					}
 
-				cutoff := killedAt // write-through: everything acknowledged
-				if mode == "write-back" {
-					// Every flush the server completed makes durable what was
-					// acknowledged before it began; the last one began at most
-					// an interval plus a flush's time before the kill.
-					flushes := s.flushes()
-					if len(flushes) == 0 {
-						t.Fatalf("%d write-back flushes logged in %v", len(flushes), load)
-					}
-					var longest time.Duration
-					for _, f := range flushes {
-						longest = max(longest, f.took)
-					}
-					cutoff = flushes[len(flushes)-1].swapped
-					if lag, limit := killedAt.Sub(cutoff), flush+2*longest+500*time.Millisecond; lag > limit {
-						t.Errorf("the last completed flush began %v before the kill; interval %v, longest flush %v", lag, flush, longest)
-					}
-					t.Logf("%d flushes, longest %v; the last began %v before the kill", len(flushes), longest, killedAt.Sub(cutoff).Round(time.Millisecond))
-				}
-				s = startServe(t, data, b.dsn, mode, flush)
-				got := s.devices()
-				var lostRegs, lostPushes, acked int
-				for _, d := range devs {
-					want := d.lastAck(cutoff)
-					all := d.lastAck(killedAt)
-					acked += len(d.acks)
-					g, ok := got[d.machine]
-					if !ok {
-						if d.regAt.Before(cutoff) {
-							t.Errorf("device %s (%s), registered at -%v, is gone", d.id, d.machine, killedAt.Sub(d.regAt))
+					cutoff := killedAt // write-through: everything acknowledged
+					if mode == "write-back" {
+						// Every flush the server completed makes durable what was
+						// acknowledged before it began; the last one began at most
+						// an interval plus a flush's time before the kill.
+						flushes := s.flushes()
+						if len(flushes) == 0 {
+							t.Fatalf("%d write-back flushes logged in %v", len(flushes), load)
 						}
-						lostRegs++
-						continue
+						var longest time.Duration
+						for _, f := range flushes {
+							longest = max(longest, f.took)
+						}
+						cutoff = flushes[len(flushes)-1].swapped
+						if lag, limit := killedAt.Sub(cutoff), flush+2*longest+500*time.Millisecond; lag > limit {
+							t.Errorf("the last completed flush began %v before the kill; interval %v, longest flush %v", lag, flush, longest)
+						}
+						t.Logf("%d flushes, longest %v; the last began %v before the kill", len(flushes), longest, killedAt.Sub(cutoff).Round(time.Millisecond))
 					}
-					if g.ID != d.id {
-						t.Errorf("device %s came back as %s", d.id, g.ID)
+					s = startServe(t, data, b.dsn, mode, flush)
+					got := s.devices()
+					var lostRegs, lostPushes, acked int
+					for _, d := range devs {
+						want := d.lastAck(cutoff)
+						all := d.lastAck(killedAt)
+						acked += len(d.acks)
+						g, ok := got[d.machine]
+						if !ok {
+							if d.regAt.Before(cutoff) {
+								t.Errorf("device %s (%s), registered at -%v, is gone", d.id, d.machine, killedAt.Sub(d.regAt))
+							}
+							lostRegs++
+							continue
+						}
+						if g.ID != d.id {
+							t.Errorf("device %s came back as %s", d.id, g.ID)
+						}
+						if g.Seq < want {
+							t.Errorf("device %s: stored seq %d, but seq %d was acknowledged %v before the kill", d.id, g.Seq, want, killedAt.Sub(cutoff))
+						}
+						if g.Seq < all {
+							lostPushes++
+						}
 					}
-					if g.Seq < want {
-						t.Errorf("device %s: stored seq %d, but seq %d was acknowledged %v before the kill", d.id, g.Seq, want, killedAt.Sub(cutoff))
-					}
-					if g.Seq < all {
-						lostPushes++
-					}
-				}
-				t.Logf("%d pushes acknowledged (%d answered 503, %d failed in flight); after restart %d devices lack their last acknowledged push, %d registrations lost",
-					acked, out.unavailable.Load(), out.failed.Load(), lostPushes, lostRegs)
-				if mode == "write-through" {
-					// Every acknowledged push is in the history too.
-					for _, d := range devs[:20] {
-						h := s.historySeqs(d.id)
-						for _, a := range d.acks {
-							if !h[a.seq] {
-								t.Fatalf("device %s: acknowledged push %d missing from history", d.id, a.seq)
+					t.Logf("%d pushes acknowledged (%d answered 503, %d failed in flight); after restart %d devices lack their last acknowledged push, %d registrations lost",
+						acked, out.unavailable.Load(), out.failed.Load(), lostPushes, lostRegs)
+					if mode == "write-through" {
+						// Every acknowledged push is in the history too.
+						for _, d := range devs[:20] {
+							h := s.historySeqs(d.id)
+							for _, a := range d.acks {
+								if !h[a.seq] {
+									t.Fatalf("device %s: acknowledged push %d missing from history", d.id, a.seq)
+								}
 							}
 						}
 					}
-				}
-				// The restarted server takes the devices' pushes again.
-				for _, d := range devs[:5] {
-					if _, ok := got[d.machine]; !ok {
-						continue
+					// The restarted server takes the devices' pushes again.
+					for _, d := range devs[:5] {
+						if _, ok := got[d.machine]; !ok {
+							continue
+						}
+						st, _, body, err := s.do("POST", "/api/v1/push", d.token, `{"seq":999999,"state":{}}`)
+						if err != nil || st != 200 {
+							t.Fatalf("push after restart: %d %v %s", st, err, body)
+						}
 					}
-					st, _, body, err := s.do("POST", "/api/v1/push", d.token, `{"seq":999999,"state":{}}`)
-					if err != nil || st != 200 {
-						t.Fatalf("push after restart: %d %v %s", st, err, body)
-					}
-				}
-				s.stop()
-			})
-		}
+					s.stop()
+				})
+			}
+		})
 	}
 	t.Run("memory", func(t *testing.T) {
 		data := t.TempDir()
@@ -639,115 +644,121 @@ func (s *serve) ready() int {
 // retried. Afterwards every acknowledged push is stored.
 func TestDatabaseOutage(t *testing.T) {
 	for i, mk := range backends(t)[1:] {
-		for _, mode := range []string{"write-through", "write-back"} {
-			t.Run(backendNames[i+1]+"/"+mode, func(t *testing.T) {
-				b := mk(t)
-				data := t.TempDir()
-				s := startServe(t, data, b.dsn, mode, 500*time.Millisecond)
-				devs := s.registerAll("outage", 100)
-				stop := make(chan struct{})
-				var out outcome
-				wg := s.pushLoad(devs, 16, stop, &out)
-				defer func() {
-					select {
-					case <-stop:
-					default:
-						close(stop)
-						wg.Wait()
+		t.Run(backendNames[i+1], func(t *testing.T) {
+			// Each database server is taken away by its own subtests
+			// only: the backends at once, the modes of one after the
+			// other.
+			t.Parallel()
+			for _, mode := range []string{"write-through", "write-back"} {
+				t.Run(mode, func(t *testing.T) {
+					b := mk(t)
+					data := t.TempDir()
+					s := startServe(t, data, b.dsn, mode, 500*time.Millisecond)
+					devs := s.registerAll("outage", 100)
+					stop := make(chan struct{})
+					var out outcome
+					wg := s.pushLoad(devs, 16, stop, &out)
+					defer func() {
+						select {
+						case <-stop:
+						default:
+							close(stop)
+							wg.Wait()
+						}
+					}()
+					testwait.For(t, 30*time.Second, "pushes acknowledged before the outage", func() bool { return out.ok.Load() >= int64(len(devs)) })
+					okBefore := out.ok.Load()
+					if err := b.srv.Stop(); err != nil {
+						t.Fatal(err)
 					}
-				}()
-				testwait.For(t, 30*time.Second, "pushes acknowledged before the outage", func() bool { return out.ok.Load() >= int64(len(devs)) })
-				okBefore := out.ok.Load()
-				if err := b.srv.Stop(); err != nil {
-					t.Fatal(err)
-				}
-				downAt := time.Now()
-				restarted := false
-				defer func() {
-					if !restarted {
-						b.srv.Restart()
+					downAt := time.Now()
+					restarted := false
+					defer func() {
+						if !restarted {
+							b.srv.Restart()
+						}
+					}()
+					// The outage under test: what the server says 1 s into it.
+					time.Sleep(time.Second)
+					readyDown, upDown := s.ready(), -1.0
+					if v, ok := s.metric("drover_store_up"); ok {
+						upDown = v
 					}
-				}()
-				// The outage under test: what the server says 1 s into it.
-				time.Sleep(time.Second)
-				readyDown, upDown := s.ready(), -1.0
-				if v, ok := s.metric("drover_store_up"); ok {
-					upDown = v
-				}
-				unavailable := out.unavailable.Load()
-				okDuring := out.ok.Load()
-				// The outage under test: what is acknowledged 1 s to 1.5 s into it.
-				time.Sleep(500 * time.Millisecond)
-				okLate := out.ok.Load()
+					unavailable := out.unavailable.Load()
+					okDuring := out.ok.Load()
+					// The outage under test: what is acknowledged 1 s to 1.5 s into it.
+					time.Sleep(500 * time.Millisecond)
+					okLate := out.ok.Load()
 
-				if err := b.srv.Restart(); err != nil {
-					t.Fatal(err)
-				}
-				restarted = true
-				upAt := time.Now()
-				// Recovery without restarting drover: commits succeed again
-				// and pushes are acknowledged.
-				recovered := time.Duration(0)
-				okUp := out.ok.Load()
-				if testwait.Until(30*time.Second, func() bool {
-					up, _ := s.metric("drover_store_up")
-					return up == 1 && out.ok.Load() > okUp+10 && s.ready() == 200
-				}) {
-					recovered = time.Since(upAt)
-					// The load goes on after the recovery: those pushes are
-					// checked below too.
-					okRecovered := out.ok.Load()
-					testwait.For(t, 30*time.Second, "pushes acknowledged after the recovery", func() bool { return out.ok.Load() >= okRecovered+int64(len(devs)) })
-				}
-				close(stop)
-				wg.Wait()
-				if recovered == 0 {
-					t.Fatalf("no recovery within 30 s of the database's return\n%s", tail(s.log.String()))
-				}
-				if p := out.firstOther.Load(); p != nil {
-					t.Fatalf("unexpected answer: %s", *p)
-				}
-				t.Logf("database down %v; pushes: %d ok before, %d ok while down, %d answered 503 (%d without Retry-After), %d failed; recovered %v after the database returned",
-					upAt.Sub(downAt).Round(time.Millisecond), okBefore, okLate-okBefore, out.unavailable.Load(), out.noRetryAfter.Load(), out.failed.Load(), recovered.Round(time.Millisecond))
-				if out.failed.Load() != 0 {
-					t.Errorf("%d requests failed at the HTTP level: the server must stay up and answer", out.failed.Load())
-				}
-				if out.noRetryAfter.Load() != 0 {
-					t.Errorf("%d answers 503 without Retry-After", out.noRetryAfter.Load())
-				}
-				if readyDown != 503 || upDown != 0 {
-					t.Errorf("during the outage /readyz said %d and drover_store_up %v; want 503 and 0", readyDown, upDown)
-				}
-				if log := s.log.String(); !strings.Contains(log, "store commit failed") || !strings.Contains(log, "store commit recovered") {
-					t.Errorf("log lacks the failure or the recovery:\n%s", tail(log))
-				}
-				switch mode {
-				case "write-through":
-					if unavailable == 0 {
-						t.Errorf("no push was answered 503 while the database was down")
+					if err := b.srv.Restart(); err != nil {
+						t.Fatal(err)
 					}
-					if okLate != okDuring {
-						t.Errorf("%d pushes acknowledged between 1 s and 1.5 s into the outage", okLate-okDuring)
+					restarted = true
+					upAt := time.Now()
+					// Recovery without restarting drover: commits succeed again
+					// and pushes are acknowledged.
+					recovered := time.Duration(0)
+					okUp := out.ok.Load()
+					if testwait.Until(30*time.Second, func() bool {
+						up, _ := s.metric("drover_store_up")
+						return up == 1 && out.ok.Load() > okUp+10 && s.ready() == 200
+					}) {
+						recovered = time.Since(upAt)
+						// The load goes on after the recovery: those pushes are
+						// checked below too.
+						okRecovered := out.ok.Load()
+						testwait.For(t, 30*time.Second, "pushes acknowledged after the recovery", func() bool { return out.ok.Load() >= okRecovered+int64(len(devs)) })
 					}
-				case "write-back":
-					if okLate == okDuring || out.unavailable.Load() != 0 {
-						t.Errorf("write-back stopped acknowledging pushes while the database was down (%d answered 503)", out.unavailable.Load())
+					close(stop)
+					wg.Wait()
+					if recovered == 0 {
+						t.Fatalf("no recovery within 30 s of the database's return\n%s", tail(s.log.String()))
 					}
-				}
-				if v, ok := s.metric("drover_store_up"); !ok || v != 1 {
-					t.Errorf("after recovery drover_store_up = %v (%v)", v, ok)
-				}
-				s.stop()
-				s = startServe(t, data, b.dsn, mode, 500*time.Millisecond)
-				got := s.devices()
-				for _, d := range devs {
-					if want := d.lastAck(time.Now()); got[d.machine].Seq < want {
-						t.Errorf("device %s: stored seq %d < acknowledged %d", d.id, got[d.machine].Seq, want)
+					if p := out.firstOther.Load(); p != nil {
+						t.Fatalf("unexpected answer: %s", *p)
 					}
-				}
-				s.stop()
-			})
-		}
+					t.Logf("database down %v; pushes: %d ok before, %d ok while down, %d answered 503 (%d without Retry-After), %d failed; recovered %v after the database returned",
+						upAt.Sub(downAt).Round(time.Millisecond), okBefore, okLate-okBefore, out.unavailable.Load(), out.noRetryAfter.Load(), out.failed.Load(), recovered.Round(time.Millisecond))
+					if out.failed.Load() != 0 {
+						t.Errorf("%d requests failed at the HTTP level: the server must stay up and answer", out.failed.Load())
+					}
+					if out.noRetryAfter.Load() != 0 {
+						t.Errorf("%d answers 503 without Retry-After", out.noRetryAfter.Load())
+					}
+					if readyDown != 503 || upDown != 0 {
+						t.Errorf("during the outage /readyz said %d and drover_store_up %v; want 503 and 0", readyDown, upDown)
+					}
+					if log := s.log.String(); !strings.Contains(log, "store commit failed") || !strings.Contains(log, "store commit recovered") {
+						t.Errorf("log lacks the failure or the recovery:\n%s", tail(log))
+					}
+					switch mode {
+					case "write-through":
+						if unavailable == 0 {
+							t.Errorf("no push was answered 503 while the database was down")
+						}
+						if okLate != okDuring {
+							t.Errorf("%d pushes acknowledged between 1 s and 1.5 s into the outage", okLate-okDuring)
+						}
+					case "write-back":
+						if okLate == okDuring || out.unavailable.Load() != 0 {
+							t.Errorf("write-back stopped acknowledging pushes while the database was down (%d answered 503)", out.unavailable.Load())
+						}
+					}
+					if v, ok := s.metric("drover_store_up"); !ok || v != 1 {
+						t.Errorf("after recovery drover_store_up = %v (%v)", v, ok)
+					}
+					s.stop()
+					s = startServe(t, data, b.dsn, mode, 500*time.Millisecond)
+					got := s.devices()
+					for _, d := range devs {
+						if want := d.lastAck(time.Now()); got[d.machine].Seq < want {
+							t.Errorf("device %s: stored seq %d < acknowledged %d", d.id, got[d.machine].Seq, want)
+						}
+					}
+					s.stop()
+				})
+			}
+		})
 	}
 }
 
