@@ -129,3 +129,16 @@ func report(t *testing.T, rel, text string, line int) {
 			rel, n, text[m[0]:m[1]])
 	}
 }
+
+// TestPerformanceReferenceShort keeps docs/performance.md a reference: each
+// headline test's current figure, machine, date and command. Runs, tables
+// and their analysis go to protocols in docs/results.
+func TestPerformanceReferenceShort(t *testing.T) {
+	b, err := os.ReadFile("../../docs/performance.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > 500 {
+		t.Errorf("docs/performance.md has %d lines; a reference has at most 500: move runs and tables to docs/results", n)
+	}
+}
