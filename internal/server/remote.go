@@ -75,6 +75,8 @@ type remoteOp struct {
 	// a check).
 	audit bool
 	rec   tunnelSession
+	// via: the cluster node that relayed the operator's request (relay.go).
+	via string
 
 	release func()
 	l       *tunnelLink
@@ -92,9 +94,13 @@ func (a *api) startRemote(r *http.Request, rt *route, kind string, who access.Ac
 	if _, err := a.fleet.Device(r.Context(), dev); err != nil {
 		return nil, ifNotFound(err, "device "+strconv.FormatUint(dev, 10))
 	}
-	return &remoteOp{a: a, rt: rt, r: r, who: who, dev: dev, kind: kind, audit: audit,
+	via, err := a.relayedFrom(r)
+	if err != nil {
+		return nil, err
+	}
+	return &remoteOp{a: a, rt: rt, r: r, who: who, dev: dev, kind: kind, audit: audit, via: via,
 		object: "/api/v1/devices/" + strconv.FormatUint(dev, 10),
-		rec:    tunnelSession{Kind: kind, StartedAt: time.Now().UTC()}}, nil
+		rec:    tunnelSession{Kind: kind, StartedAt: time.Now().UTC(), Via: via}}, nil
 }
 
 // refuse answers err, counting and auditing it.
@@ -367,6 +373,9 @@ func (a *api) serveTerminal(w http.ResponseWriter, r *http.Request, who access.A
 		a.fail(w, rt, err)
 		return
 	}
+	if a.relay(w, r, op) {
+		return
+	}
 	op.rec.Command = req.Command
 	if _, err := op.open(req); err != nil {
 		op.refuse(w, err)
@@ -563,17 +572,21 @@ type fileAnswer struct {
 	SHA256   string `json:"sha256"`
 }
 
-// fileOp checks the path parameter and starts the session.
-func (a *api) fileOp(w http.ResponseWriter, r *http.Request, who access.Actor, rt *route, direction string) *remoteOp {
+// fileOp checks the path parameter and starts the session; answered:
+// the request was refused or relayed.
+func (a *api) fileOp(w http.ResponseWriter, r *http.Request, who access.Actor, rt *route, direction string) (op *remoteOp, answered bool) {
 	path := r.URL.Query().Get("path")
 	if path == "" || !strings.HasPrefix(path, "/") || len(path) > 4096 || strings.ContainsRune(path, 0) {
 		a.fail(w, rt, badField("path: an absolute path on the device"))
-		return nil
+		return nil, true
 	}
 	op, err := a.startRemote(r, rt, kindFile, who, true)
 	if err != nil {
 		a.fail(w, rt, err)
-		return nil
+		return nil, true
+	}
+	if a.relay(w, r, op) {
+		return nil, true
 	}
 	op.rec.Path, op.rec.Direction = path, direction
 	// A transfer may take up to the session's total time.
@@ -581,7 +594,7 @@ func (a *api) fileOp(w http.ResponseWriter, r *http.Request, who access.Actor, r
 	deadline := time.Now().Add(a.tunnels.lim.MaxDuration)
 	rc.SetReadDeadline(deadline)
 	rc.SetWriteDeadline(deadline)
-	return op
+	return op, false
 }
 
 func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) {
@@ -591,8 +604,8 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 		a.fail(w, rt, &apiError{status: http.StatusLengthRequired, code: "length_required", msg: "an upload needs its Content-Length"})
 		return
 	}
-	op := a.fileOp(w, r, who, rt, "put")
-	if op == nil {
+	op, answered := a.fileOp(w, r, who, rt, "put")
+	if answered {
 		defer closeAfter(w, r)()
 		return
 	}
@@ -635,8 +648,8 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 
 func (a *api) getFile(w http.ResponseWriter, r *http.Request, who access.Actor) {
 	rt := &route{endpoint: "files"}
-	op := a.fileOp(w, r, who, rt, "get")
-	if op == nil {
+	op, answered := a.fileOp(w, r, who, rt, "get")
+	if answered {
 		return
 	}
 	ans, err := op.open(tunnel.Request{Kind: tunnel.KindGet, Path: op.rec.Path})

@@ -413,6 +413,7 @@ type tunnelSession struct {
 	Session uint64 `json:"session"`
 	// Kind is tunnel, shell or file (remote.go).
 	Kind        string `json:"kind"`
+	Via         string `json:"via,omitempty"`         // the cluster node that relayed the request
 	Destination string `json:"destination,omitempty"` // tunnel
 	Command     string `json:"command,omitempty"`     // shell: the command line run instead of a shell
 	Recording   string `json:"recording,omitempty"`   // shell: its recording's file name
@@ -465,6 +466,9 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 	op, err := a.startRemote(r, rt, kindTunnel, who, upgrade)
 	if err != nil {
 		a.fail(w, rt, err)
+		return
+	}
+	if a.relay(w, r, op) {
 		return
 	}
 	op.rec.Destination = dest
