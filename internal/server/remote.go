@@ -27,6 +27,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/drover/drover/internal/access"
+	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/tunnel"
 	"github.com/hashicorp/yamux"
 )
@@ -127,6 +128,15 @@ func (op *remoteOp) gate() error {
 		return &apiError{status: http.StatusConflict, code: "device_not_active",
 			msg: fmt.Sprintf("device %d is %s: no remote session reaches it", op.dev, d.Admission)}
 	}
+	// The device's configuration decides first: its own values, its
+	// labels' (groups'), its profile's.
+	if on, src, set := remoteAccessConfig(op.a.fleet.EffectiveConfig(op.dev)); set {
+		if on {
+			return nil
+		}
+		return &apiError{status: http.StatusForbidden, code: "remote_access_disabled",
+			msg: fmt.Sprintf("remote access is disabled for device %d by its configuration: %s is not true (set by %s)", op.dev, remoteAccessKey, src)}
+	}
 	if labels := op.a.tunnels.opt.Labels; len(labels) > 0 {
 		has := op.a.fleet.DeviceLabels(op.dev)
 		if !slices.ContainsFunc(labels, func(l string) bool { return slices.Contains(has, l) }) {
@@ -136,6 +146,34 @@ func (op *remoteOp) gate() error {
 		}
 	}
 	return nil
+}
+
+// remoteAccessKey is the member of a device's effective configuration
+// that enables (true) or disables (anything else) remote access to it.
+const remoteAccessKey = "/drover/remote_access"
+
+// remoteAccessConfig reads remoteAccessKey from a device's effective
+// configuration: its value (true only for the boolean true), the layer it
+// comes from, and whether it is set at all.
+func remoteAccessConfig(e fleet.EffectiveConfig, err error) (on bool, source string, set bool) {
+	if err != nil || len(e.Config) == 0 {
+		return false, "", false
+	}
+	var c struct {
+		Drover struct {
+			RemoteAccess json.RawMessage `json:"remote_access"`
+		} `json:"drover"`
+	}
+	if json.Unmarshal(e.Config, &c) != nil || len(c.Drover.RemoteAccess) == 0 {
+		return false, "", false
+	}
+	switch source = e.Sources[remoteAccessKey]; source {
+	case "device":
+		source = "the device's own values"
+	case "profile", "":
+		source = "its profile"
+	}
+	return string(c.Drover.RemoteAccess) == "true", source, true
 }
 
 // open takes a session slot, the device's link and a stream, and sends

@@ -179,3 +179,52 @@ func acceptStream(t *testing.T, s *servertest.Server, token string, msgs <-chan 
 	}
 	return st
 }
+
+// TestRemoteAccessByConfiguration: /drover/remote_access in a device's
+// effective configuration enables or disables remote access at run time,
+// per device (its own values) or group (a label's values), over the
+// server's -remote-access-labels; the refusal names the layer, and a
+// refused session is audited.
+func TestRemoteAccessByConfiguration(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.RemoteAccessLabels = "lab" }})
+	c := &client{t: t, s: s, url: s.URL}
+	id, _ := c.register("m-remote-config")
+	dev := "/api/v1/devices/" + id
+	// The device holds no connection: a session past the gate answers 409.
+	expect := func(what, code, msg string) {
+		t.Helper()
+		st, _, out := c.do("GET", dev+"/terminal", s.AdminToken, nil)
+		e, _ := out["error"].(map[string]any)
+		m, _ := e["message"].(string)
+		if e["code"] != code || !strings.Contains(m, msg) || (code == "remote_access_disabled") != (st == 403) {
+			t.Errorf("%s: %d %v, want %s saying %q", what, st, out, code, msg)
+		}
+	}
+	put := func(path string, body any) {
+		t.Helper()
+		if st, _, out := c.do("PUT", path, s.AdminToken, body); st != 200 {
+			t.Fatalf("PUT %s: %d %v", path, st, out)
+		}
+	}
+	expect("no configuration, no label", "remote_access_disabled", "-remote-access-labels names (lab)")
+	if st, _, out := c.do("POST", "/api/v1/labels/assign", s.AdminToken, map[string]any{"label": "north", "filter": map[string]any{}}); st != 200 {
+		t.Fatalf("label: %d %v", st, out)
+	}
+	put("/api/v1/labels/north/config", map[string]any{"values": map[string]any{"drover": map[string]any{"remote_access": true}}})
+	expect("enabled by its label", "device_not_connected", "")
+	put(dev+"/config", map[string]any{"values": map[string]any{"drover": map[string]any{"remote_access": false}}})
+	expect("disabled by its own values", "remote_access_disabled", "remote access is disabled for device "+id+" by its configuration: /drover/remote_access is not true (set by the device's own values)")
+	if st, _, out := c.do("PUT", dev+"/files?path=/tmp/x", s.AdminToken, "abc"); st != 403 {
+		t.Errorf("upload to a disabled device: %d %v", st, out)
+	}
+	_, _, out := c.do("GET", "/api/v1/audit?action=file+refused", s.AdminToken, nil)
+	if e, _ := out["entries"].([]any); len(e) != 1 || e[0].(map[string]any)["after"].(map[string]any)["end_reason"] != "refused: remote_access_disabled" {
+		t.Errorf("audit of the refused upload: %v", out)
+	}
+	if st, _, out := c.do("DELETE", dev+"/config", s.AdminToken, nil); st != 200 && st != 204 {
+		t.Fatalf("DELETE device config: %d %v", st, out)
+	}
+	expect("enabled by its label again", "device_not_connected", "")
+	put("/api/v1/labels/north/config", map[string]any{"values": map[string]any{"drover": map[string]any{"remote_access": "yes"}}})
+	expect("not a boolean", "remote_access_disabled", "(set by label north)")
+}
