@@ -105,9 +105,10 @@ type Node struct {
 	forward func(fleet.PushEvent)
 
 	// relays of remote sessions (relay.go)
-	relayKey []byte
-	holds    func(dev uint64) bool
-	selfPeer func() Peer
+	relayKey   []byte
+	holds      func(dev uint64) bool
+	selfPeer   func() Peer
+	connectAsk func(dev uint64, until time.Time)
 }
 
 // summary is one push as other nodes learn it.
@@ -244,6 +245,7 @@ func (n *Node) connect() {
 		n.applyStates(b.S)
 	})
 	n.subscribeWhere()
+	n.subscribeConnect()
 }
 
 // followPushes subscribes to the pushes other nodes forward while this

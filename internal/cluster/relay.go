@@ -167,3 +167,50 @@ func (n *Node) CheckRelay(cred, method, uri string) (node, client string, err er
 	}
 	return f[0], f[2], nil
 }
+
+// subjConnect carries "ask device D to connect at its next push, until U":
+// its push may reach any node.
+const subjConnect = ".connect"
+
+type connectAsk struct {
+	Dev   uint64 `json:"d"`
+	Until int64  `json:"u"` // unix ms
+	MAC   string `json:"m"`
+}
+
+// OnConnectAsk sets what takes the other nodes' asks to devices to
+// connect; call it before Run.
+func (n *Node) OnConnectAsk(f func(dev uint64, until time.Time)) { n.connectAsk = f }
+
+// AskConnect tells the other nodes to ask dev to connect in the answer to
+// its next push, until until.
+func (n *Node) AskConnect(dev uint64, until time.Time) {
+	if n.nc == nil || !n.natsUp.Load() {
+		return
+	}
+	a := connectAsk{Dev: dev, Until: until.UnixMilli()}
+	a.MAC = n.mac("connect", n.cfg.Node, strconv.FormatUint(dev, 10), strconv.FormatInt(a.Until, 10))
+	b, _ := json.Marshal(struct {
+		Node string `json:"n"`
+		connectAsk
+	}{n.cfg.Node, a})
+	n.nc.Publish(n.prefix+subjConnect, b)
+}
+
+// subscribeConnect takes the other nodes' asks (connect).
+func (n *Node) subscribeConnect() {
+	if n.connectAsk == nil {
+		return
+	}
+	n.nc.Subscribe(n.prefix+subjConnect, func(m *nats.Msg) {
+		var a struct {
+			Node string `json:"n"`
+			connectAsk
+		}
+		if json.Unmarshal(m.Data, &a) != nil || a.Node == n.cfg.Node ||
+			!hmac.Equal([]byte(a.MAC), []byte(n.mac("connect", a.Node, strconv.FormatUint(a.Dev, 10), strconv.FormatInt(a.Until, 10)))) {
+			return
+		}
+		n.connectAsk(a.Dev, time.UnixMilli(a.Until))
+	})
+}

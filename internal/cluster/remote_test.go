@@ -152,13 +152,19 @@ func TestClusterRemoteRelay(t *testing.T) {
 		status           int
 	}{
 		{"a destination the device does not allow", "/api/v1/devices/" + dev + "/tunnel?to=127.0.0.1:1", "destination_not_allowed", 403},
-		{"a device connected to no node", "/api/v1/devices/" + idle.DeviceID + "/tunnel?to=" + echo, "device_not_connected", 409},
+		{"a device connected to no node", "/api/v1/devices/" + idle.DeviceID + "/tunnel?to=" + echo, "connect_requested", 409},
 	} {
 		st, body := a.do("GET", tc.path, adminToken, "")
 		if st != tc.status || !strings.Contains(string(body), `"`+tc.code+`"`) {
 			t.Errorf("%s through a: %d %s, want %d %s", tc.what, st, body, tc.status, tc.code)
 		}
 	}
+	// The device connected to no node is asked to connect at its next
+	// push, on whichever node takes it.
+	within(t, converge, "the ask to connect on b", func() bool {
+		st, body := b.push(idle.Token)
+		return st == 200 && strings.Contains(string(body), `"connect":300`)
+	})
 	// A check through a is allowed as through b.
 	if st, body := a.do("GET", "/api/v1/devices/"+dev+"/tunnel?to="+echo, adminToken, ""); st != 200 || !strings.Contains(string(body), `"allowed":true`) {
 		t.Errorf("check through a: %d %s", st, body)

@@ -319,6 +319,9 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.m.connections.Inc()
+	if a.tunnels != nil {
+		a.tunnels.connected(id)
+	}
 	if a.fleet.HasCommands(id) {
 		c.nudge()
 	}

@@ -78,6 +78,8 @@ type remoteOp struct {
 	rec   tunnelSession
 	// via: the cluster node that relayed the operator's request (relay.go).
 	via string
+	// device as gate read it.
+	device fleet.Device
 
 	release func()
 	l       *tunnelLink
@@ -124,6 +126,7 @@ func (op *remoteOp) gate() error {
 	if err != nil {
 		return ifNotFound(err, "device "+strconv.FormatUint(op.dev, 10))
 	}
+	op.device = d
 	if d.Admission != "" && d.Admission != "active" {
 		return &apiError{status: http.StatusConflict, code: "device_not_active",
 			msg: fmt.Sprintf("device %d is %s: no remote session reaches it", op.dev, d.Admission)}
@@ -188,6 +191,11 @@ func (op *remoteOp) open(req tunnel.Request) (tunnel.Answer, error) {
 		return tunnel.Answer{}, err
 	}
 	op.release, op.rec.Session = release, id
+	if !t.hasLink(op.dev) && !t.hub.holds(op.dev) {
+		if err := op.awaitConnection(); err != nil {
+			return tunnel.Answer{}, err
+		}
+	}
 	l, err := t.link(op.r.Context(), op.dev)
 	if err != nil {
 		return tunnel.Answer{}, err
@@ -211,6 +219,39 @@ func (op *remoteOp) open(req tunnel.Request) (tunnel.Answer, error) {
 		return ans, agentRefusal(req.Kind, ans)
 	}
 	return ans, nil
+}
+
+// awaitConnection asks a device holding no persistent connection to open
+// one in the answer to its next push; when that push is due within
+// -tunnel-open-timeout the session waits for the connection, else it is
+// refused with connect_requested and a Retry-After of when to try again.
+func (op *remoteOp) awaitConnection() error {
+	t, d := op.a.tunnels, op.device
+	interval := time.Duration(max(d.PushInterval, 1)) * time.Second
+	now := time.Now()
+	due := interval // never pushed, or overdue: within an interval if at all
+	if d.LastSeen != nil {
+		if next := d.LastSeen.Add(interval).Sub(now); next >= 0 {
+			due = next
+		}
+	}
+	wait := t.connWait(op.dev)
+	t.askConnect(op.dev, now.Add(min(2*interval+t.lim.Open, 24*time.Hour)), true)
+	if due <= t.lim.Open {
+		timer := time.NewTimer(t.lim.Open)
+		defer timer.Stop()
+		select {
+		case <-wait:
+			return nil
+		case <-timer.C:
+		case <-op.r.Context().Done():
+			return op.r.Context().Err()
+		}
+		due = interval
+	}
+	secs := int((due + 5*time.Second + time.Second - 1) / time.Second)
+	return &apiError{status: http.StatusConflict, code: "connect_requested", retryAfter: secs,
+		msg: fmt.Sprintf("device %d holds no persistent connection: it is asked to open one in the answer to its next push, due within %d s; try again then (agents that cannot, such as the shell agent, never connect this way)", op.dev, secs)}
 }
 
 // end gives the stream, the link's use and the slot back (idempotent).

@@ -286,6 +286,9 @@ func (s *Server) buildHandler(context.Context) error {
 				Help: "Remote sessions this node relayed to the node holding the device's connection (cluster mode)."})}
 		s.m.reg.MustRegister(a.relays.count)
 		s.node.ServeLocate(s.hub.holds, s.relaySelf)
+		// A device's push may reach any node: each asks it to connect.
+		a.tunnels.onAsk = s.node.AskConnect
+		s.node.OnConnectAsk(func(dev uint64, until time.Time) { a.tunnels.askConnect(dev, until, false) })
 	}
 	s.stopHolds = make(chan struct{})
 	a.tarpit.Stop, a.tarpit.MaxHold = s.stopHolds, s.cfg.QuotaHold
