@@ -339,10 +339,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		"device_type", a.identity.DeviceType, "firmware", a.identity.Firmware, "state_dir", a.cfg.StateDir)
 	justRegistered, reported := false, false
 	if !a.cfg.Once {
-		a.nudges = make(chan struct{}, 1)
 		a.runCtx = ctx
 	}
 	if a.cfg.Connect && !a.cfg.Once {
+		a.nudges = make(chan struct{}, 1)
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go a.holdConnection(cctx, ctx)

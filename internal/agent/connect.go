@@ -43,6 +43,9 @@ func (a *Agent) connectFor(d time.Duration) {
 		return // held already, now until the later end
 	}
 	a.log.Info("persistent connection asked for by the server", "for", d)
+	if a.nudges == nil { // set here, in Run's goroutine, which waits on it
+		a.nudges = make(chan struct{}, 1)
+	}
 	ctx, cancel := context.WithCancel(a.runCtx)
 	go func() {
 		defer a.demanding.Store(false)
