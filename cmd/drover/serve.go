@@ -84,6 +84,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config) {
 	fs.DurationVar(&c.FirmwareDownloadMax, "firmware-download-max", c.FirmwareDownloadMax, "how long one firmware download or upload request may take (devices resume with Range after that)")
 	fs.StringVar(&c.RegisterRateExempt, "register-rate-exempt", c.RegisterRateExempt, "comma-separated addresses or CIDR prefixes without a per-address registration limit")
 	fs.BoolVar(&c.Cluster, "cluster", c.Cluster, "run as one node of a cluster sharing the PostgreSQL --db with other nodes (docs/cluster.md); write-through only")
+	fs.StringVar(&c.NodeURL, "node-url", "", "cluster mode: the URL the other nodes reach this node at to relay remote sessions to the devices connected here, e.g. https://10.0.0.11:8443 (empty: this node's HTTPS listener, or its plain HTTP one, with the host name for a wildcard address; docs/remote-access.md)")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "cluster mode: NATS server(s) carrying the nodes' news to each other, comma-separated (empty: the database alone, slower)")
 	fs.IntVar(&c.Tunnel.PerDevice, "tunnel-max-per-device", c.Tunnel.PerDevice, "remote sessions (port forwarding, terminals, file transfers) open at once per device; more get 429 (docs/remote-access.md)")
 	fs.IntVar(&c.Tunnel.Total, "tunnel-max-total", c.Tunnel.Total, "remote sessions open at once on this server; more get 429")

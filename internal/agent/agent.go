@@ -152,6 +152,11 @@ type Agent struct {
 	connToken atomic.Value // string
 	nudges    chan struct{}
 	linkOpen  atomic.Bool // the tunnel link is open (tunnel.go)
+	// On demand (connect.go): the connection is held until onDemand
+	// (unix ns) while demanding; runCtx is Run's.
+	onDemand  atomic.Int64
+	demanding atomic.Bool
+	runCtx    context.Context
 	bo        backoff
 	lock      *os.File
 	sleep     func(context.Context, time.Duration) bool // replaced in tests
@@ -333,11 +338,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent starting", "server", a.cfg.Server, "machine_id", a.machineID, "device_id", a.st.DeviceID,
 		"device_type", a.identity.DeviceType, "firmware", a.identity.Firmware, "state_dir", a.cfg.StateDir)
 	justRegistered, reported := false, false
+	if !a.cfg.Once {
+		a.runCtx = ctx
+	}
 	if a.cfg.Connect && !a.cfg.Once {
 		a.nudges = make(chan struct{}, 1)
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		go a.holdConnection(cctx)
+		go a.holdConnection(cctx, ctx)
 	}
 	a.fwStart()
 	defer a.fwCancel()
@@ -510,6 +518,9 @@ func (a *Agent) pushOnce(ctx context.Context) (report bool, err error) {
 		a.reboot(ctx)
 	}
 	a.setInterval(resp.PushInterval)
+	if resp.Connect > 0 {
+		a.connectFor(time.Duration(min(resp.Connect, 24*3600)) * time.Second)
+	}
 	a.log.Debug("pushed", "seq", a.seq, "config_version", body.ConfigVersion, "state", describe(&st))
 	if resp.Config != nil {
 		report = a.apply(ctx, resp.Config)

@@ -2,6 +2,10 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +16,7 @@ import (
 	"github.com/drover/drover/internal/protocol"
 	"github.com/drover/drover/internal/server"
 	"github.com/drover/drover/internal/server/servertest"
+	"github.com/drover/drover/internal/tunnel"
 )
 
 // TestEndToEndCommands: the Go agent runs commands of every kind it allows
@@ -258,5 +263,61 @@ func TestCommandChainResultsAtOnce(t *testing.T) {
 	}
 	if r := results[4]; r.Succeeded() || !strings.Contains(r.Error, "not allowed") {
 		t.Errorf("reboot not enabled: %+v", r)
+	}
+}
+
+// TestConnectOnDemand: an agent without Connect, asked in a push answer
+// to connect (an operator's session waits for it), holds its persistent
+// connection and serves the session's tunnel link; a tunnel through it
+// carries bytes.
+func TestConnectOnDemand(t *testing.T) {
+	t.Parallel()
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) {
+		c.PushInterval, c.Tunnel.Open = 1, 10*time.Second
+	}})
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(ca, s.CACertPEM, 0o644)
+	srv := &realServer{t: t, s: s, caFile: ca}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	allow, err := tunnel.ParseAllowList(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := startAgent(t, srv, t.TempDir(), func(cfg *Config) { cfg.TunnelAllow = allow })
+	waitFor(t, 20*time.Second, "first push", func() bool { return srv.device(id).Seq >= 1 })
+	if n := s.Metric("drover_device_connections", nil); n != 0 {
+		t.Fatalf("connections before any session: %v", n)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(s.CACertPEM)
+	op := &tunnel.Client{Server: s.URL, Token: s.AdminToken, TLS: &tls.Config{RootCAs: pool}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := op.Dial(ctx, id, ln.Addr().String())
+	if err != nil {
+		t.Fatalf("tunnel to a device connecting on demand: %v", err)
+	}
+	defer c.Close()
+	c.Write([]byte("on demand"))
+	buf := make([]byte, 9)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "on demand" {
+		t.Fatalf("echo: %q %v", buf, err)
+	}
+	if n := s.Metric("drover_device_connections", nil); n != 1 {
+		t.Errorf("connections while asked for: %v", n)
 	}
 }

@@ -25,9 +25,49 @@ func (c *client) connectURL() string {
 	return "ws://" + strings.TrimPrefix(u, "http://")
 }
 
+// connectFor holds the connection for d, when the agent does not hold it
+// all the time (Config.Connect) and the server asked in a push answer: an
+// operator wants a remote session. Asked again meanwhile, it holds longer.
+func (a *Agent) connectFor(d time.Duration) {
+	if a.cfg.Connect || a.runCtx == nil {
+		return
+	}
+	until := time.Now().Add(d).UnixNano()
+	for {
+		cur := a.onDemand.Load()
+		if until <= cur || a.onDemand.CompareAndSwap(cur, until) {
+			break
+		}
+	}
+	if !a.demanding.CompareAndSwap(false, true) {
+		return // held already, now until the later end
+	}
+	a.log.Info("persistent connection asked for by the server", "for", d)
+	if a.nudges == nil { // set here, in Run's goroutine, which waits on it
+		a.nudges = make(chan struct{}, 1)
+	}
+	ctx, cancel := context.WithCancel(a.runCtx)
+	go func() {
+		defer a.demanding.Store(false)
+		defer cancel()
+		go func() {
+			for sleepCtx(ctx, time.Until(time.Unix(0, a.onDemand.Load()))) {
+				if time.Now().UnixNano() >= a.onDemand.Load() {
+					cancel()
+					return
+				}
+			}
+		}()
+		// Tunnel links outlive the connection: they close when idle.
+		a.holdConnection(ctx, a.runCtx)
+		a.log.Info("persistent connection closed: asked for until now")
+	}()
+}
+
 // holdConnection keeps the connection up until ctx ends, redialling with
-// backoff, and signals a.nudges when the server asks for a push.
-func (a *Agent) holdConnection(ctx context.Context) {
+// backoff, and signals a.nudges when the server asks for a push; tunnel
+// links live until linkCtx ends.
+func (a *Agent) holdConnection(ctx, linkCtx context.Context) {
 	bo := backoff{min: a.cfg.MinBackoff, max: a.cfg.MaxBackoff}
 	// No overall timeout: the connection lives on after the upgrade.
 	hc := &http.Client{Transport: a.client.http.Transport}
@@ -67,7 +107,7 @@ func (a *Agent) holdConnection(ctx context.Context) {
 				default:
 				}
 			case "tunnel":
-				a.openLink(ctx)
+				a.openLink(linkCtx)
 			}
 		}
 		ws.CloseNow()

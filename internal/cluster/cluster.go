@@ -103,6 +103,12 @@ type Node struct {
 	resend  bool              // viaDB just began: write recent too (housekeep only)
 	fwd     []fleet.PushEvent // the same, whole, while not leading
 	forward func(fleet.PushEvent)
+
+	// relays of remote sessions (relay.go)
+	relayKey   []byte
+	holds      func(dev uint64) bool
+	selfPeer   func() Peer
+	connectAsk func(dev uint64, until time.Time)
 }
 
 // summary is one push as other nodes learn it.
@@ -161,6 +167,9 @@ func New(ctx context.Context, cfg Config, st contract.Cluster) (*Node, error) {
 		return nil, err
 	}
 	n.prefix = "drover.cluster." + id
+	if err := n.loadRelayKey(ctx); err != nil {
+		return nil, err
+	}
 	// NATS is not connected yet: say it is up until the first beat of
 	// Run knows, so that a starting node does not make every node move
 	// push summaries to the database for a second (its own summaries
@@ -235,6 +244,8 @@ func (n *Node) connect() {
 		}
 		n.applyStates(b.S)
 	})
+	n.subscribeWhere()
+	n.subscribeConnect()
 }
 
 // followPushes subscribes to the pushes other nodes forward while this

@@ -177,6 +177,11 @@ type PushResponse struct {
 	// Commands to run (command.go); agents that do not know the field
 	// ignore it.
 	Commands []Command `json:"commands,omitempty"`
+	// Connect asks a device that holds no persistent connection to hold
+	// one for this many seconds: an operator wants a remote session
+	// (docs/protocol.md#connect-on-demand). Agents that do not know the
+	// field ignore it.
+	Connect int `json:"connect,omitempty"`
 }
 
 // Config is a versioned desired configuration.

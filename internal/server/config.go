@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
@@ -112,6 +113,9 @@ type Config struct {
 	Cluster  bool
 	NATSURL  string
 	NodeName string
+	// NodeURL is where the other nodes reach this one to relay remote
+	// sessions ("": its listener's address, relay.go).
+	NodeURL string
 	// Firmware (docs/firmware.md): where uploaded files are kept ("":
 	// DataDir/firmware), the largest upload, how often rollouts advance and
 	// how long a firmware download may take.
@@ -348,6 +352,11 @@ func (c *Config) validateCluster() error {
 	}
 	if !validNodeName(c.ClusterNode()) {
 		return fmt.Errorf("cluster mode names the node by its host name %q, which is no valid -node-name: set -node-name", c.ClusterNode())
+	}
+	if c.NodeURL != "" {
+		if u, err := url.Parse(c.NodeURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return fmt.Errorf("-node-url %q: an http:// or https:// URL of this node, host and port only", c.NodeURL)
+		}
 	}
 	return nil
 }

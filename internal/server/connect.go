@@ -134,6 +134,13 @@ func (h *hub) notify(id uint64) {
 	}
 }
 
+// holds says whether the device holds a connection to this server.
+func (h *hub) holds(id uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conns[id] != nil
+}
+
 // ask writes msg, a text frame of at most 125 bytes, to the device's
 // connection (tunnel.go); false when it holds none or the write failed.
 func (h *hub) ask(id uint64, msg []byte) bool {
@@ -312,6 +319,9 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.m.connections.Inc()
+	if a.tunnels != nil {
+		a.tunnels.connected(id)
+	}
 	if a.fleet.HasCommands(id) {
 		c.nudge()
 	}

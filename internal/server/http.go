@@ -51,6 +51,7 @@ type api struct {
 	fw        firmwareFiles
 	hub       *hub     // persistent connections; nil: none (connect.go)
 	tunnels   *tunnels // port forwarding; nil: none (tunnel.go)
+	relays    *relays  // cluster mode: sessions relayed to other nodes (relay.go)
 	fileMax   int64    // the largest file upload to a device (remote.go)
 
 	backend, persistence string // GET /api/v1/server (serverinfo.go)

@@ -103,7 +103,13 @@ func (a *api) push(r *http.Request) (any, error) {
 		return nil, err
 	}
 	// admitPush authenticated and admitted it: r's context carries that.
-	return a.fleet.Push(r.Context(), token, req)
+	resp, err := a.fleet.Push(r.Context(), token, req)
+	if err == nil && a.tunnels != nil && a.tunnels.asking.Load() > 0 {
+		if id, aerr := a.fleet.Authenticate(r.Context(), token); aerr == nil && a.tunnels.connectWanted(id) {
+			resp.Connect = connectHold
+		}
+	}
+	return resp, err
 }
 
 // decodePush reads and decodes a push's body.
@@ -119,7 +125,7 @@ func decodePush(r *http.Request) (protocol.PushRequest, error) {
 // plainPushAnswer says whether p carries the push interval alone, the
 // answer to nearly every push.
 func plainPushAnswer(p *protocol.PushResponse) bool {
-	return p.Config == nil && p.FirmwareUpdate == nil && len(p.Commands) == 0
+	return p.Config == nil && p.FirmwareUpdate == nil && len(p.Commands) == 0 && p.Connect == 0
 }
 
 // appendPushAnswer appends the JSON of a push answer that carries only

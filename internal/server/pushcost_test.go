@@ -57,7 +57,7 @@ func TestPushHandlerAllocations(t *testing.T) {
 // (plainPushAnswer) knows every field of protocol.PushResponse; a new
 // field must be added there, or answers carrying it would lose it.
 func TestPushAnswerFieldsKnown(t *testing.T) {
-	known := []string{"PushInterval", "Config", "FirmwareUpdate", "Commands"}
+	known := []string{"PushInterval", "Config", "FirmwareUpdate", "Commands", "Connect"}
 	rt := reflect.TypeFor[protocol.PushResponse]()
 	if rt.NumField() != len(known) {
 		t.Fatalf("protocol.PushResponse has %d fields, plainPushAnswer knows %v: add the new ones to it", rt.NumField(), known)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/drover/drover/internal/access"
+	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/tunnel"
 	"github.com/hashicorp/yamux"
 )
@@ -75,6 +76,10 @@ type remoteOp struct {
 	// a check).
 	audit bool
 	rec   tunnelSession
+	// via: the cluster node that relayed the operator's request (relay.go).
+	via string
+	// device as gate read it.
+	device fleet.Device
 
 	release func()
 	l       *tunnelLink
@@ -92,9 +97,13 @@ func (a *api) startRemote(r *http.Request, rt *route, kind string, who access.Ac
 	if _, err := a.fleet.Device(r.Context(), dev); err != nil {
 		return nil, ifNotFound(err, "device "+strconv.FormatUint(dev, 10))
 	}
-	return &remoteOp{a: a, rt: rt, r: r, who: who, dev: dev, kind: kind, audit: audit,
+	via, err := a.relayedFrom(r)
+	if err != nil {
+		return nil, err
+	}
+	return &remoteOp{a: a, rt: rt, r: r, who: who, dev: dev, kind: kind, audit: audit, via: via,
 		object: "/api/v1/devices/" + strconv.FormatUint(dev, 10),
-		rec:    tunnelSession{Kind: kind, StartedAt: time.Now().UTC()}}, nil
+		rec:    tunnelSession{Kind: kind, StartedAt: time.Now().UTC(), Via: via}}, nil
 }
 
 // refuse answers err, counting and auditing it.
@@ -117,9 +126,19 @@ func (op *remoteOp) gate() error {
 	if err != nil {
 		return ifNotFound(err, "device "+strconv.FormatUint(op.dev, 10))
 	}
+	op.device = d
 	if d.Admission != "" && d.Admission != "active" {
 		return &apiError{status: http.StatusConflict, code: "device_not_active",
 			msg: fmt.Sprintf("device %d is %s: no remote session reaches it", op.dev, d.Admission)}
+	}
+	// The device's configuration decides first: its own values, its
+	// labels' (groups'), its profile's.
+	if on, src, set := remoteAccessConfig(op.a.fleet.EffectiveConfig(op.dev)); set {
+		if on {
+			return nil
+		}
+		return &apiError{status: http.StatusForbidden, code: "remote_access_disabled",
+			msg: fmt.Sprintf("remote access is disabled for device %d by its configuration: %s is not true (set by %s)", op.dev, remoteAccessKey, src)}
 	}
 	if labels := op.a.tunnels.opt.Labels; len(labels) > 0 {
 		has := op.a.fleet.DeviceLabels(op.dev)
@@ -130,6 +149,34 @@ func (op *remoteOp) gate() error {
 		}
 	}
 	return nil
+}
+
+// remoteAccessKey is the member of a device's effective configuration
+// that enables (true) or disables (anything else) remote access to it.
+const remoteAccessKey = "/drover/remote_access"
+
+// remoteAccessConfig reads remoteAccessKey from a device's effective
+// configuration: its value (true only for the boolean true), the layer it
+// comes from, and whether it is set at all.
+func remoteAccessConfig(e fleet.EffectiveConfig, err error) (on bool, source string, set bool) {
+	if err != nil || len(e.Config) == 0 {
+		return false, "", false
+	}
+	var c struct {
+		Drover struct {
+			RemoteAccess json.RawMessage `json:"remote_access"`
+		} `json:"drover"`
+	}
+	if json.Unmarshal(e.Config, &c) != nil || len(c.Drover.RemoteAccess) == 0 {
+		return false, "", false
+	}
+	switch source = e.Sources[remoteAccessKey]; source {
+	case "device":
+		source = "the device's own values"
+	case "profile", "":
+		source = "its profile"
+	}
+	return string(c.Drover.RemoteAccess) == "true", source, true
 }
 
 // open takes a session slot, the device's link and a stream, and sends
@@ -144,6 +191,11 @@ func (op *remoteOp) open(req tunnel.Request) (tunnel.Answer, error) {
 		return tunnel.Answer{}, err
 	}
 	op.release, op.rec.Session = release, id
+	if !t.hasLink(op.dev) && !t.hub.holds(op.dev) {
+		if err := op.awaitConnection(); err != nil {
+			return tunnel.Answer{}, err
+		}
+	}
 	l, err := t.link(op.r.Context(), op.dev)
 	if err != nil {
 		return tunnel.Answer{}, err
@@ -167,6 +219,39 @@ func (op *remoteOp) open(req tunnel.Request) (tunnel.Answer, error) {
 		return ans, agentRefusal(req.Kind, ans)
 	}
 	return ans, nil
+}
+
+// awaitConnection asks a device holding no persistent connection to open
+// one in the answer to its next push; when that push is due within
+// -tunnel-open-timeout the session waits for the connection, else it is
+// refused with connect_requested and a Retry-After of when to try again.
+func (op *remoteOp) awaitConnection() error {
+	t, d := op.a.tunnels, op.device
+	interval := time.Duration(max(d.PushInterval, 1)) * time.Second
+	now := time.Now()
+	due := interval // never pushed, or overdue: within an interval if at all
+	if d.LastSeen != nil {
+		if next := d.LastSeen.Add(interval).Sub(now); next >= 0 {
+			due = next
+		}
+	}
+	wait := t.connWait(op.dev)
+	t.askConnect(op.dev, now.Add(min(2*interval+t.lim.Open, 24*time.Hour)), true)
+	if due <= t.lim.Open {
+		timer := time.NewTimer(t.lim.Open)
+		defer timer.Stop()
+		select {
+		case <-wait:
+			return nil
+		case <-timer.C:
+		case <-op.r.Context().Done():
+			return op.r.Context().Err()
+		}
+		due = interval
+	}
+	secs := int((due + 5*time.Second + time.Second - 1) / time.Second)
+	return &apiError{status: http.StatusConflict, code: "connect_requested", retryAfter: secs,
+		msg: fmt.Sprintf("device %d holds no persistent connection: it is asked to open one in the answer to its next push, due within %d s; try again then (agents that cannot, such as the shell agent, never connect this way)", op.dev, secs)}
 }
 
 // end gives the stream, the link's use and the slot back (idempotent).
@@ -367,6 +452,9 @@ func (a *api) serveTerminal(w http.ResponseWriter, r *http.Request, who access.A
 		a.fail(w, rt, err)
 		return
 	}
+	if a.relay(w, r, op) {
+		return
+	}
 	op.rec.Command = req.Command
 	if _, err := op.open(req); err != nil {
 		op.refuse(w, err)
@@ -563,17 +651,21 @@ type fileAnswer struct {
 	SHA256   string `json:"sha256"`
 }
 
-// fileOp checks the path parameter and starts the session.
-func (a *api) fileOp(w http.ResponseWriter, r *http.Request, who access.Actor, rt *route, direction string) *remoteOp {
+// fileOp checks the path parameter and starts the session; answered:
+// the request was refused or relayed.
+func (a *api) fileOp(w http.ResponseWriter, r *http.Request, who access.Actor, rt *route, direction string) (op *remoteOp, answered bool) {
 	path := r.URL.Query().Get("path")
 	if path == "" || !strings.HasPrefix(path, "/") || len(path) > 4096 || strings.ContainsRune(path, 0) {
 		a.fail(w, rt, badField("path: an absolute path on the device"))
-		return nil
+		return nil, true
 	}
 	op, err := a.startRemote(r, rt, kindFile, who, true)
 	if err != nil {
 		a.fail(w, rt, err)
-		return nil
+		return nil, true
+	}
+	if a.relay(w, r, op) {
+		return nil, true
 	}
 	op.rec.Path, op.rec.Direction = path, direction
 	// A transfer may take up to the session's total time.
@@ -581,7 +673,7 @@ func (a *api) fileOp(w http.ResponseWriter, r *http.Request, who access.Actor, r
 	deadline := time.Now().Add(a.tunnels.lim.MaxDuration)
 	rc.SetReadDeadline(deadline)
 	rc.SetWriteDeadline(deadline)
-	return op
+	return op, false
 }
 
 func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) {
@@ -591,8 +683,8 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 		a.fail(w, rt, &apiError{status: http.StatusLengthRequired, code: "length_required", msg: "an upload needs its Content-Length"})
 		return
 	}
-	op := a.fileOp(w, r, who, rt, "put")
-	if op == nil {
+	op, answered := a.fileOp(w, r, who, rt, "put")
+	if answered {
 		defer closeAfter(w, r)()
 		return
 	}
@@ -635,8 +727,8 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request, who access.Actor) 
 
 func (a *api) getFile(w http.ResponseWriter, r *http.Request, who access.Actor) {
 	rt := &route{endpoint: "files"}
-	op := a.fileOp(w, r, who, rt, "get")
-	if op == nil {
+	op, answered := a.fileOp(w, r, who, rt, "get")
+	if answered {
 		return
 	}
 	ans, err := op.open(tunnel.Request{Kind: tunnel.KindGet, Path: op.rec.Path})

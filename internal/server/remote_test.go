@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,112 @@ func acceptStream(t *testing.T, s *servertest.Server, token string, msgs <-chan 
 		t.Fatal(err)
 	}
 	return st
+}
+
+// TestRemoteAccessByConfiguration: /drover/remote_access in a device's
+// effective configuration enables or disables remote access at run time,
+// per device (its own values) or group (a label's values), over the
+// server's -remote-access-labels; the refusal names the layer, and a
+// refused session is audited.
+func TestRemoteAccessByConfiguration(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.RemoteAccessLabels = "lab" }})
+	c := &client{t: t, s: s, url: s.URL}
+	id, _ := c.register("m-remote-config")
+	dev := "/api/v1/devices/" + id
+	// The device holds no connection: a session past the gate answers 409
+	// connect_requested.
+	expect := func(what, code, msg string) {
+		t.Helper()
+		st, _, out := c.do("GET", dev+"/terminal", s.AdminToken, nil)
+		e, _ := out["error"].(map[string]any)
+		m, _ := e["message"].(string)
+		if e["code"] != code || !strings.Contains(m, msg) || (code == "remote_access_disabled") != (st == 403) {
+			t.Errorf("%s: %d %v, want %s saying %q", what, st, out, code, msg)
+		}
+	}
+	put := func(path string, body any) {
+		t.Helper()
+		if st, _, out := c.do("PUT", path, s.AdminToken, body); st != 200 {
+			t.Fatalf("PUT %s: %d %v", path, st, out)
+		}
+	}
+	expect("no configuration, no label", "remote_access_disabled", "-remote-access-labels names (lab)")
+	if st, _, out := c.do("POST", "/api/v1/labels/assign", s.AdminToken, map[string]any{"label": "north", "filter": map[string]any{}}); st != 200 {
+		t.Fatalf("label: %d %v", st, out)
+	}
+	put("/api/v1/labels/north/config", map[string]any{"values": map[string]any{"drover": map[string]any{"remote_access": true}}})
+	expect("enabled by its label", "connect_requested", "")
+	put(dev+"/config", map[string]any{"values": map[string]any{"drover": map[string]any{"remote_access": false}}})
+	expect("disabled by its own values", "remote_access_disabled", "remote access is disabled for device "+id+" by its configuration: /drover/remote_access is not true (set by the device's own values)")
+	if st, _, out := c.do("PUT", dev+"/files?path=/tmp/x", s.AdminToken, "abc"); st != 403 {
+		t.Errorf("upload to a disabled device: %d %v", st, out)
+	}
+	_, _, out := c.do("GET", "/api/v1/audit?action=file+refused", s.AdminToken, nil)
+	if e, _ := out["entries"].([]any); len(e) != 1 || e[0].(map[string]any)["after"].(map[string]any)["end_reason"] != "refused: remote_access_disabled" {
+		t.Errorf("audit of the refused upload: %v", out)
+	}
+	if st, _, out := c.do("DELETE", dev+"/config", s.AdminToken, nil); st != 200 && st != 204 {
+		t.Fatalf("DELETE device config: %d %v", st, out)
+	}
+	expect("enabled by its label again", "connect_requested", "")
+	put("/api/v1/labels/north/config", map[string]any{"values": map[string]any{"drover": map[string]any{"remote_access": "yes"}}})
+	expect("not a boolean", "remote_access_disabled", "(set by label north)")
+}
+
+// TestRemoteConnectOnDemand: a session to a device holding no persistent
+// connection asks it to open one in the answer to its next push
+// ("connect"); when that push is not due within the open timeout the
+// operator gets 409 connect_requested with Retry-After at once, and the
+// device is no longer asked once connected. When the push is due within
+// it, the session waits for the connection and goes on.
+func TestRemoteConnectOnDemand(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.Tunnel.Open = 5 * time.Second }})
+	c := &client{t: t, s: s, url: s.URL}
+	id, token := c.register("m-remote-demand")
+	seq := 0
+	push := func(c *client, token string) map[string]any {
+		t.Helper()
+		seq++
+		st, _, out := c.do("POST", "/api/v1/push", token, fmt.Sprintf(`{"seq":%d,"config_version":0,"state":{}}`, seq))
+		if st != 200 {
+			t.Fatalf("push: %d %v", st, out)
+		}
+		return out
+	}
+	if out := push(c, token); out["connect"] != nil {
+		t.Errorf("push answer before any session: %v", out)
+	}
+	start := time.Now()
+	st, h, out := c.do("GET", "/api/v1/devices/"+id+"/terminal", s.AdminToken, nil)
+	if st != 409 || errCode(out) != "connect_requested" || h.Get("Retry-After") != "205" || time.Since(start) > 2*time.Second {
+		t.Fatalf("session to a device without connection, next push in 200 s: %d %v Retry-After %q after %v", st, out, h.Get("Retry-After"), time.Since(start))
+	}
+	if out := push(c, token); out["connect"] != float64(300) {
+		t.Fatalf("push answer after a session was asked for: %v, want connect 300", out)
+	}
+	connectedMessages(t, s, token)
+	if out := push(c, token); out["connect"] != nil {
+		t.Errorf("push answer once connected: %v", out)
+	}
+
+	// Pushing every second: the session waits for the connection.
+	s2 := servertest.Start(t, servertest.Options{Configure: func(c *server.Config) { c.Tunnel.Open = 10 * time.Second; c.PushInterval = 1 }})
+	c2 := &client{t: t, s: s2, url: s2.URL}
+	id2, token2 := c2.register("m-remote-demand-wait")
+	push(c2, token2)
+	done := make(chan error, 1)
+	go func() { done <- tunnelClient(s2, s2.AdminToken).Check(context.Background(), id2, "127.0.0.1:22") }()
+	if !testwait.Until(10*time.Second, func() bool { return push(c2, token2)["connect"] != nil }) {
+		t.Fatal("no push answer asked the device to connect")
+	}
+	msgs := connectedMessages(t, s2, token2)
+	str := acceptStream(t, s2, token2, msgs)
+	var req tunnel.Request
+	if err := tunnel.ReadLine(str, &req); err != nil || req.To != "127.0.0.1:22" || !req.Check {
+		t.Fatalf("request %+v, %v", req, err)
+	}
+	tunnel.WriteLine(str, tunnel.Answer{})
+	if err := <-done; err != nil {
+		t.Fatalf("the waiting session: %v", err)
+	}
 }

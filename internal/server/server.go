@@ -28,6 +28,7 @@ import (
 	"github.com/drover/drover/internal/sessions"
 	"github.com/drover/drover/internal/store"
 	"github.com/drover/drover/internal/web"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Version is the build's version.
@@ -282,6 +283,16 @@ func (s *Server) buildHandler(context.Context) error {
 	a.tunnels.opt = s.cfg.remoteOptions()
 	a.fileMax = s.cfg.RemoteFileMaxSize
 	a.tunnels.register(s.m.reg)
+	if s.node != nil {
+		a.relays = &relays{node: s.node, tr: map[cluster.Peer]*http.Transport{},
+			count: prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_tunnel_relayed_total",
+				Help: "Remote sessions this node relayed to the node holding the device's connection (cluster mode)."})}
+		s.m.reg.MustRegister(a.relays.count)
+		s.node.ServeLocate(s.hub.holds, s.relaySelf)
+		// A device's push may reach any node: each asks it to connect.
+		a.tunnels.onAsk = s.node.AskConnect
+		s.node.OnConnectAsk(func(dev uint64, until time.Time) { a.tunnels.askConnect(dev, until, false) })
+	}
 	s.stopHolds = make(chan struct{})
 	a.tarpit.Stop, a.tarpit.MaxHold = s.stopHolds, s.cfg.QuotaHold
 	ov := &overloadWatch{refused: a.refused.Load}

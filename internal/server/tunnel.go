@@ -76,6 +76,14 @@ type tunnels struct {
 	ended   sync.WaitGroup
 	stopped bool
 	nextID  atomic.Uint64
+
+	// Devices asked to connect in their next push answer (until when),
+	// how many, and the sessions waiting for their connection.
+	asks      map[uint64]time.Time
+	asking    atomic.Int64
+	connWaits map[uint64]chan struct{}
+	// onAsk passes an ask on to the other nodes of a cluster; nil: none.
+	onAsk func(dev uint64, until time.Time)
 }
 
 // tunnelMetrics are the tunnels' counters (docs/operations.md#metrics).
@@ -130,7 +138,7 @@ type linkWait struct {
 
 func newTunnels(lim TunnelLimits, h *hub) *tunnels {
 	return &tunnels{lim: lim, hub: h, links: map[uint64]*tunnelLink{}, waits: map[uint64]*linkWait{},
-		perDevice: map[uint64]int{}, open: map[uint64]func(){}}
+		perDevice: map[uint64]int{}, open: map[uint64]func(){}, asks: map[uint64]time.Time{}, connWaits: map[uint64]chan struct{}{}}
 }
 
 var (
@@ -212,6 +220,78 @@ func (t *tunnels) link(ctx context.Context, dev uint64) (*tunnelLink, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// connectHold is how long, in seconds, a device asked to connect in a
+// push answer holds its persistent connection.
+const connectHold = 300
+
+// askConnect asks dev to connect in the answer to its next push, until
+// until; the other nodes of a cluster are told too.
+func (t *tunnels) askConnect(dev uint64, until time.Time, tell bool) {
+	t.mu.Lock()
+	if len(t.asks) > 1000 { // devices that never pushed since
+		now := time.Now()
+		for d, u := range t.asks {
+			if now.After(u) {
+				delete(t.asks, d)
+			}
+		}
+	}
+	if until.After(t.asks[dev]) {
+		t.asks[dev] = until
+	}
+	t.asking.Store(int64(len(t.asks)))
+	t.mu.Unlock()
+	if tell && t.onAsk != nil {
+		t.onAsk(dev, until)
+	}
+}
+
+// connectWanted says whether dev is to be asked to connect.
+func (t *tunnels) connectWanted(dev uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	until, ok := t.asks[dev]
+	if ok && time.Now().After(until) {
+		delete(t.asks, dev)
+		t.asking.Store(int64(len(t.asks)))
+		ok = false
+	}
+	return ok
+}
+
+// connected is told of each device's new persistent connection: an ask is
+// answered, sessions waiting for it go on.
+func (t *tunnels) connected(dev uint64) {
+	t.mu.Lock()
+	delete(t.asks, dev)
+	t.asking.Store(int64(len(t.asks)))
+	if c := t.connWaits[dev]; c != nil {
+		close(c)
+		delete(t.connWaits, dev)
+	}
+	t.mu.Unlock()
+}
+
+// connWait is closed when dev connects.
+func (t *tunnels) connWait(dev uint64) <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.connWaits[dev]
+	if c == nil {
+		c = make(chan struct{})
+		t.connWaits[dev] = c
+	}
+	return c
+}
+
+// hasLink says whether dev's tunnel link is open.
+func (t *tunnels) hasLink(dev uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.links[dev]
+	return l != nil && !l.sess.IsClosed()
 }
 
 // expected says whether the server asked dev for a link.
@@ -413,6 +493,7 @@ type tunnelSession struct {
 	Session uint64 `json:"session"`
 	// Kind is tunnel, shell or file (remote.go).
 	Kind        string `json:"kind"`
+	Via         string `json:"via,omitempty"`         // the cluster node that relayed the request
 	Destination string `json:"destination,omitempty"` // tunnel
 	Command     string `json:"command,omitempty"`     // shell: the command line run instead of a shell
 	Recording   string `json:"recording,omitempty"`   // shell: its recording's file name
@@ -465,6 +546,9 @@ func (a *api) openTunnel(w http.ResponseWriter, r *http.Request) {
 	op, err := a.startRemote(r, rt, kindTunnel, who, upgrade)
 	if err != nil {
 		a.fail(w, rt, err)
+		return
+	}
+	if a.relay(w, r, op) {
 		return
 	}
 	op.rec.Destination = dest

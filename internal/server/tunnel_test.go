@@ -53,7 +53,7 @@ func TestTunnelOldAgentsAndStrayDevices(t *testing.T) {
 	id, token := c.register("m-tunnel-old")
 	op := tunnelClient(s, s.AdminToken)
 	ctx := context.Background()
-	if err := op.Check(ctx, id, "127.0.0.1:22"); tunnelCode(err) != "device_not_connected" {
+	if err := op.Check(ctx, id, "127.0.0.1:22"); tunnelCode(err) != "connect_requested" {
 		t.Fatalf("no connection: %v", err)
 	}
 	blockedID, _ := c.register("m-tunnel-blocked")

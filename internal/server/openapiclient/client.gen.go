@@ -998,6 +998,7 @@ type PushRequest struct {
 type PushResponse struct {
 	Commands       *[]Command     `json:"commands,omitempty"`
 	Config         *Config        `json:"config,omitempty"`
+	Connect        *int           `json:"connect,omitempty"`
 	FirmwareUpdate *FirmwareOffer `json:"firmware_update,omitempty"`
 	PushInterval   int            `json:"push_interval"`
 }

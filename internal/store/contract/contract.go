@@ -70,6 +70,9 @@ type Cluster interface {
 	NextEventIDs(ctx context.Context, n int) ([]uint64, error)
 	// ClusterID names the cluster (its database), for NATS subjects.
 	ClusterID(ctx context.Context) (string, error)
+	// ClusterSecret is the secret called name the nodes share: fresh
+	// when no node stored one yet, else the stored one.
+	ClusterSecret(ctx context.Context, name, fresh string) (string, error)
 	LastChange(ctx context.Context) (int64, error)
 	// ChangesAfter reads change log entries after seq or among holes.
 	ChangesAfter(ctx context.Context, seq int64, holes []int64, limit int) ([]fleet.Change, error)

@@ -547,6 +547,16 @@ func (s *Store) ClusterID(ctx context.Context) (string, error) {
 	return id, err
 }
 
+// ClusterSecret is the cluster's secret called name: fresh, stored by the
+// first node that asks, or the value stored before.
+func (s *Store) ClusterSecret(ctx context.Context, name, fresh string) (string, error) {
+	var v string
+	err := s.pool.QueryRow(ctx, `WITH ins AS (INSERT INTO settings (name, value) VALUES ($1, $2)
+			ON CONFLICT (name) DO NOTHING RETURNING value)
+		SELECT value FROM ins UNION ALL SELECT value FROM settings WHERE name = $1`, name, fresh).Scan(&v)
+	return v, err
+}
+
 // NoteChange implements fleet.ClusterStore.
 func (s *Store) NoteChange(ctx context.Context, kind fleet.ChangeKind, id uint64) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO cluster_changes (kind, id, node, at) VALUES ($1, $2, $3, $4)`,
