@@ -149,7 +149,10 @@ type firmwareState struct {
 	// says whether it has any (the push path's only cost otherwise).
 	byDevice map[uint64]*target
 	targets  atomic.Bool
-	dirty    map[*target]struct{}
+	// byConfig and configTargets are the same for configuration rollouts.
+	byConfig      map[uint64]*target
+	configTargets atomic.Bool
+	dirty         map[*target]struct{}
 	// revisions is the history without a store.
 	revisions map[uint64][]ProfileRevision
 	// storeMu serialises store writes of rollouts; stepMu engine steps
@@ -181,6 +184,7 @@ type firmwareDevices interface {
 	ParseFilter(v url.Values) (Filter, error)
 	Profile(id uint64) (Profile, bool)
 	updateProfile(ctx context.Context, id uint64, u ProfileUpdate, by, note string, always bool) (Profile, bool, error)
+	configStager
 }
 
 // wire gives the room its options and what it needs of the others (New).
@@ -192,7 +196,7 @@ func (fs *firmwareState) wire(s *Service) {
 
 func (fs *firmwareState) init() {
 	fs.artifacts, fs.rollouts = map[uint64]*Firmware{}, map[uint64]*rollout{}
-	fs.byDevice, fs.dirty = map[uint64]*target{}, map[*target]struct{}{}
+	fs.byDevice, fs.byConfig, fs.dirty = map[uint64]*target{}, map[uint64]*target{}, map[*target]struct{}{}
 	fs.revisions = map[uint64][]ProfileRevision{}
 	fs.nextFW, fs.nextRO = 1, 1
 }
@@ -214,11 +218,15 @@ func (fs *firmwareState) loadFirmware(ctx context.Context, st FirmwareStore) err
 	for _, r := range data.Rollouts {
 		fs.nextRO = max(fs.nextRO, r.ID+1)
 		fw := fs.artifacts[r.FirmwareID]
-		if fw == nil {
+		if fw == nil && r.Config == nil {
 			continue
 		}
 		ro := &rollout{Rollout: r, fw: fw, targets: map[uint64]*target{}}
-		if !r.finished() {
+		if r.Config != nil {
+			// Its filter names a label: resolved at the first step, once
+			// labels are loaded.
+			fs.stageLoaded(ro)
+		} else if !r.finished() {
 			if err := ro.parse(fs.devs); err != nil {
 				fs.log.Warn("stored rollout's filter no longer parses; it is paused", "rollout", r.ID, "err", err)
 				ro.State, ro.Reason = RolloutPaused, "filter: "+err.Error()
@@ -234,10 +242,14 @@ func (fs *firmwareState) loadFirmware(ctx context.Context, st FirmwareStore) err
 		t := &target{RolloutDevice: d, r: ro}
 		ro.add(t)
 		if !terminal(d.State) {
-			fs.byDevice[d.DeviceID] = t
+			fs.places(ro)[d.DeviceID] = t
 		}
 	}
+	for _, ro := range fs.rollouts {
+		fs.release(ro, nil)
+	}
 	fs.targets.Store(len(fs.byDevice) > 0)
+	fs.configTargets.Store(len(fs.byConfig) > 0)
 	return nil
 }
 

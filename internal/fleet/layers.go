@@ -137,6 +137,7 @@ type layerState struct {
 	ordered []*ConfigLayer // label layers in merge order
 	schemas map[string]*layerSchema
 	revs    map[layerKey][]ConfigLayer // memory mode: every revision
+	staged  map[string]*configStage    // label layers a rollout stages (layerstage.go)
 
 	any   atomic.Bool   // some device or label layer exists
 	gen   atomic.Uint64 // changes with every layer change
@@ -191,6 +192,7 @@ type effCache struct {
 func (l *layerState) init() {
 	l.devices, l.labels = map[uint64]*ConfigLayer{}, map[string]*ConfigLayer{}
 	l.schemas, l.revs, l.cache = map[string]*layerSchema{}, map[layerKey][]ConfigLayer{}, map[uint64]*effCache{}
+	l.staged = map[string]*configStage{}
 	l.names.Store(&labelNames{byID: map[uint16]string{}, byName: map[string]uint16{}})
 }
 
@@ -490,6 +492,9 @@ func (l *layerState) DeleteConfigLayer(ctx context.Context, kind LayerKind, name
 // storeLayer checks next against the schemas, stores it as a new revision
 // and makes it current; l.write held.
 func (l *layerState) storeLayer(ctx context.Context, next ConfigLayer) (ConfigLayer, error) {
+	if err := l.refuseStaged(next); err != nil {
+		return ConfigLayer{}, err
+	}
 	if err := l.checkSchemas(next); err != nil {
 		return ConfigLayer{}, err
 	}
@@ -656,7 +661,9 @@ func (l *layerState) inputs(d *device, names *labelNames) layerInputs {
 	for _, c := range l.ordered {
 		if id, ok := names.byName[c.Name]; ok {
 			if _, has := slices.BinarySearch(d.labels, id); has {
-				in.labels = append(in.labels, c)
+				if c = l.pinned(c, d.id); c != nil {
+					in.labels = append(in.labels, c)
+				}
 			}
 		}
 	}
@@ -676,7 +683,7 @@ func (l *layerState) applies(d *device, names *labelNames) bool {
 	}
 	for _, c := range l.ordered {
 		if id, ok := names.byName[c.Name]; ok {
-			if _, has := slices.BinarySearch(d.labels, id); has {
+			if _, has := slices.BinarySearch(d.labels, id); has && l.pinned(c, d.id) != nil {
 				return true
 			}
 		}

@@ -349,5 +349,6 @@ func (s *Service) afterCommit(ctx context.Context, d *device, p *protocol.PushRe
 		resp.Config = &protocol.Config{Version: version, Data: config}
 	}
 	resp.FirmwareUpdate = s.firmwareOnPush(d.id, c.firmware, p.FirmwareUpdate, c.now)
+	s.configOnPush(d.id, p.ConfigVersion, version, p.ConfigError, c.now) // configrollout.go
 	return resp, nil
 }

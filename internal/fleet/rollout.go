@@ -1,7 +1,8 @@
 package fleet
 
 // Rollouts (docs/firmware.md): a firmware offered to the devices a filter
-// selects, in waves. The engine (RolloutStep, run by RunRollouts) starts
+// selects, in waves; or a label layer's new values released to them
+// (configuration rollouts, configrollout.go). The engine (RolloutStep, run by RunRollouts) starts
 // waves, pauses a rollout whose wave fails too often, fails stalled devices
 // and writes state changes to the store; pushes only touch memory.
 
@@ -27,6 +28,12 @@ const (
 	RolloutDone    = "done"
 )
 
+// Rollout kinds: what is rolled out.
+const (
+	RolloutFirmware = "firmware"
+	RolloutConfig   = "config"
+)
+
 // Rollout device states.
 const (
 	DevicePending     = "pending"
@@ -47,8 +54,12 @@ func terminal(state string) bool {
 // RolloutSpec is what an operator asks for.
 type RolloutSpec struct {
 	FirmwareID uint64 `json:"firmware_id"`
+	// Config, instead of a firmware, makes a configuration rollout: a
+	// label layer's new values (configrollout.go).
+	Config *ConfigChange `json:"config,omitempty"`
 	// Filter selects devices as the devices list does (a query string:
-	// "label=north&liveness=online"); the firmware's device type is implied.
+	// "label=north&liveness=online"); the firmware's device type, or the
+	// configuration's label, is implied.
 	Filter string `json:"filter,omitempty"`
 	// Waves are wave sizes, each a count ("10") or a percentage of the
 	// devices matched at creation ("25%"); the last repeats.
@@ -102,6 +113,8 @@ func (w *Window) Open(t time.Time) bool {
 // Rollout is a rollout as stored and shown.
 type Rollout struct {
 	ID uint64 `json:"id"`
+	// Kind is RolloutFirmware or RolloutConfig.
+	Kind string `json:"kind"`
 	RolloutSpec
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"` // why paused, aborted or done
@@ -142,6 +155,9 @@ func (r *Rollout) UnmarshalJSON(b []byte) error {
 	var err1, err2 error
 	r.ID, err1 = parseIDNumber(v.ID)
 	r.FirmwareID, err2 = parseIDNumber(v.FirmwareID)
+	if r.Kind == "" {
+		r.Kind = RolloutFirmware // stored before configuration rollouts
+	}
 	return errors.Join(err1, err2)
 }
 
@@ -175,7 +191,8 @@ func DefaultRolloutSpec() RolloutSpec {
 // rollout is a Rollout in memory.
 type rollout struct {
 	Rollout
-	fw      *Firmware
+	fw      *Firmware    // nil: a configuration rollout
+	stage   *configStage // a configuration rollout's staged layer
 	filter  Filter
 	parsed  bool // filter resolved (after labels are loaded: at the first step)
 	targets map[uint64]*target
@@ -205,6 +222,9 @@ func (r *rollout) add(t *target) {
 
 // parse resolves the filter.
 func (r *rollout) parse(devs firmwareDevices) error {
+	if r.Config != nil {
+		return r.parseConfig(devs)
+	}
 	v, err := url.ParseQuery(r.Filter)
 	if err != nil {
 		return &FieldError{Field: "filter", Message: "filter must be a query string: " + err.Error()}
@@ -273,8 +293,17 @@ func (spec *RolloutSpec) Check() error {
 
 // eligible says whether d (d.mu held) may join r's next wave.
 func (r *rollout) eligible(d *device, now int64) bool {
-	return d.admission == Active && d.firmware != r.fw.Version && d.lastSeen != 0 &&
+	return d.admission == Active && (r.fw == nil || d.firmware != r.fw.Version) && d.lastSeen != 0 &&
 		d.liveness(now) != Offline && r.filter.match(d, now)
+}
+
+// from is what d runs before r (d.mu held): its firmware, or for a
+// configuration rollout its applied configuration version.
+func (r *rollout) from(d *device) string {
+	if r.fw == nil {
+		return strconv.FormatInt(d.appliedVersion, 10)
+	}
+	return d.firmware
 }
 
 // CreateRollout checks spec and starts a rollout; its first wave starts
@@ -289,28 +318,56 @@ func (fs *firmwareState) CreateRollout(ctx context.Context, spec RolloutSpec, by
 	if !ok {
 		return Rollout{}, &FieldError{Field: "firmware_id", Message: "no firmware " + strconv.FormatUint(spec.FirmwareID, 10)}
 	}
-	now := fs.now().UTC().Truncate(time.Millisecond)
-	r := &rollout{Rollout: Rollout{RolloutSpec: spec, State: RolloutRunning, CreatedAt: now, UpdatedAt: now, By: by},
-		fw: fw, targets: map[uint64]*target{}, count: map[string]int{}}
-	if err := r.parse(fs.devs); err != nil {
+	if spec.Config != nil {
+		return Rollout{}, &FieldError{Field: "config", Message: "a rollout has a firmware_id or a config, not both"}
+	}
+	fs.stepMu.Lock()
+	defer fs.stepMu.Unlock()
+	r := fs.newRollout(spec, RolloutFirmware, by)
+	r.fw = fw
+	if err := fs.match(r); err != nil {
 		return Rollout{}, err
 	}
-	ns := now.UnixNano()
+	if err := fs.register(ctx, r, nil); err != nil {
+		return Rollout{}, err
+	}
+	v := r.view()
+	fs.log.Info("rollout created", "rollout", r.ID, "firmware_id", fw.ID, "version", fw.Version, "devices", r.Total, "by", by)
+	return v, nil
+}
+
+// newRollout is a running rollout of spec, made now.
+func (fs *firmwareState) newRollout(spec RolloutSpec, kind, by string) *rollout {
+	now := fs.now().UTC().Truncate(time.Millisecond)
+	return &rollout{Rollout: Rollout{Kind: kind, RolloutSpec: spec, State: RolloutRunning, CreatedAt: now, UpdatedAt: now, By: by},
+		targets: map[uint64]*target{}, count: map[string]int{}}
+}
+
+// match resolves r's filter and counts the devices it matches now.
+func (fs *firmwareState) match(r *rollout) error {
+	if err := r.parse(fs.devs); err != nil {
+		return err
+	}
+	ns := r.CreatedAt.UnixNano()
 	fs.devs.each(func(d *device) {
 		if r.eligible(d, ns) {
 			r.Total++
 		}
 	})
 	if r.Total == 0 {
-		return Rollout{}, ErrNoDevices
+		return ErrNoDevices
 	}
+	return nil
+}
+
+// register gives r its ID, stores it and makes it known (memory, other
+// nodes); added runs with fs.mu held once r is stored. fs.stepMu held.
+func (fs *firmwareState) register(ctx context.Context, r *rollout, added func()) error {
 	var id uint64 // from the database in cluster mode
 	if fs.clustered() {
-		fs.stepMu.Lock()
-		defer fs.stepMu.Unlock()
 		var err error
 		if id, err = fs.rc.NextRolloutID(ctx); err != nil {
-			return Rollout{}, errors.Join(ErrUnavailable, err)
+			return errors.Join(ErrUnavailable, err)
 		}
 	}
 	fs.mu.Lock()
@@ -321,16 +378,17 @@ func (fs *firmwareState) CreateRollout(ctx context.Context, spec RolloutSpec, by
 	if fs.store != nil {
 		if err := fs.store.SaveRollout(ctx, r.Rollout); err != nil {
 			fs.mu.Unlock()
-			return Rollout{}, err
+			return err
 		}
 	}
 	fs.nextRO = max(fs.nextRO, r.ID) + 1
 	fs.rollouts[r.ID] = r
-	v := r.view()
+	if added != nil {
+		added()
+	}
 	fs.mu.Unlock()
 	fs.note(ctx, ChangeRollout, r.ID)
-	fs.log.Info("rollout created", "rollout", r.ID, "firmware_id", fw.ID, "version", fw.Version, "devices", r.Total, "by", by)
-	return v, nil
+	return nil
 }
 
 // view copies r for callers (fs.mu held).
@@ -423,6 +481,12 @@ func (fs *firmwareState) ControlRollout(ctx context.Context, id uint64, action, 
 			return Rollout{}, errors.Join(ErrUnavailable, err)
 		}
 	}
+	if action == ActionAbort {
+		// A configuration's previous values go back first (configrollout.go).
+		if err := fs.revertConfig(ctx, id, by); err != nil {
+			return Rollout{}, err
+		}
+	}
 	fs.mu.Lock()
 	r, ok := fs.rollouts[id]
 	if !ok {
@@ -492,14 +556,37 @@ func (fs *firmwareState) saveRollout(ctx context.Context, r Rollout) error {
 // finishLocked releases a finished rollout's devices (fs.mu held); its
 // counts are kept in the rollout.
 func (fs *firmwareState) finishLocked(r *rollout) {
+	places := fs.places(r)
 	for id, t := range r.targets {
-		if fs.byDevice[id] == t {
-			delete(fs.byDevice, id)
+		if places[id] == t {
+			delete(places, id)
 		}
 	}
 	r.Counts = nil
 	r.Counts = r.view().Counts
-	fs.targets.Store(len(fs.byDevice) > 0)
+	fs.placed(r)
+	if r.stage != nil {
+		fs.devs.endStage(r.stage)
+	}
+}
+
+// places is where the devices of r's kind are placed (fs.mu held): a
+// device is in at most one unfinished rollout of each kind.
+func (fs *firmwareState) places(r *rollout) map[uint64]*target {
+	if r.Config != nil {
+		return fs.byConfig
+	}
+	return fs.byDevice
+}
+
+// placed notes whether any device is placed in a rollout of r's kind
+// (fs.mu held).
+func (fs *firmwareState) placed(r *rollout) {
+	if r.Config != nil {
+		fs.configTargets.Store(len(fs.byConfig) > 0)
+	} else {
+		fs.targets.Store(len(fs.byDevice) > 0)
+	}
 }
 
 // setState moves t to state (fs.mu held).
@@ -511,8 +598,8 @@ func (fs *firmwareState) setState(t *target, state, reason string, now time.Time
 		if t.Wave == r.Wave && state == DeviceFailed {
 			r.waveFailed++
 		}
-		if terminal(state) && fs.byDevice[t.DeviceID] == t {
-			delete(fs.byDevice, t.DeviceID)
+		if places := fs.places(r); terminal(state) && places[t.DeviceID] == t {
+			delete(places, t.DeviceID)
 		}
 	}
 	t.State, t.Reason, t.UpdatedAt = state, reason, now
@@ -685,7 +772,7 @@ func (fs *firmwareState) startWave(ctx context.Context, r *rollout, ts time.Time
 	fs.devs.each(func(d *device) {
 		if r.eligible(d, ns) {
 			ids = append(ids, d.id)
-			froms = append(froms, d.firmware)
+			froms = append(froms, r.from(d))
 		}
 	})
 	fs.mu.Lock()
@@ -700,7 +787,7 @@ func (fs *firmwareState) startWave(ctx context.Context, r *rollout, ts time.Time
 		if len(wave) == limit {
 			break
 		}
-		if _, busy := fs.byDevice[id]; busy {
+		if _, busy := fs.places(r)[id]; busy {
 			continue
 		}
 		if _, done := r.targets[id]; done {
@@ -742,12 +829,14 @@ func (fs *firmwareState) startWave(ctx context.Context, r *rollout, ts time.Time
 	r.Wave++
 	r.waveSize, r.waveFailed = 0, 0
 	r.UpdatedAt = ts
+	places := fs.places(r)
 	for _, d := range wave {
 		t := &target{RolloutDevice: d, r: r}
 		r.add(t)
-		fs.byDevice[d.DeviceID] = t
+		places[d.DeviceID] = t
 	}
-	fs.targets.Store(true)
+	fs.placed(r)
+	fs.release(r, wave)
 	fs.log.Info("rollout wave started", "rollout", r.ID, "wave", r.Wave, "devices", len(wave))
 	return r.view(), fs.clustered(), nil
 }

@@ -81,11 +81,14 @@ func (fs *firmwareState) syncRolloutsLocked(ctx context.Context) error {
 		r := fs.rollouts[sr.ID]
 		if r == nil {
 			fw := fs.artifacts[sr.FirmwareID]
-			if fw == nil {
+			if fw == nil && sr.Config == nil {
 				continue // its artifact is read back with its change log entry
 			}
 			r = &rollout{Rollout: sr, fw: fw, targets: map[uint64]*target{}, count: map[string]int{}}
 			fs.rollouts[sr.ID] = r
+			if sr.Config != nil {
+				fs.stageLoaded(r)
+			}
 			if !r.finished() {
 				full = append(full, sr.ID)
 				active = append(active, sr.ID)
@@ -99,10 +102,14 @@ func (fs *firmwareState) syncRolloutsLocked(ctx context.Context) error {
 			// This node finished it, but another node's change (a pause)
 			// was stored first: it is not finished.
 			r.Rollout, r.Counts = sr, nil
+			if r.Config != nil {
+				fs.stageLoaded(r)
+				fs.release(r, nil)
+			}
 			for id, t := range r.targets {
 				if !terminal(t.State) {
-					fs.byDevice[id] = t
-					fs.targets.Store(true)
+					fs.places(r)[id] = t
+					fs.placed(r)
 				}
 			}
 			full = append(full, sr.ID)
@@ -162,6 +169,7 @@ func (fs *firmwareState) adoptDevices(ds []RolloutDevice) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	recount := map[*rollout]bool{}
+	released := map[*rollout][]RolloutDevice{}
 	for _, d := range ds {
 		r := fs.rollouts[d.RolloutID]
 		if r == nil || r.finished() {
@@ -172,9 +180,10 @@ func (fs *firmwareState) adoptDevices(ds []RolloutDevice) {
 			t = &target{RolloutDevice: d, r: r}
 			r.add(t)
 			if !terminal(d.State) {
-				fs.byDevice[d.DeviceID] = t
-				fs.targets.Store(true)
+				fs.places(r)[d.DeviceID] = t
+				fs.placed(r)
 			}
+			released[r] = append(released[r], d)
 			recount[r] = true
 			continue
 		}
@@ -190,11 +199,14 @@ func (fs *firmwareState) adoptDevices(ds []RolloutDevice) {
 			r.count[t.State]--
 			r.count[d.State]++
 			recount[r] = true
-			if terminal(d.State) && fs.byDevice[d.DeviceID] == t {
-				delete(fs.byDevice, d.DeviceID)
+			if places := fs.places(r); terminal(d.State) && places[d.DeviceID] == t {
+				delete(places, d.DeviceID)
 			}
 		}
 		t.RolloutDevice = d
+	}
+	for r, ds := range released {
+		fs.release(r, ds)
 	}
 	for r := range recount {
 		r.waveSize, r.waveFailed = 0, 0

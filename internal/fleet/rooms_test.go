@@ -130,6 +130,7 @@ var roomFiles = map[string][]string{
 	"firmware.go":         {"firmwareState", "Firmware"},
 	"rollout.go":          {"firmwareState", "rollout", "Rollout", "RolloutSpec", "Window"},
 	"rollout_cluster.go":  {"firmwareState"},
+	"configrollout.go":    {"firmwareState", "rollout"},
 	"profilehistory.go":   {"firmwareState"},
 	"quota.go":            {"quota", "QuotaError", "device"},
 	"policy.go":           {"policy", "ProfilePolicy"},
@@ -143,6 +144,7 @@ var roomFiles = map[string][]string{
 	"layers.go":           {"layerState", "device", "profileEntry"},
 	"layermerge.go":       {"layerInputs", "EffectiveConfig", "effCache", "stateSource"},
 	"layerschema.go":      {"layerState", "layerInputs", "layerSchema"},
+	"layerstage.go":       {"layerState", "configStage"},
 }
 
 // serviceFiles are the files of the Service's own room (registry, push,

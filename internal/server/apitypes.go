@@ -68,6 +68,17 @@ type rolloutBody struct {
 	FirmwareID json.Number `json:"firmware_id" openapi:"required"` // a decimal string, as firmware answers give it, or a number
 }
 
+// configRolloutBody stages a label's new values as a configuration
+// rollout; what it leaves out is the rollouts' default.
+type configRolloutBody struct {
+	Values        json.RawMessage `json:"values" openapi:"required"` // a JSON object, as the label's values
+	Filter        string          `json:"filter"`
+	Waves         []string        `json:"waves"`
+	MaxFailurePct float64         `json:"max_failure_pct"`
+	Window        *fleet.Window   `json:"window"`
+	StallTimeout  int             `json:"stall_timeout"`
+}
+
 type quotaLiftBody struct {
 	Until *time.Time `json:"until"` // default: until restored
 	Note  string     `json:"note"`

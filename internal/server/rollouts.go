@@ -1,8 +1,9 @@
 package server
 
-// Firmware rollouts in the operator API (docs/firmware.md): start one,
-// follow it device by device, pause, resume or abort it. The firmware
-// files are in firmware.go.
+// Rollouts in the operator API (docs/firmware.md): start one — a
+// firmware's, or a label's new configuration values (docs/configuration.md,
+// staged changes) — follow it device by device, pause, resume or abort
+// it. The firmware files are in firmware.go.
 
 import (
 	"net/http"
@@ -34,6 +35,31 @@ func (a *api) createRollout(r *http.Request) (any, error) {
 	ro, err := a.fleet.CreateRollout(r.Context(), spec, by)
 	if err != nil {
 		return nil, err
+	}
+	return created(ro), nil
+}
+
+// createConfigRollout stages new values of the label's layer as a
+// configuration rollout.
+func (a *api) createConfigRollout(r *http.Request) (any, error) {
+	by, err := changedBy(r)
+	if err != nil {
+		return nil, err
+	}
+	def := fleet.DefaultRolloutSpec()
+	in := configRolloutBody{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, StallTimeout: def.StallTimeout}
+	if err := decodeStrict(r, "configuration rollout: ", &in); err != nil {
+		return nil, err
+	}
+	if in.Values == nil {
+		return nil, badField("configuration rollout: values is required")
+	}
+	spec := def
+	spec.Filter, spec.Waves, spec.MaxFailurePct, spec.Window, spec.StallTimeout = in.Filter, in.Waves, in.MaxFailurePct, in.Window, in.StallTimeout
+	spec.Config = &fleet.ConfigChange{Label: r.PathValue("name"), Values: in.Values}
+	ro, err := a.fleet.CreateConfigRollout(r.Context(), spec, by)
+	if err != nil {
+		return nil, ifNotFound(err, "label "+spec.Config.Label)
 	}
 	return created(ro), nil
 }

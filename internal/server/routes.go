@@ -217,6 +217,8 @@ func (a *api) table() []route {
 			summary: "List the revisions of a label's (group's) configuration values", out: layerRevisions{}, errs: e(404)},
 		{method: "GET", path: "/api/v1/labels/{name}/config/diff", need: viewer, fn: a.layerDiff(labelLayer), query: q("from", "to"),
 			summary: "Compare two revisions of a label's (group's) configuration values", out: profileDiff{}, errs: e(404)},
+		{method: "POST", path: "/api/v1/labels/{name}/config/rollout", need: operator, fn: a.createConfigRollout,
+			summary: "Stage new values of a label's configuration as a rollout in waves", in: configRolloutBody{}, out: created(fleet.Rollout{}), errs: e(404, 409)},
 		{method: "POST", path: "/api/v1/labels/{name}/config/rollback", need: operator, fn: a.rollbackLayer(labelLayer),
 			summary: "Roll a label's (group's) configuration values back to a revision", in: rollbackBody{}, out: fleet.ConfigLayer{}, errs: e(404, 422)},
 		{method: "GET", path: "/api/v1/config/layers", need: viewer, fn: a.listLayers,

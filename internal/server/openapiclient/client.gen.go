@@ -510,6 +510,26 @@ type Config struct {
 	Version int         `json:"version"`
 }
 
+// ConfigChange defines model for ConfigChange.
+type ConfigChange struct {
+	FromRev          int         `json:"from_rev"`
+	Label            string      `json:"label"`
+	Previous         interface{} `json:"previous,omitempty"`
+	PreviousPriority *int        `json:"previous_priority,omitempty"`
+	ToRev            *int        `json:"to_rev,omitempty"`
+	Values           interface{} `json:"values"`
+}
+
+// ConfigChangeInput defines model for ConfigChangeInput.
+type ConfigChangeInput struct {
+	FromRev          *int        `json:"from_rev,omitempty"`
+	Label            *string     `json:"label,omitempty"`
+	Previous         interface{} `json:"previous,omitempty"`
+	PreviousPriority *int        `json:"previous_priority,omitempty"`
+	ToRev            *int        `json:"to_rev,omitempty"`
+	Values           interface{} `json:"values,omitempty"`
+}
+
 // ConfigLayer defines model for ConfigLayer.
 type ConfigLayer struct {
 	At       time.Time   `json:"at"`
@@ -521,6 +541,16 @@ type ConfigLayer struct {
 	Priority int         `json:"priority"`
 	Rev      int         `json:"rev"`
 	Values   interface{} `json:"values"`
+}
+
+// ConfigRolloutBody defines model for ConfigRolloutBody.
+type ConfigRolloutBody struct {
+	Filter        *string      `json:"filter,omitempty"`
+	MaxFailurePct *float32     `json:"max_failure_pct,omitempty"`
+	StallTimeout  *int         `json:"stall_timeout,omitempty"`
+	Values        interface{}  `json:"values"`
+	Waves         *[]string    `json:"waves,omitempty"`
+	Window        *WindowInput `json:"window,omitempty"`
 }
 
 // Deleted defines model for Deleted.
@@ -1086,12 +1116,14 @@ type RollbackBody struct {
 // Rollout defines model for Rollout.
 type Rollout struct {
 	By            *string         `json:"by,omitempty"`
+	Config        *ConfigChange   `json:"config,omitempty"`
 	Counts        *map[string]int `json:"counts,omitempty"`
 	CreatedAt     time.Time       `json:"created_at"`
 	FailWaveOk    *int            `json:"fail_wave_ok,omitempty"`
 	Filter        *string         `json:"filter,omitempty"`
 	FirmwareId    string          `json:"firmware_id"`
 	Id            string          `json:"id"`
+	Kind          string          `json:"kind"`
 	MaxDownloads  int             `json:"max_downloads"`
 	MaxFailurePct float32         `json:"max_failure_pct"`
 	Reason        *string         `json:"reason,omitempty"`
@@ -1106,6 +1138,7 @@ type Rollout struct {
 
 // RolloutBody defines model for RolloutBody.
 type RolloutBody struct {
+	Config        *ConfigChangeInput     `json:"config,omitempty"`
 	Filter        *string                `json:"filter,omitempty"`
 	FirmwareId    RolloutBody_FirmwareId `json:"firmware_id"`
 	MaxDownloads  *int                   `json:"max_downloads,omitempty"`
@@ -1637,6 +1670,9 @@ type PutLabelsNameConfigJSONRequestBody = LayerUpdateInput
 
 // PostLabelsNameConfigRollbackJSONRequestBody defines body for PostLabelsNameConfigRollback for application/json ContentType.
 type PostLabelsNameConfigRollbackJSONRequestBody = RollbackBody
+
+// PostLabelsNameConfigRolloutJSONRequestBody defines body for PostLabelsNameConfigRollout for application/json ContentType.
+type PostLabelsNameConfigRolloutJSONRequestBody = ConfigRolloutBody
 
 // PostPreauthorizedJSONRequestBody defines body for PostPreauthorized for application/json ContentType.
 type PostPreauthorizedJSONRequestBody = PreauthorizedBody
@@ -2351,6 +2387,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/labels/{name}/config/rollback (the `PostLabelsNameConfigRollback` operationId).
 	PostLabelsNameConfigRollback(ctx context.Context, name string, body PostLabelsNameConfigRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostLabelsNameConfigRolloutWithBody Stage new values of a label's configuration as a rollout in waves
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+	PostLabelsNameConfigRolloutWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostLabelsNameConfigRollout Stage new values of a label's configuration as a rollout in waves
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+	PostLabelsNameConfigRollout(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetOpenapiJson Get this OpenAPI document
 	//
@@ -3982,6 +4032,40 @@ func (c *Client) PostLabelsNameConfigRollbackWithBody(ctx context.Context, name 
 // Corresponds with POST /api/v1/labels/{name}/config/rollback (the `PostLabelsNameConfigRollback` operationId).
 func (c *Client) PostLabelsNameConfigRollback(ctx context.Context, name string, body PostLabelsNameConfigRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPostLabelsNameConfigRollbackRequest(c.Server, name, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostLabelsNameConfigRolloutWithBody Stage new values of a label's configuration as a rollout in waves
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+func (c *Client) PostLabelsNameConfigRolloutWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostLabelsNameConfigRolloutRequestWithBody(c.Server, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostLabelsNameConfigRollout Stage new values of a label's configuration as a rollout in waves
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+func (c *Client) PostLabelsNameConfigRollout(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostLabelsNameConfigRolloutRequest(c.Server, name, body)
 	if err != nil {
 		return nil, err
 	}
@@ -8331,6 +8415,53 @@ func NewPostLabelsNameConfigRollbackRequestWithBody(server string, name string, 
 	return req, nil
 }
 
+// NewPostLabelsNameConfigRolloutRequest calls the generic PostLabelsNameConfigRollout builder with application/json body
+func NewPostLabelsNameConfigRolloutRequest(server string, name string, body PostLabelsNameConfigRolloutJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostLabelsNameConfigRolloutRequestWithBody(server, name, "application/json", bodyReader)
+}
+
+// NewPostLabelsNameConfigRolloutRequestWithBody constructs an http.Request for the PostLabelsNameConfigRollout method, with any body, and a specified content type
+func NewPostLabelsNameConfigRolloutRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/labels/%s/config/rollout", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetOpenapiJsonRequest constructs an http.Request for the GetOpenapiJson method
 func NewGetOpenapiJsonRequest(server string) (*http.Request, error) {
 	var err error
@@ -10675,6 +10806,20 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/labels/{name}/config/rollback (the `PostLabelsNameConfigRollback` operationId).
 	PostLabelsNameConfigRollbackWithResponse(ctx context.Context, name string, body PostLabelsNameConfigRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRollbackResponse, error)
+
+	// PostLabelsNameConfigRolloutWithBodyWithResponse Stage new values of a label's configuration as a rollout in waves
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+	PostLabelsNameConfigRolloutWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error)
+
+	// PostLabelsNameConfigRolloutWithResponse Stage new values of a label's configuration as a rollout in waves
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+	PostLabelsNameConfigRolloutWithResponse(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error)
 
 	// GetOpenapiJsonWithResponse Get this OpenAPI document
 	//
@@ -17343,6 +17488,103 @@ func (r PostLabelsNameConfigRollbackResponse) ContentType() string {
 	return ""
 }
 
+type PostLabelsNameConfigRolloutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Rollout
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON201() *Rollout {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON409() *Error {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r PostLabelsNameConfigRolloutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostLabelsNameConfigRolloutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostLabelsNameConfigRolloutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostLabelsNameConfigRolloutResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetOpenapiJsonResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -22185,6 +22427,32 @@ func (c *ClientWithResponses) PostLabelsNameConfigRollbackWithResponse(ctx conte
 		return nil, err
 	}
 	return ParsePostLabelsNameConfigRollbackResponse(rsp)
+}
+
+// PostLabelsNameConfigRolloutWithBodyWithResponse Stage new values of a label's configuration as a rollout in waves
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+func (c *ClientWithResponses) PostLabelsNameConfigRolloutWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error) {
+	rsp, err := c.PostLabelsNameConfigRolloutWithBody(ctx, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostLabelsNameConfigRolloutResponse(rsp)
+}
+
+// PostLabelsNameConfigRolloutWithResponse Stage new values of a label's configuration as a rollout in waves
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
+func (c *ClientWithResponses) PostLabelsNameConfigRolloutWithResponse(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error) {
+	rsp, err := c.PostLabelsNameConfigRollout(ctx, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostLabelsNameConfigRolloutResponse(rsp)
 }
 
 // GetOpenapiJsonWithResponse Get this OpenAPI document
@@ -28167,6 +28435,88 @@ func ParsePostLabelsNameConfigRollbackResponse(rsp *http.Response) (*PostLabelsN
 			return nil, err
 		}
 		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostLabelsNameConfigRolloutResponse parses an HTTP response from a PostLabelsNameConfigRolloutWithResponse call
+func ParsePostLabelsNameConfigRolloutResponse(rsp *http.Response) (*PostLabelsNameConfigRolloutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostLabelsNameConfigRolloutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Rollout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error

@@ -1,0 +1,214 @@
+package fleet
+
+// Configuration rollouts (docs/configuration.md#staged-changes): a label
+// layer's new values go out in waves on the rollouts' engine (rollout.go).
+// The new values are stored as the layer's newest revision at once; a
+// stage (layerstage.go) keeps the previous revision for every device the
+// rollout has not released. A wave releases its devices: their next push
+// answer carries the new effective configuration. The devices' applies
+// settle their state — pending (released), installing (sent), verified
+// (applied) or failed (the device reported an error applying it) — and
+// the failures count toward the wave's failure rate as firmware failures
+// do. Done: the stage ends and every device has the new values. Aborted:
+// the previous values are stored again as the newest revision first.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// ConfigChange is what a configuration rollout rolls out: new values of
+// one label's layer.
+type ConfigChange struct {
+	Label  string          `json:"label"`
+	Values json.RawMessage `json:"values"`
+	// FromRev is the layer's revision before (0: it had no values), kept
+	// by the devices not released; Previous and PreviousPriority are its
+	// values and priority. ToRev is the revision the rollout stored.
+	FromRev          int             `json:"from_rev"`
+	ToRev            int             `json:"to_rev,omitempty"`
+	Previous         json.RawMessage `json:"previous,omitempty"`
+	PreviousPriority int             `json:"previous_priority,omitempty"`
+}
+
+// configStager is what the rollouts need of the configuration layers
+// (layerstage.go); the Service implements it.
+type configStager interface {
+	LabelIDs(names []string) []uint16
+	// checkStaged checks values as the next revision of label's layer and
+	// returns them normalized with the layer's current revision (Rev 0:
+	// none).
+	checkStaged(label string, values json.RawMessage) (cur ConfigLayer, vals json.RawMessage, err error)
+	// writeStaged stores a revision of st's layer (values nil: a
+	// deletion) past the stage's refusal of other changes; revert: not
+	// when the layer has these values already.
+	writeStaged(ctx context.Context, st *configStage, values json.RawMessage, priority int, by, note string, revert bool) (ConfigLayer, error)
+	startStage(st *configStage)
+	releaseStage(st *configStage, ids []uint64)
+	endStage(st *configStage)
+}
+
+// parseConfig resolves a configuration rollout's filter, the label
+// implied.
+func (r *rollout) parseConfig(devs firmwareDevices) error {
+	v, err := url.ParseQuery(r.Filter)
+	if err != nil {
+		return &FieldError{Field: "filter", Message: "filter must be a query string: " + err.Error()}
+	}
+	for k := range v {
+		if !slices.Contains(FilterParams, k) {
+			return &FieldError{Field: "filter", Message: "filter: unknown parameter " + strconv.Quote(k)}
+		}
+	}
+	f, err := devs.ParseFilter(v)
+	if err != nil {
+		return err
+	}
+	id := devs.LabelIDs([]string{r.Config.Label})[0]
+	if id == 0 {
+		return &FieldError{Field: "config.label", Message: "no label " + strconv.Quote(r.Config.Label)}
+	}
+	f.Labels = append(f.Labels, id)
+	r.filter, r.parsed = f, true
+	return nil
+}
+
+// CreateConfigRollout checks spec (its Config set, FirmwareID 0) and
+// starts a configuration rollout: the label layer's new values are stored
+// and released to the devices wave by wave, the first wave with the
+// engine's next step.
+func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSpec, by string) (Rollout, error) {
+	if err := spec.Check(); err != nil {
+		return Rollout{}, err
+	}
+	if spec.Config == nil || spec.FirmwareID != 0 {
+		return Rollout{}, &FieldError{Field: "config", Message: "a configuration rollout has a config and no firmware_id"}
+	}
+	c := *spec.Config
+	cur, vals, err := fs.devs.checkStaged(c.Label, c.Values)
+	if err != nil {
+		return Rollout{}, err
+	}
+	c.Values, c.FromRev, c.ToRev, c.Previous, c.PreviousPriority = vals, cur.Rev, 0, nil, cur.Priority
+	if cur.Rev > 0 {
+		c.Previous = cur.Values
+	}
+	spec.Config = &c
+	// Held until the values are stored: no wave starts before.
+	fs.stepMu.Lock()
+	defer fs.stepMu.Unlock()
+	r := fs.newRollout(spec, RolloutConfig, by)
+	if err := fs.match(r); err != nil {
+		return Rollout{}, err
+	}
+	if err := fs.register(ctx, r, func() { fs.stageLoaded(r) }); err != nil {
+		return Rollout{}, err
+	}
+	stored, err := fs.devs.writeStaged(ctx, r.stage, vals, cur.Priority, by, "staged in rollout "+strconv.FormatUint(r.ID, 10), false)
+	fs.mu.Lock()
+	if err != nil {
+		r.State, r.Reason = RolloutAborted, "storing the values failed: "+err.Error()
+		fs.finishLocked(r)
+	} else {
+		cc := *r.Config
+		cc.ToRev = stored.Rev
+		r.Config = &cc
+	}
+	v := r.view()
+	fs.mu.Unlock()
+	if serr := fs.saveStepChange(ctx, v); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return Rollout{}, err
+	}
+	fs.log.Info("rollout created", "rollout", r.ID, "label", c.Label, "from_rev", c.FromRev, "to_rev", stored.Rev, "devices", r.Total, "by", by)
+	return v, nil
+}
+
+// stageLoaded makes the stage of configuration rollout r, unless it is
+// finished (fs.mu held or r not yet shared).
+func (fs *firmwareState) stageLoaded(r *rollout) {
+	if r.Config == nil || r.finished() || r.stage != nil {
+		return
+	}
+	st := &configStage{label: r.Config.Label, rollout: r.ID, released: map[uint64]struct{}{}}
+	if r.Config.FromRev > 0 {
+		st.prev = &ConfigLayer{Kind: LayerLabel, Name: r.Config.Label, Rev: r.Config.FromRev,
+			Priority: r.Config.PreviousPriority, Values: r.Config.Previous}
+	}
+	r.stage = st
+	fs.devs.startStage(st)
+}
+
+// release lets ds (nil: every device of r) have r's new configuration
+// (fs.mu held).
+func (fs *firmwareState) release(r *rollout, ds []RolloutDevice) {
+	if r.stage == nil {
+		return
+	}
+	var ids []uint64
+	if ds == nil {
+		for id := range r.targets {
+			ids = append(ids, id)
+		}
+	}
+	for _, d := range ds {
+		ids = append(ids, d.DeviceID)
+	}
+	fs.devs.releaseStage(r.stage, ids)
+}
+
+// revertConfig stores the previous values of configuration rollout id
+// again as its layer's newest revision, when it is not finished and they
+// are not the newest already.
+func (fs *firmwareState) revertConfig(ctx context.Context, id uint64, by string) error {
+	fs.mu.Lock()
+	r := fs.rollouts[id]
+	if r == nil || r.finished() || r.stage == nil {
+		fs.mu.Unlock()
+		return nil
+	}
+	st, c := r.stage, *r.Config
+	fs.mu.Unlock()
+	_, err := fs.devs.writeStaged(ctx, st, c.Previous, c.PreviousPriority, by,
+		fmt.Sprintf("rollout %d aborted: back to revision %d", id, c.FromRev), true)
+	return err
+}
+
+// configOnPush settles the pushing device's place in a configuration
+// rollout from its applied version and error, desired the version the
+// answer holds. It reads memory only.
+func (fs *firmwareState) configOnPush(id uint64, applied, desired int64, configErr string, now time.Time) {
+	if !fs.configTargets.Load() {
+		return
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	t := fs.byConfig[id]
+	if t == nil {
+		return
+	}
+	ts := now.UTC().Truncate(time.Millisecond)
+	behind := Behind(applied, desired)
+	switch t.State {
+	case DevicePending:
+		if !behind {
+			fs.setState(t, DeviceVerified, "", ts)
+		} else {
+			fs.setState(t, DeviceInstalling, "", ts) // this answer sends it
+		}
+	case DeviceInstalling:
+		switch {
+		case configErr != "":
+			fs.setState(t, DeviceFailed, configErr, ts)
+		case !behind:
+			fs.setState(t, DeviceVerified, "", ts)
+		}
+	}
+}
