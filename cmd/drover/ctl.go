@@ -46,7 +46,7 @@ var ctlGroups = []ctlGroup{
 	{"labels", "list, create, assign, define (live) and delete labels"},
 	{"config", "device and group (label) values over the profiles, device types' schemas, effective configuration: get, set, delete, history, diff, rollback"},
 	{"commands", "send remote commands and wait for their results; list, pause, resume, cancel"},
-	{"rollouts", "firmware rollouts: start, status, pause, resume, abort"},
+	{"rollouts", "firmware and configuration rollouts: start, status, pause, resume, abort"},
 	{"users", "users of the dashboard and the API (admin)"},
 	{"tokens", "API tokens of users (admin)"},
 	{"apply", "make the fleet's configuration what YAML files describe; --dry-run shows the changes"},
@@ -308,7 +308,7 @@ var ctlCommands = []ctlCommand{
 	{group: "commands", name: "resume", args: "ID", min: 1, max: 1, summary: "resume a paused command", flags: changeCommand("resume")},
 	{group: "commands", name: "cancel", args: "ID", min: 1, max: 1, summary: "cancel a command's undelivered copies (exit 5 if it already ended)", flags: changeCommand("cancel")},
 
-	{group: "rollouts", name: "list", summary: "list the firmware rollouts", flags: func(*flag.FlagSet, command.Env) ctlRun {
+	{group: "rollouts", name: "list", summary: "list the rollouts, firmware and configuration", flags: func(*flag.FlagSet, command.Env) ctlRun {
 		return func(ctx context.Context, c *ctl.Client, _ []string) error { return c.Rollouts(ctx) }
 	}},
 	{group: "rollouts", name: "start", summary: "start a firmware rollout to the devices a filter selects", flags: func(fs *flag.FlagSet, _ command.Env) ctlRun {
@@ -324,6 +324,27 @@ var ctlCommands = []ctlCommand{
 			if s.FirmwareID == "" {
 				return command.Usagef("--firmware-id is required")
 			}
+			return c.StartRollout(ctx, s)
+		}
+	}},
+	{group: "rollouts", name: "start-config", summary: "stage a label's new configuration values as a rollout in waves", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
+		var s ctl.RolloutSpec
+		fs.StringVar(&s.Label, "label", "", "the label whose values change (required)")
+		file := fs.String("values-file", "", "JSON file holding the label's whole new values (-: stdin; required)")
+		filterFlags(fs, &s.Filter)
+		fs.Var((*listFlag)(&s.Waves), "waves", "wave sizes, counts or percentages, e.g. 1,10%,50% (the last repeats; default the server's)")
+		fs.Float64Var(&s.MaxFailurePct, "max-failure-pct", 0, "pause when more than this share (%) of a wave failed to apply (0: the server's default)")
+		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
+		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
+		return func(ctx context.Context, c *ctl.Client, _ []string) error {
+			if s.Label == "" || *file == "" {
+				return command.Usagef("--label and --values-file are required")
+			}
+			b, err := readInput(env, *file, "values")
+			if err != nil {
+				return err
+			}
+			s.Values = b
 			return c.StartRollout(ctx, s)
 		}
 	}},

@@ -490,10 +490,13 @@ func (c *Client) ChangeCommand(ctx context.Context, id, op string) error {
 	return c.object(raw)
 }
 
-// RolloutSpec is a new firmware rollout (docs/firmware.md); zero values
-// take the server's defaults.
+// RolloutSpec is a new firmware rollout (docs/firmware.md), or with
+// Label a configuration rollout of the label's new Values
+// (docs/configuration.md); zero values take the server's defaults.
 type RolloutSpec struct {
 	FirmwareID    string
+	Label         string
+	Values        []byte // a JSON object
 	Filter        Filter
 	Waves         []string
 	MaxFailurePct float64
@@ -502,11 +505,19 @@ type RolloutSpec struct {
 	StallTimeout  int
 }
 
-var rolloutCols = cols("ID=id", "FIRMWARE=firmware_id", "STATE=state", "WAVE=wave", "TOTAL=total", "COUNTS=counts", "REASON=reason", "UPDATED=updated_at")
+var rolloutCols = cols("ID=id", "KIND=kind", "FIRMWARE=firmware_id", "STATE=state", "WAVE=wave", "TOTAL=total", "COUNTS=counts", "REASON=reason", "UPDATED=updated_at")
 
 // StartRollout creates a rollout and shows it.
 func (c *Client) StartRollout(ctx context.Context, s RolloutSpec) error {
 	body := map[string]any{"firmware_id": s.FirmwareID}
+	path := "/api/v1/rollouts"
+	if s.Label != "" {
+		if s.MaxDownloads != 0 {
+			return UsageError{fmt.Errorf("a configuration rollout has no downloads to limit")}
+		}
+		body = map[string]any{"values": json.RawMessage(s.Values)}
+		path = "/api/v1/labels/" + url.PathEscape(s.Label) + "/config/rollout"
+	}
 	if f := s.Filter.Values().Encode(); f != "" {
 		body["filter"] = f
 	}
@@ -529,7 +540,7 @@ func (c *Client) StartRollout(ctx context.Context, s RolloutSpec) error {
 		}
 		body["window"] = map[string]string{"start": start, "end": end}
 	}
-	raw, err := c.do(ctx, "POST", "/api/v1/rollouts", nil, body)
+	raw, err := c.do(ctx, "POST", path, nil, body)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,116 @@
+package server_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/drover/drover/internal/server/servertest"
+)
+
+// A label's new values staged as a rollout through the API: refused
+// requests change nothing, the canary's push answer carries the new
+// values and the other device's does not, the layer refuses other
+// changes meanwhile, the canary's failed apply pauses the rollout, abort
+// gives the previous values back; every change has its audit row.
+func TestConfigRolloutAPI(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	var tokens []string
+	for i, m := range []string{"m-1", "m-2"} {
+		_, tok := c.register(m)
+		tokens = append(tokens, tok)
+		c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, i+1, 0))
+	}
+	view, op := userToken(c, "vera", "viewer"), userToken(c, "otto", "operator")
+	if st, _, out := c.do("POST", "/api/v1/labels/assign", op, `{"label":"g","filter":{}}`); st != 200 {
+		t.Fatalf("assign: %d %v", st, out)
+	}
+	if st, _, out := c.do("PUT", "/api/v1/labels/g/config", op, `{"values":{"x":1}}`); st != 200 {
+		t.Fatalf("values: %d %v", st, out)
+	}
+	path := "/api/v1/labels/g/config/rollout"
+	for _, tc := range []struct {
+		path, token, body string
+		want              int
+	}{
+		{path, view, `{"values":{"x":2}}`, 403},
+		{path, op, `{"waves":["1"]}`, 400},
+		{path, op, `{"values":[2]}`, 400},
+		{path, op, `{"values":{"x":2},"firmware_id":"1"}`, 400},
+		{path, op, `{"values":{"x":2},"waves":["0"]}`, 400},
+		{"/api/v1/labels/nobody/config/rollout", op, `{"values":{"x":2}}`, 404},
+		{path, op, `{"values":{"x":2},"filter":"q=nobody"}`, 409},
+	} {
+		if st, _, out := c.do("POST", tc.path, tc.token, tc.body); st != tc.want {
+			t.Fatalf("%s %s: %d %v, want %d", tc.path, tc.body, st, out, tc.want)
+		}
+	}
+	if _, _, out := c.do("GET", "/api/v1/rollouts", view, nil); len(out["rollouts"].([]any)) != 0 {
+		t.Fatalf("a refused rollout was kept: %v", out)
+	}
+	st, _, ro := c.do("POST", path, op, `{"values":{"x":2},"waves":["1","100%"],"max_failure_pct":10}`)
+	if cfg, _ := ro["config"].(map[string]any); st != 201 || ro["kind"] != "config" || ro["total"] != 2.0 || cfg["from_rev"] != 1.0 || cfg["to_rev"] != 2.0 {
+		t.Fatalf("create: %d %v", st, ro)
+	}
+	if st, _, out := c.do("PUT", "/api/v1/labels/g/config", op, `{"values":{"x":3}}`); st != 409 {
+		t.Fatalf("values changed while staged: %d %v", st, out)
+	}
+	if err := s.Srv.Fleet().RolloutStep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, _, page := c.do("GET", "/api/v1/rollouts/1/devices", view, nil)
+	ds := page["devices"].([]any)
+	canary := ds[0].(map[string]any)["device_id"].(string)
+	x := func(ans map[string]any) string {
+		conf, _ := ans["config"].(map[string]any)
+		b, _ := json.Marshal(conf["data"])
+		return string(b)
+	}
+	var canaryVersion float64
+	for i, tok := range tokens {
+		_, _, ans := c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, 10, 0))
+		want := `{"x":1}`
+		if fmt.Sprint(i+1) == canary {
+			want = `{"x":2}`
+			canaryVersion = ans["config"].(map[string]any)["version"].(float64)
+		}
+		if x(ans) != want {
+			t.Fatalf("device %d in wave 1: %v, want %s", i+1, ans, want)
+		}
+	}
+	// The canary fails to apply: paused at the next step.
+	for i, tok := range tokens {
+		if fmt.Sprint(i+1) == canary {
+			c.do("POST", "/api/v1/push", tok, fmt.Sprintf(`{"seq":11,"config_version":0,"config_error":"x must be odd","state":{"firmware":"6.3.5"}}`))
+		}
+	}
+	if err := s.Srv.Fleet().RolloutStep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	st, _, ro = c.do("GET", "/api/v1/rollouts/1", view, nil)
+	if counts, _ := ro["counts"].(map[string]any); st != 200 || ro["state"] != "paused" || counts["failed"] != 1.0 || ro["wave"] != 1.0 {
+		t.Fatalf("after the failed apply: %d %v", st, ro)
+	}
+	if st, _, out := c.do("POST", "/api/v1/rollouts/1/abort", op, nil); st != 200 || out["state"] != "aborted" {
+		t.Fatalf("abort: %d %v", st, out)
+	}
+	for i, tok := range tokens {
+		_, _, ans := c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, 20, int64(canaryVersion)))
+		if got := x(ans); got != `{"x":1}` {
+			t.Fatalf("device %d after abort: %v", i+1, ans)
+		}
+	}
+	st, _, out := c.do("GET", "/api/v1/labels/g/config", view, nil)
+	if st != 200 || out["rev"] != 3.0 || out["note"] != "rollout 1 aborted: back to revision 1" {
+		t.Fatalf("layer after abort: %d %v", st, out)
+	}
+	st, _, audit := c.do("GET", "/api/v1/audit?actor=otto", s.AdminToken, nil)
+	actions := map[string]bool{}
+	for _, e := range audit["entries"].([]any) {
+		actions[e.(map[string]any)["action"].(string)] = true
+	}
+	if st != 200 || !actions["POST /api/v1/labels/{name}/config/rollout"] || !actions["POST /api/v1/rollouts/{id}/abort"] {
+		t.Fatalf("audit: %d %v", st, audit)
+	}
+}
