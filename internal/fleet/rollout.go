@@ -155,9 +155,6 @@ func (r *Rollout) UnmarshalJSON(b []byte) error {
 	var err1, err2 error
 	r.ID, err1 = parseIDNumber(v.ID)
 	r.FirmwareID, err2 = parseIDNumber(v.FirmwareID)
-	if r.Kind == "" {
-		r.Kind = RolloutFirmware // stored before configuration rollouts
-	}
 	return errors.Join(err1, err2)
 }
 
@@ -401,6 +398,9 @@ func (r *rollout) view() Rollout {
 		}
 	}
 	out.Waves = slices.Clone(out.Waves)
+	if out.Kind == "" {
+		out.Kind = RolloutFirmware // stored before configuration rollouts
+	}
 	return out
 }
 
@@ -567,6 +567,7 @@ func (fs *firmwareState) finishLocked(r *rollout) {
 	fs.placed(r)
 	if r.stage != nil {
 		fs.devs.endStage(r.stage)
+		r.stage = nil
 	}
 }
 
