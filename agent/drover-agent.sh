@@ -1103,8 +1103,10 @@ register() {
 # failed recently. Returns 0 when the hook ran.
 apply_config() {
 	_ver=$1
-	if [ "$_ver" -le "$CONFIG_VERSION" ]; then
-		log warn "server sent configuration version $_ver, not newer than the applied $CONFIG_VERSION"
+	# Compared for equality (docs/protocol.md): a layered configuration's
+	# next version may be a lower number.
+	if [ "$_ver" = "$CONFIG_VERSION" ]; then
+		log warn "server sent configuration version $_ver, already applied"
 		return 1
 	fi
 	if [ "$_ver" = "$FAILED_VERSION" ]; then

@@ -327,19 +327,19 @@ var ctlCommands = []ctlCommand{
 			return c.StartRollout(ctx, s)
 		}
 	}},
-	{group: "rollouts", name: "start-config", summary: "stage a label's new configuration values as a rollout in waves", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
+	{group: "rollouts", name: "start-config", args: "LABEL", min: 1, max: 1, summary: "stage a label's new configuration values as a rollout in waves", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
 		var s ctl.RolloutSpec
-		fs.StringVar(&s.Label, "label", "", "the label whose values change (required)")
 		file := fs.String("values-file", "", "JSON file holding the label's whole new values (-: stdin; required)")
 		filterFlags(fs, &s.Filter)
 		fs.Var((*listFlag)(&s.Waves), "waves", "wave sizes, counts or percentages, e.g. 1,10%,50% (the last repeats; default the server's)")
 		fs.Float64Var(&s.MaxFailurePct, "max-failure-pct", 0, "pause when more than this share (%) of a wave failed to apply (0: the server's default)")
 		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
 		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
-		return func(ctx context.Context, c *ctl.Client, _ []string) error {
-			if s.Label == "" || *file == "" {
-				return command.Usagef("--label and --values-file are required")
+		return func(ctx context.Context, c *ctl.Client, a []string) error {
+			if *file == "" {
+				return command.Usagef("--values-file is required")
 			}
+			s.Label = a[0]
 			b, err := readInput(env, *file, "values")
 			if err != nil {
 				return err

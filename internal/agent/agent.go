@@ -592,8 +592,10 @@ func (a *Agent) env() []string {
 // apply runs the hook for a configuration unless this version failed
 // recently. It returns whether the hook ran.
 func (a *Agent) apply(ctx context.Context, c *protocol.Config) bool {
-	if c.Version <= a.st.ConfigVersion {
-		a.log.Warn("server sent a configuration version that is not newer than the applied one",
+	// Versions are compared for equality (docs/protocol.md): a layered
+	// configuration's next version may be a lower number.
+	if c.Version == a.st.ConfigVersion {
+		a.log.Warn("server sent the configuration version already applied",
 			"version", c.Version, "applied_version", a.st.ConfigVersion)
 		return false
 	}
