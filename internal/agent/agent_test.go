@@ -20,6 +20,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -255,6 +256,34 @@ func TestAgentAppliesConfigurationAndReportsAtOnce(t *testing.T) {
 	}
 	if st := readState(t, cfg.StateDir); st.ConfigVersion != 3 || st.ConfigError != "" {
 		t.Fatalf("state: %+v", st)
+	}
+}
+
+// A configuration whose version is a lower number than the applied one
+// is applied: versions are compared for equality (a layered
+// configuration's next version may be lower).
+func TestAgentAppliesLowerVersion(t *testing.T) {
+	f := newFakeServer(t)
+	f.onPush = func(n int, p protocol.PushRequest) *answer {
+		resp := protocol.PushResponse{PushInterval: 60}
+		switch {
+		case p.ConfigVersion == 0:
+			resp.Config = &protocol.Config{Version: 9, Data: json.RawMessage(`{"a":9}`)}
+		case p.ConfigVersion == 9:
+			resp.Config = &protocol.Config{Version: 5, Data: json.RawMessage(`{"a":5}`)}
+		}
+		return &answer{status: 200, body: resp}
+	}
+	cfg := testConfig(t, f)
+	cfg.Hook = "true"
+	runRecorded(t, cfg, 2)
+	_, pushes := f.snapshot()
+	var versions []int64
+	for _, p := range pushes {
+		versions = append(versions, p.req.ConfigVersion)
+	}
+	if st := readState(t, cfg.StateDir); st.ConfigVersion != 5 || !slices.Contains(versions, 5) {
+		t.Fatalf("state %+v, reported versions %v: version 5 not applied after 9", st, versions)
 	}
 }
 
