@@ -16,8 +16,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
-	"slices"
 	"strconv"
 	"time"
 )
@@ -53,22 +51,9 @@ type configStager interface {
 	endStage(st *configStage)
 }
 
-// parseConfig resolves a configuration rollout's filter, the label
-// implied.
-func (r *rollout) parseConfig(devs firmwareDevices) error {
-	v, err := url.ParseQuery(r.Filter)
-	if err != nil {
-		return &FieldError{Field: "filter", Message: "filter must be a query string: " + err.Error()}
-	}
-	for k := range v {
-		if !slices.Contains(FilterParams, k) {
-			return &FieldError{Field: "filter", Message: "filter: unknown parameter " + strconv.Quote(k)}
-		}
-	}
-	f, err := devs.ParseFilter(v)
-	if err != nil {
-		return err
-	}
+// configFilter completes a configuration rollout's filter f: the label
+// is implied.
+func (r *rollout) configFilter(f Filter, devs firmwareDevices) error {
 	id := devs.LabelIDs([]string{r.Config.Label})[0]
 	if id == 0 {
 		return &FieldError{Field: "config.label", Message: "no label " + strconv.Quote(r.Config.Label)}

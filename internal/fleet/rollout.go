@@ -219,9 +219,6 @@ func (r *rollout) add(t *target) {
 
 // parse resolves the filter.
 func (r *rollout) parse(devs firmwareDevices) error {
-	if r.Config != nil {
-		return r.parseConfig(devs)
-	}
 	v, err := url.ParseQuery(r.Filter)
 	if err != nil {
 		return &FieldError{Field: "filter", Message: "filter must be a query string: " + err.Error()}
@@ -234,6 +231,9 @@ func (r *rollout) parse(devs firmwareDevices) error {
 	f, err := devs.ParseFilter(v)
 	if err != nil {
 		return err
+	}
+	if r.Config != nil {
+		return r.configFilter(f, devs)
 	}
 	if f.DeviceType != "" && f.DeviceType != r.fw.DeviceType {
 		return &FieldError{Field: "filter", Message: "filter names another device type than the firmware's"}
