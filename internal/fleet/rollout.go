@@ -2,9 +2,10 @@ package fleet
 
 // Rollouts (docs/firmware.md): a firmware offered to the devices a filter
 // selects, in waves; or a label layer's new values released to them
-// (configuration rollouts, configrollout.go). The engine (RolloutStep, run by RunRollouts) starts
-// waves, pauses a rollout whose wave fails too often, fails stalled devices
-// and writes state changes to the store; pushes only touch memory.
+// (configuration rollouts, configrollout.go). The engine (RolloutStep, run
+// by RunRollouts) starts waves, pauses a rollout whose wave fails too
+// often, fails stalled devices and writes state changes to the store;
+// pushes only touch memory.
 
 import (
 	"context"
