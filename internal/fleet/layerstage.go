@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // configStage is one staged label layer. Its lock is a leaf, taken with a
@@ -20,7 +21,7 @@ type configStage struct {
 	label   string
 	rollout uint64
 	prev    *ConfigLayer // the revision devices not released keep; nil: none
-	writing bool         // the rollout stores a revision (layers' write lock held)
+	writing atomic.Bool  // the rollout stores a revision (layers' write lock held)
 
 	mu       sync.Mutex
 	released map[uint64]struct{}
@@ -55,7 +56,7 @@ func (l *layerState) refuseStaged(next ConfigLayer) error {
 	l.mu.RLock()
 	st := l.staged[next.Name]
 	l.mu.RUnlock()
-	if st == nil || st.writing {
+	if st == nil || st.writing.Load() {
 		return nil
 	}
 	return fmt.Errorf("%w: rollout %d stages the values of label %s; abort it or let it finish first", ErrRolloutState, st.rollout, next.Name)
@@ -98,8 +99,8 @@ func (l *layerState) writeStaged(ctx context.Context, st *configStage, values js
 	case revert && err == nil && SameConfig(cur.Values, values) && cur.Priority == priority:
 		return cur, nil // back already
 	}
-	st.writing = true
-	defer func() { st.writing = false }()
+	st.writing.Store(true)
+	defer st.writing.Store(false)
 	return l.storeLayer(ctx, next)
 }
 
