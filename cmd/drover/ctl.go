@@ -348,6 +348,27 @@ var ctlCommands = []ctlCommand{
 			return c.StartRollout(ctx, s)
 		}
 	}},
+	{group: "rollouts", name: "start-profile", args: "ID", min: 1, max: 1, summary: "stage a profile's new configuration as a rollout in waves", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
+		var s ctl.RolloutSpec
+		file := fs.String("config-file", "", "JSON file holding the profile's whole new configuration (-: stdin; required)")
+		filterFlags(fs, &s.Filter)
+		fs.Var((*listFlag)(&s.Waves), "waves", "wave sizes, counts or percentages, e.g. 1,10%,50% (the last repeats; default the server's)")
+		fs.Float64Var(&s.MaxFailurePct, "max-failure-pct", 0, "pause when more than this share (%) of a wave failed to apply (0: the server's default)")
+		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
+		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
+		return func(ctx context.Context, c *ctl.Client, a []string) error {
+			if *file == "" {
+				return command.Usagef("--config-file is required")
+			}
+			s.ProfileID = a[0]
+			b, err := readInput(env, *file, "configuration")
+			if err != nil {
+				return err
+			}
+			s.Values = b
+			return c.StartRollout(ctx, s)
+		}
+	}},
 	{group: "rollouts", name: "status", args: "ID", min: 1, max: 1, summary: "show a rollout: state, wave, devices by state", flags: id1((*ctl.Client).Rollout)},
 	{group: "rollouts", name: "pause", args: "ID", min: 1, max: 1, summary: "pause a rollout", flags: controlRollout("pause")},
 	{group: "rollouts", name: "resume", args: "ID", min: 1, max: 1, summary: "resume a paused rollout", flags: controlRollout("resume")},

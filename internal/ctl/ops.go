@@ -491,11 +491,13 @@ func (c *Client) ChangeCommand(ctx context.Context, id, op string) error {
 }
 
 // RolloutSpec is a new firmware rollout (docs/firmware.md), or with
-// Label a configuration rollout of the label's new Values
-// (docs/configuration.md); zero values take the server's defaults.
+// Label (ProfileID) a configuration rollout of the label's new values
+// (the profile's new configuration), Values (docs/configuration.md);
+// zero values take the server's defaults.
 type RolloutSpec struct {
 	FirmwareID    string
 	Label         string
+	ProfileID     string
 	Values        []byte // a JSON object
 	Filter        Filter
 	Waves         []string
@@ -517,6 +519,13 @@ func (c *Client) StartRollout(ctx context.Context, s RolloutSpec) error {
 		}
 		body = map[string]any{"values": json.RawMessage(s.Values)}
 		path = "/api/v1/labels/" + url.PathEscape(s.Label) + "/config/rollout"
+	}
+	if s.ProfileID != "" {
+		if s.MaxDownloads != 0 {
+			return UsageError{fmt.Errorf("a configuration rollout has no downloads to limit")}
+		}
+		body = map[string]any{"config": json.RawMessage(s.Values)}
+		path = "/api/v1/profiles/" + url.PathEscape(s.ProfileID) + "/rollout"
 	}
 	if f := s.Filter.Values().Encode(); f != "" {
 		body["filter"] = f

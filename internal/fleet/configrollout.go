@@ -1,10 +1,11 @@
 package fleet
 
 // Configuration rollouts (docs/configuration.md#staged-changes): a label
-// layer's new values go out in waves on the rollouts' engine (rollout.go).
-// The new values are stored as the layer's newest revision at once; a
-// stage (layerstage.go) keeps the previous revision for every device the
-// rollout has not released. A wave releases its devices: their next push
+// layer's new values, or a profile's new configuration, go out in waves on
+// the rollouts' engine (rollout.go). The new values are stored as the
+// layer's newest revision (the profile's configuration) at once; a stage
+// (layerstage.go) keeps the previous one for every device the rollout has
+// not released. A wave releases its devices: their next push
 // answer carries the new effective configuration. The devices' applies
 // settle their state — pending (released), installing (sent), verified
 // (applied) or failed (the device reported an error applying it) — and
@@ -21,10 +22,11 @@ import (
 )
 
 // ConfigChange is what a configuration rollout rolls out: new values of
-// one label's layer.
+// one label's layer, or (ProfileID set) a profile's new configuration.
 type ConfigChange struct {
-	Label  string          `json:"label"`
-	Values json.RawMessage `json:"values"`
+	Label     string          `json:"label,omitempty"`
+	ProfileID uint64          `json:"profile_id,omitempty,string"`
+	Values    json.RawMessage `json:"values"`
 	// FromRev is the layer's revision before (0: it had no values), kept
 	// by the devices not released; Previous and PreviousPriority are its
 	// values and priority. ToRev is the revision the rollout stored.
@@ -32,6 +34,10 @@ type ConfigChange struct {
 	ToRev            int             `json:"to_rev,omitempty"`
 	Previous         json.RawMessage `json:"previous,omitempty"`
 	PreviousPriority int             `json:"previous_priority,omitempty"`
+	// PreviousVersion and ToVersion are a profile's configuration
+	// versions before and after.
+	PreviousVersion int64 `json:"previous_version,omitempty"`
+	ToVersion       int64 `json:"to_version,omitempty"`
 }
 
 // configStager is what the rollouts need of the configuration layers
@@ -49,11 +55,24 @@ type configStager interface {
 	startStage(st *configStage)
 	releaseStage(st *configStage, ids []uint64)
 	endStage(st *configStage)
+	// The same for a profile's configuration (the profiles room);
+	// profileStage starts (on) or ends a profile's stage.
+	checkStagedProfile(id uint64, config json.RawMessage) (cur Profile, cfg json.RawMessage, err error)
+	writeStagedProfile(ctx context.Context, st *configStage, config json.RawMessage, by, note string, revert bool) (Profile, error)
+	profileStage(st *configStage, on bool)
 }
 
 // configFilter completes a configuration rollout's filter f: the label
 // is implied.
 func (r *rollout) configFilter(f Filter, devs firmwareDevices) error {
+	if p := r.Config.ProfileID; p != 0 {
+		if f.ProfileID != 0 && f.ProfileID != p {
+			return &FieldError{Field: "filter", Message: "filter names another profile than the rollout's"}
+		}
+		f.ProfileID = p
+		r.filter, r.parsed = f, true
+		return nil
+	}
 	id := devs.LabelIDs([]string{r.Config.Label})[0]
 	if id == 0 {
 		return &FieldError{Field: "config.label", Message: "no label " + strconv.Quote(r.Config.Label)}
@@ -75,13 +94,23 @@ func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSp
 		return Rollout{}, &FieldError{Field: "config", Message: "a configuration rollout has a config and no firmware_id"}
 	}
 	c := *spec.Config
-	cur, vals, err := fs.devs.checkStaged(c.Label, c.Values)
-	if err != nil {
-		return Rollout{}, err
-	}
-	c.Values, c.FromRev, c.ToRev, c.Previous, c.PreviousPriority = vals, cur.Rev, 0, nil, cur.Priority
-	if cur.Rev > 0 {
-		c.Previous = cur.Values
+	c.FromRev, c.ToRev, c.Previous, c.PreviousPriority, c.PreviousVersion, c.ToVersion = 0, 0, nil, 0, 0, 0
+	if c.ProfileID != 0 {
+		c.Label = ""
+		cur, cfg, err := fs.devs.checkStagedProfile(c.ProfileID, c.Values)
+		if err != nil {
+			return Rollout{}, err
+		}
+		c.Values, c.Previous, c.PreviousVersion = cfg, cur.Config, cur.Version
+	} else {
+		cur, vals, err := fs.devs.checkStaged(c.Label, c.Values)
+		if err != nil {
+			return Rollout{}, err
+		}
+		c.Values, c.FromRev, c.PreviousPriority = vals, cur.Rev, cur.Priority
+		if cur.Rev > 0 {
+			c.Previous = cur.Values
+		}
 	}
 	spec.Config = &c
 	// Held until the values are stored: no wave starts before.
@@ -94,14 +123,23 @@ func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSp
 	if err := fs.register(ctx, r, func() { fs.stageLoaded(r) }); err != nil {
 		return Rollout{}, err
 	}
-	stored, err := fs.devs.writeStaged(ctx, r.stage, vals, cur.Priority, by, "staged in rollout "+strconv.FormatUint(r.ID, 10), false)
+	note := "staged in rollout " + strconv.FormatUint(r.ID, 10)
+	cc := *r.Config
+	var err error
+	if c.ProfileID != 0 {
+		var p Profile
+		p, err = fs.devs.writeStagedProfile(ctx, r.stage, c.Values, by, note, false)
+		cc.ToVersion = p.Version
+	} else {
+		var l ConfigLayer
+		l, err = fs.devs.writeStaged(ctx, r.stage, c.Values, c.PreviousPriority, by, note, false)
+		cc.ToRev = l.Rev
+	}
 	fs.mu.Lock()
 	if err != nil {
 		r.State, r.Reason = RolloutAborted, "storing the values failed: "+err.Error()
 		fs.finishLocked(r)
 	} else {
-		cc := *r.Config
-		cc.ToRev = stored.Rev
 		r.Config = &cc
 	}
 	v := r.view()
@@ -112,7 +150,7 @@ func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSp
 	if err != nil {
 		return Rollout{}, err
 	}
-	fs.log.Info("rollout created", "rollout", r.ID, "label", c.Label, "from_rev", c.FromRev, "to_rev", stored.Rev, "devices", r.Total, "by", by)
+	fs.log.Info("rollout created", "rollout", r.ID, "label", c.Label, "profile_id", c.ProfileID, "devices", r.Total, "by", by)
 	return v, nil
 }
 
@@ -122,7 +160,14 @@ func (fs *firmwareState) stageLoaded(r *rollout) {
 	if r.Config == nil || r.finished() || r.stage != nil {
 		return
 	}
-	st := &configStage{label: r.Config.Label, rollout: r.ID, released: map[uint64]struct{}{}}
+	c := r.Config
+	st := &configStage{label: c.Label, profile: c.ProfileID, rollout: r.ID, released: map[uint64]struct{}{}}
+	if c.ProfileID != 0 {
+		st.prevProfile = &Profile{ID: c.ProfileID, Version: c.PreviousVersion, Config: c.Previous}
+		r.stage = st
+		fs.devs.profileStage(st, true)
+		return
+	}
 	if r.Config.FromRev > 0 {
 		st.prev = &ConfigLayer{Kind: LayerLabel, Name: r.Config.Label, Rev: r.Config.FromRev,
 			Priority: r.Config.PreviousPriority, Values: r.Config.Previous}
@@ -161,6 +206,10 @@ func (fs *firmwareState) revertConfig(ctx context.Context, id uint64, by string)
 	}
 	st, c := r.stage, *r.Config
 	fs.mu.Unlock()
+	if c.ProfileID != 0 {
+		_, err := fs.devs.writeStagedProfile(ctx, st, c.Previous, by, fmt.Sprintf("rollout %d aborted: back to version %d", id, c.PreviousVersion), true)
+		return err
+	}
 	_, err := fs.devs.writeStaged(ctx, st, c.Previous, c.PreviousPriority, by,
 		fmt.Sprintf("rollout %d aborted: back to revision %d", id, c.FromRev), true)
 	return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -232,5 +233,95 @@ func TestConfigRolloutRefused(t *testing.T) {
 	}
 	if l, _ := s.ConfigLayer(LayerLabel, "g"); l.Rev != 1 {
 		t.Fatalf("layer changed: %+v", l)
+	}
+}
+
+// effectiveOf is device i's effective configuration.
+func (f *configFleet) effectiveOf(i int) EffectiveConfig {
+	f.t.Helper()
+	e, err := f.s.EffectiveConfig(uint64(i + 1))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return e
+}
+
+// A profile's new configuration in two waves: the devices not released
+// keep the profile's previous version (nothing is sent to them); other
+// changes of the profile's configuration wait; abort gives the previous
+// configuration back.
+func TestConfigRolloutProfile(t *testing.T) {
+	ctx := context.Background()
+	f := newConfigFleet(t)
+	s := f.s
+	before := slices.Clone(f.applied)
+	spec := configSpec("1", "100%")
+	spec.Config = &ConfigChange{ProfileID: 1, Values: json.RawMessage(`{"y":2}`)}
+	ro, err := s.CreateConfigRollout(ctx, spec, "alice")
+	if err != nil || ro.Config.ProfileID != 1 || ro.Config.ToVersion == 0 || ro.Config.ToVersion == ro.Config.PreviousVersion {
+		t.Fatalf("create: %+v %v", ro, err)
+	}
+	if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{Config: json.RawMessage(`{"z":1}`)}); !errors.Is(err, ErrRolloutState) {
+		t.Fatalf("profile changed while staged: %v", err)
+	}
+	iv := 120
+	if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{PushInterval: &iv}); err != nil {
+		t.Fatalf("push interval while staged: %v", err)
+	}
+	for i := range 4 {
+		f.push(i, "")
+		if f.applied[i] != before[i] {
+			t.Fatalf("device %d sent a configuration before the first wave", i+1)
+		}
+	}
+	f.step()
+	ds, _ := s.RolloutDevices(ctx, ro.ID, "", 0, 10)
+	canary := int(ds[0].DeviceID - 1)
+	for i := range 4 {
+		f.push(i, "")
+		got := string(f.effectiveOf(i).Config)
+		if i == canary {
+			if got != `{"x":1,"y":2}` || f.applied[i] == before[i] {
+				t.Fatalf("canary: %s", got)
+			}
+		} else if got != `{"x":1}` || f.applied[i] != before[i] {
+			t.Fatalf("device %d in wave 1: %s", i+1, got)
+		}
+	}
+	f.push(canary, "")
+	if ro = f.step(); ro.Wave != 2 {
+		t.Fatalf("wave 2: %+v", ro)
+	}
+	for i := range 4 {
+		f.push(i, "")
+		f.push(i, "")
+		if got := string(f.effectiveOf(i).Config); got != `{"x":1,"y":2}` {
+			t.Fatalf("device %d in wave 2: %s", i+1, got)
+		}
+	}
+	if ro = f.step(); ro.State != RolloutDone || ro.Counts[DeviceVerified] != 4 {
+		t.Fatalf("not done: %+v", ro)
+	}
+	// A second one, aborted after the canary took it.
+	spec.Config = &ConfigChange{ProfileID: 1, Values: json.RawMessage(`{"y":3}`)}
+	if ro, err = s.CreateConfigRollout(ctx, spec, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	f.step()
+	ds, _ = s.RolloutDevices(ctx, ro.ID, "", 0, 10)
+	canary = int(ds[0].DeviceID - 1)
+	if f.push(canary, ""); string(f.effectiveOf(canary).Config) != `{"x":1,"y":3}` {
+		t.Fatalf("canary of the second: %s", f.effectiveOf(canary).Config)
+	}
+	if _, err := s.ControlRollout(ctx, ro.ID, ActionAbort, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if f.push(i, ""); string(f.effectiveOf(i).Config) != `{"x":1,"y":2}` {
+			t.Fatalf("device %d after abort: %s", i+1, f.effectiveOf(i).Config)
+		}
+	}
+	if _, err := s.UpdateProfile(ctx, 1, ProfileUpdate{Config: json.RawMessage(`{"z":1}`)}); err != nil {
+		t.Fatalf("profile change after the rollout: %v", err)
 	}
 }

@@ -632,7 +632,7 @@ func (l *layerState) EffectiveConfig(id uint64) (EffectiveConfig, error) {
 	if d.profile == nil {
 		return EffectiveConfig{}, ErrNotFound
 	}
-	p := d.profile.get()
+	p := d.profile.pinnedFor(d.id) // layerstage.go
 	in := l.inputs(d, names)
 	l.cacheMu.Lock()
 	prev := l.cache[d.id]
@@ -701,7 +701,7 @@ func (d *device) effective() (int64, json.RawMessage) { return d.effectiveAt(nil
 // pushed: ${state.…} variables take their values from it.
 func (d *device) effectiveAt(pushed []byte) (int64, json.RawMessage) {
 	pe := d.profile
-	p := pe.get()
+	p := pe.pinnedFor(d.id) // layerstage.go
 	l := pe.layers
 	if l == nil {
 		return p.Version, p.Config

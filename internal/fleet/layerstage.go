@@ -15,13 +15,18 @@ import (
 	"sync/atomic"
 )
 
-// configStage is one staged label layer. Its lock is a leaf, taken with a
-// device's lock and the layers' read lock held.
+// configStage is one staged label layer or profile configuration. Its
+// lock is a leaf, taken with a device's lock and the layers' read lock
+// held.
 type configStage struct {
 	label   string
+	profile uint64 // a profile's stage: prevProfile, not prev
 	rollout uint64
 	prev    *ConfigLayer // the revision devices not released keep; nil: none
-	writing atomic.Bool  // the rollout stores a revision (layers' write lock held)
+	// prevProfile is the profile's version and configuration devices not
+	// released keep.
+	prevProfile *Profile
+	writing     atomic.Bool // the rollout stores a revision (layers' write lock held)
 
 	mu       sync.Mutex
 	released map[uint64]struct{}
@@ -144,4 +149,78 @@ func (l *layerState) endStage(st *configStage) {
 	l.mu.Unlock()
 	l.changed()
 	l.tellLayerChange(nil, []string{st.label})
+}
+
+// pinnedFor is the profile device dev merges its layers over (d.mu held):
+// e's, or the one a stage keeps for a device not released.
+func (e *profileEntry) pinnedFor(dev uint64) *Profile {
+	if st := e.stage.Load(); st != nil && !st.isReleased(dev) {
+		return st.prevProfile
+	}
+	return e.get()
+}
+
+// refuseStaged refuses a change of a staged profile's configuration but
+// the rollout's own.
+func (e *profileEntry) refuseStaged(id uint64) error {
+	if st := e.stage.Load(); st != nil && !st.writing.Load() {
+		return fmt.Errorf("%w: rollout %d stages the configuration of profile %d; abort it or let it finish first", ErrRolloutState, st.rollout, id)
+	}
+	return nil
+}
+
+// checkStagedProfile implements configStager.
+func (ps *profiles) checkStagedProfile(id uint64, config json.RawMessage) (Profile, json.RawMessage, error) {
+	u := ProfileUpdate{Config: config}
+	if err := u.Normalize(); err != nil {
+		return Profile{}, nil, err
+	}
+	if u.Config == nil {
+		return Profile{}, nil, &FieldError{Field: "config", Message: "config is required"}
+	}
+	ps.mu.Lock()
+	e := ps.byID[id]
+	ps.mu.Unlock()
+	if e == nil {
+		return Profile{}, nil, ErrNotFound
+	}
+	<-e.ready
+	if e.err != nil {
+		return Profile{}, nil, ErrNotFound
+	}
+	if err := e.refuseStaged(id); err != nil {
+		return Profile{}, nil, err
+	}
+	cur := *e.get()
+	next := cur
+	next.Config = u.Config
+	if err := ps.checkSchema(e, &next); err != nil {
+		return Profile{}, nil, err
+	}
+	return cur, u.Config, nil
+}
+
+// writeStagedProfile implements configStager.
+func (ps *profiles) writeStagedProfile(ctx context.Context, st *configStage, config json.RawMessage, by, note string, revert bool) (Profile, error) {
+	st.writing.Store(true)
+	defer st.writing.Store(false)
+	p, _, err := ps.updateProfile(ctx, st.profile, ProfileUpdate{Config: config}, by, note, !revert)
+	return p, err
+}
+
+// profileStage implements configStager: started, nobody's configuration
+// changes; ended, the profile's devices are told.
+func (ps *profiles) profileStage(st *configStage, on bool) {
+	ps.mu.Lock()
+	e := ps.byID[st.profile]
+	ps.mu.Unlock()
+	if e == nil {
+		return
+	}
+	if on {
+		e.stage.Store(st)
+	} else if e.stage.CompareAndSwap(st, nil) {
+		ps.events.profileChanged(st.profile)
+	}
+	ps.layers.changed()
 }

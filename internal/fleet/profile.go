@@ -36,6 +36,8 @@ type profileEntry struct {
 	// caches whether the profile's configuration holds variables.
 	layers *layerState
 	vars   atomic.Pointer[profileVars]
+	// stage is a configuration rollout's (layerstage.go), nil: none.
+	stage atomic.Pointer[configStage]
 }
 
 func (e *profileEntry) get() *Profile { return e.p.Load() }
@@ -310,6 +312,11 @@ func (ps *profiles) updateProfile(ctx context.Context, id uint64, u ProfileUpdat
 	<-e.ready
 	if e.err != nil {
 		return Profile{}, false, ErrNotFound
+	}
+	if u.Config != nil {
+		if err := e.refuseStaged(id); err != nil { // layerstage.go
+			return Profile{}, false, err
+		}
 	}
 	ps.profileWrite.Lock()
 	defer ps.profileWrite.Unlock()

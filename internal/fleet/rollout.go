@@ -566,10 +566,14 @@ func (fs *firmwareState) finishLocked(r *rollout) {
 	r.Counts = nil
 	r.Counts = r.view().Counts
 	fs.placed(r)
-	if r.stage != nil {
+	switch {
+	case r.stage == nil:
+	case r.stage.profile != 0:
+		fs.devs.profileStage(r.stage, false)
+	default:
 		fs.devs.endStage(r.stage)
-		r.stage = nil
 	}
+	r.stage = nil
 }
 
 // places is where the devices of r's kind are placed (fs.mu held): a

@@ -144,7 +144,7 @@ var roomFiles = map[string][]string{
 	"layers.go":           {"layerState", "device", "profileEntry"},
 	"layermerge.go":       {"layerInputs", "EffectiveConfig", "effCache", "stateSource"},
 	"layerschema.go":      {"layerState", "layerInputs", "layerSchema"},
-	"layerstage.go":       {"layerState", "configStage"},
+	"layerstage.go":       {"layerState", "configStage", "profileEntry", "profiles"},
 }
 
 // serviceFiles are the files of the Service's own room (registry, push,

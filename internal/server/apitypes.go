@@ -79,6 +79,17 @@ type configRolloutBody struct {
 	StallTimeout  int             `json:"stall_timeout"`
 }
 
+// profileRolloutBody stages a profile's new configuration as a
+// configuration rollout; what it leaves out is the rollouts' default.
+type profileRolloutBody struct {
+	Config        json.RawMessage `json:"config" openapi:"required"` // a JSON object, as the profile's configuration
+	Filter        string          `json:"filter"`
+	Waves         []string        `json:"waves"`
+	MaxFailurePct float64         `json:"max_failure_pct"`
+	Window        *fleet.Window   `json:"window"`
+	StallTimeout  int             `json:"stall_timeout"`
+}
+
 type quotaLiftBody struct {
 	Until *time.Time `json:"until"` // default: until restored
 	Note  string     `json:"note"`

@@ -114,3 +114,62 @@ func TestConfigRolloutAPI(t *testing.T) {
 		t.Fatalf("audit: %d %v", st, audit)
 	}
 }
+
+// A profile's new configuration staged as a rollout through the API: the
+// canary's push answer carries it, the other device's nothing; the
+// profile's configuration takes no other change meanwhile.
+func TestProfileRolloutAPI(t *testing.T) {
+	s := servertest.Start(t, servertest.Options{})
+	c := &client{t: t, s: s, url: s.URL}
+	var tokens []string
+	for i, m := range []string{"m-1", "m-2"} {
+		_, tok := c.register(m)
+		tokens = append(tokens, tok)
+		c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, i+1, 0))
+	}
+	view, op := userToken(c, "vera", "viewer"), userToken(c, "otto", "operator")
+	path := "/api/v1/profiles/1/rollout"
+	for _, tc := range []struct {
+		path, token, body string
+		want              int
+	}{
+		{path, view, `{"config":{"a":1}}`, 403},
+		{path, op, `{"waves":["1"]}`, 400},
+		{path, op, `{"config":{"a":1},"values":{}}`, 400},
+		{"/api/v1/profiles/99/rollout", op, `{"config":{"a":1}}`, 404},
+	} {
+		if st, _, out := c.do("POST", tc.path, tc.token, tc.body); st != tc.want {
+			t.Fatalf("%s %s: %d %v, want %d", tc.path, tc.body, st, out, tc.want)
+		}
+	}
+	st, _, ro := c.do("POST", path, op, `{"config":{"a":1},"waves":["1","100%"]}`)
+	if cfg, _ := ro["config"].(map[string]any); st != 201 || ro["kind"] != "config" || cfg["profile_id"] != "1" || ro["total"] != 2.0 {
+		t.Fatalf("create: %d %v", st, ro)
+	}
+	if st, _, out := c.do("PATCH", "/api/v1/profiles/1", op, `{"config":{"a":2}}`); st != 409 {
+		t.Fatalf("profile changed while staged: %d %v", st, out)
+	}
+	if err := s.Srv.Fleet().RolloutStep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, _, page := c.do("GET", "/api/v1/rollouts/1/devices", view, nil)
+	canary := page["devices"].([]any)[0].(map[string]any)["device_id"].(string)
+	for i, tok := range tokens {
+		_, _, ans := c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, 10, 0))
+		conf, _ := ans["config"].(map[string]any)
+		data, _ := json.Marshal(conf["data"])
+		if fmt.Sprint(i+1) == canary {
+			if string(data) != `{"a":1}` {
+				t.Fatalf("canary: %v", ans)
+			}
+		} else if conf != nil {
+			t.Fatalf("device %d not released got %v", i+1, ans)
+		}
+	}
+	if st, _, out := c.do("POST", "/api/v1/rollouts/1/abort", op, nil); st != 200 || out["state"] != "aborted" {
+		t.Fatalf("abort: %d %v", st, out)
+	}
+	if st, _, out := c.do("PATCH", "/api/v1/profiles/1", op, `{"config":{"a":2}}`); st != 200 {
+		t.Fatalf("profile change after the rollout: %d %v", st, out)
+	}
+}

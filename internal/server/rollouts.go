@@ -64,6 +64,35 @@ func (a *api) createConfigRollout(r *http.Request) (any, error) {
 	return created(ro), nil
 }
 
+// createProfileRollout stages a profile's new configuration as a
+// configuration rollout.
+func (a *api) createProfileRollout(r *http.Request) (any, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return nil, err
+	}
+	by, err := changedBy(r)
+	if err != nil {
+		return nil, err
+	}
+	def := fleet.DefaultRolloutSpec()
+	in := profileRolloutBody{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, StallTimeout: def.StallTimeout}
+	if err := decodeStrict(r, "profile rollout: ", &in); err != nil {
+		return nil, err
+	}
+	if in.Config == nil {
+		return nil, badField("profile rollout: config is required")
+	}
+	spec := def
+	spec.Filter, spec.Waves, spec.MaxFailurePct, spec.Window, spec.StallTimeout = in.Filter, in.Waves, in.MaxFailurePct, in.Window, in.StallTimeout
+	spec.Config = &fleet.ConfigChange{ProfileID: id, Values: in.Config}
+	ro, err := a.fleet.CreateConfigRollout(r.Context(), spec, by)
+	if err != nil {
+		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
+	}
+	return created(ro), nil
+}
+
 func (a *api) getRollout(r *http.Request) (any, error) {
 	id, err := pathID(r)
 	if err != nil {

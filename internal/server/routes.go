@@ -165,6 +165,8 @@ func (a *api) table() []route {
 			summary: "Compare two revisions of a profile", out: profileDiff{}},
 		{method: "POST", path: "/api/v1/profiles/{id}/rollback", need: operator, fn: a.rollbackProfile,
 			summary: "Roll a profile back to a revision", in: rollbackBody{}, out: fleet.Profile{}, errs: e(409)},
+		{method: "POST", path: "/api/v1/profiles/{id}/rollout", need: operator, fn: a.createProfileRollout,
+			summary: "Stage a profile's new configuration as a rollout in waves", in: profileRolloutBody{}, out: created(fleet.Rollout{}), errs: e(404, 409, 422)},
 		{method: "GET", path: "/api/v1/firmware", need: viewer, fn: a.listFirmware,
 			summary: "List firmware", out: firmwareList{}},
 		{method: "POST", path: "/api/v1/firmware", need: operator, fn: a.uploadFirmware, stream: true, query: q("device_type", "version", "sha256", "signature"),

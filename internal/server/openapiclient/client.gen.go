@@ -513,10 +513,13 @@ type Config struct {
 // ConfigChange defines model for ConfigChange.
 type ConfigChange struct {
 	FromRev          int         `json:"from_rev"`
-	Label            string      `json:"label"`
+	Label            *string     `json:"label,omitempty"`
 	Previous         interface{} `json:"previous,omitempty"`
 	PreviousPriority *int        `json:"previous_priority,omitempty"`
+	PreviousVersion  *int        `json:"previous_version,omitempty"`
+	ProfileId        *string     `json:"profile_id,omitempty"`
 	ToRev            *int        `json:"to_rev,omitempty"`
+	ToVersion        *int        `json:"to_version,omitempty"`
 	Values           interface{} `json:"values"`
 }
 
@@ -526,7 +529,10 @@ type ConfigChangeInput struct {
 	Label            *string     `json:"label,omitempty"`
 	Previous         interface{} `json:"previous,omitempty"`
 	PreviousPriority *int        `json:"previous_priority,omitempty"`
+	PreviousVersion  *int        `json:"previous_version,omitempty"`
+	ProfileId        *string     `json:"profile_id,omitempty"`
 	ToRev            *int        `json:"to_rev,omitempty"`
+	ToVersion        *int        `json:"to_version,omitempty"`
 	Values           interface{} `json:"values,omitempty"`
 }
 
@@ -1005,6 +1011,16 @@ type ProfileRevision struct {
 	PushInterval int         `json:"push_interval"`
 	Rev          int         `json:"rev"`
 	Version      int         `json:"version"`
+}
+
+// ProfileRolloutBody defines model for ProfileRolloutBody.
+type ProfileRolloutBody struct {
+	Config        interface{}  `json:"config"`
+	Filter        *string      `json:"filter,omitempty"`
+	MaxFailurePct *float32     `json:"max_failure_pct,omitempty"`
+	StallTimeout  *int         `json:"stall_timeout,omitempty"`
+	Waves         *[]string    `json:"waves,omitempty"`
+	Window        *WindowInput `json:"window,omitempty"`
 }
 
 // ProfileUpdateInput defines model for ProfileUpdateInput.
@@ -1694,6 +1710,9 @@ type PutProfilesIdJSONRequestBody = ProfileUpdateInput
 
 // PostProfilesIdRollbackJSONRequestBody defines body for PostProfilesIdRollback for application/json ContentType.
 type PostProfilesIdRollbackJSONRequestBody = RollbackBody
+
+// PostProfilesIdRolloutJSONRequestBody defines body for PostProfilesIdRollout for application/json ContentType.
+type PostProfilesIdRolloutJSONRequestBody = ProfileRolloutBody
 
 // PostPushJSONRequestBody defines body for PostPush for application/json ContentType.
 type PostPushJSONRequestBody = PushRequest
@@ -2549,6 +2568,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/profiles/{id}/rollback (the `PostProfilesIdRollback` operationId).
 	PostProfilesIdRollback(ctx context.Context, id string, body PostProfilesIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostProfilesIdRolloutWithBody Stage a profile's new configuration as a rollout in waves
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+	PostProfilesIdRolloutWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostProfilesIdRollout Stage a profile's new configuration as a rollout in waves
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+	PostProfilesIdRollout(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostPushWithBody Push a device's state
 	//
@@ -4454,6 +4487,40 @@ func (c *Client) PostProfilesIdRollbackWithBody(ctx context.Context, id string, 
 // Corresponds with POST /api/v1/profiles/{id}/rollback (the `PostProfilesIdRollback` operationId).
 func (c *Client) PostProfilesIdRollback(ctx context.Context, id string, body PostProfilesIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPostProfilesIdRollbackRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostProfilesIdRolloutWithBody Stage a profile's new configuration as a rollout in waves
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+func (c *Client) PostProfilesIdRolloutWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostProfilesIdRolloutRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostProfilesIdRollout Stage a profile's new configuration as a rollout in waves
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+func (c *Client) PostProfilesIdRollout(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostProfilesIdRolloutRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -9188,6 +9255,53 @@ func NewPostProfilesIdRollbackRequestWithBody(server string, id string, contentT
 	return req, nil
 }
 
+// NewPostProfilesIdRolloutRequest calls the generic PostProfilesIdRollout builder with application/json body
+func NewPostProfilesIdRolloutRequest(server string, id string, body PostProfilesIdRolloutJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostProfilesIdRolloutRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostProfilesIdRolloutRequestWithBody constructs an http.Request for the PostProfilesIdRollout method, with any body, and a specified content type
+func NewPostProfilesIdRolloutRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/profiles/%s/rollout", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPostPushRequest calls the generic PostPush builder with application/json body
 func NewPostPushRequest(server string, body PostPushJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -10988,6 +11102,20 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/profiles/{id}/rollback (the `PostProfilesIdRollback` operationId).
 	PostProfilesIdRollbackWithResponse(ctx context.Context, id string, body PostProfilesIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRollbackResponse, error)
+
+	// PostProfilesIdRolloutWithBodyWithResponse Stage a profile's new configuration as a rollout in waves
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+	PostProfilesIdRolloutWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error)
+
+	// PostProfilesIdRolloutWithResponse Stage a profile's new configuration as a rollout in waves
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+	PostProfilesIdRolloutWithResponse(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error)
 
 	// PostPushWithBodyWithResponse Push a device's state
 	//
@@ -19122,6 +19250,110 @@ func (r PostProfilesIdRollbackResponse) ContentType() string {
 	return ""
 }
 
+type PostProfilesIdRolloutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Rollout
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON201() *Rollout {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON409() *Error {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON422() *Error {
+	return r.JSON422
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r PostProfilesIdRolloutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostProfilesIdRolloutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostProfilesIdRolloutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostProfilesIdRolloutResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type PostPushResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -22793,6 +23025,32 @@ func (c *ClientWithResponses) PostProfilesIdRollbackWithResponse(ctx context.Con
 		return nil, err
 	}
 	return ParsePostProfilesIdRollbackResponse(rsp)
+}
+
+// PostProfilesIdRolloutWithBodyWithResponse Stage a profile's new configuration as a rollout in waves
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+func (c *ClientWithResponses) PostProfilesIdRolloutWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error) {
+	rsp, err := c.PostProfilesIdRolloutWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostProfilesIdRolloutResponse(rsp)
+}
+
+// PostProfilesIdRolloutWithResponse Stage a profile's new configuration as a rollout in waves
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
+func (c *ClientWithResponses) PostProfilesIdRolloutWithResponse(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error) {
+	rsp, err := c.PostProfilesIdRollout(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostProfilesIdRolloutResponse(rsp)
 }
 
 // PostPushWithBodyWithResponse Push a device's state
@@ -29827,6 +30085,95 @@ func ParsePostProfilesIdRollbackResponse(rsp *http.Response) (*PostProfilesIdRol
 			return nil, err
 		}
 		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePostProfilesIdRolloutResponse parses an HTTP response from a PostProfilesIdRolloutWithResponse call
+func ParsePostProfilesIdRolloutResponse(rsp *http.Response) (*PostProfilesIdRolloutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostProfilesIdRolloutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Rollout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error

@@ -30,6 +30,13 @@ func testConfigRolloutRoundTrip(t *testing.T, h *handle) {
 	if err := h.store.SaveRollout(ctx, r); err != nil {
 		t.Fatal(err)
 	}
+	pspec := spec
+	pspec.Config = &fleet.ConfigChange{ProfileID: 1 << 40, Values: json.RawMessage(`{"apn":"c"}`), Previous: json.RawMessage(`{}`),
+		PreviousVersion: 1 << 50, ToVersion: 1<<50 + 1}
+	pr := fleet.Rollout{ID: 8, Kind: fleet.RolloutConfig, RolloutSpec: pspec, State: fleet.RolloutPaused, Wave: 2, Total: 1, CreatedAt: at, UpdatedAt: at}
+	if err := h.store.SaveRollout(ctx, pr); err != nil {
+		t.Fatal(err)
+	}
 	d := fleet.RolloutDevice{RolloutID: 7, DeviceID: 2, Wave: 1, State: fleet.DeviceInstalling, From: "12", UpdatedAt: at}
 	if err := h.store.SaveRolloutDevices(ctx, []fleet.RolloutDevice{d}); err != nil {
 		t.Fatal(err)
@@ -38,8 +45,8 @@ func testConfigRolloutRoundTrip(t *testing.T, h *handle) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Rollouts) != 1 || !reflect.DeepEqual(got.Rollouts[0], r) {
-		t.Fatalf("rollouts %+v, want %+v", got.Rollouts, r)
+	if len(got.Rollouts) != 2 || !reflect.DeepEqual(got.Rollouts[0], r) || !reflect.DeepEqual(got.Rollouts[1], pr) {
+		t.Fatalf("rollouts %+v, want %+v and %+v", got.Rollouts, r, pr)
 	}
 	if !reflect.DeepEqual(got.Devices, []fleet.RolloutDevice{d}) {
 		t.Fatalf("devices %+v", got.Devices)
