@@ -109,5 +109,32 @@ func TestSeamClusterConfigRollouts(t *testing.T) {
 		if st != 200 || !strings.Contains(string(body), `"config":{"x":2}`) {
 			t.Fatalf("effective configuration of %s on a after abort: %d %s", devs[i].DeviceID, st, body)
 		}
+		x(a, i) // applied
 	}
+
+	// The profile's configuration staged on a: b refuses other changes of
+	// it and sends it to the canary only.
+	prof := deviceProfile(t, a, devs[0].DeviceID)
+	st, body = a.do("POST", "/api/v1/profiles/"+prof+"/rollout", adminToken, `{"config":{"p":1},"waves":["1","100%"]}`)
+	if st != 201 || json.Unmarshal(body, &ro) != nil {
+		t.Fatalf("profile rollout on a: %d %s", st, body)
+	}
+	within(t, converge, "b refuses other changes of the staged profile", func() bool {
+		st, _ := b.do("PATCH", "/api/v1/profiles/"+prof, adminToken, `{"config":{"p":9}}`)
+		return st == 409
+	})
+	within(t, 10*time.Second, "b knows wave 1 of the profile rollout", func() bool { return getRollout(t, b, ro.ID).Wave == 1 })
+	st, body = b.do("GET", fmt.Sprintf("/api/v1/rollouts/%d/devices", ro.ID), adminToken, "")
+	var page struct{ Devices []fleet.RolloutDevice }
+	if st != 200 || json.Unmarshal(body, &page) != nil || len(page.Devices) != 1 {
+		t.Fatalf("wave 1 of the profile rollout on b: %d %s", st, body)
+	}
+	canary = map[bool]int{true: 0, false: 1}[fmt.Sprint(page.Devices[0].DeviceID) == devs[0].DeviceID]
+	if _, ans := pushAt(t, b, devs[1-canary].Token, applied[1-canary]); ans.Config != nil {
+		t.Fatalf("the device not released got %s on b", ans.Config.Data)
+	}
+	within(t, converge, "b sends the canary the profile's new configuration", func() bool {
+		_, ans := pushAt(t, b, devs[canary].Token, applied[canary])
+		return ans.Config != nil && strings.Contains(string(ans.Config.Data), `"p":1`)
+	})
 }
