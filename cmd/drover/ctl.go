@@ -54,6 +54,33 @@ var ctlGroups = []ctlGroup{
 	{"completion", "write the shell completion script of drover"},
 }
 
+// startStaged defines the flags of a configuration rollout: the file
+// flag of the new values, the filter and the waves; target sets what the
+// argument names.
+func startStaged(fileFlag, fileHelp string, target func(s *ctl.RolloutSpec, arg string)) func(*flag.FlagSet, command.Env) ctlRun {
+	return func(fs *flag.FlagSet, env command.Env) ctlRun {
+		var s ctl.RolloutSpec
+		file := fs.String(fileFlag, "", fileHelp)
+		filterFlags(fs, &s.Filter)
+		fs.Var((*listFlag)(&s.Waves), "waves", "wave sizes, counts or percentages, e.g. 1,10%,50% (the last repeats; default the server's)")
+		fs.Float64Var(&s.MaxFailurePct, "max-failure-pct", 0, "pause when more than this share (%) of a wave failed to apply (0: the server's default)")
+		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
+		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
+		return func(ctx context.Context, c *ctl.Client, a []string) error {
+			if *file == "" {
+				return command.Usagef("--%s is required", fileFlag)
+			}
+			target(&s, a[0])
+			b, err := readInput(env, *file, "values")
+			if err != nil {
+				return err
+			}
+			s.Values = b
+			return c.StartRollout(ctx, s)
+		}
+	}
+}
+
 // filterFlags defines the devices filter's flags.
 func filterFlags(fs *flag.FlagSet, f *ctl.Filter) {
 	fs.StringVar(&f.SyncState, "sync-state", "", "devices in this sync state: arriving, synchronized, sync_pending or sync_error")
@@ -327,48 +354,10 @@ var ctlCommands = []ctlCommand{
 			return c.StartRollout(ctx, s)
 		}
 	}},
-	{group: "rollouts", name: "start-config", args: "LABEL", min: 1, max: 1, summary: "stage a label's new configuration values as a rollout in waves", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
-		var s ctl.RolloutSpec
-		file := fs.String("values-file", "", "JSON file holding the label's whole new values (-: stdin; required)")
-		filterFlags(fs, &s.Filter)
-		fs.Var((*listFlag)(&s.Waves), "waves", "wave sizes, counts or percentages, e.g. 1,10%,50% (the last repeats; default the server's)")
-		fs.Float64Var(&s.MaxFailurePct, "max-failure-pct", 0, "pause when more than this share (%) of a wave failed to apply (0: the server's default)")
-		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
-		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
-		return func(ctx context.Context, c *ctl.Client, a []string) error {
-			if *file == "" {
-				return command.Usagef("--values-file is required")
-			}
-			s.Label = a[0]
-			b, err := readInput(env, *file, "values")
-			if err != nil {
-				return err
-			}
-			s.Values = b
-			return c.StartRollout(ctx, s)
-		}
-	}},
-	{group: "rollouts", name: "start-profile", args: "ID", min: 1, max: 1, summary: "stage a profile's new configuration as a rollout in waves", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
-		var s ctl.RolloutSpec
-		file := fs.String("config-file", "", "JSON file holding the profile's whole new configuration (-: stdin; required)")
-		filterFlags(fs, &s.Filter)
-		fs.Var((*listFlag)(&s.Waves), "waves", "wave sizes, counts or percentages, e.g. 1,10%,50% (the last repeats; default the server's)")
-		fs.Float64Var(&s.MaxFailurePct, "max-failure-pct", 0, "pause when more than this share (%) of a wave failed to apply (0: the server's default)")
-		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
-		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
-		return func(ctx context.Context, c *ctl.Client, a []string) error {
-			if *file == "" {
-				return command.Usagef("--config-file is required")
-			}
-			s.ProfileID = a[0]
-			b, err := readInput(env, *file, "configuration")
-			if err != nil {
-				return err
-			}
-			s.Values = b
-			return c.StartRollout(ctx, s)
-		}
-	}},
+	{group: "rollouts", name: "start-config", args: "LABEL", min: 1, max: 1, summary: "stage a label's new configuration values as a rollout in waves",
+		flags: startStaged("values-file", "JSON file holding the label's whole new values (-: stdin; required)", func(s *ctl.RolloutSpec, a string) { s.Label = a })},
+	{group: "rollouts", name: "start-profile", args: "ID", min: 1, max: 1, summary: "stage a profile's new configuration as a rollout in waves",
+		flags: startStaged("config-file", "JSON file holding the profile's whole new configuration (-: stdin; required)", func(s *ctl.RolloutSpec, a string) { s.ProfileID = a })},
 	{group: "rollouts", name: "status", args: "ID", min: 1, max: 1, summary: "show a rollout: state, wave, devices by state", flags: id1((*ctl.Client).Rollout)},
 	{group: "rollouts", name: "pause", args: "ID", min: 1, max: 1, summary: "pause a rollout", flags: controlRollout("pause")},
 	{group: "rollouts", name: "resume", args: "ID", min: 1, max: 1, summary: "resume a paused rollout", flags: controlRollout("resume")},

@@ -68,26 +68,28 @@ type rolloutBody struct {
 	FirmwareID json.Number `json:"firmware_id" openapi:"required"` // a decimal string, as firmware answers give it, or a number
 }
 
+// stagedWaves are the waves of a configuration rollout; what a body
+// leaves out is the rollouts' default.
+type stagedWaves struct {
+	Filter        string        `json:"filter"`
+	Waves         []string      `json:"waves"`
+	MaxFailurePct float64       `json:"max_failure_pct"`
+	Window        *fleet.Window `json:"window"`
+	StallTimeout  int           `json:"stall_timeout"`
+}
+
 // configRolloutBody stages a label's new values as a configuration
-// rollout; what it leaves out is the rollouts' default.
+// rollout.
 type configRolloutBody struct {
-	Values        json.RawMessage `json:"values" openapi:"required"` // a JSON object, as the label's values
-	Filter        string          `json:"filter"`
-	Waves         []string        `json:"waves"`
-	MaxFailurePct float64         `json:"max_failure_pct"`
-	Window        *fleet.Window   `json:"window"`
-	StallTimeout  int             `json:"stall_timeout"`
+	Values json.RawMessage `json:"values" openapi:"required"` // a JSON object, as the label's values
+	stagedWaves
 }
 
 // profileRolloutBody stages a profile's new configuration as a
-// configuration rollout; what it leaves out is the rollouts' default.
+// configuration rollout.
 type profileRolloutBody struct {
-	Config        json.RawMessage `json:"config" openapi:"required"` // a JSON object, as the profile's configuration
-	Filter        string          `json:"filter"`
-	Waves         []string        `json:"waves"`
-	MaxFailurePct float64         `json:"max_failure_pct"`
-	Window        *fleet.Window   `json:"window"`
-	StallTimeout  int             `json:"stall_timeout"`
+	Config json.RawMessage `json:"config" openapi:"required"` // a JSON object, as the profile's configuration
+	stagedWaves
 }
 
 type quotaLiftBody struct {

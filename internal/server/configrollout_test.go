@@ -8,21 +8,26 @@ import (
 	"github.com/drover/drover/internal/server/servertest"
 )
 
+// stagedServer is a server with two devices that pushed once, a viewer's
+// and an operator's token.
+func stagedServer(t *testing.T) (s *servertest.Server, c *client, tokens []string, view, op string) {
+	s = servertest.Start(t, servertest.Options{})
+	c = &client{t: t, s: s, url: s.URL}
+	for i, m := range []string{"m-1", "m-2"} {
+		_, tok := c.register(m)
+		tokens = append(tokens, tok)
+		c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, i+1, 0))
+	}
+	return s, c, tokens, userToken(c, "vera", "viewer"), userToken(c, "otto", "operator")
+}
+
 // A label's new values staged as a rollout through the API: refused
 // requests change nothing, the canary's push answer carries the new
 // values and the other device's does not, the layer refuses other
 // changes meanwhile, the canary's failed apply pauses the rollout, abort
 // gives the previous values back; every change has its audit row.
 func TestConfigRolloutAPI(t *testing.T) {
-	s := servertest.Start(t, servertest.Options{})
-	c := &client{t: t, s: s, url: s.URL}
-	var tokens []string
-	for i, m := range []string{"m-1", "m-2"} {
-		_, tok := c.register(m)
-		tokens = append(tokens, tok)
-		c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, i+1, 0))
-	}
-	view, op := userToken(c, "vera", "viewer"), userToken(c, "otto", "operator")
+	s, c, tokens, view, op := stagedServer(t)
 	if st, _, out := c.do("POST", "/api/v1/labels/assign", op, `{"label":"g","filter":{}}`); st != 200 {
 		t.Fatalf("assign: %d %v", st, out)
 	}
@@ -119,15 +124,7 @@ func TestConfigRolloutAPI(t *testing.T) {
 // canary's push answer carries it, the other device's nothing; the
 // profile's configuration takes no other change meanwhile.
 func TestProfileRolloutAPI(t *testing.T) {
-	s := servertest.Start(t, servertest.Options{})
-	c := &client{t: t, s: s, url: s.URL}
-	var tokens []string
-	for i, m := range []string{"m-1", "m-2"} {
-		_, tok := c.register(m)
-		tokens = append(tokens, tok)
-		c.do("POST", "/api/v1/push", tok, fmt.Sprintf(state, i+1, 0))
-	}
-	view, op := userToken(c, "vera", "viewer"), userToken(c, "otto", "operator")
+	s, c, tokens, view, op := stagedServer(t)
 	path := "/api/v1/profiles/1/rollout"
 	for _, tc := range []struct {
 		path, token, body string

@@ -42,26 +42,15 @@ func (a *api) createRollout(r *http.Request) (any, error) {
 // createConfigRollout stages new values of the label's layer as a
 // configuration rollout.
 func (a *api) createConfigRollout(r *http.Request) (any, error) {
-	by, err := changedBy(r)
-	if err != nil {
-		return nil, err
-	}
-	def := fleet.DefaultRolloutSpec()
-	in := configRolloutBody{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, StallTimeout: def.StallTimeout}
+	in := configRolloutBody{stagedWaves: defaultWaves()}
 	if err := decodeStrict(r, "configuration rollout: ", &in); err != nil {
 		return nil, err
 	}
 	if in.Values == nil {
 		return nil, badField("configuration rollout: values is required")
 	}
-	spec := def
-	spec.Filter, spec.Waves, spec.MaxFailurePct, spec.Window, spec.StallTimeout = in.Filter, in.Waves, in.MaxFailurePct, in.Window, in.StallTimeout
-	spec.Config = &fleet.ConfigChange{Label: r.PathValue("name"), Values: in.Values}
-	ro, err := a.fleet.CreateConfigRollout(r.Context(), spec, by)
-	if err != nil {
-		return nil, ifNotFound(err, "label "+spec.Config.Label)
-	}
-	return created(ro), nil
+	name := r.PathValue("name")
+	return a.createStaged(r, in.stagedWaves, fleet.ConfigChange{Label: name, Values: in.Values}, "label "+name)
 }
 
 // createProfileRollout stages a profile's new configuration as a
@@ -71,24 +60,35 @@ func (a *api) createProfileRollout(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	by, err := changedBy(r)
-	if err != nil {
-		return nil, err
-	}
-	def := fleet.DefaultRolloutSpec()
-	in := profileRolloutBody{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, StallTimeout: def.StallTimeout}
+	in := profileRolloutBody{stagedWaves: defaultWaves()}
 	if err := decodeStrict(r, "profile rollout: ", &in); err != nil {
 		return nil, err
 	}
 	if in.Config == nil {
 		return nil, badField("profile rollout: config is required")
 	}
-	spec := def
-	spec.Filter, spec.Waves, spec.MaxFailurePct, spec.Window, spec.StallTimeout = in.Filter, in.Waves, in.MaxFailurePct, in.Window, in.StallTimeout
-	spec.Config = &fleet.ConfigChange{ProfileID: id, Values: in.Config}
+	return a.createStaged(r, in.stagedWaves, fleet.ConfigChange{ProfileID: id, Values: in.Config}, "profile "+strconv.FormatUint(id, 10))
+}
+
+// defaultWaves are the rollouts' defaults for what a body leaves out.
+func defaultWaves() stagedWaves {
+	def := fleet.DefaultRolloutSpec()
+	return stagedWaves{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, StallTimeout: def.StallTimeout}
+}
+
+// createStaged starts the configuration rollout of c; what names its
+// target for a not-found answer.
+func (a *api) createStaged(r *http.Request, w stagedWaves, c fleet.ConfigChange, what string) (any, error) {
+	by, err := changedBy(r)
+	if err != nil {
+		return nil, err
+	}
+	spec := fleet.DefaultRolloutSpec()
+	spec.Filter, spec.Waves, spec.MaxFailurePct, spec.Window, spec.StallTimeout = w.Filter, w.Waves, w.MaxFailurePct, w.Window, w.StallTimeout
+	spec.Config = &c
 	ro, err := a.fleet.CreateConfigRollout(r.Context(), spec, by)
 	if err != nil {
-		return nil, ifNotFound(err, "profile "+strconv.FormatUint(id, 10))
+		return nil, ifNotFound(err, what)
 	}
 	return created(ro), nil
 }
