@@ -43,6 +43,10 @@ type PolicyStore interface {
 	DeleteQuotaLift(ctx context.Context, deviceID uint64) error
 	// DeleteProfiles deletes the profiles and the links to them.
 	DeleteProfiles(ctx context.Context, ids []uint64) error
+	// SaveRolloutPolicy upserts by Name; DeleteRolloutPolicy deletes
+	// the one called name, if any (rolloutpolicy.go).
+	SaveRolloutPolicy(ctx context.Context, p RolloutPolicy) error
+	DeleteRolloutPolicy(ctx context.Context, name string) error
 }
 
 // PolicyData is what a PolicyStore keeps.
@@ -50,6 +54,8 @@ type PolicyData struct {
 	Policy *ProfilePolicy
 	Links  []ProfileLink
 	Lifts  []QuotaLift
+	// RolloutPolicies are by name.
+	RolloutPolicies []RolloutPolicy
 }
 
 // Profile policy modes and carries.
@@ -119,6 +125,9 @@ type policy struct {
 	mu     sync.Mutex
 	store  PolicyStore
 	policy atomic.Pointer[ProfilePolicy]
+	// rollouts are the rollout policies by name (rolloutpolicy.go),
+	// replaced whole under mu.
+	rollouts atomic.Pointer[map[string]RolloutPolicy]
 
 	// Set by New: what the room needs of the others.
 	log  *slog.Logger

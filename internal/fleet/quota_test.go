@@ -21,6 +21,7 @@ type polStore struct {
 	policy *ProfilePolicy
 	links  map[profileKey]ProfileLink
 	lifts  map[uint64]QuotaLift
+	rps    map[string]RolloutPolicy
 }
 
 func newPolStore() *polStore {
@@ -41,6 +42,9 @@ func (s *polStore) LoadPolicy(ctx context.Context) (PolicyData, error) {
 	for _, l := range s.lifts {
 		d.Lifts = append(d.Lifts, l)
 	}
+	for _, p := range s.rps {
+		d.RolloutPolicies = append(d.RolloutPolicies, p)
+	}
 	return d, nil
 }
 
@@ -48,6 +52,23 @@ func (s *polStore) SaveProfilePolicy(ctx context.Context, p ProfilePolicy) error
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
 	s.policy = &p
+	return nil
+}
+
+func (s *polStore) SaveRolloutPolicy(ctx context.Context, p RolloutPolicy) error {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.rps == nil {
+		s.rps = map[string]RolloutPolicy{}
+	}
+	s.rps[p.Name] = p
+	return nil
+}
+
+func (s *polStore) DeleteRolloutPolicy(ctx context.Context, name string) error {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	delete(s.rps, name)
 	return nil
 }
 

@@ -7,15 +7,16 @@ package fleet
 
 import "context"
 
-// reloadPolicy replaces the profile policy and the quota lifts with the
-// stored ones, and takes the firmware links other nodes made: their
-// devices here go to the linked profile (moveToOwn), as on the node that
-// linked them. A link ends with its approval or its profile's deletion,
+// reloadPolicy replaces the profile policy, the quota lifts and the
+// rollout policies with the stored ones, and takes the firmware links
+// other nodes made: their devices here go to the linked profile
+// (moveToOwn), as on the node that linked them. A link ends with its approval or its profile's deletion,
 // each read back as a profile change.
 func (s *Service) reloadPolicy(ctx context.Context) error {
 	return s.policy.reload(ctx, func(data PolicyData) {
 		s.quota.replaceLifts(data.Lifts)
 		s.profiles.takeLinks(data.Links)
+		s.policy.replaceRolloutPolicies(data.RolloutPolicies)
 	})
 }
 

@@ -62,6 +62,9 @@ type RolloutSpec struct {
 	// "label=north&liveness=online"); the firmware's device type, or the
 	// configuration's label, is implied.
 	Filter string `json:"filter,omitempty"`
+	// Policy names the rollout policy whose plan (the fields below) the
+	// rollout was started with (rolloutpolicy.go); the plan is copied.
+	Policy string `json:"policy,omitempty"`
 	// Waves are wave sizes, each a count ("10") or a percentage of the
 	// devices matched at creation ("25%"); the last repeats.
 	Waves []string `json:"waves,omitempty"`

@@ -154,6 +154,7 @@ func New(ctx context.Context, st Stores, p Persister, opts Options) (*Service, e
 		}
 		s.profiles.loadLinks(data.Links, s.intern)
 		s.quota.loadLifts(data.Lifts)
+		s.policy.replaceRolloutPolicies(data.RolloutPolicies)
 	}
 	if st.Firmware != nil {
 		if err := s.loadFirmware(ctx, st.Firmware); err != nil {

@@ -2,8 +2,9 @@ package sqlcommon
 
 // fleet.PolicyStore for the three backends: the profile policy, firmware
 // links and lifted quotas (migrations 030_profile_policy.sql of each
-// backend). The tables are small and written only by operators and by
-// devices reporting new firmware, so plain statements suffice.
+// backend), rollout policies (130_rollout_policies.sql). The tables are
+// small and written only by operators and by devices reporting new
+// firmware, so plain statements suffice.
 
 import (
 	"context"
@@ -90,7 +91,46 @@ func (s Policy) LoadPolicy(ctx context.Context) (fleet.PolicyData, error) {
 		l.DeviceID, l.Until, l.Note, l.At = uint64(id), fromMS(until), string(note), fromMS(at)
 		out.Lifts = append(out.Lifts, l)
 	}
+	if err := rows.Err(); err != nil {
+		return out, err
+	}
+	if err := rows.Close(); err != nil {
+		return out, err
+	}
+	rows, err = s.DB.QueryContext(ctx, `SELECT name, spec FROM rollout_policies ORDER BY name`)
+	if err != nil {
+		return out, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name, spec []byte
+		if err := rows.Scan(&name, &spec); err != nil {
+			return out, err
+		}
+		var p fleet.RolloutPolicy
+		if err := json.Unmarshal(spec, &p); err != nil {
+			return out, fmt.Errorf("rollout policy %q: %w", name, err)
+		}
+		p.Name = string(name)
+		out.RolloutPolicies = append(out.RolloutPolicies, p)
+	}
 	return out, rows.Err()
+}
+
+// SaveRolloutPolicy implements fleet.PolicyStore.
+func (s Policy) SaveRolloutPolicy(ctx context.Context, p fleet.RolloutPolicy) error {
+	spec, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	_, err = s.DB.ExecContext(ctx, s.D.q(`INSERT INTO rollout_policies (name, spec) VALUES (?, ?)`+s.D.upsert("name", "spec")), p.Name, string(spec))
+	return err
+}
+
+// DeleteRolloutPolicy implements fleet.PolicyStore.
+func (s Policy) DeleteRolloutPolicy(ctx context.Context, name string) error {
+	_, err := s.DB.ExecContext(ctx, s.D.q(`DELETE FROM rollout_policies WHERE name = ?`), name)
+	return err
 }
 
 // SaveProfilePolicy implements fleet.PolicyStore.
