@@ -66,12 +66,22 @@ type firmwareRefBody struct {
 type rolloutBody struct {
 	*fleet.RolloutSpec
 	FirmwareID json.Number `json:"firmware_id" openapi:"required"` // a decimal string, as firmware answers give it, or a number
+	inline     string      // a plan field the body gives (inlinePlan)
+}
+
+func (b *rolloutBody) UnmarshalJSON(data []byte) error {
+	type plain rolloutBody
+	b.inline = inlinePlan(data)
+	return strictUnmarshal(data, (*plain)(b))
 }
 
 // stagedWaves are the waves of a configuration rollout; what a body
 // leaves out is the rollouts' default.
 type stagedWaves struct {
-	Filter        string        `json:"filter"`
+	Filter string `json:"filter"`
+	// Policy names a rollout policy whose plan the rollout takes instead
+	// of the fields below.
+	Policy        string        `json:"policy"`
 	Waves         []string      `json:"waves"`
 	MaxFailurePct float64       `json:"max_failure_pct"`
 	Window        *fleet.Window `json:"window"`
@@ -83,6 +93,13 @@ type stagedWaves struct {
 type configRolloutBody struct {
 	Values json.RawMessage `json:"values" openapi:"required"` // a JSON object, as the label's values
 	stagedWaves
+	inline string // a plan field the body gives (inlinePlan)
+}
+
+func (b *configRolloutBody) UnmarshalJSON(data []byte) error {
+	type plain configRolloutBody
+	b.inline = inlinePlan(data)
+	return strictUnmarshal(data, (*plain)(b))
 }
 
 // profileRolloutBody stages a profile's new configuration as a
@@ -90,6 +107,28 @@ type configRolloutBody struct {
 type profileRolloutBody struct {
 	Config json.RawMessage `json:"config" openapi:"required"` // a JSON object, as the profile's configuration
 	stagedWaves
+	inline string // a plan field the body gives (inlinePlan)
+}
+
+func (b *profileRolloutBody) UnmarshalJSON(data []byte) error {
+	type plain profileRolloutBody
+	b.inline = inlinePlan(data)
+	return strictUnmarshal(data, (*plain)(b))
+}
+
+// rolloutPolicyBody creates or replaces a rollout policy; what it leaves
+// out is the rollouts' default.
+type rolloutPolicyBody struct {
+	Name          string        `json:"name"` // optional: the path's name
+	Waves         []string      `json:"waves"`
+	MaxFailurePct float64       `json:"max_failure_pct"`
+	MaxDownloads  int           `json:"max_downloads"`
+	Window        *fleet.Window `json:"window"`
+	StallTimeout  int           `json:"stall_timeout"`
+}
+
+type rolloutPolicyList struct {
+	Policies []fleet.RolloutPolicy `json:"policies"`
 }
 
 type quotaLiftBody struct {

@@ -32,6 +32,9 @@ func (a *api) createRollout(r *http.Request) (any, error) {
 			return nil, badField("rollout: firmware_id must be a firmware ID")
 		}
 	}
+	if err := a.fleet.UseRolloutPolicy(&spec, in.inline); err != nil {
+		return nil, err
+	}
 	ro, err := a.fleet.CreateRollout(r.Context(), spec, by)
 	if err != nil {
 		return nil, err
@@ -50,7 +53,7 @@ func (a *api) createConfigRollout(r *http.Request) (any, error) {
 		return nil, badField("configuration rollout: values is required")
 	}
 	name := r.PathValue("name")
-	return a.createStaged(r, in.stagedWaves, fleet.ConfigChange{Label: name, Values: in.Values}, "label "+name)
+	return a.createStaged(r, in.stagedWaves, in.inline, fleet.ConfigChange{Label: name, Values: in.Values}, "label "+name)
 }
 
 // createProfileRollout stages a profile's new configuration as a
@@ -67,7 +70,7 @@ func (a *api) createProfileRollout(r *http.Request) (any, error) {
 	if in.Config == nil {
 		return nil, badField("profile rollout: config is required")
 	}
-	return a.createStaged(r, in.stagedWaves, fleet.ConfigChange{ProfileID: id, Values: in.Config}, "profile "+strconv.FormatUint(id, 10))
+	return a.createStaged(r, in.stagedWaves, in.inline, fleet.ConfigChange{ProfileID: id, Values: in.Config}, "profile "+strconv.FormatUint(id, 10))
 }
 
 // defaultWaves are the rollouts' defaults for what a body leaves out.
@@ -76,16 +79,19 @@ func defaultWaves() stagedWaves {
 	return stagedWaves{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, StallTimeout: def.StallTimeout}
 }
 
-// createStaged starts the configuration rollout of c; what names its
-// target for a not-found answer.
-func (a *api) createStaged(r *http.Request, w stagedWaves, c fleet.ConfigChange, what string) (any, error) {
+// createStaged starts the configuration rollout of c; inline names a
+// plan field the body gave; what names its target for a not-found answer.
+func (a *api) createStaged(r *http.Request, w stagedWaves, inline string, c fleet.ConfigChange, what string) (any, error) {
 	by, err := changedBy(r)
 	if err != nil {
 		return nil, err
 	}
 	spec := fleet.DefaultRolloutSpec()
 	spec.Filter, spec.Waves, spec.MaxFailurePct, spec.Window, spec.StallTimeout = w.Filter, w.Waves, w.MaxFailurePct, w.Window, w.StallTimeout
-	spec.Config = &c
+	spec.Config, spec.Policy = &c, w.Policy
+	if err := a.fleet.UseRolloutPolicy(&spec, inline); err != nil {
+		return nil, err
+	}
 	ro, err := a.fleet.CreateConfigRollout(r.Context(), spec, by)
 	if err != nil {
 		return nil, ifNotFound(err, what)

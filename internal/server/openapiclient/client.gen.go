@@ -553,6 +553,7 @@ type ConfigLayer struct {
 type ConfigRolloutBody struct {
 	Filter        *string      `json:"filter,omitempty"`
 	MaxFailurePct *float32     `json:"max_failure_pct,omitempty"`
+	Policy        *string      `json:"policy,omitempty"`
 	StallTimeout  *int         `json:"stall_timeout,omitempty"`
 	Values        interface{}  `json:"values"`
 	Waves         *[]string    `json:"waves,omitempty"`
@@ -1018,6 +1019,7 @@ type ProfileRolloutBody struct {
 	Config        interface{}  `json:"config"`
 	Filter        *string      `json:"filter,omitempty"`
 	MaxFailurePct *float32     `json:"max_failure_pct,omitempty"`
+	Policy        *string      `json:"policy,omitempty"`
 	StallTimeout  *int         `json:"stall_timeout,omitempty"`
 	Waves         *[]string    `json:"waves,omitempty"`
 	Window        *WindowInput `json:"window,omitempty"`
@@ -1142,6 +1144,7 @@ type Rollout struct {
 	Kind          string          `json:"kind"`
 	MaxDownloads  int             `json:"max_downloads"`
 	MaxFailurePct float32         `json:"max_failure_pct"`
+	Policy        *string         `json:"policy,omitempty"`
 	Reason        *string         `json:"reason,omitempty"`
 	StallTimeout  int             `json:"stall_timeout"`
 	State         string          `json:"state"`
@@ -1159,6 +1162,7 @@ type RolloutBody struct {
 	FirmwareId    RolloutBody_FirmwareId `json:"firmware_id"`
 	MaxDownloads  *int                   `json:"max_downloads,omitempty"`
 	MaxFailurePct *float32               `json:"max_failure_pct,omitempty"`
+	Policy        *string                `json:"policy,omitempty"`
 	StallTimeout  *int                   `json:"stall_timeout,omitempty"`
 	Waves         *[]string              `json:"waves,omitempty"`
 	Window        *WindowInput           `json:"window,omitempty"`
@@ -1196,6 +1200,33 @@ type RolloutDevicePage struct {
 // RolloutList defines model for RolloutList.
 type RolloutList struct {
 	Rollouts *[]Rollout `json:"rollouts"`
+}
+
+// RolloutPolicy defines model for RolloutPolicy.
+type RolloutPolicy struct {
+	By            *string   `json:"by,omitempty"`
+	MaxDownloads  int       `json:"max_downloads"`
+	MaxFailurePct float32   `json:"max_failure_pct"`
+	Name          string    `json:"name"`
+	StallTimeout  int       `json:"stall_timeout"`
+	UpdatedAt     time.Time `json:"updated_at"`
+	Waves         *[]string `json:"waves"`
+	Window        *Window   `json:"window,omitempty"`
+}
+
+// RolloutPolicyBody defines model for RolloutPolicyBody.
+type RolloutPolicyBody struct {
+	MaxDownloads  *int         `json:"max_downloads,omitempty"`
+	MaxFailurePct *float32     `json:"max_failure_pct,omitempty"`
+	Name          *string      `json:"name,omitempty"`
+	StallTimeout  *int         `json:"stall_timeout,omitempty"`
+	Waves         *[]string    `json:"waves,omitempty"`
+	Window        *WindowInput `json:"window,omitempty"`
+}
+
+// RolloutPolicyList defines model for RolloutPolicyList.
+type RolloutPolicyList struct {
+	Policies *[]RolloutPolicy `json:"policies"`
 }
 
 // Rule defines model for Rule.
@@ -1616,6 +1647,16 @@ type GetProfilesIdDiffParams struct {
 	To   *int `form:"to,omitempty" json:"to,omitempty"`
 }
 
+// DeleteRolloutPoliciesNameParams defines parameters for DeleteRolloutPoliciesName.
+type DeleteRolloutPoliciesNameParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
+// PutRolloutPoliciesNameParams defines parameters for PutRolloutPoliciesName.
+type PutRolloutPoliciesNameParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
 // GetRolloutsIdDevicesParams defines parameters for GetRolloutsIdDevices.
 type GetRolloutsIdDevicesParams struct {
 	State  *GetRolloutsIdDevicesParamsState `form:"state,omitempty" json:"state,omitempty"`
@@ -1719,6 +1760,9 @@ type PostPushJSONRequestBody = PushRequest
 
 // PostRegisterJSONRequestBody defines body for PostRegister for application/json ContentType.
 type PostRegisterJSONRequestBody = RegisterRequest
+
+// PutRolloutPoliciesNameJSONRequestBody defines body for PutRolloutPoliciesName for application/json ContentType.
+type PutRolloutPoliciesNameJSONRequestBody = RolloutPolicyBody
 
 // PostRolloutsJSONRequestBody defines body for PostRollouts for application/json ContentType.
 type PostRolloutsJSONRequestBody = RolloutBody
@@ -2615,6 +2659,35 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/register (the `PostRegister` operationId).
 	PostRegister(ctx context.Context, body PostRegisterJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetRolloutPolicies List rollout policies
+	//
+	// Corresponds with GET /api/v1/rollout-policies (the `GetRolloutPolicies` operationId).
+	GetRolloutPolicies(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteRolloutPoliciesName Delete a rollout policy (running rollouts keep their plan)
+	//
+	// Corresponds with DELETE /api/v1/rollout-policies/{name} (the `DeleteRolloutPoliciesName` operationId).
+	DeleteRolloutPoliciesName(ctx context.Context, name string, params *DeleteRolloutPoliciesNameParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetRolloutPoliciesName Get a rollout policy
+	//
+	// Corresponds with GET /api/v1/rollout-policies/{name} (the `GetRolloutPoliciesName` operationId).
+	GetRolloutPoliciesName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutRolloutPoliciesNameWithBody Create (201) or replace a rollout policy (dry_run: check it, 200)
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+	PutRolloutPoliciesNameWithBody(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutRolloutPoliciesName Create (201) or replace a rollout policy (dry_run: check it, 200)
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+	PutRolloutPoliciesName(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, body PutRolloutPoliciesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetRollouts List rollouts
 	//
@@ -4604,6 +4677,85 @@ func (c *Client) PostRegisterWithBody(ctx context.Context, contentType string, b
 // Corresponds with POST /api/v1/register (the `PostRegister` operationId).
 func (c *Client) PostRegister(ctx context.Context, body PostRegisterJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPostRegisterRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetRolloutPolicies List rollout policies
+//
+// Corresponds with GET /api/v1/rollout-policies (the `GetRolloutPolicies` operationId).
+func (c *Client) GetRolloutPolicies(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetRolloutPoliciesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteRolloutPoliciesName Delete a rollout policy (running rollouts keep their plan)
+//
+// Corresponds with DELETE /api/v1/rollout-policies/{name} (the `DeleteRolloutPoliciesName` operationId).
+func (c *Client) DeleteRolloutPoliciesName(ctx context.Context, name string, params *DeleteRolloutPoliciesNameParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteRolloutPoliciesNameRequest(c.Server, name, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetRolloutPoliciesName Get a rollout policy
+//
+// Corresponds with GET /api/v1/rollout-policies/{name} (the `GetRolloutPoliciesName` operationId).
+func (c *Client) GetRolloutPoliciesName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetRolloutPoliciesNameRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutRolloutPoliciesNameWithBody Create (201) or replace a rollout policy (dry_run: check it, 200)
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+func (c *Client) PutRolloutPoliciesNameWithBody(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutRolloutPoliciesNameRequestWithBody(c.Server, name, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutRolloutPoliciesName Create (201) or replace a rollout policy (dry_run: check it, 200)
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+func (c *Client) PutRolloutPoliciesName(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, body PutRolloutPoliciesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutRolloutPoliciesNameRequest(c.Server, name, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -9409,6 +9561,202 @@ func NewPostRegisterRequestWithBody(server string, contentType string, body io.R
 	return req, nil
 }
 
+// NewGetRolloutPoliciesRequest constructs an http.Request for the GetRolloutPolicies method
+func NewGetRolloutPoliciesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/rollout-policies")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewDeleteRolloutPoliciesNameRequest constructs an http.Request for the DeleteRolloutPoliciesName method
+func NewDeleteRolloutPoliciesNameRequest(server string, name string, params *DeleteRolloutPoliciesNameParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/rollout-policies/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetRolloutPoliciesNameRequest constructs an http.Request for the GetRolloutPoliciesName method
+func NewGetRolloutPoliciesNameRequest(server string, name string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/rollout-policies/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutRolloutPoliciesNameRequest calls the generic PutRolloutPoliciesName builder with application/json body
+func NewPutRolloutPoliciesNameRequest(server string, name string, params *PutRolloutPoliciesNameParams, body PutRolloutPoliciesNameJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutRolloutPoliciesNameRequestWithBody(server, name, params, "application/json", bodyReader)
+}
+
+// NewPutRolloutPoliciesNameRequestWithBody constructs an http.Request for the PutRolloutPoliciesName method, with any body, and a specified content type
+func NewPutRolloutPoliciesNameRequestWithBody(server string, name string, params *PutRolloutPoliciesNameParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/rollout-policies/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetRolloutsRequest constructs an http.Request for the GetRollouts method
 func NewGetRolloutsRequest(server string) (*http.Request, error) {
 	var err error
@@ -11151,6 +11499,41 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/register (the `PostRegister` operationId).
 	PostRegisterWithResponse(ctx context.Context, body PostRegisterJSONRequestBody, reqEditors ...RequestEditorFn) (*PostRegisterResponse, error)
+
+	// GetRolloutPoliciesWithResponse List rollout policies
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/rollout-policies (the `GetRolloutPolicies` operationId).
+	GetRolloutPoliciesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetRolloutPoliciesResponse, error)
+
+	// DeleteRolloutPoliciesNameWithResponse Delete a rollout policy (running rollouts keep their plan)
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/rollout-policies/{name} (the `DeleteRolloutPoliciesName` operationId).
+	DeleteRolloutPoliciesNameWithResponse(ctx context.Context, name string, params *DeleteRolloutPoliciesNameParams, reqEditors ...RequestEditorFn) (*DeleteRolloutPoliciesNameResponse, error)
+
+	// GetRolloutPoliciesNameWithResponse Get a rollout policy
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/rollout-policies/{name} (the `GetRolloutPoliciesName` operationId).
+	GetRolloutPoliciesNameWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetRolloutPoliciesNameResponse, error)
+
+	// PutRolloutPoliciesNameWithBodyWithResponse Create (201) or replace a rollout policy (dry_run: check it, 200)
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+	PutRolloutPoliciesNameWithBodyWithResponse(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutRolloutPoliciesNameResponse, error)
+
+	// PutRolloutPoliciesNameWithResponse Create (201) or replace a rollout policy (dry_run: check it, 200)
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+	PutRolloutPoliciesNameWithResponse(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, body PutRolloutPoliciesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutRolloutPoliciesNameResponse, error)
 
 	// GetRolloutsWithResponse List rollouts
 	//
@@ -19624,6 +20007,366 @@ func (r PostRegisterResponse) ContentType() string {
 	return ""
 }
 
+type GetRolloutPoliciesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RolloutPolicyList
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetRolloutPoliciesResponse) GetJSON200() *RolloutPolicyList {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetRolloutPoliciesResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetRolloutPoliciesResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetRolloutPoliciesResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r GetRolloutPoliciesResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetRolloutPoliciesResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r GetRolloutPoliciesResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetRolloutPoliciesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetRolloutPoliciesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetRolloutPoliciesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetRolloutPoliciesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type DeleteRolloutPoliciesNameResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Deleted
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSON200() *Deleted {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r DeleteRolloutPoliciesNameResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteRolloutPoliciesNameResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteRolloutPoliciesNameResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteRolloutPoliciesNameResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteRolloutPoliciesNameResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type GetRolloutPoliciesNameResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RolloutPolicy
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSON200() *RolloutPolicy {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r GetRolloutPoliciesNameResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetRolloutPoliciesNameResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetRolloutPoliciesNameResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetRolloutPoliciesNameResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetRolloutPoliciesNameResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PutRolloutPoliciesNameResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RolloutPolicy
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *RolloutPolicy
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSONDefault the response for an HTTP default `application/json` response
+	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON200() *RolloutPolicy {
+	return r.JSON200
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON201() *RolloutPolicy {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON413() *Error {
+	return r.JSON413
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSONDefault returns the response for an HTTP default `application/json` response
+func (r PutRolloutPoliciesNameResponse) GetJSONDefault() *Error {
+	return r.JSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r PutRolloutPoliciesNameResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutRolloutPoliciesNameResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutRolloutPoliciesNameResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutRolloutPoliciesNameResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type GetRolloutsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -23116,6 +23859,71 @@ func (c *ClientWithResponses) PostRegisterWithResponse(ctx context.Context, body
 		return nil, err
 	}
 	return ParsePostRegisterResponse(rsp)
+}
+
+// GetRolloutPoliciesWithResponse List rollout policies
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/rollout-policies (the `GetRolloutPolicies` operationId).
+func (c *ClientWithResponses) GetRolloutPoliciesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetRolloutPoliciesResponse, error) {
+	rsp, err := c.GetRolloutPolicies(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetRolloutPoliciesResponse(rsp)
+}
+
+// DeleteRolloutPoliciesNameWithResponse Delete a rollout policy (running rollouts keep their plan)
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/rollout-policies/{name} (the `DeleteRolloutPoliciesName` operationId).
+func (c *ClientWithResponses) DeleteRolloutPoliciesNameWithResponse(ctx context.Context, name string, params *DeleteRolloutPoliciesNameParams, reqEditors ...RequestEditorFn) (*DeleteRolloutPoliciesNameResponse, error) {
+	rsp, err := c.DeleteRolloutPoliciesName(ctx, name, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteRolloutPoliciesNameResponse(rsp)
+}
+
+// GetRolloutPoliciesNameWithResponse Get a rollout policy
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/rollout-policies/{name} (the `GetRolloutPoliciesName` operationId).
+func (c *ClientWithResponses) GetRolloutPoliciesNameWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetRolloutPoliciesNameResponse, error) {
+	rsp, err := c.GetRolloutPoliciesName(ctx, name, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetRolloutPoliciesNameResponse(rsp)
+}
+
+// PutRolloutPoliciesNameWithBodyWithResponse Create (201) or replace a rollout policy (dry_run: check it, 200)
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+func (c *ClientWithResponses) PutRolloutPoliciesNameWithBodyWithResponse(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutRolloutPoliciesNameResponse, error) {
+	rsp, err := c.PutRolloutPoliciesNameWithBody(ctx, name, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutRolloutPoliciesNameResponse(rsp)
+}
+
+// PutRolloutPoliciesNameWithResponse Create (201) or replace a rollout policy (dry_run: check it, 200)
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/rollout-policies/{name} (the `PutRolloutPoliciesName` operationId).
+func (c *ClientWithResponses) PutRolloutPoliciesNameWithResponse(ctx context.Context, name string, params *PutRolloutPoliciesNameParams, body PutRolloutPoliciesNameJSONRequestBody, reqEditors ...RequestEditorFn) (*PutRolloutPoliciesNameResponse, error) {
+	rsp, err := c.PutRolloutPoliciesName(ctx, name, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutRolloutPoliciesNameResponse(rsp)
 }
 
 // GetRolloutsWithResponse List rollouts
@@ -30399,6 +31207,306 @@ func ParsePostRegisterResponse(rsp *http.Response) (*PostRegisterResponse, error
 			return nil, err
 		}
 		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetRolloutPoliciesResponse parses an HTTP response from a GetRolloutPoliciesWithResponse call
+func ParseGetRolloutPoliciesResponse(rsp *http.Response) (*GetRolloutPoliciesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetRolloutPoliciesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RolloutPolicyList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteRolloutPoliciesNameResponse parses an HTTP response from a DeleteRolloutPoliciesNameWithResponse call
+func ParseDeleteRolloutPoliciesNameResponse(rsp *http.Response) (*DeleteRolloutPoliciesNameResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteRolloutPoliciesNameResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Deleted
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetRolloutPoliciesNameResponse parses an HTTP response from a GetRolloutPoliciesNameWithResponse call
+func ParseGetRolloutPoliciesNameResponse(rsp *http.Response) (*GetRolloutPoliciesNameResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetRolloutPoliciesNameResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RolloutPolicy
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSONDefault = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePutRolloutPoliciesNameResponse parses an HTTP response from a PutRolloutPoliciesNameWithResponse call
+func ParsePutRolloutPoliciesNameResponse(rsp *http.Response) (*PutRolloutPoliciesNameResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutRolloutPoliciesNameResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RolloutPolicy
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest RolloutPolicy
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error
