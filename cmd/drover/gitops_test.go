@@ -89,6 +89,13 @@ condition: temperature_above
 threshold: 70
 label: north
 `)
+	write(repo, "rollouts.yaml", `apiVersion: drover/v1
+kind: RolloutPolicy
+name: canary-first
+waves: ["1", "10%", "100%"]
+max_failure_pct: 2.5
+window: {start: "22:00", end: "04:00"}
+`)
 	write(repo, "users.yaml", "apiVersion: drover/v1\nkind: User\nname: alice\nrole: operator\n")
 	write(filepath.Join(repo, ".git"), "ignored.yaml", "not: a description\n")
 
@@ -104,7 +111,8 @@ label: north
 		"~ ProfilePolicy (", "-create_limit: 10", "+create_limit: 5",
 		"+ LabelLayer north", "+ DeviceLayer " + dev, "+ AlertRule hot", "+condition: temperature_above",
 		"+ User alice", "+role: operator", "+ DeviceTypeSchema router",
-		"6 to create, 2 to change, 0 unchanged",
+		"+ RolloutPolicy canary-first (" + filepath.Join(repo, "rollouts.yaml") + ":2)", "+max_failure_pct: 2.5", "+stall_timeout: 3600",
+		"7 to create, 2 to change, 0 unchanged",
 	} {
 		if !strings.Contains(r.stdout, w) {
 			t.Errorf("apply --dry-run lacks %q:\n%s", w, r.stdout)
@@ -115,7 +123,7 @@ label: north
 	}
 
 	// Apply, then again: nothing left to change.
-	if r := ctl(s.AdminToken, "", "apply", "-f", repo); r.code != 0 || !strings.Contains(r.stdout, "applied: 6 created, 2 changed, 0 unchanged") {
+	if r := ctl(s.AdminToken, "", "apply", "-f", repo); r.code != 0 || !strings.Contains(r.stdout, "applied: 7 created, 2 changed, 0 unchanged") {
 		t.Fatalf("apply: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 	var label struct {
@@ -125,9 +133,17 @@ label: north
 	if st := s.Admin(t, "GET", "/api/v1/labels/north", nil, &label); st != 200 || label.Filter == "" || label.Devices != 1 {
 		t.Fatalf("label north after apply: %d %+v", st, label)
 	}
+	var rp struct {
+		Waves         []string `json:"waves"`
+		MaxFailurePct float64  `json:"max_failure_pct"`
+		Window        *struct{ Start, End string }
+	}
+	if st := s.Admin(t, "GET", "/api/v1/rollout-policies/canary-first", nil, &rp); st != 200 || len(rp.Waves) != 3 || rp.MaxFailurePct != 2.5 || rp.Window == nil || rp.Window.Start != "22:00" {
+		t.Fatalf("rollout policy after apply: %d %+v", st, rp)
+	}
 	rows = audit()
 	r = ctl(s.AdminToken, "", "apply", "-f", repo)
-	if r.code != 0 || !strings.Contains(r.stdout, "0 to create, 0 to change, 8 unchanged") || strings.Contains(r.stdout, "applied") {
+	if r.code != 0 || !strings.Contains(r.stdout, "0 to create, 0 to change, 9 unchanged") || strings.Contains(r.stdout, "applied") {
 		t.Fatalf("second apply: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 	if audit() != rows {
@@ -141,7 +157,7 @@ label: north
 			Line               int
 		} `json:"changes"`
 	}
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &plan) != nil || plan.Unchanged != 8 || len(plan.Changes) != 8 || plan.Changes[0].Line == 0 {
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &plan) != nil || plan.Unchanged != 9 || len(plan.Changes) != 9 || plan.Changes[0].Line == 0 {
 		t.Fatalf("apply --json: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 
@@ -186,6 +202,9 @@ filter: state.temperature >>> 3
 	out := t.TempDir()
 	if r := ctl(s.AdminToken, "", "export", "-o", out); r.code != 0 {
 		t.Fatalf("export -o: exit %d %s", r.code, r.stderr)
+	}
+	if rps, err := os.ReadFile(filepath.Join(out, "rollout-policies.yaml")); err != nil || !strings.Contains(string(rps), "name: canary-first") || strings.Contains(string(rps), "updated_at") {
+		t.Fatalf("rollout-policies.yaml: %v\n%s", err, rps)
 	}
 	users, err := os.ReadFile(filepath.Join(out, "users.yaml"))
 	if err != nil || !strings.Contains(string(users), "name: alice") || strings.Contains(string(users), "password") {

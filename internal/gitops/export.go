@@ -19,6 +19,7 @@ var Files = map[string]string{
 	KindLabel:         "labels.yaml",
 	KindLabelLayer:    "label-layers.yaml",
 	KindDeviceLayer:   "device-layers.yaml",
+	KindRolloutPolicy: "rollout-policies.yaml",
 	KindAlertRule:     "alert-rules.yaml",
 	KindUser:          "users.yaml",
 }

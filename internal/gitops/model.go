@@ -1,9 +1,10 @@
 // Package gitops is configuration as code for `drover ctl apply` and
 // `drover ctl export` (docs/ctl.md, "Configuration as code"): a fleet's
 // configuration — the profile policy, device types' schemas, profiles,
-// live labels, label and device layers, alert rules and users — written
-// as YAML documents, one object each, read with the line of every field,
-// compared with the server's state and applied through the operator API.
+// live labels, label and device layers, rollout policies, alert rules and
+// users — written as YAML documents, one object each, read with the line
+// of every field, compared with the server's state and applied through
+// the operator API.
 // The server checks every object (its ?dry_run=1) before anything is
 // written, so the rules live once, in the server; this package checks
 // only the form of the documents. It knows no flags.
@@ -27,12 +28,13 @@ const (
 	KindLabel         = "Label"
 	KindLabelLayer    = "LabelLayer"
 	KindDeviceLayer   = "DeviceLayer"
+	KindRolloutPolicy = "RolloutPolicy"
 	KindAlertRule     = "AlertRule"
 	KindUser          = "User"
 )
 
 // Kinds lists the kinds in apply order.
-var Kinds = []string{KindProfilePolicy, KindSchema, KindProfile, KindLabel, KindLabelLayer, KindDeviceLayer, KindAlertRule, KindUser}
+var Kinds = []string{KindProfilePolicy, KindSchema, KindProfile, KindLabel, KindLabelLayer, KindDeviceLayer, KindRolloutPolicy, KindAlertRule, KindUser}
 
 // ftype is what a field holds.
 type ftype int
@@ -76,6 +78,8 @@ var kindFields = map[string][]field{
 	KindLabel:       {{name: "name", typ: tString, required: true, key: true}, {name: "filter", typ: tString, required: true}},
 	KindLabelLayer:  {{name: "label", typ: tString, required: true, key: true}, {name: "priority", typ: tInt}, {name: "values", typ: tObject, required: true}},
 	KindDeviceLayer: {{name: "device", typ: tString, required: true, key: true}, {name: "values", typ: tObject, required: true}},
+	KindRolloutPolicy: {{name: "name", typ: tString, required: true, key: true}, {name: "waves", typ: tStrings},
+		{name: "max_failure_pct", typ: tNumber}, {name: "max_downloads", typ: tInt}, {name: "window", typ: tObject}, {name: "stall_timeout", typ: tInt}},
 	KindAlertRule: {{name: "name", typ: tString, required: true, key: true}, {name: "condition", api: "kind", typ: tString, required: true},
 		{name: "threshold", typ: tNumber}, {name: "pushes", typ: tInt}, {name: "seconds", typ: tInt},
 		{name: "label", typ: tString}, {name: "device_type", typ: tString}, {name: "severity", typ: tString},

@@ -21,6 +21,7 @@ func TestReadPathsFixture(t *testing.T) {
 	want := []string{
 		"Label north@" + filepath.Join("testdata", "fleet", "labels.yaml") + ":3",
 		"LabelLayer north@" + filepath.Join("testdata", "fleet", "labels.yaml") + ":8",
+		"RolloutPolicy canary-first@" + filepath.Join("testdata", "fleet", "rollouts.yaml") + ":3",
 		"AlertRule hot@" + filepath.Join("testdata", "fleet", "rules.yml") + ":2",
 		"User alice@" + filepath.Join("testdata", "fleet", "rules.yml") + ":10",
 	}
@@ -35,7 +36,11 @@ func TestReadPathsFixture(t *testing.T) {
 	if vals["apn"] != "internet.north" || vals["log"].(map[string]any)["level"] != "debug" {
 		t.Fatalf("values: %#v", vals)
 	}
-	if r := objs[2]; r.Fields["threshold"] != float64(70) || !reflect.DeepEqual(r.Fields["email"], []any{"ops@example.com"}) {
+	if p := objs[2]; !reflect.DeepEqual(p.Fields["waves"], []any{"1", "10%", "100%"}) || p.Fields["max_failure_pct"] != 2.5 ||
+		p.Fields["stall_timeout"] != int64(900) || p.Fields["window"].(map[string]any)["end"] != "04:00" || p.Lines["window"] != 8 {
+		t.Fatalf("rollout policy: %#v lines %v", p.Fields, p.Lines)
+	}
+	if r := objs[3]; r.Fields["threshold"] != float64(70) || !reflect.DeepEqual(r.Fields["email"], []any{"ops@example.com"}) {
 		t.Fatalf("rule: %#v", r.Fields)
 	}
 }

@@ -56,12 +56,13 @@ func (p *Plan) Counts() (created, changed, deleted, unchanged int) {
 // deletion. Profiles belong to their devices' firmware, and the profile
 // policy is always there: neither is deleted.
 var prunable = map[string]func(st *state, key string) string{
-	KindSchema:      func(_ *state, k string) string { return "/api/v1/device-types/" + url.PathEscape(k) + "/schema" },
-	KindLabel:       func(_ *state, k string) string { return "/api/v1/labels/" + url.PathEscape(k) },
-	KindLabelLayer:  func(_ *state, k string) string { return "/api/v1/labels/" + url.PathEscape(k) + "/config" },
-	KindDeviceLayer: func(_ *state, k string) string { return "/api/v1/devices/" + url.PathEscape(k) + "/config" },
-	KindAlertRule:   func(st *state, k string) string { return "/api/v1/alerts/rules/" + url.PathEscape(st.ruleIDs[k]) },
-	KindUser:        func(_ *state, k string) string { return "/api/v1/users/" + url.PathEscape(k) },
+	KindSchema:        func(_ *state, k string) string { return "/api/v1/device-types/" + url.PathEscape(k) + "/schema" },
+	KindLabel:         func(_ *state, k string) string { return "/api/v1/labels/" + url.PathEscape(k) },
+	KindLabelLayer:    func(_ *state, k string) string { return "/api/v1/labels/" + url.PathEscape(k) + "/config" },
+	KindDeviceLayer:   func(_ *state, k string) string { return "/api/v1/devices/" + url.PathEscape(k) + "/config" },
+	KindRolloutPolicy: func(_ *state, k string) string { return "/api/v1/rollout-policies/" + url.PathEscape(k) },
+	KindAlertRule:     func(st *state, k string) string { return "/api/v1/alerts/rules/" + url.PathEscape(st.ruleIDs[k]) },
+	KindUser:          func(_ *state, k string) string { return "/api/v1/users/" + url.PathEscape(k) },
 }
 
 // prune is the deletions of the server's objects of the kinds objs
@@ -198,6 +199,9 @@ func prepare(ctx context.Context, api API, st *state, o *Object, newLabels map[s
 	case KindDeviceLayer:
 		c.method, c.path = http.MethodPut, "/api/v1/devices/"+url.PathEscape(key)+"/config"
 		pick("values")
+	case KindRolloutPolicy:
+		c.method, c.path = http.MethodPut, "/api/v1/rollout-policies/"+url.PathEscape(key)
+		pick("waves", "max_failure_pct", "max_downloads", "window", "stall_timeout")
 	case KindAlertRule:
 		c.method, c.path = http.MethodPost, "/api/v1/alerts/rules"
 		if id, ok := st.ruleIDs[key]; ok {

@@ -53,13 +53,14 @@ func (f *fakeAPI) Do(_ context.Context, method, path string, q url.Values, body 
 
 func newFake() *fakeAPI {
 	return &fakeAPI{gets: map[string]string{
-		"/api/v1/profiles/policy": `{"mode":"create","carry":"inherit","create_limit":10,"create_window":86400}`,
-		"/api/v1/profiles":        `{"profiles":[{"id":"3","device_type":"router","firmware":"1.0","version":4,"config":{"a":1},"push_interval":60}]}`,
-		"/api/v1/labels":          `{"labels":[{"id":"1","name":"north","devices":2,"filter":"site = \"north\""},{"id":"2","name":"manual","devices":1}]}`,
-		"/api/v1/config/layers":   `{"layers":[{"kind":"label","name":"north","rev":2,"priority":1,"values":{"x":1}}]}`,
-		"/api/v1/alerts/rules":    `{"rules":[{"id":"7","name":"hot","kind":"cpu_above","threshold":90,"pushes":1,"severity":"warning","active":0}]}`,
-		"/api/v1/users":           `{"users":[{"name":"alice","role":"operator"}]}`,
-		"/api/v1/whoami":          `{"name":"admin","role":"admin"}`,
+		"/api/v1/profiles/policy":  `{"mode":"create","carry":"inherit","create_limit":10,"create_window":86400}`,
+		"/api/v1/profiles":         `{"profiles":[{"id":"3","device_type":"router","firmware":"1.0","version":4,"config":{"a":1},"push_interval":60}]}`,
+		"/api/v1/labels":           `{"labels":[{"id":"1","name":"north","devices":2,"filter":"site = \"north\""},{"id":"2","name":"manual","devices":1}]}`,
+		"/api/v1/config/layers":    `{"layers":[{"kind":"label","name":"north","rev":2,"priority":1,"values":{"x":1}}]}`,
+		"/api/v1/rollout-policies": `{"policies":[]}`,
+		"/api/v1/alerts/rules":     `{"rules":[{"id":"7","name":"hot","kind":"cpu_above","threshold":90,"pushes":1,"severity":"warning","active":0}]}`,
+		"/api/v1/users":            `{"users":[{"name":"alice","role":"operator"}]}`,
+		"/api/v1/whoami":           `{"name":"admin","role":"admin"}`,
 	}}
 }
 

@@ -125,6 +125,14 @@ func fetch(ctx context.Context, api API, withUsers, optionalUsers bool) (*state,
 		}
 	}
 
+	var rps struct{ Policies []map[string]any }
+	if err := getJSON(ctx, api, "/api/v1/rollout-policies", &rps); err != nil {
+		return nil, err
+	}
+	for _, p := range rps.Policies {
+		s.add(project(KindRolloutPolicy, p, nil))
+	}
+
 	var rules struct{ Rules []map[string]any }
 	if err := getJSON(ctx, api, "/api/v1/alerts/rules", &rules); err != nil {
 		return nil, err
