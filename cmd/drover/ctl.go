@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -47,6 +48,7 @@ var ctlGroups = []ctlGroup{
 	{"config", "device and group (label) values over the profiles, device types' schemas, effective configuration: get, set, delete, history, diff, rollback"},
 	{"commands", "send remote commands and wait for their results; list, pause, resume, cancel"},
 	{"rollouts", "firmware and configuration rollouts: start, status, pause, resume, abort"},
+	{"rollout-policies", "named rollout plans that rollouts start with (--policy): list, get, set, delete"},
 	{"users", "users of the dashboard and the API (admin)"},
 	{"tokens", "API tokens of users (admin)"},
 	{"apply", "make the fleet's configuration what YAML files describe; --dry-run shows the changes"},
@@ -66,6 +68,7 @@ func startStaged(fileFlag, fileHelp string, target func(s *ctl.RolloutSpec, arg 
 		fs.Float64Var(&s.MaxFailurePct, "max-failure-pct", 0, "pause when more than this share (%) of a wave failed to apply (0: the server's default)")
 		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
 		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
+		fs.StringVar(&s.Policy, "policy", "", "take the plan (waves, failure threshold, window, stall timeout) of this rollout policy instead of the flags")
 		return func(ctx context.Context, c *ctl.Client, a []string) error {
 			if *file == "" {
 				return command.Usagef("--%s is required", fileFlag)
@@ -347,6 +350,7 @@ var ctlCommands = []ctlCommand{
 		fs.IntVar(&s.MaxDownloads, "max-downloads", 0, "devices downloading at once (0: the server's default)")
 		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC, HH:MM-HH:MM (empty: any time)")
 		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds without progress that fail a device (0: the server's default)")
+		fs.StringVar(&s.Policy, "policy", "", "take the plan (waves, failure threshold, downloads, window, stall timeout) of this rollout policy instead of the flags")
 		return func(ctx context.Context, c *ctl.Client, _ []string) error {
 			if s.FirmwareID == "" {
 				return command.Usagef("--firmware-id is required")
@@ -362,6 +366,28 @@ var ctlCommands = []ctlCommand{
 	{group: "rollouts", name: "pause", args: "ID", min: 1, max: 1, summary: "pause a rollout", flags: controlRollout("pause")},
 	{group: "rollouts", name: "resume", args: "ID", min: 1, max: 1, summary: "resume a paused rollout", flags: controlRollout("resume")},
 	{group: "rollouts", name: "abort", args: "ID", min: 1, max: 1, summary: "abort a rollout", flags: controlRollout("abort")},
+
+	{group: "rollout-policies", name: "list", summary: "list the rollout policies", flags: func(*flag.FlagSet, command.Env) ctlRun {
+		return func(ctx context.Context, c *ctl.Client, _ []string) error { return c.RolloutPolicies(ctx) }
+	}},
+	{group: "rollout-policies", name: "get", args: "NAME", min: 1, max: 1, summary: "show a rollout policy", flags: id1((*ctl.Client).RolloutPolicy)},
+	{group: "rollout-policies", name: "set", args: "NAME", min: 1, max: 1, summary: "create or replace a rollout policy from a JSON plan (waves, max_failure_pct, max_downloads, window, stall_timeout)", flags: func(fs *flag.FlagSet, env command.Env) ctlRun {
+		file := fs.String("f", "", "JSON file holding the plan; what it leaves out takes the server's default (-: stdin; required)")
+		return func(ctx context.Context, c *ctl.Client, a []string) error {
+			if *file == "" {
+				return command.Usagef("-f is required")
+			}
+			b, err := readInput(env, *file, "plan")
+			if err != nil {
+				return err
+			}
+			if !json.Valid(b) {
+				return fmt.Errorf("plan: %s is not JSON", *file)
+			}
+			return c.SetRolloutPolicy(ctx, a[0], b)
+		}
+	}},
+	{group: "rollout-policies", name: "delete", args: "NAME", min: 1, max: 1, summary: "delete a rollout policy (rollouts started with it keep their plan)", flags: id1((*ctl.Client).DeleteRolloutPolicy)},
 
 	{group: "users", name: "list", summary: "list the users", flags: func(*flag.FlagSet, command.Env) ctlRun {
 		return func(ctx context.Context, c *ctl.Client, _ []string) error { return c.Users(ctx) }
@@ -400,7 +426,7 @@ var ctlCommands = []ctlCommand{
 		var paths listFlag
 		fs.Var(&paths, "f", "a YAML file, or a directory of them (*.yaml, *.yml, subdirectories too); repeat for several")
 		dry := fs.Bool("dry-run", false, "show what would change, as a diff per object, and change nothing")
-		prune := fs.Bool("prune", false, "also delete the server's objects of the kinds the description has that it does not name (schemas, live labels, layers, alert rules, users; never profiles, the profile policy or your own user)")
+		prune := fs.Bool("prune", false, "also delete the server's objects of the kinds the description has that it does not name (schemas, live labels, layers, rollout policies, alert rules, users; never profiles, the profile policy or your own user)")
 		return func(ctx context.Context, c *ctl.Client, _ []string) error {
 			if len(paths) == 0 {
 				return command.Usagef("name the description: -f FILE or -f DIR")

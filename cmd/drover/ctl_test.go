@@ -334,6 +334,27 @@ func TestCtlCommands(t *testing.T) {
 		{name: "rollouts abort", args: []string{"rollouts", "abort", "{rollout}"}, out: []string{"aborted"}},
 		{name: "rollouts status unknown", args: []string{"rollouts", "status", "999"}, code: 3},
 
+		// rollout policies
+		{name: "rollout-policies set", args: []string{"rollout-policies", "set", "slow", "-f", "-"}, stdin: `{"waves":["1","50%"],"max_failure_pct":5}`, out: []string{"slow", "50%"}},
+		{name: "rollout-policies set invalid", args: []string{"rollout-policies", "set", "slow", "-f", "-"}, stdin: `{"waves":["0"]}`, code: 2, err: []string{"wave"}},
+		{name: "rollout-policies set not JSON", args: []string{"rollout-policies", "set", "slow", "-f", "-"}, stdin: `waves: [1]`, code: 1, err: []string{"not JSON"}},
+		{name: "rollout-policies set viewer", token: "viewer", args: []string{"rollout-policies", "set", "slow", "-f", "-"}, stdin: `{}`, code: 4},
+		{name: "rollout-policies list", token: "viewer", args: []string{"rollout-policies", "list"}, out: []string{"NAME", "slow", "50%"}},
+		{name: "rollout-policies get", args: []string{"rollout-policies", "get", "slow", "--json"}, json: func(t *testing.T, v any) {
+			if str(v, "name") != "slow" || v.(map[string]any)["max_failure_pct"] != 5.0 {
+				t.Errorf("policy: %v", v)
+			}
+		}},
+		{name: "rollouts start by policy and flags", args: []string{"rollouts", "start", "--firmware-id", "{firmware}", "--policy", "slow", "--waves", "100%"}, code: 2, err: []string{"not both"}},
+		{name: "rollouts start by policy", args: []string{"rollouts", "start", "--firmware-id", "{firmware}", "--label", "north", "--policy", "slow", "--json"}, json: func(t *testing.T, v any) {
+			if str(v, "policy") != "slow" || fmt.Sprint(v.(map[string]any)["waves"]) != "[1 50%]" {
+				t.Errorf("rollout by policy: %v", v)
+			}
+		}, save: func(v map[string]any) bool { saved["rollout2"] = str(v, "id"); return true }},
+		{name: "rollouts abort by policy", args: []string{"rollouts", "abort", "{rollout2}"}, out: []string{"aborted"}},
+		{name: "rollout-policies delete", args: []string{"rollout-policies", "delete", "slow"}, out: []string{"deleted"}},
+		{name: "rollout-policies get deleted", args: []string{"rollout-policies", "get", "slow"}, code: 3},
+
 		// tokens revoked, users deleted
 		{name: "tokens revoke", args: []string{"tokens", "revoke", "{tokenid}"}, out: []string{"revoked_at"}},
 		{name: "revoked token", token: "viewer", args: []string{"devices", "list"}, code: 4},

@@ -505,6 +505,9 @@ type RolloutSpec struct {
 	MaxDownloads  int
 	Window        string // "HH:MM-HH:MM", UTC
 	StallTimeout  int
+	// Policy names a rollout policy whose plan the rollout takes; the
+	// plan's own fields are then left unset.
+	Policy string
 }
 
 var rolloutCols = cols("ID=id", "KIND=kind", "FIRMWARE=firmware_id", "STATE=state", "WAVE=wave", "TOTAL=total", "COUNTS=counts", "REASON=reason", "UPDATED=updated_at")
@@ -529,6 +532,9 @@ func (c *Client) StartRollout(ctx context.Context, s RolloutSpec) error {
 	}
 	if f := s.Filter.Values().Encode(); f != "" {
 		body["filter"] = f
+	}
+	if s.Policy != "" {
+		body["policy"] = s.Policy
 	}
 	if len(s.Waves) > 0 {
 		body["waves"] = s.Waves
@@ -574,6 +580,41 @@ func (c *Client) Rollout(ctx context.Context, id string) error {
 // resume, abort) and shows it.
 func (c *Client) ControlRollout(ctx context.Context, id, action string) error {
 	raw, err := c.do(ctx, "POST", "/api/v1/rollouts/"+url.PathEscape(id)+"/"+action, nil, nil)
+	if err != nil {
+		return err
+	}
+	return c.object(raw)
+}
+
+var rolloutPolicyCols = cols("NAME=name", "WAVES=waves", "MAX_FAILURE_PCT=max_failure_pct", "MAX_DOWNLOADS=max_downloads", "WINDOW=window", "STALL_TIMEOUT=stall_timeout", "UPDATED=updated_at")
+
+// RolloutPolicies lists the rollout policies.
+func (c *Client) RolloutPolicies(ctx context.Context) error {
+	raw, err := c.do(ctx, "GET", "/api/v1/rollout-policies", nil, nil)
+	if err != nil {
+		return err
+	}
+	return c.list(raw, "policies", rolloutPolicyCols)
+}
+
+// RolloutPolicy shows a rollout policy.
+func (c *Client) RolloutPolicy(ctx context.Context, name string) error {
+	return c.show(ctx, "/api/v1/rollout-policies/"+url.PathEscape(name))
+}
+
+// SetRolloutPolicy creates or replaces the rollout policy name with the
+// plan of body (a JSON object) and shows it.
+func (c *Client) SetRolloutPolicy(ctx context.Context, name string, body []byte) error {
+	raw, err := c.do(ctx, "PUT", "/api/v1/rollout-policies/"+url.PathEscape(name), nil, json.RawMessage(body))
+	if err != nil {
+		return err
+	}
+	return c.object(raw)
+}
+
+// DeleteRolloutPolicy deletes a rollout policy.
+func (c *Client) DeleteRolloutPolicy(ctx context.Context, name string) error {
+	raw, err := c.do(ctx, "DELETE", "/api/v1/rollout-policies/"+url.PathEscape(name), nil, nil)
 	if err != nil {
 		return err
 	}
