@@ -915,3 +915,32 @@ func TestSeamClusterAlertSettings(t *testing.T) {
 		})
 	})
 }
+
+// TestSeamClusterRolloutPolicies: a rollout policy set on A is there on
+// B; replaced on B, A reads the new plan; deleted on A, B forgets it.
+func TestSeamClusterRolloutPolicies(t *testing.T) {
+	t.Parallel()
+	_, _, nodes := startCluster(t, "a", "b")
+	a, b := nodes[0], nodes[1]
+	if st, body := a.do("PUT", "/api/v1/rollout-policies/slow", adminToken, `{"waves":["1","50%"],"max_failure_pct":5}`); st != 201 {
+		t.Fatalf("policy on a: %d %s", st, body)
+	}
+	within(t, converge, "b has the policy set on a", func() bool {
+		st, body := b.do("GET", "/api/v1/rollout-policies/slow", adminToken, "")
+		return st == 200 && strings.Contains(string(body), `"waves":["1","50%"]`)
+	})
+	if st, body := b.do("PUT", "/api/v1/rollout-policies/slow", adminToken, `{"waves":["100%"]}`); st != 200 {
+		t.Fatalf("policy replaced on b: %d %s", st, body)
+	}
+	within(t, converge, "a has the plan replaced on b", func() bool {
+		st, body := a.do("GET", "/api/v1/rollout-policies/slow", adminToken, "")
+		return st == 200 && strings.Contains(string(body), `"waves":["100%"]`)
+	})
+	if st, body := a.do("DELETE", "/api/v1/rollout-policies/slow", adminToken, ""); st != 200 {
+		t.Fatalf("delete on a: %d %s", st, body)
+	}
+	within(t, converge, "b forgets the policy deleted on a", func() bool {
+		st, _ := b.do("GET", "/api/v1/rollout-policies/slow", adminToken, "")
+		return st == 404
+	})
+}
