@@ -62,9 +62,15 @@ type RolloutSpec struct {
 	// "label=north&liveness=online"); the firmware's device type, or the
 	// configuration's label, is implied.
 	Filter string `json:"filter,omitempty"`
-	// Policy names the rollout policy whose plan (the fields below) the
-	// rollout was started with (rolloutpolicy.go); the plan is copied.
+	// Policy names the rollout policy whose plan the rollout was started
+	// with (rolloutpolicy.go); the plan is copied.
 	Policy string `json:"policy,omitempty"`
+	RolloutPlan
+}
+
+// RolloutPlan is how a rollout goes: given inline, or a rollout
+// policy's (rolloutpolicy.go).
+type RolloutPlan struct {
 	// Waves are wave sizes, each a count ("10") or a percentage of the
 	// devices matched at creation ("25%"); the last repeats.
 	Waves []string `json:"waves,omitempty"`
@@ -78,6 +84,16 @@ type RolloutSpec struct {
 	// StallTimeout fails a downloading or installing device that reports
 	// no progress for this many seconds.
 	StallTimeout int `json:"stall_timeout"`
+}
+
+// clone is p sharing no memory with it.
+func (p RolloutPlan) clone() RolloutPlan {
+	p.Waves = slices.Clone(p.Waves)
+	if p.Window != nil {
+		w := *p.Window
+		p.Window = &w
+	}
+	return p
 }
 
 // Window is a daily maintenance window in UTC, "HH:MM" each; End before
@@ -186,7 +202,7 @@ type RolloutDevice struct {
 
 // DefaultRolloutSpec fills what an operator left out.
 func DefaultRolloutSpec() RolloutSpec {
-	return RolloutSpec{Waves: []string{"1", "10%", "100%"}, MaxFailurePct: 10, MaxDownloads: 50, StallTimeout: 3600}
+	return RolloutSpec{RolloutPlan: RolloutPlan{Waves: []string{"1", "10%", "100%"}, MaxFailurePct: 10, MaxDownloads: 50, StallTimeout: 3600}}
 }
 
 // rollout is a Rollout in memory.
@@ -260,6 +276,17 @@ func (r *rollout) waveLimit(n int) int {
 
 // Check reports the first rule spec breaks.
 func (spec *RolloutSpec) Check() error {
+	if err := spec.RolloutPlan.check(); err != nil {
+		return err
+	}
+	if len(spec.Filter) > 4096 {
+		return &FieldError{Field: "filter", Message: "filter must be at most 4096 bytes"}
+	}
+	return nil
+}
+
+// check checks a plan, a rollout's own or a rollout policy's.
+func (spec *RolloutPlan) check() error {
 	if len(spec.Waves) == 0 || len(spec.Waves) > 20 {
 		return &FieldError{Field: "waves", Message: "waves must list 1..20 sizes"}
 	}
@@ -279,8 +306,6 @@ func (spec *RolloutSpec) Check() error {
 		return &FieldError{Field: "max_downloads", Message: "max_downloads must be 1..100000"}
 	case spec.StallTimeout < 60 || spec.StallTimeout > 7*86400:
 		return &FieldError{Field: "stall_timeout", Message: "stall_timeout must be 60..604800 seconds"}
-	case len(spec.Filter) > 4096:
-		return &FieldError{Field: "filter", Message: "filter must be at most 4096 bytes"}
 	}
 	if w := spec.Window; w != nil {
 		_, ok1 := hhmm(w.Start)

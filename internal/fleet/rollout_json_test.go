@@ -9,7 +9,7 @@ import (
 // A rollout's IDs are written as strings and read as strings or numbers
 // (rollouts stored before IDs became strings).
 func TestRolloutJSONIDs(t *testing.T) {
-	b, err := json.Marshal(Rollout{ID: 3, RolloutSpec: RolloutSpec{FirmwareID: 5, MaxDownloads: 7}, State: RolloutRunning})
+	b, err := json.Marshal(Rollout{ID: 3, RolloutSpec: RolloutSpec{FirmwareID: 5, RolloutPlan: RolloutPlan{MaxDownloads: 7}}, State: RolloutRunning})
 	if err != nil || !strings.Contains(string(b), `"id":"3"`) || !strings.Contains(string(b), `"firmware_id":"5"`) ||
 		strings.Count(string(b), `"id"`) != 1 || !strings.Contains(string(b), `"max_downloads":7`) {
 		t.Fatalf("%s %v", b, err)

@@ -19,14 +19,10 @@ import (
 
 // RolloutPolicy is a named rollout plan.
 type RolloutPolicy struct {
-	Name          string    `json:"name"`
-	Waves         []string  `json:"waves"`
-	MaxFailurePct float64   `json:"max_failure_pct"`
-	MaxDownloads  int       `json:"max_downloads"`
-	Window        *Window   `json:"window,omitempty"`
-	StallTimeout  int       `json:"stall_timeout"`
-	UpdatedAt     time.Time `json:"updated_at"`
-	By            string    `json:"by,omitempty"`
+	Name string `json:"name"`
+	RolloutPlan
+	UpdatedAt time.Time `json:"updated_at"`
+	By        string    `json:"by,omitempty"`
 }
 
 // PlanFields are the JSON fields of a rollout's plan, which a policy
@@ -35,19 +31,7 @@ var PlanFields = []string{"waves", "max_failure_pct", "max_downloads", "window",
 
 // DefaultRolloutPolicy is a policy named name with the rollouts' defaults.
 func DefaultRolloutPolicy(name string) RolloutPolicy {
-	d := DefaultRolloutSpec()
-	return RolloutPolicy{Name: name, Waves: d.Waves, MaxFailurePct: d.MaxFailurePct, MaxDownloads: d.MaxDownloads, StallTimeout: d.StallTimeout}
-}
-
-// apply copies p's plan into spec.
-func (p RolloutPolicy) apply(spec *RolloutSpec) {
-	spec.Waves = slices.Clone(p.Waves)
-	spec.MaxFailurePct, spec.MaxDownloads, spec.StallTimeout = p.MaxFailurePct, p.MaxDownloads, p.StallTimeout
-	spec.Window = nil
-	if p.Window != nil {
-		w := *p.Window
-		spec.Window = &w
-	}
+	return RolloutPolicy{Name: name, RolloutPlan: DefaultRolloutSpec().RolloutPlan}
 }
 
 // ValidRolloutPolicyName checks a policy's name: 1..64 of a-z, 0-9, '.',
@@ -69,9 +53,7 @@ func (p RolloutPolicy) Check() error {
 	if err := ValidRolloutPolicyName(p.Name); err != nil {
 		return err
 	}
-	var spec RolloutSpec
-	p.apply(&spec)
-	return spec.Check()
+	return p.RolloutPlan.check()
 }
 
 // rolloutPolicies reads the policies in force (nil: none).
@@ -114,7 +96,7 @@ func (pol *policy) RolloutPolicy(name string) (RolloutPolicy, bool) {
 // policy of its name; dry: only checks it. It says whether the policy
 // was new.
 func (pol *policy) SetRolloutPolicy(ctx context.Context, p RolloutPolicy, by string, dry bool) (RolloutPolicy, bool, error) {
-	p.Waves = slices.Clone(p.Waves)
+	p.RolloutPlan = p.RolloutPlan.clone()
 	if err := p.Check(); err != nil {
 		return RolloutPolicy{}, false, err
 	}
@@ -180,6 +162,6 @@ func (pol *policy) UseRolloutPolicy(spec *RolloutSpec, inline string) error {
 	if !ok {
 		return &FieldError{Field: "policy", Message: "no rollout policy " + strconv.Quote(spec.Policy)}
 	}
-	p.apply(spec)
+	spec.RolloutPlan = p.RolloutPlan.clone()
 	return nil
 }

@@ -119,12 +119,8 @@ func (b *profileRolloutBody) UnmarshalJSON(data []byte) error {
 // rolloutPolicyBody creates or replaces a rollout policy; what it leaves
 // out is the rollouts' default.
 type rolloutPolicyBody struct {
-	Name          string        `json:"name"` // optional: the path's name
-	Waves         []string      `json:"waves"`
-	MaxFailurePct float64       `json:"max_failure_pct"`
-	MaxDownloads  int           `json:"max_downloads"`
-	Window        *fleet.Window `json:"window"`
-	StallTimeout  int           `json:"stall_timeout"`
+	Name string `json:"name"` // optional: the path's name
+	fleet.RolloutPlan
 }
 
 type rolloutPolicyList struct {

@@ -58,8 +58,7 @@ func (a *api) putRolloutPolicy(r *http.Request) (any, error) {
 		return nil, err
 	}
 	name := r.PathValue("name")
-	def := fleet.DefaultRolloutPolicy(name)
-	in := rolloutPolicyBody{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, MaxDownloads: def.MaxDownloads, StallTimeout: def.StallTimeout}
+	in := rolloutPolicyBody{RolloutPlan: fleet.DefaultRolloutSpec().RolloutPlan}
 	if err := decodeStrict(r, "rollout policy: ", &in); err != nil {
 		return nil, err
 	}
@@ -70,7 +69,7 @@ func (a *api) putRolloutPolicy(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := fleet.RolloutPolicy{Name: name, Waves: in.Waves, MaxFailurePct: in.MaxFailurePct, MaxDownloads: in.MaxDownloads, Window: in.Window, StallTimeout: in.StallTimeout}
+	p := fleet.RolloutPolicy{Name: name, RolloutPlan: in.RolloutPlan}
 	out, isNew, err := a.fleet.SetRolloutPolicy(r.Context(), p, by, dry)
 	switch {
 	case err != nil:

@@ -1210,7 +1210,7 @@ type RolloutPolicy struct {
 	Name          string    `json:"name"`
 	StallTimeout  int       `json:"stall_timeout"`
 	UpdatedAt     time.Time `json:"updated_at"`
-	Waves         *[]string `json:"waves"`
+	Waves         *[]string `json:"waves,omitempty"`
 	Window        *Window   `json:"window,omitempty"`
 }
 

@@ -23,9 +23,9 @@ func testRolloutPolicyRoundTrip(t *testing.T, h *handle) {
 		t.Fatalf("empty store: %+v", d.RolloutPolicies)
 	}
 	at := time.UnixMilli(1_700_000_000_123).UTC()
-	slow := fleet.RolloutPolicy{Name: "slow", Waves: []string{"1", "5%", "100%"}, MaxFailurePct: 2.5, MaxDownloads: 10,
-		Window: &fleet.Window{Start: "22:00", End: "04:00"}, StallTimeout: 600, UpdatedAt: at, By: "alice"}
-	fast := fleet.RolloutPolicy{Name: "fast", Waves: []string{"100%"}, MaxFailurePct: 50, MaxDownloads: 500, StallTimeout: 60, UpdatedAt: at}
+	slow := fleet.RolloutPolicy{Name: "slow", RolloutPlan: fleet.RolloutPlan{Waves: []string{"1", "5%", "100%"}, MaxFailurePct: 2.5, MaxDownloads: 10,
+		Window: &fleet.Window{Start: "22:00", End: "04:00"}, StallTimeout: 600}, UpdatedAt: at, By: "alice"}
+	fast := fleet.RolloutPolicy{Name: "fast", RolloutPlan: fleet.RolloutPlan{Waves: []string{"100%"}, MaxFailurePct: 50, MaxDownloads: 500, StallTimeout: 60}, UpdatedAt: at}
 	for _, p := range []fleet.RolloutPolicy{slow, fast} {
 		if err := ps.SaveRolloutPolicy(ctx, p); err != nil {
 			t.Fatalf("save %s: %v", p.Name, err)
