@@ -64,10 +64,11 @@ func TestSeamClusterConfigRollouts(t *testing.T) {
 	if st != 201 || json.Unmarshal(body, &ro) != nil || ro.Kind != fleet.RolloutConfig || ro.Total != 2 {
 		t.Fatalf("configuration rollout on a: %d %s", st, body)
 	}
-	within(t, converge, "b refuses other changes of the staged values", func() bool {
-		st, _ := b.do("PUT", "/api/v1/labels/cr/config", adminToken, `{"values":{"x":9}}`)
-		return st == 409
-	})
+	// At once: b reads the rollouts back before it takes a change of a
+	// label's values, so none slips in before the change log reaches it.
+	if st, body := b.do("PUT", "/api/v1/labels/cr/config", adminToken, `{"values":{"x":9}}`); st != 409 {
+		t.Fatalf("b took a change of the staged values: %d %s", st, body)
+	}
 	var canary int
 	within(t, 10*time.Second, "b knows wave 1", func() bool {
 		st, body := b.do("GET", fmt.Sprintf("/api/v1/rollouts/%d/devices", ro.ID), adminToken, "")
@@ -119,10 +120,9 @@ func TestSeamClusterConfigRollouts(t *testing.T) {
 	if st != 201 || json.Unmarshal(body, &ro) != nil {
 		t.Fatalf("profile rollout on a: %d %s", st, body)
 	}
-	within(t, converge, "b refuses other changes of the staged profile", func() bool {
-		st, _ := b.do("PATCH", "/api/v1/profiles/"+prof, adminToken, `{"config":{"p":9}}`)
-		return st == 409
-	})
+	if st, body := b.do("PATCH", "/api/v1/profiles/"+prof, adminToken, `{"config":{"p":9}}`); st != 409 {
+		t.Fatalf("b took a change of the staged profile: %d %s", st, body)
+	}
 	within(t, 10*time.Second, "b knows wave 1 of the profile rollout", func() bool { return getRollout(t, b, ro.ID).Wave == 1 })
 	st, body = b.do("GET", fmt.Sprintf("/api/v1/rollouts/%d/devices", ro.ID), adminToken, "")
 	var page struct{ Devices []fleet.RolloutDevice }
@@ -137,4 +137,54 @@ func TestSeamClusterConfigRollouts(t *testing.T) {
 		_, ans := pushAt(t, b, devs[canary].Token, applied[canary])
 		return ans.Config != nil && strings.Contains(string(ans.Config.Data), `"p":1`)
 	})
+}
+
+// TestClusterStagedRefusedBeforeReadBack: b refuses a change of what a
+// rollout started on a stages, a label's values or a profile's
+// configuration, even before the change log reaches b (NATS down: no
+// nudge, b reads the log every 250 ms): b reads the rollouts back first.
+func TestClusterStagedRefusedBeforeReadBack(t *testing.T) {
+	t.Parallel()
+	dsn := dbtest.Need(t, dbtest.Postgres, pg).NewDB(t)
+	nats := startNATS(t)
+	a := startNode(t, "a", dsn, nats.url())
+	b := startNode(t, "b", dsn, nats.url())
+	d1 := registerAs(t, a, "m-staged-rb-1", "SEAM-SRB", "1.0")
+	d2 := registerAs(t, a, "m-staged-rb-2", "SEAM-SRB2", "1.0")
+	for _, rq := range []struct{ method, path, body string }{
+		{"POST", "/api/v1/labels/assign", `{"label":"srb","filter":{"q":"m-staged-rb-1"}}`},
+		{"PUT", "/api/v1/labels/srb/config", `{"values":{"x":1}}`},
+	} {
+		if st, body := a.do(rq.method, rq.path, adminToken, rq.body); st != 200 {
+			t.Fatalf("%s %s on a: %d %s", rq.method, rq.path, st, body)
+		}
+	}
+	// Each device pushes and applies what it is sent: a rollout takes
+	// the devices that have pushed.
+	for _, d := range []registration{d1, d2} {
+		if st, ans := pushAt(t, a, d.Token, 0); st != 200 {
+			t.Fatalf("push of %s: %d", d.DeviceID, st)
+		} else if ans.Config != nil {
+			pushAt(t, a, d.Token, ans.Config.Version)
+		}
+	}
+	prof := deviceProfile(t, a, d2.DeviceID)
+	within(t, converge, "b knows the label's values, the devices and the profile", func() bool {
+		st, _ := b.do("GET", "/api/v1/labels/srb/config", adminToken, "")
+		return st == 200 && deviceProfile(t, b, d1.DeviceID) != "" && deviceProfile(t, b, d2.DeviceID) == prof
+	})
+	nats.stop()
+
+	if st, body := a.do("POST", "/api/v1/labels/srb/config/rollout", adminToken, `{"values":{"x":2},"waves":["1","100%"]}`); st != 201 {
+		t.Fatalf("configuration rollout on a: %d %s", st, body)
+	}
+	if st, body := b.do("PUT", "/api/v1/labels/srb/config", adminToken, `{"values":{"x":9}}`); st != 409 {
+		t.Fatalf("b took a change of the staged values: %d %s", st, body)
+	}
+	if st, body := a.do("POST", "/api/v1/profiles/"+prof+"/rollout", adminToken, `{"config":{"p":1},"waves":["1","100%"]}`); st != 201 {
+		t.Fatalf("profile rollout on a: %d %s", st, body)
+	}
+	if st, body := b.do("PATCH", "/api/v1/profiles/"+prof, adminToken, `{"config":{"p":9}}`); st != 409 {
+		t.Fatalf("b took a change of the staged profile: %d %s", st, body)
+	}
 }

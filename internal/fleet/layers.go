@@ -160,6 +160,10 @@ type layerState struct {
 	hasLabel   func(id uint64, label uint16) bool
 	labelsGen  func() uint64
 	renewNames func()
+	// syncStages reads back the rollouts other nodes started (a no-op on
+	// one server), so that a change of a label's values another node
+	// staged a moment ago is refused here too (rollout_cluster.go).
+	syncStages func(ctx context.Context) error
 }
 
 // wire gives the room what it needs of the others (New).
@@ -167,6 +171,19 @@ func (l *layerState) wire(s *Service) {
 	l.devs, l.events, l.now, l.log, l.note = s, &s.events, s.now, s.log, s.noteChange
 	l.labelIDs, l.hasLabel, l.labelsGen = s.labels.LabelIDs, s.labels.HasLabel, s.labels.LabelsGeneration
 	l.renewNames = s.labels.renewNames
+	l.syncStages = func(ctx context.Context) error { return s.firmwareState.SyncRollouts(ctx) }
+}
+
+// syncStaged reads the rollouts back before an operator changes a label's
+// values (kind LayerLabel); an unreadable store refuses the change.
+func (l *layerState) syncStaged(ctx context.Context, kind LayerKind) error {
+	if kind != LayerLabel || l.syncStages == nil {
+		return nil
+	}
+	if err := l.syncStages(ctx); err != nil {
+		return errors.Join(ErrUnavailable, err)
+	}
+	return nil
 }
 
 // labelNames is a copy of the label registry's names for reading under a
@@ -448,6 +465,9 @@ func (l *layerState) PutConfigLayer(ctx context.Context, kind LayerKind, name st
 	} else if err := CheckVariables("values", vals); err != nil {
 		return ConfigLayer{}, false, err
 	}
+	if err := l.syncStaged(ctx, kind); err != nil {
+		return ConfigLayer{}, false, err
+	}
 	l.write.Lock()
 	defer l.write.Unlock()
 	cur, _ := l.ConfigLayer(kind, name)
@@ -462,6 +482,9 @@ func (l *layerState) PutConfigLayer(ctx context.Context, kind LayerKind, name st
 		return cur, false, nil
 	}
 	if u.DryRun {
+		if err := l.refuseStaged(next); err != nil {
+			return ConfigLayer{}, false, err
+		}
 		if err := l.checkSchemas(next); err != nil {
 			return ConfigLayer{}, false, err
 		}
@@ -476,6 +499,9 @@ func (l *layerState) PutConfigLayer(ctx context.Context, kind LayerKind, name st
 func (l *layerState) DeleteConfigLayer(ctx context.Context, kind LayerKind, name, by string) error {
 	name, err := l.layerName(kind, name)
 	if err != nil {
+		return err
+	}
+	if err := l.syncStaged(ctx, kind); err != nil {
 		return err
 	}
 	l.write.Lock()
@@ -613,6 +639,9 @@ func (l *layerState) RollbackLayer(ctx context.Context, kind LayerKind, name str
 		return ConfigLayer{}, err
 	}
 	name, _ = l.layerName(kind, name)
+	if err := l.syncStaged(ctx, kind); err != nil {
+		return ConfigLayer{}, err
+	}
 	l.write.Lock()
 	defer l.write.Unlock()
 	r.By, r.Note = by, "rollback to revision "+strconv.Itoa(rev)

@@ -104,6 +104,9 @@ type profiles struct {
 	// checkSchema checks a configuration against the schemas of the
 	// layers its devices have (layerschema.go).
 	checkSchema func(e *profileEntry, next *Profile) error
+	// syncStages reads back the rollouts other nodes started before an
+	// operator changes a configuration (rollout_cluster.go).
+	syncStages func(ctx context.Context) error
 }
 
 // wire gives the room its options and what it needs of the others (New,
@@ -113,6 +116,7 @@ func (ps *profiles) wire(s *Service) {
 	ps.devs, ps.events, ps.now, ps.log, ps.note = s, &s.events, s.now, s.log, s.noteChange
 	ps.policy, ps.policyLocked, ps.saveLink = s.policy.profilePolicy, s.policy.locked, s.policy.saveLink
 	ps.quotaNote, ps.recordRevision, ps.checkSchema = s.quota.note, s.firmwareState.recordRevision, s.layerState.checkProfileSchema
+	ps.syncStages = func(ctx context.Context) error { return s.firmwareState.SyncRollouts(ctx) }
 }
 
 func newProfiles(loaded []Profile, maxID uint64, layers *layerState) *profiles {
@@ -294,7 +298,24 @@ func (ps *profiles) UpdateProfile(ctx context.Context, id uint64, u ProfileUpdat
 // profile as it is with changed false: nothing is stored, no revision is
 // recorded and no device is told.
 func (ps *profiles) ApplyProfileUpdate(ctx context.Context, id uint64, u ProfileUpdate) (p Profile, changed bool, err error) {
+	if err := ps.syncStaged(ctx, u.Config != nil); err != nil {
+		return Profile{}, false, err
+	}
 	return ps.updateProfile(ctx, id, u, u.By, "updated", false)
+}
+
+// syncStaged reads the rollouts back before an operator changes a
+// profile's configuration (config true): a rollout another node started a
+// moment ago stages it here too, and refuses the change. An unreadable
+// store refuses it as well.
+func (ps *profiles) syncStaged(ctx context.Context, config bool) error {
+	if !config || ps.syncStages == nil {
+		return nil
+	}
+	if err := ps.syncStages(ctx); err != nil {
+		return errors.Join(ErrUnavailable, err)
+	}
+	return nil
 }
 
 // updateProfile applies u; always makes even an unchanged configuration a

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"sort"
 	"strconv"
@@ -182,6 +183,9 @@ func (fs *firmwareState) RollbackProfile(ctx context.Context, id uint64, rev int
 		return Profile{}, err
 	}
 	pi := r.PushInterval
+	if err := fs.SyncRollouts(ctx); err != nil { // a rollout another node started stages it
+		return Profile{}, errors.Join(ErrUnavailable, err)
+	}
 	p, _, err := fs.devs.updateProfile(ctx, id, ProfileUpdate{Config: r.Config, PushInterval: &pi}, by, "rollback to revision "+strconv.Itoa(rev), true)
 	return p, err
 }
