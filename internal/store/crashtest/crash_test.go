@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/drover/drover/internal/store/dbtest"
+	"github.com/drover/drover/internal/store/postgres"
 	"github.com/drover/drover/internal/testwait"
 )
 
@@ -828,10 +829,12 @@ func endLockSession(t *testing.T, backend, dsn string) {
 			t.Fatal(err)
 		}
 		defer c.Close(ctx)
-		// Key 7283409582: classid 1, objid 2988442286 (docs/persistence.md).
-		if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
-			AND classid = 1 AND objid = 2988442286 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`); err != nil {
+		var n int
+		if err := c.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM (`+postgres.InstanceLockSessions+`) held`).Scan(&n); err != nil {
 			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Fatalf("%d sessions held the instance lock, want 1", n)
 		}
 		return
 	}

@@ -112,7 +112,7 @@ func (c *cluster) connect(ctx context.Context) error {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared($1)`, int64(instanceKey)).Scan(&got); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared($1 # `+schemaSalt+`)`, int64(instanceKey)).Scan(&got); err != nil {
 		conn.Close(ctx)
 		return fmt.Errorf("postgres: cluster lock: %w", err)
 	}
@@ -152,7 +152,7 @@ func (s *Store) TryLeader(ctx context.Context) (bool, error) {
 	if c.leader {
 		return true, nil
 	}
-	if err := c.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(leaderKey)).Scan(&c.leader); err != nil {
+	if err := c.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1 # `+schemaSalt+`)`, int64(leaderKey)).Scan(&c.leader); err != nil {
 		return false, err
 	}
 	return c.leader, nil

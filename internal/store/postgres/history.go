@@ -178,7 +178,7 @@ func (s *Store) createPart(ctx context.Context, from int64) error {
 		return err
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(partLockKey)); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1 # `+schemaSalt+`)`, int64(partLockKey)); err != nil {
 		return err
 	}
 	to := from + partitionPeriod
@@ -503,10 +503,10 @@ func (s *Store) CompactHistory(ctx context.Context, now time.Time) (int, error) 
 	}
 	defer conn.Release()
 	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(compactLockKey)).Scan(&ok); err != nil || !ok {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1 # `+schemaSalt+`)`, int64(compactLockKey)).Scan(&ok); err != nil || !ok {
 		return 0, err // another node is at it
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(compactLockKey))
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1 # `+schemaSalt+`)`, int64(compactLockKey))
 	if err := s.loadParts(ctx); err != nil {
 		return 0, err
 	}

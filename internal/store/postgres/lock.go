@@ -14,8 +14,22 @@ import (
 )
 
 // instanceKey is the session advisory lock of the instance lock; advisory
-// locks are per database.
+// locks are per database, so each key is taken as "$1 # schemaSalt".
 const instanceKey = 7283409582
+
+// schemaSalt makes the advisory lock keys of an installation in another
+// schema of the same database (a search_path in the DSN) its own: two
+// installations side by side neither exclude each other nor share a
+// leader. In the public schema the keys are the constants, as they always
+// were, so that servers of every version exclude each other there.
+const schemaSalt = `(CASE WHEN current_schema() = 'public' THEN 0::bigint ELSE (hashtext(current_schema())::bigint & 2147483647) << 1 END)`
+
+// InstanceLockSessions selects the sessions holding the instance lock of
+// the connection's schema: the way to end a dead host's session by hand
+// (docs/persistence.md).
+const InstanceLockSessions = `SELECT pid FROM pg_locks, (SELECT 7283409582::bigint # ` + schemaSalt + ` AS k) key
+	WHERE locktype = 'advisory' AND granted AND classid = (key.k >> 32)::oid AND objid = (key.k & 4294967295)::oid
+		AND objsubid = 1 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 
 // fenceQuery fails (division by zero) unless this server is the recorded
 // holder; FOR SHARE makes a new holder's record wait for the commit.
@@ -50,7 +64,7 @@ func (l *lock) connectAndLock(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(instanceKey)).Scan(&got); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1 # `+schemaSalt+`)`, int64(instanceKey)).Scan(&got); err != nil {
 		conn.Close(ctx)
 		return nil, fmt.Errorf("postgres: instance lock: %w", err)
 	}
@@ -140,6 +154,6 @@ func (l *lock) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// Release first: the server ends a closed session asynchronously.
-	l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(instanceKey))
+	l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1 # `+schemaSalt+`)`, int64(instanceKey))
 	l.conn.Close(ctx)
 }

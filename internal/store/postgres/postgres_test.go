@@ -77,10 +77,11 @@ func TestCommitIsAtomic(t *testing.T) {
 // before the first takes the lock back.
 func TestTakeover(t *testing.T) {
 	storetest.RunTakeover(t, newDB, func(t testing.TB, s contract.Store) {
-		_, err := s.(*Store).pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_locks
-			WHERE locktype = 'advisory' AND granted AND classid = $1 AND objid = $2 AND objsubid = 1
-				AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-			int64(instanceKey>>32), int64(instanceKey&0xffffffff))
+		var n int
+		err := s.(*Store).pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM (`+InstanceLockSessions+`) held`).Scan(&n)
+		if err == nil && n != 1 {
+			t.Fatalf("%d sessions held the instance lock, want 1", n)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
