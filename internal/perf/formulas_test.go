@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/emulator/results"
 )
 
 func near(t *testing.T, what string, got, want, tol float64) {
@@ -328,5 +330,13 @@ func TestFleetCPUPerPush(t *testing.T) {
 	r.Preset.MaxCPUPerPushUS = 0
 	if c := Compute(r); len(c.Checks) != 5 || c.CPUPerPushLaterUS < 179 || c.CPUPerPushLaterUS > 181 {
 		t.Fatalf("%+v, later %g µs", c.Checks, c.CPUPerPushLaterUS)
+	}
+	// The protocol speaks of handshakes only where there were some.
+	if md := markdownOf(r); !strings.Contains(md, "Server CPU time per accepted push: 750 µs in the first loop, 180 µs after it.") {
+		t.Errorf("plain HTTP: %s", md)
+	}
+	r.Parts[0].Conns = &results.Conns{TLSFull: 40_000, TLSResumed: 60_000}
+	if md := markdownOf(r); !strings.Contains(md, "750 µs in the first loop (each device's first connection, a full handshake), 180 µs after it (resumed sessions).") {
+		t.Errorf("over TLS: %s", md)
 	}
 }

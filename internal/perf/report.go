@@ -337,14 +337,19 @@ func overloadSection(d *doc.Doc, r *Result, c *Calc) {
 // fleetSection is a fleet test's criteria.
 func fleetSection(d *doc.Doc, r *Result, c *Calc) {
 	checksTable(d, "Fleet test criteria", c)
-	if len(r.Parts) > 0 && r.Parts[0].Conns != nil && r.Parts[0].Conns.TLSFull+r.Parts[0].Conns.TLSResumed > 0 {
+	overTLS := len(r.Parts) > 0 && r.Parts[0].Conns != nil && r.Parts[0].Conns.TLSFull+r.Parts[0].Conns.TLSResumed > 0
+	if overTLS {
 		cn := r.Parts[0].Conns
 		d.Paraf("TLS handshakes during the test: %s full, %s resumed (%s full after a refused session), %s failed.",
 			group(cn.TLSFull), group(cn.TLSResumed), group(cn.TLSResumeFailed), group(cn.TLSErrors))
 	}
-	if c.CPUPerPushFirstUS > 0 || c.CPUPerPushLaterUS > 0 {
-		d.Paraf("Server CPU time per accepted push: %s µs in the first loop (over TLS: each device's first connection, a full handshake), %s µs after it (over TLS with --conn resume: resumed sessions).",
-			render.Fixed(c.CPUPerPushFirstUS, 0), render.Fixed(c.CPUPerPushLaterUS, 0))
+	switch first, later := render.Fixed(c.CPUPerPushFirstUS, 0), render.Fixed(c.CPUPerPushLaterUS, 0); {
+	case overTLS && c.CPUPerPushLaterUS > 0:
+		d.Paraf("Server CPU time per accepted push: %s µs in the first loop (each device's first connection, a full handshake), %s µs after it (resumed sessions).", first, later)
+	case c.CPUPerPushLaterUS > 0:
+		d.Paraf("Server CPU time per accepted push: %s µs in the first loop, %s µs after it.", first, later)
+	case c.CPUPerPushFirstUS > 0:
+		d.Paraf("Server CPU time per accepted push: %s µs in the first loop (the test ended before a second).", first)
 	}
 	if len(r.Parts) > 0 {
 		reg := r.Parts[0].Register
