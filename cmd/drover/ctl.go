@@ -69,6 +69,7 @@ func startStaged(fileFlag, fileHelp string, target func(s *ctl.RolloutSpec, arg 
 		fs.StringVar(&s.Window, "window", "", "daily maintenance window in UTC for starting waves, HH:MM-HH:MM (empty: any time)")
 		fs.IntVar(&s.StallTimeout, "stall-timeout", 0, "seconds a device may take to apply before it counts as failed (0: the server's default)")
 		fs.StringVar(&s.Policy, "policy", "", "take the plan (waves, failure threshold, window, stall timeout) of this rollout policy instead of the flags")
+		fs.BoolVar(&s.DryRun, "dry-run", false, "have the server check the rollout and show it, starting nothing")
 		return func(ctx context.Context, c *ctl.Client, a []string) error {
 			if *file == "" {
 				return command.Usagef("--%s is required", fileFlag)

@@ -242,6 +242,29 @@ func TestCtlCommands(t *testing.T) {
 		// configuration layers
 		{name: "config set label", args: []string{"config", "set", "--label", "north", "--priority", "3", "--values-file", "-"}, stdin: `{"apn":"north.iot","log":{"level":"info"}}`,
 			out: []string{"rev", "north"}},
+		{name: "rollouts start-config dry run", args: []string{"rollouts", "start-config", "north", "--values-file", "-", "--waves", "1,100%", "--dry-run", "--json"}, stdin: `{"apn":"south.iot"}`,
+			json: func(t *testing.T, v any) {
+				if str(v, "id") != "0" || str(v, "kind") != "config" || str(v, "config", "label") != "north" || v.(map[string]any)["total"] != 2.0 {
+					t.Errorf("start-config --dry-run: %v", v)
+				}
+			}},
+		{name: "rollouts start-profile dry run", args: []string{"rollouts", "start-profile", "{profile}", "--config-file", "-", "--dry-run", "--json"}, stdin: `{"ntp":"time.example"}`,
+			json: func(t *testing.T, v any) {
+				if str(v, "id") != "0" || str(v, "config", "profile_id") != saved["profile"] {
+					t.Errorf("start-profile --dry-run: %v", v)
+				}
+			}},
+		{name: "rollouts start-config dry run unknown label", args: []string{"rollouts", "start-config", "nobody", "--values-file", "-", "--dry-run"}, stdin: `{}`, code: 3},
+		{name: "rollouts none after dry runs", args: []string{"rollouts", "list", "--json"}, json: func(t *testing.T, v any) {
+			if rs, _ := v.(map[string]any)["rollouts"].([]any); len(rs) != 0 {
+				t.Errorf("rollouts after dry runs: %v", v)
+			}
+		}},
+		{name: "config get label after dry run", args: []string{"config", "get", "--label", "north", "--json"}, json: func(t *testing.T, v any) {
+			if str(v, "values", "apn") != "north.iot" {
+				t.Errorf("label values after a dry run: %v", v)
+			}
+		}},
 		{name: "config set device", args: []string{"config", "set", "--device", "{dev1}", "--values-file", "-", "--json"}, stdin: `{"log":{"level":"debug"},"host":"${device.machine_id}"}`,
 			json: func(t *testing.T, v any) {
 				if n, _ := v.(map[string]any)["rev"].(float64); n != 1 {

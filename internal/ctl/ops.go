@@ -508,11 +508,15 @@ type RolloutSpec struct {
 	// Policy names a rollout policy whose plan the rollout takes; the
 	// plan's own fields are then left unset.
 	Policy string
+	// DryRun has the server check a configuration rollout and show it,
+	// starting nothing (?dry_run=1).
+	DryRun bool
 }
 
 var rolloutCols = cols("ID=id", "KIND=kind", "FIRMWARE=firmware_id", "STATE=state", "WAVE=wave", "TOTAL=total", "COUNTS=counts", "REASON=reason", "UPDATED=updated_at")
 
-// StartRollout creates a rollout and shows it.
+// StartRollout creates a rollout and shows it (DryRun: the one it would
+// create).
 func (c *Client) StartRollout(ctx context.Context, s RolloutSpec) error {
 	body := map[string]any{"firmware_id": s.FirmwareID}
 	path := "/api/v1/rollouts"
@@ -555,7 +559,14 @@ func (c *Client) StartRollout(ctx context.Context, s RolloutSpec) error {
 		}
 		body["window"] = map[string]string{"start": start, "end": end}
 	}
-	raw, err := c.do(ctx, "POST", path, nil, body)
+	var q url.Values
+	if s.DryRun {
+		if s.Label == "" && s.ProfileID == "" {
+			return UsageError{fmt.Errorf("only a configuration rollout can be checked without starting it")}
+		}
+		q = url.Values{"dry_run": {"1"}}
+	}
+	raw, err := c.do(ctx, "POST", path, q, body)
 	if err != nil {
 		return err
 	}

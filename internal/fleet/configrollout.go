@@ -87,32 +87,11 @@ func (r *rollout) configFilter(f Filter, devs firmwareDevices) error {
 // and released to the devices wave by wave, the first wave with the
 // engine's next step.
 func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSpec, by string) (Rollout, error) {
-	if err := spec.Check(); err != nil {
+	spec, err := fs.checkConfigSpec(spec)
+	if err != nil {
 		return Rollout{}, err
 	}
-	if spec.Config == nil || spec.FirmwareID != 0 {
-		return Rollout{}, &FieldError{Field: "config", Message: "a configuration rollout has a config and no firmware_id"}
-	}
 	c := *spec.Config
-	c.FromRev, c.ToRev, c.Previous, c.PreviousPriority, c.PreviousVersion, c.ToVersion = 0, 0, nil, 0, 0, 0
-	if c.ProfileID != 0 {
-		c.Label = ""
-		cur, cfg, err := fs.devs.checkStagedProfile(c.ProfileID, c.Values)
-		if err != nil {
-			return Rollout{}, err
-		}
-		c.Values, c.Previous, c.PreviousVersion = cfg, cur.Config, cur.Version
-	} else {
-		cur, vals, err := fs.devs.checkStaged(c.Label, c.Values)
-		if err != nil {
-			return Rollout{}, err
-		}
-		c.Values, c.FromRev, c.PreviousPriority = vals, cur.Rev, cur.Priority
-		if cur.Rev > 0 {
-			c.Previous = cur.Values
-		}
-	}
-	spec.Config = &c
 	// Held until the values are stored: no wave starts before.
 	fs.stepMu.Lock()
 	defer fs.stepMu.Unlock()
@@ -125,7 +104,6 @@ func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSp
 	}
 	note := "staged in rollout " + strconv.FormatUint(r.ID, 10)
 	cc := *r.Config
-	var err error
 	if c.ProfileID != 0 {
 		var p Profile
 		p, err = fs.devs.writeStagedProfile(ctx, r.stage, c.Values, by, note, false)
@@ -152,6 +130,54 @@ func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSp
 	}
 	fs.log.Info("rollout created", "rollout", r.ID, "label", c.Label, "profile_id", c.ProfileID, "devices", r.Total, "by", by)
 	return v, nil
+}
+
+// CheckConfigRollout checks spec as CreateConfigRollout does and returns
+// the rollout it would start now — no ID, its devices counted, the
+// values it would store — storing and staging nothing.
+func (fs *firmwareState) CheckConfigRollout(spec RolloutSpec, by string) (Rollout, error) {
+	spec, err := fs.checkConfigSpec(spec)
+	if err != nil {
+		return Rollout{}, err
+	}
+	r := fs.newRollout(spec, RolloutConfig, by)
+	if err := fs.match(r); err != nil {
+		return Rollout{}, err
+	}
+	return r.view(), nil
+}
+
+// checkConfigSpec checks spec (its Config set, FirmwareID 0) and the new
+// values against their layer or profile, and returns it with its Config
+// completed from the values there now.
+func (fs *firmwareState) checkConfigSpec(spec RolloutSpec) (RolloutSpec, error) {
+	if err := spec.Check(); err != nil {
+		return spec, err
+	}
+	if spec.Config == nil || spec.FirmwareID != 0 {
+		return spec, &FieldError{Field: "config", Message: "a configuration rollout has a config and no firmware_id"}
+	}
+	c := *spec.Config
+	c.FromRev, c.ToRev, c.Previous, c.PreviousPriority, c.PreviousVersion, c.ToVersion = 0, 0, nil, 0, 0, 0
+	if c.ProfileID != 0 {
+		c.Label = ""
+		cur, cfg, err := fs.devs.checkStagedProfile(c.ProfileID, c.Values)
+		if err != nil {
+			return spec, err
+		}
+		c.Values, c.Previous, c.PreviousVersion = cfg, cur.Config, cur.Version
+	} else {
+		cur, vals, err := fs.devs.checkStaged(c.Label, c.Values)
+		if err != nil {
+			return spec, err
+		}
+		c.Values, c.FromRev, c.PreviousPriority = vals, cur.Rev, cur.Priority
+		if cur.Rev > 0 {
+			c.Previous = cur.Values
+		}
+	}
+	spec.Config = &c
+	return spec, nil
 }
 
 // stageLoaded makes the stage of configuration rollout r, unless it is

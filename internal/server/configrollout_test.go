@@ -170,3 +170,100 @@ func TestProfileRolloutAPI(t *testing.T) {
 		t.Fatalf("profile change after the rollout: %d %v", st, out)
 	}
 }
+
+// ?dry_run=1 on both configuration rollout routes: a valid request
+// answers 200 with the rollout it would start, an invalid one the error
+// the rollout itself gets, and neither starts a rollout, changes the
+// label's values or the profile, or writes an audit row; a label another
+// rollout stages is refused 409 as the rollout would be.
+func TestConfigRolloutDryRun(t *testing.T) {
+	s, c, _, view, op := stagedServer(t)
+	for _, rq := range []struct{ method, path, body string }{
+		{"POST", "/api/v1/labels/assign", `{"label":"g","filter":{}}`},
+		{"PUT", "/api/v1/labels/g/config", `{"values":{"x":1}}`},
+		{"PUT", "/api/v1/device-types/ICR-3241/schema", `{"values":{"type":"object","properties":{"x":{"type":"integer"}}}}`},
+		{"PUT", "/api/v1/rollout-policies/slow", `{"waves":["1","50%"]}`},
+	} {
+		if st, _, out := c.do(rq.method, rq.path, op, rq.body); st != 200 && st != 201 {
+			t.Fatalf("%s %s: %d %v", rq.method, rq.path, st, out)
+		}
+	}
+	snapshot := func() string {
+		t.Helper()
+		var all []any
+		for _, p := range []string{"/api/v1/rollouts", "/api/v1/labels/g/config", "/api/v1/config/layers", "/api/v1/profiles/1", "/api/v1/audit"} {
+			st, _, out := c.do("GET", p, s.AdminToken, nil)
+			if st != 200 {
+				t.Fatalf("GET %s: %d %v", p, st, out)
+			}
+			all = append(all, out)
+		}
+		b, _ := json.Marshal(all)
+		return string(b)
+	}
+	label, profile := "/api/v1/labels/g/config/rollout", "/api/v1/profiles/1/rollout"
+	before := snapshot()
+	for _, tc := range []struct {
+		path, body  string
+		field, want string // a member of the answer and its value
+	}{
+		{label, `{"values":{"x":2},"waves":["1","100%"],"max_failure_pct":10}`, "waves", `["1","100%"]`},
+		{label, `{"values":{"x":2}}`, "id", `"0"`},
+		{label, `{"values":{"x":2}}`, "total", "2"},
+		{label, `{"values":{"x":2}}`, "kind", `"config"`},
+		{label, `{"values":{"x":2}}`, "config", `{"from_rev":1,"label":"g","previous":{"x":1},"values":{"x":2}}`},
+		{label, `{"values":{"x":2},"policy":"slow"}`, "waves", `["1","50%"]`},
+		{profile, `{"config":{"x":5}}`, "total", "2"},
+		{profile, `{"config":{"x":5},"policy":"slow"}`, "waves", `["1","50%"]`},
+	} {
+		st, _, out := c.do("POST", tc.path+"?dry_run=1", op, tc.body)
+		got, _ := json.Marshal(out[tc.field])
+		if st != 200 || string(got) != tc.want {
+			t.Errorf("dry run %s %s: %d, %s is %s, want 200 and %s (%v)", tc.path, tc.body, st, tc.field, got, tc.want, out)
+		}
+	}
+	refused := []struct {
+		path, token, body string
+		want              int
+	}{
+		{label, view, `{"values":{"x":2}}`, 403},
+		{label, op, `{"waves":["1"]}`, 400},
+		{label, op, `{"values":{"x":2},"waves":["0"]}`, 400},
+		{label, op, `{"values":{"x":2},"policy":"slow","waves":["100%"]}`, 400},
+		{label, op, `{"values":{"x":2},"policy":"nothing"}`, 400},
+		{label, op, `{"values":{"x":"high"}}`, 422},
+		{label, op, `{"values":{"x":2},"filter":"q=nobody"}`, 409},
+		{"/api/v1/labels/nobody/config/rollout", op, `{"values":{"x":2}}`, 404},
+		{profile, op, `{"config":{"x":"high"}}`, 422},
+		{"/api/v1/profiles/99/rollout", op, `{"config":{"x":1}}`, 404},
+	}
+	for _, tc := range refused {
+		if st, _, out := c.do("POST", tc.path+"?dry_run=1", tc.token, tc.body); st != tc.want {
+			t.Errorf("dry run %s %s: %d %v, want %d", tc.path, tc.body, st, out, tc.want)
+		}
+	}
+	if st, _, out := c.do("POST", label+"?dry_run=maybe", op, `{"values":{"x":2}}`); st != 400 {
+		t.Errorf("dry_run=maybe: %d %v", st, out)
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("a dry run changed the server:\n%s\n%s", before, after)
+	}
+	// The same requests without dry_run get the same errors.
+	for _, tc := range refused {
+		if st, _, out := c.do("POST", tc.path, tc.token, tc.body); st != tc.want {
+			t.Errorf("%s %s: %d %v, want %d", tc.path, tc.body, st, out, tc.want)
+		}
+	}
+	// Staged: a dry run of the label is refused as a second rollout is.
+	if st, _, out := c.do("POST", label, op, `{"values":{"x":2}}`); st != 201 {
+		t.Fatalf("create: %d %v", st, out)
+	}
+	for _, q := range []string{"?dry_run=1", ""} {
+		if st, _, out := c.do("POST", label+q, op, `{"values":{"x":3}}`); st != 409 {
+			t.Errorf("rollout%s of a staged label: %d %v, want 409", q, st, out)
+		}
+	}
+	if _, _, out := c.do("GET", "/api/v1/rollouts", view, nil); len(out["rollouts"].([]any)) != 1 {
+		t.Fatalf("rollouts: %v", out)
+	}
+}

@@ -79,8 +79,9 @@ func defaultWaves() stagedWaves {
 	return stagedWaves{Waves: def.Waves, MaxFailurePct: def.MaxFailurePct, StallTimeout: def.StallTimeout}
 }
 
-// createStaged starts the configuration rollout of c; inline names a
-// plan field the body gave; what names its target for a not-found answer.
+// createStaged starts the configuration rollout of c (?dry_run: answers
+// the rollout it would start, 200); inline names a plan field the body
+// gave; what names its target for a not-found answer.
 func (a *api) createStaged(r *http.Request, w stagedWaves, inline string, c fleet.ConfigChange, what string) (any, error) {
 	by, err := changedBy(r)
 	if err != nil {
@@ -91,6 +92,17 @@ func (a *api) createStaged(r *http.Request, w stagedWaves, inline string, c flee
 	spec.Config, spec.Policy = &c, w.Policy
 	if err := a.fleet.UseRolloutPolicy(&spec, inline); err != nil {
 		return nil, err
+	}
+	dry, err := dryRun(r)
+	if err != nil {
+		return nil, err
+	}
+	if dry {
+		ro, err := a.fleet.CheckConfigRollout(spec, by)
+		if err != nil {
+			return nil, ifNotFound(err, what)
+		}
+		return unchangedBody{ro}, nil
 	}
 	ro, err := a.fleet.CreateConfigRollout(r.Context(), spec, by)
 	if err != nil {

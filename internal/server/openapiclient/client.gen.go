@@ -1626,6 +1626,11 @@ type GetLabelsNameConfigDiffParams struct {
 	To   *int `form:"to,omitempty" json:"to,omitempty"`
 }
 
+// PostLabelsNameConfigRolloutParams defines parameters for PostLabelsNameConfigRollout.
+type PostLabelsNameConfigRolloutParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
+}
+
 // PutProfilesPolicyParams defines parameters for PutProfilesPolicy.
 type PutProfilesPolicyParams struct {
 	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
@@ -1645,6 +1650,11 @@ type PutProfilesIdParams struct {
 type GetProfilesIdDiffParams struct {
 	From *int `form:"from,omitempty" json:"from,omitempty"`
 	To   *int `form:"to,omitempty" json:"to,omitempty"`
+}
+
+// PostProfilesIdRolloutParams defines parameters for PostProfilesIdRollout.
+type PostProfilesIdRolloutParams struct {
+	DryRun *string `form:"dry_run,omitempty" json:"dry_run,omitempty"`
 }
 
 // DeleteRolloutPoliciesNameParams defines parameters for DeleteRolloutPoliciesName.
@@ -2451,19 +2461,19 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/labels/{name}/config/rollback (the `PostLabelsNameConfigRollback` operationId).
 	PostLabelsNameConfigRollback(ctx context.Context, name string, body PostLabelsNameConfigRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostLabelsNameConfigRolloutWithBody Stage new values of a label's configuration as a rollout in waves
+	// PostLabelsNameConfigRolloutWithBody Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-	PostLabelsNameConfigRolloutWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostLabelsNameConfigRolloutWithBody(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostLabelsNameConfigRollout Stage new values of a label's configuration as a rollout in waves
+	// PostLabelsNameConfigRollout Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-	PostLabelsNameConfigRollout(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostLabelsNameConfigRollout(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetOpenapiJson Get this OpenAPI document
 	//
@@ -2613,19 +2623,19 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/profiles/{id}/rollback (the `PostProfilesIdRollback` operationId).
 	PostProfilesIdRollback(ctx context.Context, id string, body PostProfilesIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostProfilesIdRolloutWithBody Stage a profile's new configuration as a rollout in waves
+	// PostProfilesIdRolloutWithBody Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-	PostProfilesIdRolloutWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostProfilesIdRolloutWithBody(ctx context.Context, id string, params *PostProfilesIdRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostProfilesIdRollout Stage a profile's new configuration as a rollout in waves
+	// PostProfilesIdRollout Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-	PostProfilesIdRollout(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostProfilesIdRollout(ctx context.Context, id string, params *PostProfilesIdRolloutParams, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostPushWithBody Push a device's state
 	//
@@ -4148,13 +4158,13 @@ func (c *Client) PostLabelsNameConfigRollback(ctx context.Context, name string, 
 	return c.Client.Do(req)
 }
 
-// PostLabelsNameConfigRolloutWithBody Stage new values of a label's configuration as a rollout in waves
+// PostLabelsNameConfigRolloutWithBody Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-func (c *Client) PostLabelsNameConfigRolloutWithBody(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostLabelsNameConfigRolloutRequestWithBody(c.Server, name, contentType, body)
+func (c *Client) PostLabelsNameConfigRolloutWithBody(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostLabelsNameConfigRolloutRequestWithBody(c.Server, name, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4165,13 +4175,13 @@ func (c *Client) PostLabelsNameConfigRolloutWithBody(ctx context.Context, name s
 	return c.Client.Do(req)
 }
 
-// PostLabelsNameConfigRollout Stage new values of a label's configuration as a rollout in waves
+// PostLabelsNameConfigRollout Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-func (c *Client) PostLabelsNameConfigRollout(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostLabelsNameConfigRolloutRequest(c.Server, name, body)
+func (c *Client) PostLabelsNameConfigRollout(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostLabelsNameConfigRolloutRequest(c.Server, name, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4570,13 +4580,13 @@ func (c *Client) PostProfilesIdRollback(ctx context.Context, id string, body Pos
 	return c.Client.Do(req)
 }
 
-// PostProfilesIdRolloutWithBody Stage a profile's new configuration as a rollout in waves
+// PostProfilesIdRolloutWithBody Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-func (c *Client) PostProfilesIdRolloutWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostProfilesIdRolloutRequestWithBody(c.Server, id, contentType, body)
+func (c *Client) PostProfilesIdRolloutWithBody(ctx context.Context, id string, params *PostProfilesIdRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostProfilesIdRolloutRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4587,13 +4597,13 @@ func (c *Client) PostProfilesIdRolloutWithBody(ctx context.Context, id string, c
 	return c.Client.Do(req)
 }
 
-// PostProfilesIdRollout Stage a profile's new configuration as a rollout in waves
+// PostProfilesIdRollout Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-func (c *Client) PostProfilesIdRollout(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostProfilesIdRolloutRequest(c.Server, id, body)
+func (c *Client) PostProfilesIdRollout(ctx context.Context, id string, params *PostProfilesIdRolloutParams, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostProfilesIdRolloutRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -8635,18 +8645,18 @@ func NewPostLabelsNameConfigRollbackRequestWithBody(server string, name string, 
 }
 
 // NewPostLabelsNameConfigRolloutRequest calls the generic PostLabelsNameConfigRollout builder with application/json body
-func NewPostLabelsNameConfigRolloutRequest(server string, name string, body PostLabelsNameConfigRolloutJSONRequestBody) (*http.Request, error) {
+func NewPostLabelsNameConfigRolloutRequest(server string, name string, params *PostLabelsNameConfigRolloutParams, body PostLabelsNameConfigRolloutJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostLabelsNameConfigRolloutRequestWithBody(server, name, "application/json", bodyReader)
+	return NewPostLabelsNameConfigRolloutRequestWithBody(server, name, params, "application/json", bodyReader)
 }
 
 // NewPostLabelsNameConfigRolloutRequestWithBody constructs an http.Request for the PostLabelsNameConfigRollout method, with any body, and a specified content type
-func NewPostLabelsNameConfigRolloutRequestWithBody(server string, name string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPostLabelsNameConfigRolloutRequestWithBody(server string, name string, params *PostLabelsNameConfigRolloutParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -8669,6 +8679,33 @@ func NewPostLabelsNameConfigRolloutRequestWithBody(server string, name string, c
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
@@ -9408,18 +9445,18 @@ func NewPostProfilesIdRollbackRequestWithBody(server string, id string, contentT
 }
 
 // NewPostProfilesIdRolloutRequest calls the generic PostProfilesIdRollout builder with application/json body
-func NewPostProfilesIdRolloutRequest(server string, id string, body PostProfilesIdRolloutJSONRequestBody) (*http.Request, error) {
+func NewPostProfilesIdRolloutRequest(server string, id string, params *PostProfilesIdRolloutParams, body PostProfilesIdRolloutJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostProfilesIdRolloutRequestWithBody(server, id, "application/json", bodyReader)
+	return NewPostProfilesIdRolloutRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
 // NewPostProfilesIdRolloutRequestWithBody constructs an http.Request for the PostProfilesIdRollout method, with any body, and a specified content type
-func NewPostProfilesIdRolloutRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+func NewPostProfilesIdRolloutRequestWithBody(server string, id string, params *PostProfilesIdRolloutParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -9442,6 +9479,33 @@ func NewPostProfilesIdRolloutRequestWithBody(server string, id string, contentTy
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.DryRun != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "dry_run", *params.DryRun, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
@@ -11269,19 +11333,19 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/labels/{name}/config/rollback (the `PostLabelsNameConfigRollback` operationId).
 	PostLabelsNameConfigRollbackWithResponse(ctx context.Context, name string, body PostLabelsNameConfigRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRollbackResponse, error)
 
-	// PostLabelsNameConfigRolloutWithBodyWithResponse Stage new values of a label's configuration as a rollout in waves
+	// PostLabelsNameConfigRolloutWithBodyWithResponse Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-	PostLabelsNameConfigRolloutWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error)
+	PostLabelsNameConfigRolloutWithBodyWithResponse(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error)
 
-	// PostLabelsNameConfigRolloutWithResponse Stage new values of a label's configuration as a rollout in waves
+	// PostLabelsNameConfigRolloutWithResponse Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-	PostLabelsNameConfigRolloutWithResponse(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error)
+	PostLabelsNameConfigRolloutWithResponse(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error)
 
 	// GetOpenapiJsonWithResponse Get this OpenAPI document
 	//
@@ -11451,19 +11515,19 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/profiles/{id}/rollback (the `PostProfilesIdRollback` operationId).
 	PostProfilesIdRollbackWithResponse(ctx context.Context, id string, body PostProfilesIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRollbackResponse, error)
 
-	// PostProfilesIdRolloutWithBodyWithResponse Stage a profile's new configuration as a rollout in waves
+	// PostProfilesIdRolloutWithBodyWithResponse Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-	PostProfilesIdRolloutWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error)
+	PostProfilesIdRolloutWithBodyWithResponse(ctx context.Context, id string, params *PostProfilesIdRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error)
 
-	// PostProfilesIdRolloutWithResponse Stage a profile's new configuration as a rollout in waves
+	// PostProfilesIdRolloutWithResponse Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-	PostProfilesIdRolloutWithResponse(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error)
+	PostProfilesIdRolloutWithResponse(ctx context.Context, id string, params *PostProfilesIdRolloutParams, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error)
 
 	// PostPushWithBodyWithResponse Push a device's state
 	//
@@ -18023,6 +18087,8 @@ func (r PostLabelsNameConfigRollbackResponse) ContentType() string {
 type PostLabelsNameConfigRolloutResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Rollout
 	// JSON201 the response for an HTTP 201 `application/json` response
 	JSON201 *Rollout
 	// JSON400 the response for an HTTP 400 `application/json` response
@@ -18043,6 +18109,11 @@ type PostLabelsNameConfigRolloutResponse struct {
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
 	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostLabelsNameConfigRolloutResponse) GetJSON200() *Rollout {
+	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -19636,6 +19707,8 @@ func (r PostProfilesIdRollbackResponse) ContentType() string {
 type PostProfilesIdRolloutResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Rollout
 	// JSON201 the response for an HTTP 201 `application/json` response
 	JSON201 *Rollout
 	// JSON400 the response for an HTTP 400 `application/json` response
@@ -19656,6 +19729,11 @@ type PostProfilesIdRolloutResponse struct {
 	JSON503 *Error
 	// JSONDefault the response for an HTTP default `application/json` response
 	JSONDefault *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostProfilesIdRolloutResponse) GetJSON200() *Rollout {
+	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
@@ -23432,26 +23510,26 @@ func (c *ClientWithResponses) PostLabelsNameConfigRollbackWithResponse(ctx conte
 	return ParsePostLabelsNameConfigRollbackResponse(rsp)
 }
 
-// PostLabelsNameConfigRolloutWithBodyWithResponse Stage new values of a label's configuration as a rollout in waves
+// PostLabelsNameConfigRolloutWithBodyWithResponse Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-func (c *ClientWithResponses) PostLabelsNameConfigRolloutWithBodyWithResponse(ctx context.Context, name string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error) {
-	rsp, err := c.PostLabelsNameConfigRolloutWithBody(ctx, name, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PostLabelsNameConfigRolloutWithBodyWithResponse(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error) {
+	rsp, err := c.PostLabelsNameConfigRolloutWithBody(ctx, name, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParsePostLabelsNameConfigRolloutResponse(rsp)
 }
 
-// PostLabelsNameConfigRolloutWithResponse Stage new values of a label's configuration as a rollout in waves
+// PostLabelsNameConfigRolloutWithResponse Stage new values of a label's configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/labels/{name}/config/rollout (the `PostLabelsNameConfigRollout` operationId).
-func (c *ClientWithResponses) PostLabelsNameConfigRolloutWithResponse(ctx context.Context, name string, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error) {
-	rsp, err := c.PostLabelsNameConfigRollout(ctx, name, body, reqEditors...)
+func (c *ClientWithResponses) PostLabelsNameConfigRolloutWithResponse(ctx context.Context, name string, params *PostLabelsNameConfigRolloutParams, body PostLabelsNameConfigRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostLabelsNameConfigRolloutResponse, error) {
+	rsp, err := c.PostLabelsNameConfigRollout(ctx, name, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -23770,26 +23848,26 @@ func (c *ClientWithResponses) PostProfilesIdRollbackWithResponse(ctx context.Con
 	return ParsePostProfilesIdRollbackResponse(rsp)
 }
 
-// PostProfilesIdRolloutWithBodyWithResponse Stage a profile's new configuration as a rollout in waves
+// PostProfilesIdRolloutWithBodyWithResponse Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-func (c *ClientWithResponses) PostProfilesIdRolloutWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error) {
-	rsp, err := c.PostProfilesIdRolloutWithBody(ctx, id, contentType, body, reqEditors...)
+func (c *ClientWithResponses) PostProfilesIdRolloutWithBodyWithResponse(ctx context.Context, id string, params *PostProfilesIdRolloutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error) {
+	rsp, err := c.PostProfilesIdRolloutWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParsePostProfilesIdRolloutResponse(rsp)
 }
 
-// PostProfilesIdRolloutWithResponse Stage a profile's new configuration as a rollout in waves
+// PostProfilesIdRolloutWithResponse Stage a profile's new configuration as a rollout in waves (dry_run: check it, 200)
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /api/v1/profiles/{id}/rollout (the `PostProfilesIdRollout` operationId).
-func (c *ClientWithResponses) PostProfilesIdRolloutWithResponse(ctx context.Context, id string, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error) {
-	rsp, err := c.PostProfilesIdRollout(ctx, id, body, reqEditors...)
+func (c *ClientWithResponses) PostProfilesIdRolloutWithResponse(ctx context.Context, id string, params *PostProfilesIdRolloutParams, body PostProfilesIdRolloutJSONRequestBody, reqEditors ...RequestEditorFn) (*PostProfilesIdRolloutResponse, error) {
+	rsp, err := c.PostProfilesIdRollout(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -29584,6 +29662,13 @@ func ParsePostLabelsNameConfigRolloutResponse(rsp *http.Response) (*PostLabelsNa
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Rollout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
 		var dest Rollout
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -30927,6 +31012,13 @@ func ParsePostProfilesIdRolloutResponse(rsp *http.Response) (*PostProfilesIdRoll
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Rollout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
 		var dest Rollout
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
