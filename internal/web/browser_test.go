@@ -389,6 +389,20 @@ func TestBrowser(t *testing.T) {
 	}
 	do("labels page", chromedp.Navigate(base+"labels"), chromedp.WaitVisible(id("labels")))
 	shot("labels")
+	// The labels page's form stages new values of the label as a
+	// configuration rollout; aborted at once, the label keeps no values.
+	do("stage label values", chromedp.SetValue(id("cr_label"), "north-field"), chromedp.SetValue(id("cr_values"), `{"apn": "north.iot"}`),
+		chromedp.SetValue(id("cr_waves"), "1, 100%"), chromedp.Click(id("stageconfig")), chromedp.WaitVisible(id("rostate")))
+	if st, f := text("#rostate"), text("#flash"); st != "running" || !strings.Contains(f, "label north-field") {
+		t.Fatalf("configuration rollout %q, flash %q", st, f)
+	}
+	ros := srv.Srv.Fleet().Rollouts()
+	if len(ros) != 1 || ros[0].Config == nil || ros[0].Config.Label != "north-field" || strings.Join(ros[0].Waves, ",") != "1,100%" {
+		t.Fatalf("rollouts after the form: %+v", ros)
+	}
+	if _, err := srv.Srv.Fleet().ControlRollout(context.Background(), ros[0].ID, fleet.ActionAbort, "test"); err != nil {
+		t.Fatal(err)
+	}
 
 	// 7. Commands: send one to the label, pause it, see a device not get
 	// it, resume, see it delivered, cancel the rest.

@@ -148,33 +148,13 @@ func (h *Handler) deleteFirmware(w http.ResponseWriter, r *http.Request, s *sess
 func (h *Handler) createRollout(w http.ResponseWriter, r *http.Request, s *session) {
 	spec := fleet.DefaultRolloutSpec()
 	var errs []error
-	num := func(name string, dst *int) {
-		if v := strings.TrimSpace(r.PostFormValue(name)); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				errs = append(errs, &fleet.FieldError{Field: name, Message: name + " must be a whole number"})
-			}
-			*dst = n
-		}
-	}
 	fid, err := strconv.ParseUint(r.PostFormValue("firmware_id"), 10, 64)
 	if err != nil {
 		errs = append(errs, &fleet.FieldError{Field: "firmware_id", Message: "choose a firmware"})
 	}
 	spec.FirmwareID = fid
-	spec.Filter = strings.TrimSpace(r.PostFormValue("filter"))
-	if v := strings.TrimSpace(r.PostFormValue("waves")); v != "" {
-		spec.Waves = strings.FieldsFunc(v, func(c rune) bool { return c == ',' || c == ' ' })
-	}
-	if v := strings.TrimSpace(r.PostFormValue("max_failure_pct")); v != "" {
-		if spec.MaxFailurePct, err = strconv.ParseFloat(v, 64); err != nil {
-			errs = append(errs, &fleet.FieldError{Field: "max_failure_pct", Message: "max_failure_pct must be a number"})
-		}
-	}
-	num("max_downloads", &spec.MaxDownloads)
-	num("stall_timeout", &spec.StallTimeout)
-	if a, b := strings.TrimSpace(r.PostFormValue("window_start")), strings.TrimSpace(r.PostFormValue("window_end")); a != "" || b != "" {
-		spec.Window = &fleet.Window{Start: a, End: b}
+	if _, err := planForm(r, &spec); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		h.badInput(w, r, s, errors.Join(errs...))
@@ -185,9 +165,87 @@ func (h *Handler) createRollout(w http.ResponseWriter, r *http.Request, s *sessi
 		h.badInput(w, r, s, err)
 		return
 	}
+	h.rolloutStarted(w, r, s, ro, fmt.Sprintf("Rollout %d started for %s devices.", ro.ID, thousands(ro.Total)))
+}
+
+// rolloutStarted records the rollout a form started and opens its page
+// with msg.
+func (h *Handler) rolloutStarted(w http.ResponseWriter, r *http.Request, s *session, ro fleet.Rollout, msg string) {
 	changed(r, fmt.Sprintf("/api/v1/rollouts/%d", ro.ID), ro)
-	h.flash(s, fmt.Sprintf("Rollout %d started for %s devices.", ro.ID, thousands(ro.Total)))
+	h.flash(s, msg)
 	http.Redirect(w, r, Prefix+"rollouts/"+strconv.FormatUint(ro.ID, 10), http.StatusSeeOther)
+}
+
+// planForm reads a rollout form's filter and plan into spec (what it
+// leaves empty keeps spec's value) and names the first plan field
+// (fleet.PlanFields) it gave ("": none).
+func planForm(r *http.Request, spec *fleet.RolloutSpec) (inline string, err error) {
+	var errs []error
+	given := func(name string) string {
+		v := strings.TrimSpace(r.PostFormValue(name))
+		if v != "" && inline == "" {
+			inline = name
+		}
+		return v
+	}
+	num := func(name string, dst *int) {
+		if v := given(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs = append(errs, &fleet.FieldError{Field: name, Message: name + " must be a whole number"})
+			}
+			*dst = n
+		}
+	}
+	spec.Filter = strings.TrimSpace(r.PostFormValue("filter"))
+	if v := given("waves"); v != "" {
+		spec.Waves = strings.FieldsFunc(v, func(c rune) bool { return c == ',' || c == ' ' })
+	}
+	if v := given("max_failure_pct"); v != "" {
+		var err error
+		if spec.MaxFailurePct, err = strconv.ParseFloat(v, 64); err != nil {
+			errs = append(errs, &fleet.FieldError{Field: "max_failure_pct", Message: "max_failure_pct must be a number"})
+		}
+	}
+	num("max_downloads", &spec.MaxDownloads)
+	num("stall_timeout", &spec.StallTimeout)
+	if a, b := strings.TrimSpace(r.PostFormValue("window_start")), strings.TrimSpace(r.PostFormValue("window_end")); a != "" || b != "" {
+		spec.Window = &fleet.Window{Start: a, End: b}
+		if inline == "" {
+			inline = "window"
+		}
+	}
+	return inline, errors.Join(errs...)
+}
+
+// stageConfig starts a configuration rollout of a label's new values from
+// the labels page, checked as the API checks it: a policy, or the plan
+// fields given (the others take the rollouts' defaults), not both.
+func (h *Handler) stageConfig(w http.ResponseWriter, r *http.Request, s *session) {
+	spec := fleet.DefaultRolloutSpec()
+	inline, err := planForm(r, &spec)
+	if err != nil {
+		h.badInput(w, r, s, err)
+		return
+	}
+	label := r.PostFormValue("label")
+	values := strings.TrimSpace(r.PostFormValue("values"))
+	if values == "" {
+		h.badInput(w, r, s, &fleet.FieldError{Field: "values", Message: "values is required: the label's whole new values, a JSON object"})
+		return
+	}
+	spec.Config = &fleet.ConfigChange{Label: label, Values: json.RawMessage(values)}
+	spec.Policy = r.PostFormValue("policy")
+	if err := h.fleet.UseRolloutPolicy(&spec, inline); err != nil {
+		h.badInput(w, r, s, err)
+		return
+	}
+	ro, err := h.fleet.CreateConfigRollout(r.Context(), spec, byOf(r))
+	if err != nil {
+		h.badInput(w, r, s, err)
+		return
+	}
+	h.rolloutStarted(w, r, s, ro, fmt.Sprintf("Rollout %d stages the new values of label %s for %s devices.", ro.ID, label, thousands(ro.Total)))
 }
 
 type rolloutPage struct {

@@ -547,8 +547,18 @@ func (h *Handler) saveProfile(w http.ResponseWriter, r *http.Request, s *session
 
 // ---- labels ----
 
+// labelsPage lists the labels, with what the form staging a label's new
+// values offers.
+type labelsPage struct {
+	Labels   []fleet.Label
+	Policies []fleet.RolloutPolicy
+	Defaults fleet.RolloutSpec
+}
+
 func (h *Handler) labels(w http.ResponseWriter, r *http.Request, s *session) {
-	h.render(w, r, http.StatusOK, "labels", s, page{Title: "Labels", Nav: "labels", Data: h.fleet.Labels()})
+	h.render(w, r, http.StatusOK, "labels", s, page{Title: "Labels", Nav: "labels", Data: labelsPage{
+		Labels: h.fleet.Labels(), Policies: h.fleet.RolloutPolicies(), Defaults: fleet.DefaultRolloutSpec(),
+	}})
 }
 
 func (h *Handler) createLabel(w http.ResponseWriter, r *http.Request, s *session) {

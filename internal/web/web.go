@@ -219,6 +219,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET "+Prefix+"labels", h.can(V, "", h.labels))
 	m.HandleFunc("POST "+Prefix+"labels", h.can(O, "/api/v1/labels", h.createLabel))
 	m.HandleFunc("POST "+Prefix+"labels/delete", h.can(O, "/api/v1/labels", h.deleteLabel))
+	m.HandleFunc("POST "+Prefix+"labels/rollout", h.can(O, "", h.stageConfig))
 	m.HandleFunc("GET "+Prefix+"commands", h.can(V, "", h.commands))
 	m.HandleFunc("POST "+Prefix+"commands", h.can(O, "", h.sendCommand))
 	m.HandleFunc("POST "+Prefix+"commands/{id}/{op}", h.can(O, "/api/v1/commands/{id}", h.changeCommand))
