@@ -120,6 +120,11 @@ func TestSeamClusterConfigRollouts(t *testing.T) {
 	if st != 201 || json.Unmarshal(body, &ro) != nil {
 		t.Fatalf("profile rollout on a: %d %s", st, body)
 	}
+	for _, path := range []string{"/api/v1/profiles/" + prof + "/rollout?dry_run=1", "/api/v1/profiles/" + prof + "/rollout"} {
+		if st, body := b.do("POST", path, adminToken, `{"config":{"p":3},"waves":["100%"]}`); st != 409 {
+			t.Fatalf("b took a second rollout of the staged profile (%s): %d %s", path, st, body)
+		}
+	}
 	if st, body := b.do("PATCH", "/api/v1/profiles/"+prof, adminToken, `{"config":{"p":9}}`); st != 409 {
 		t.Fatalf("b took a change of the staged profile: %d %s", st, body)
 	}
@@ -177,6 +182,11 @@ func TestClusterStagedRefusedBeforeReadBack(t *testing.T) {
 
 	if st, body := a.do("POST", "/api/v1/labels/srb/config/rollout", adminToken, `{"values":{"x":2},"waves":["1","100%"]}`); st != 201 {
 		t.Fatalf("configuration rollout on a: %d %s", st, body)
+	}
+	// Each first call on b after a's rollout is the one that must read it
+	// back: a second rollout of the label, then a change of its values.
+	if st, body := b.do("POST", "/api/v1/labels/srb/config/rollout", adminToken, `{"values":{"x":3},"waves":["100%"]}`); st != 409 {
+		t.Fatalf("b started a second rollout of the staged values: %d %s", st, body)
 	}
 	if st, body := b.do("PUT", "/api/v1/labels/srb/config", adminToken, `{"values":{"x":9}}`); st != 409 {
 		t.Fatalf("b took a change of the staged values: %d %s", st, body)

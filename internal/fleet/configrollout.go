@@ -16,6 +16,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -87,14 +88,17 @@ func (r *rollout) configFilter(f Filter, devs firmwareDevices) error {
 // and released to the devices wave by wave, the first wave with the
 // engine's next step.
 func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSpec, by string) (Rollout, error) {
+	// Held until the values are stored: no wave starts before.
+	fs.stepMu.Lock()
+	defer fs.stepMu.Unlock()
+	if err := fs.syncStagingLocked(ctx); err != nil {
+		return Rollout{}, err
+	}
 	spec, err := fs.checkConfigSpec(spec)
 	if err != nil {
 		return Rollout{}, err
 	}
 	c := *spec.Config
-	// Held until the values are stored: no wave starts before.
-	fs.stepMu.Lock()
-	defer fs.stepMu.Unlock()
 	r := fs.newRollout(spec, RolloutConfig, by)
 	if err := fs.match(r); err != nil {
 		return Rollout{}, err
@@ -135,8 +139,14 @@ func (fs *firmwareState) CreateConfigRollout(ctx context.Context, spec RolloutSp
 // CheckConfigRollout checks spec as CreateConfigRollout does and returns
 // the rollout it would start now — no ID, its devices counted, the
 // values it would store — storing and staging nothing.
-func (fs *firmwareState) CheckConfigRollout(spec RolloutSpec, by string) (Rollout, error) {
-	spec, err := fs.checkConfigSpec(spec)
+func (fs *firmwareState) CheckConfigRollout(ctx context.Context, spec RolloutSpec, by string) (Rollout, error) {
+	fs.stepMu.Lock()
+	err := fs.syncStagingLocked(ctx)
+	fs.stepMu.Unlock()
+	if err != nil {
+		return Rollout{}, err
+	}
+	spec, err = fs.checkConfigSpec(spec)
 	if err != nil {
 		return Rollout{}, err
 	}
@@ -145,6 +155,19 @@ func (fs *firmwareState) CheckConfigRollout(spec RolloutSpec, by string) (Rollou
 		return Rollout{}, err
 	}
 	return r.view(), nil
+}
+
+// syncStagingLocked reads back the rollouts other nodes started (cluster
+// mode; fs.stepMu held), so that a label or profile another node's rollout
+// staged a moment ago is refused here too; an unreadable store refuses.
+func (fs *firmwareState) syncStagingLocked(ctx context.Context) error {
+	if !fs.clustered() {
+		return nil
+	}
+	if err := fs.syncRolloutsLocked(ctx); err != nil {
+		return errors.Join(ErrUnavailable, err)
+	}
+	return nil
 }
 
 // checkConfigSpec checks spec (its Config set, FirmwareID 0) and the new

@@ -98,7 +98,7 @@ func (a *api) createStaged(r *http.Request, w stagedWaves, inline string, c flee
 		return nil, err
 	}
 	if dry {
-		ro, err := a.fleet.CheckConfigRollout(spec, by)
+		ro, err := a.fleet.CheckConfigRollout(r.Context(), spec, by)
 		if err != nil {
 			return nil, ifNotFound(err, what)
 		}
