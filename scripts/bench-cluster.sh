@@ -13,6 +13,7 @@
 #
 #   scripts/bench-cluster.sh                      # 6000 devices / 20 s, 40 s, 1 run
 #   NODES=1,2,3 DEVICES=20000 INTERVAL=20s DURATION=60s RUNS=3 IDLE=10s scripts/bench-cluster.sh
+#   CONN=new,resume,resume-tls12 NODES=3 scripts/bench-cluster.sh   # full handshakes against resumed sessions
 #
 # Run it on a quiet machine: it uses every core.
 set -euo pipefail
@@ -25,6 +26,7 @@ export DROVER_BENCH_INTERVAL=${INTERVAL:-20s}
 export DROVER_BENCH_DURATION=${DURATION:-40s}
 export DROVER_BENCH_RUNS=${RUNS:-1}
 export DROVER_BENCH_IDLE=${IDLE:-10s}
+export DROVER_BENCH_CONN=${CONN:-new}
 log=$(mktemp /tmp/drover-bench-cluster.XXXXXX.log)
 echo "uptime: $(uptime); full log: $log" >&2
 if ! go test -count=1 -timeout 2h -run '^TestMeasure$' -v ./internal/clustertest/ >"$log" 2>&1; then

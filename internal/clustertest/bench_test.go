@@ -2,9 +2,12 @@ package clustertest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +27,11 @@ import (
 //	DROVER_BENCH_NODES=1,2,3  DROVER_BENCH_DEVICES=6000  DROVER_BENCH_INTERVAL=20s
 //	DROVER_BENCH_DURATION=40s DROVER_BENCH_RUNS=1 (3: medians of 3)
 //	DROVER_BENCH_IDLE=10s (the registered fleet silent: the cluster's own cost)
+//	DROVER_BENCH_CONN=new (how devices connect, a comma-separated list:
+//	  new: a full TLS handshake per push; resume: each device resumes its
+//	  own TLS 1.3 session, the nodes sharing --tls-ticket-keys, as
+//	  docs/cluster.md advises; resume-tls12: the same at TLS 1.2, whose
+//	  resumption skips the key exchange)
 func TestMeasure(t *testing.T) {
 	if os.Getenv("DROVER_CLUSTER_BENCH") != "1" {
 		t.Skip("a measurement: DROVER_CLUSTER_BENCH=1 (scripts/bench-cluster.sh)")
@@ -34,34 +42,49 @@ func TestMeasure(t *testing.T) {
 	runs := envInts(t, "DROVER_BENCH_RUNS", "1")[0]
 	interval := envDuration(t, "DROVER_BENCH_INTERVAL", "20s")
 	duration := envDuration(t, "DROVER_BENCH_DURATION", "40s")
+	conns := strings.Split(os.Getenv("DROVER_BENCH_CONN"), ",")
+	if conns[0] == "" {
+		conns = []string{"new"}
+	}
+	for _, c := range conns {
+		if _, ok := benchConns[c]; !ok {
+			t.Fatalf("DROVER_BENCH_CONN=%q: want new, resume or resume-tls12, comma-separated", c)
+		}
+	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	var rows []measured
+	// Runs of one node count alternate between the ways of connecting,
+	// so that each comparison is taken in the same stretch of time.
 	for _, n := range nodes {
-		var all []measured
+		all := map[string][]measured{}
 		for run := range runs {
-			t.Run(fmt.Sprintf("nodes=%d/run=%d", n, run+1), func(t *testing.T) {
-				m := measure(t, n, devices, interval, duration)
-				t.Logf("%+v", m)
-				all = append(all, m)
-			})
+			for _, c := range conns {
+				t.Run(fmt.Sprintf("nodes=%d/conn=%s/run=%d", n, c, run+1), func(t *testing.T) {
+					m := measure(t, n, devices, interval, duration, c)
+					t.Logf("%+v", m)
+					all[c] = append(all[c], m)
+				})
+			}
 		}
-		if len(all) > 0 {
-			rows = append(rows, median(all))
+		for _, c := range conns {
+			if len(all[c]) > 0 {
+				rows = append(rows, median(all[c]))
+			}
 		}
 	}
 	load2, _ := os.ReadFile("/proc/loadavg")
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%d devices, one push each per %v, for %v after registration; new TCP + TLS per push through HAProxy; medians of %d run(s).\n", devices, interval, duration, runs)
+	fmt.Fprintf(&b, "\n%d devices, one push each per %v, for %v after registration; a new TCP and TLS connection per push through HAProxy (conn: new, a full handshake; resume, the device's own session resumed on any node); medians of %d run(s).\n", devices, interval, duration, runs)
 	fmt.Fprintf(&b, "/proc/loadavg before: %s, after: %s\n\n", strings.TrimSpace(string(load)), strings.TrimSpace(string(load2)))
-	b.WriteString("| nodes | offered/s | accepted/s | p50 ms | p99 ms | late % | node CPU ms/push (each) | nodes CPU ms/push | PostgreSQL CPU ms/push | HAProxy CPU ms/push | NATS CPU ms/push | device bytes/push | DB wire bytes/push | NATS bytes/push | DB growth bytes/push | WAL bytes/push | DB bytes/device | change-log rows/push | device reads/push | sync events/push | idle CPU ms/s per node | idle PostgreSQL CPU ms/s |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| nodes | conn | resumed % | offered/s | accepted/s | p50 ms | p99 ms | late % | node CPU ms/push (each) | nodes CPU ms/push | PostgreSQL CPU ms/push | HAProxy CPU ms/push | NATS CPU ms/push | device bytes/push | DB wire bytes/push | NATS bytes/push | DB growth bytes/push | WAL bytes/push | DB bytes/device | change-log rows/push | device reads/push | sync events/push | idle CPU ms/s per node | idle PostgreSQL CPU ms/s |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range rows {
 		each := make([]string, len(m.nodeCPU))
 		for i, c := range m.nodeCPU {
 			each[i] = fmt.Sprintf("%.3f", c)
 		}
-		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.1f | %.1f |\n",
-			m.nodes, m.offered, m.rate, m.p50, m.p99, m.latePct, strings.Join(each, " / "), m.nodesCPU, m.pgCPU, m.lbCPU, m.natsCPU,
+		fmt.Fprintf(&b, "| %d | %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.1f | %.1f |\n",
+			m.nodes, m.conn, m.resumedPct, m.offered, m.rate, m.p50, m.p99, m.latePct, strings.Join(each, " / "), m.nodesCPU, m.pgCPU, m.lbCPU, m.natsCPU,
 			m.deviceBytes, m.dbBytes, m.natsBytes, m.dbGrowth, m.wal, m.dbPerDevice, m.changeRows, m.deviceReads, m.syncRows, m.idleNode, m.idlePG)
 	}
 	t.Log(b.String())
@@ -102,7 +125,9 @@ const msPerTick = 10 // clock ticks of /proc/PID/stat: USER_HZ = 100
 // otherwise.
 type measured struct {
 	nodes                                          int
+	conn                                           string // DROVER_BENCH_CONN's way of connecting
 	offered, rate, p50, p99, latePct               float64
+	resumedPct                                     float64   // of the emulator's TLS handshakes, warm-up included
 	nodeCPU                                        []float64 // ms per push it accepted, each node
 	nodesCPU, pgCPU, lbCPU, natsCPU                float64   // ms per push
 	deviceBytes, dbBytes, natsBytes, dbGrowth, wal float64
@@ -120,6 +145,7 @@ type measured struct {
 // snapshot is what the lab's processes and hosts used so far.
 type snapshot struct {
 	nodeTicks          []int64
+	accepted           []int64 // pushes each node accepted (drover_pushes_total)
 	pg, lb, nats       int64
 	nodeBytes          []int64
 	dbBytes, natsBytes int64
@@ -138,6 +164,7 @@ func (l *lab) snapshot(t *testing.T) snapshot {
 		if l.cluster {
 			s.deviceReads += l.metric(nd, "drover_cluster_device_reads_total")
 		}
+		s.accepted = append(s.accepted, l.metric(nd, `drover_pushes_total{outcome="accepted"}`))
 		s.nodeTicks = append(s.nodeTicks, cpuTicks(nd.cmd.Process.Pid, false))
 		s.nodeBytes = append(s.nodeBytes, nd.host.Bytes())
 	}
@@ -179,14 +206,36 @@ func (l *lab) snapshot(t *testing.T) snapshot {
 	return s
 }
 
-func measure(t *testing.T, n, devices int, interval, duration time.Duration) measured {
+// benchConns are the emulator's flags for each way of connecting, and
+// whether the nodes share session ticket keys.
+var benchConns = map[string]struct {
+	flags   []string
+	tickets bool
+}{
+	"new":          {[]string{"--conn", "new"}, false},
+	"resume":       {[]string{"--conn", "resume"}, true},
+	"resume-tls12": {[]string{"--conn", "resume", "--tls-max-version", "1.2"}, true},
+}
+
+func measure(t *testing.T, n, devices int, interval, duration time.Duration, conn string) measured {
 	l := newLab(t)
 	if n > 1 && !l.cluster {
 		t.Skipf("%d nodes need drover serve --cluster, which this build lacks", n)
 	}
+	bc := benchConns[conn]
+	if bc.tickets {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			t.Fatal(err)
+		}
+		l.ticketKeys = filepath.Join(l.dir, "ticket-keys")
+		if err := os.WriteFile(l.ticketKeys, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	l.startNodes(n)
 	l.register(devices)
-	m := measured{nodes: n, offered: float64(devices) / interval.Seconds()}
+	m := measured{nodes: n, conn: conn, offered: float64(devices) / interval.Seconds()}
 	quiet := l.snapshot(t)
 	m.dbPerDevice = float64(quiet.dbSize) / float64(devices)
 	idle := envDuration(t, "DROVER_BENCH_IDLE", "10s")
@@ -196,17 +245,28 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 		m.idleNode += float64((quiet2.nodeTicks[i]-quiet.nodeTicks[i])*msPerTick) / idle.Seconds() / float64(n)
 	}
 	m.idlePG = float64((quiet2.pg-quiet.pg)*msPerTick) / idle.Seconds()
-	// A first interval warms connection pools and caches; it is not counted.
-	l.emulate(devices, "--interval", interval.String(), "--duration", interval.String()).wait(t)
+	// One emulator: its first interval warms connection pools and caches
+	// and gives each device its TLS session; it is not counted. The
+	// measured span is the nodes' accepted pushes between two snapshots.
+	e := l.emulate(devices, append([]string{"--interval", interval.String(), "--duration", (interval + duration).String()}, bc.flags...)...)
+	time.Sleep(interval)
 	before := l.snapshot(t)
-	sum, _ := l.emulate(devices, "--interval", interval.String(), "--duration", duration.String()).wait(t)
+	time.Sleep(duration)
 	after := l.snapshot(t)
+	sum, _ := e.wait(t)
 	push := sum.Op(results.OpPush)
-	p := float64(push.Accepted)
+	var accepted []int64
+	for i := range l.nodes {
+		accepted = append(accepted, after.accepted[i]-before.accepted[i])
+	}
+	p := float64(sumOf(accepted))
 	if p == 0 {
 		t.Fatalf("no push accepted: %+v", push.Counts)
 	}
-	m.rate = push.AcceptedRate()
+	m.rate = p / duration.Seconds()
+	if cn := sum.Conns; cn.TLSFull+cn.TLSResumed > 0 {
+		m.resumedPct = 100 * float64(cn.TLSResumed) / float64(cn.TLSFull+cn.TLSResumed)
+	}
 	if push.Latency != nil {
 		m.p50 = float64(push.Latency.Quantile(0.5).Microseconds()) / 1000
 		m.p99 = float64(push.Latency.Quantile(0.99).Microseconds()) / 1000
@@ -215,11 +275,11 @@ func measure(t *testing.T, n, devices int, interval, duration time.Duration) mea
 		m.latePct = 100 * float64(push.Late) / float64(done)
 	}
 	var nodeTicks, nodeBytes int64
-	for i, nd := range l.nodes {
+	for i := range l.nodes {
 		dt := after.nodeTicks[i] - before.nodeTicks[i]
 		nodeTicks += dt
 		nodeBytes += after.nodeBytes[i] - before.nodeBytes[i]
-		m.nodeCPU = append(m.nodeCPU, float64(dt*msPerTick)/max(1, float64(push.AcceptedByNode[nd.name])))
+		m.nodeCPU = append(m.nodeCPU, float64(dt*msPerTick)/max(1, float64(accepted[i])))
 	}
 	m.nodesCPU = float64(nodeTicks*msPerTick) / p
 	m.pgCPU = float64((after.pg-before.pg)*msPerTick) / p
@@ -269,12 +329,13 @@ func median(ms []measured) measured {
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	out := measured{nodes: ms[0].nodes}
+	out := measured{nodes: ms[0].nodes, conn: ms[0].conn}
 	out.offered = med(func(m measured) float64 { return m.offered })
 	out.rate = med(func(m measured) float64 { return m.rate })
 	out.p50 = med(func(m measured) float64 { return m.p50 })
 	out.p99 = med(func(m measured) float64 { return m.p99 })
 	out.latePct = med(func(m measured) float64 { return m.latePct })
+	out.resumedPct = med(func(m measured) float64 { return m.resumedPct })
 	for i := range ms[0].nodeCPU {
 		out.nodeCPU = append(out.nodeCPU, med(func(m measured) float64 { return m.nodeCPU[i] }))
 	}
@@ -294,4 +355,11 @@ func median(ms []measured) measured {
 	out.idleNode = med(func(m measured) float64 { return m.idleNode })
 	out.idlePG = med(func(m measured) float64 { return m.idlePG })
 	return out
+}
+
+func sumOf(v []int64) (n int64) {
+	for _, x := range v {
+		n += x
+	}
+	return n
 }

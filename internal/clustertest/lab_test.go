@@ -115,6 +115,9 @@ type lab struct {
 	key     string
 	pool    *x509.CertPool
 	cluster bool // drover serve has --cluster
+	// ticketKeys, when set before startNodes, is a --tls-ticket-keys file
+	// every node gets: a device's session resumes on any node.
+	ticketKeys string
 
 	nw     *netlab.Net
 	dbHost *host
@@ -290,6 +293,9 @@ func (l *lab) start(nd *node) {
 		"--register-rate-exempt", l.hostIP, "--shutdown-timeout", "10s")
 	if l.cluster {
 		args = append(args, "--cluster", "--nats-url", l.natsURL)
+	}
+	if l.ticketKeys != "" {
+		args = append(args, "--tls-ticket-keys", l.ticketKeys)
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	nd.log = &testwait.Buffer{}
