@@ -221,7 +221,10 @@ func TestPushWriteCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, sub := range subjects {
+		lsn := walLSN(t, sub.s)
 		push(sub, 32, devices)
+		t.Logf("%-10s after a checkpoint, every device's push: %d WAL bytes a push (full page images)", sub.name,
+			walDiff(t, sub.s, lsn, walLSN(t, sub.s))/int64(devices))
 	}
 	n := devices
 	if v, _ := strconv.Atoi(os.Getenv("DROVER_PUSH_MEASURE_PUSHES")); v > 0 {
