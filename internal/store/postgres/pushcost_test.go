@@ -132,6 +132,7 @@ func hotCounts(t testing.TB, s *Store) (upd, hot int64) {
 type pushVariant struct {
 	name   string
 	dsn    string // added to the DSN
+	single bool   // a server without --cluster: Open, commits fenced by the instance lock
 	setup  []string
 	commit func(ctx context.Context, s *Store, b *fleet.Batch) error
 }
@@ -168,7 +169,11 @@ func TestPushWriteCost(t *testing.T) {
 	}
 	var subjects []*pushSubject
 	for _, v := range variants {
-		s, err := OpenCluster(ctx, srv.NewDB(t)+v.dsn, "measure")
+		open := func(ctx context.Context, dsn string) (*Store, error) { return OpenCluster(ctx, dsn, "measure") }
+		if v.single {
+			open = Open
+		}
+		s, err := open(ctx, srv.NewDB(t)+v.dsn)
 		if err != nil {
 			t.Fatal(err)
 		}

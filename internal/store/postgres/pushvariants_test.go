@@ -53,10 +53,12 @@ func partOf(ctx context.Context, s *Store, samples []fleet.Sample) (string, erro
 }
 
 // pushVariants are the ways of committing pushes TestPushWriteCost
-// compares: the store's own, and alternatives it measured against it
+// compares: the store's own (a cluster node's; a single server's, whose
+// commits the instance lock fences), and alternatives measured against it
 // (docs/results/write-path.md): the two statements as one (a data-modifying
 // WITH), the samples inserted into their partition by name rather than
-// routed, generic plans only, a fuller devices table, and the floor, a commit of one row.
+// routed, generic plans only, a fuller devices table, and the floor, a
+// commit of one row.
 var pushVariants = []pushVariant{
 	{name: "store", commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { return s.Commit(ctx, b) }},
 	{name: "part", commit: func(ctx context.Context, s *Store, b *fleet.Batch) error {
@@ -85,6 +87,8 @@ var pushVariants = []pushVariant{
 		_, err = s.pool.Exec(ctx, fmt.Sprintf(cteQuery, part), append(stateArrays(b.States), sampleArrays(b.Samples)...)...)
 		return err
 	}},
+	{name: "single", single: true,
+		commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { return s.Commit(ctx, b) }},
 	{name: "generic", dsn: "&plan_cache_mode=force_generic_plan",
 		commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { return s.Commit(ctx, b) }},
 	{name: "ff50", setup: []string{`ALTER TABLE devices SET (fillfactor = 50)`},
