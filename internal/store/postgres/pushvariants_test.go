@@ -1,0 +1,100 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/drover/drover/internal/fleet"
+	"github.com/drover/drover/internal/store/internal/batchutil"
+	"github.com/drover/drover/internal/store/internal/histcodec"
+)
+
+// stateArrays and sampleArrays are Store.commit's parameters.
+func stateArrays(states []fleet.StateRecord) []any {
+	states = batchutil.States(states)
+	n := len(states)
+	id, fw, seen, seq, av, ce, st := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n),
+		make([]int64, n), make([][]byte, n), make([][]byte, n)
+	for i, r := range states {
+		id[i], fw[i], seen[i], seq[i], av[i] = int64(r.DeviceID), r.Firmware, batchutil.LastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion
+		ce[i], st[i] = []byte(r.ConfigError), r.State
+	}
+	return []any{id, fw, seen, seq, av, ce, st}
+}
+
+func sampleArrays(samples []fleet.Sample) []any {
+	n := len(samples)
+	dev, at, data := make([]int64, n), make([]int64, n), make([][]byte, n)
+	for i := range samples {
+		m := &samples[i]
+		dev[i], at[i], data[i] = int64(m.DeviceID), m.At.UnixMilli(), histcodec.Encode(samples[i:i+1])
+	}
+	return []any{dev, at, data}
+}
+
+const cteQuery = `WITH u AS (UPDATE devices AS d SET firmware = v.firmware, last_seen = v.last_seen, seq = v.seq,
+			applied_version = v.applied_version, config_error = v.config_error, state = v.state
+		FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bytea[], $7::bytea[])
+			AS v(id, firmware, last_seen, seq, applied_version, config_error, state)
+		WHERE d.id = v.id)
+	INSERT INTO %s (device_id, first_at, last_at, n, data)
+	SELECT d, a, a, 1, x FROM unnest($8::bigint[], $9::bigint[], $10::bytea[]) AS u(d, a, x)`
+
+func partOf(ctx context.Context, s *Store, samples []fleet.Sample) (string, error) {
+	if err := s.ensureParts(ctx, sampleTimes(samples)); err != nil {
+		return "", err
+	}
+	s.hist.mu.Lock()
+	defer s.hist.mu.Unlock()
+	p, _ := s.hist.covering(samples[0].At.UnixMilli())
+	return partName(p.from), nil
+}
+
+// pushVariants are the ways of committing pushes TestPushWriteCost
+// compares: the store's own (a cluster node's; a single server's, whose
+// commits the instance lock fences), and alternatives measured against it
+// (docs/results/write-path.md): the two statements as one (a data-modifying
+// WITH), the samples inserted into their partition by name rather than
+// routed, generic plans only, a fuller devices table, and the floor, a
+// commit of one row.
+var pushVariants = []pushVariant{
+	{name: "store", commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { return s.Commit(ctx, b) }},
+	{name: "part", commit: func(ctx context.Context, s *Store, b *fleet.Batch) error {
+		part, err := partOf(ctx, s, b.Samples)
+		if err != nil {
+			return err
+		}
+		var q pgx.Batch
+		q.Queue(updateStates, stateArrays(b.States)...)
+		q.Queue(`INSERT INTO `+part+` (device_id, first_at, last_at, n, data)
+	SELECT d, a, a, 1, x FROM unnest($1::bigint[], $2::bigint[], $3::bytea[]) AS u(d, a, x)`, sampleArrays(b.Samples)...)
+		return s.pool.SendBatch(ctx, &q).Close()
+	}},
+	{name: "cte", commit: func(ctx context.Context, s *Store, b *fleet.Batch) error {
+		if err := s.ensureParts(ctx, sampleTimes(b.Samples)); err != nil {
+			return err
+		}
+		_, err := s.pool.Exec(ctx, fmt.Sprintf(cteQuery, "history"), append(stateArrays(b.States), sampleArrays(b.Samples)...)...)
+		return err
+	}},
+	{name: "cte+part", commit: func(ctx context.Context, s *Store, b *fleet.Batch) error {
+		part, err := partOf(ctx, s, b.Samples)
+		if err != nil {
+			return err
+		}
+		_, err = s.pool.Exec(ctx, fmt.Sprintf(cteQuery, part), append(stateArrays(b.States), sampleArrays(b.Samples)...)...)
+		return err
+	}},
+	{name: "single", single: true,
+		commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { return s.Commit(ctx, b) }},
+	{name: "generic", dsn: "&plan_cache_mode=force_generic_plan",
+		commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { return s.Commit(ctx, b) }},
+	{name: "ff50", setup: []string{`ALTER TABLE devices SET (fillfactor = 50)`},
+		commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { return s.Commit(ctx, b) }},
+	{name: "floor", commit: func(ctx context.Context, s *Store, b *fleet.Batch) error { // a commit of one row, nothing else
+		_, err := s.pool.Exec(ctx, `UPDATE devices SET seq = seq WHERE id = $1`, int64(b.States[0].DeviceID))
+		return err
+	}},
+}
