@@ -130,21 +130,21 @@ func (d *pushDecoder) finish(p *PushRequest) {
 // compact copies the valid JSON text b without whitespace outside strings.
 func compact(b []byte) []byte {
 	out := make([]byte, 0, len(b))
-	inString := false
+	start := 0
 	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case inString && c == '\\':
-			out = append(out, c, b[i+1]) // the escaped character, a quote included
-			i++
-			continue
-		case c == '"':
-			inString = !inString
-		case !inString && (c == ' ' || c == '\t' || c == '\r' || c == '\n'):
-			continue
+		switch b[i] {
+		case '"': // to the closing quote: b is valid JSON
+			for i++; b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		case ' ', '\t', '\r', '\n':
+			out = append(out, b[start:i]...)
+			start = i + 1
 		}
-		out = append(out, b[i])
 	}
-	return out
+	return append(out, b[start:]...)
 }
 
 // members reads the object at d.i, calling member with each key (plain
@@ -451,15 +451,12 @@ func (d *pushDecoder) extraObject() bool {
 }
 
 func (d *pushDecoder) ws() {
-	for d.i < len(d.b) {
-		switch d.b[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-			d.spaces++
-		default:
-			return
-		}
+	b, i := d.b, d.i
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
 	}
+	d.spaces += i - d.i
+	d.i = i
 }
 
 func (d *pushDecoder) char(c byte) bool {
@@ -472,20 +469,19 @@ func (d *pushDecoder) char(c byte) bool {
 
 // key reads an object key of plain ASCII without escapes.
 func (d *pushDecoder) key() ([]byte, bool) {
-	if !d.char('"') {
+	b, i := d.b, d.i
+	if i >= len(b) || b[i] != '"' {
 		return nil, false
 	}
-	start := d.i
-	for d.i < len(d.b) {
-		c := d.b[d.i]
-		switch {
+	for start := i + 1; i+1 < len(b); {
+		i++
+		switch c := b[i]; {
 		case c == '"':
-			d.i++
-			return d.b[start : d.i-1], true
+			d.i = i + 1
+			return b[start:i], true
 		case c < 0x20 || c >= 0x7f || c == '\\':
 			return nil, false
 		}
-		d.i++
 	}
 	return nil, false
 }
@@ -602,11 +598,12 @@ func (d *pushDecoder) str() (span, bool) {
 	}
 	b, off := d.b, int32(len(d.text))
 	for {
-		start := d.i
-		for d.i < len(b) && b[d.i] >= 0x20 && b[d.i] < 0x7f && b[d.i] != '"' && b[d.i] != '\\' {
-			d.i++
+		start, i := d.i, d.i
+		for i < len(b) && b[i] >= 0x20 && b[i] < 0x7f && b[i] != '"' && b[i] != '\\' {
+			i++
 		}
-		d.text = append(d.text, b[start:d.i]...)
+		d.i = i
+		d.text = append(d.text, b[start:i]...)
 		if d.i >= len(b) {
 			return span{}, false
 		}

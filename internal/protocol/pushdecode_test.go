@@ -28,6 +28,7 @@ var fastSeeds = []string{
 	`{"state":{"firmware":"\u0041\t"}}`, "{\"state\":{\"firmware\":\"caf\xc3\xa9\",\"x\":\"\xff\"}}",
 	"{\"state\":{\"firmware\":\"a\x7fb\"}}", "{\"state\":{\"firmware\":\"a\x01b\"}}",
 	"\v{\"seq\":1,\"state\":{}}\u0085", " \t{\"seq\" : 1 ,\r\n\"state\" : { \"cpu\" : 1 , \"x\" : [ ] } } ",
+	"{\"state\":{ \"a\" : \"x \\\" y\\\\\" ,\n\"b\":[ 1 , {\"c\" :\"\"} ] }}",
 	`{"seq":1,"state":{}} {}`, `{"seq":1,"state":{},}`, `{"seq":1,"state":{"a":[1,]}}`, `{"seq":1,"state":{"a":tru}}`,
 	`{"state":{"deep":` + strings.Repeat("[", 40) + strings.Repeat("]", 40) + `}}`,
 	`{"state":{"interfaces":[` + strings.Repeat(`{"name":"a"},`, MaxInterfaces) + `{"name":"b"}]}}`,
