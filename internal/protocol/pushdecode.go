@@ -88,8 +88,9 @@ type pushDecoder struct {
 	extra                                  [][2]span
 }
 
-// Field names per object, for refusing keys that match one only ignoring
-// case (the codecs match those; the fast path leaves them to the codecs).
+// Field names per object, for refusing keys that match one ignoring case:
+// the codecs match those; firmware_update, results and "-" (the codecs
+// may take it for State's tag) are the codec path's too.
 var (
 	pushKeys      = []string{"seq", "config_version", "config_error", "state", "firmware_update", "results", "started", "-"}
 	stateKeys     = []string{"uptime", "cpu", "load1", "mem_total", "mem_used", "disk_total", "disk_used", "temperature", "firmware", "interfaces", "signal", "extra"}
@@ -148,10 +149,10 @@ func compact(b []byte) []byte {
 }
 
 // members reads the object at d.i, calling member with each key (plain
-// ASCII, unescaped) and d.i at its value; member reads the value. Keys
-// outside known, or matching one of known only ignoring case, are refused
-// before member sees them; those outside known are skipped.
-func (d *pushDecoder) members(known []string, member func(key []byte) bool) bool {
+// ASCII, unescaped) and d.i at its value; member reads the value of a
+// field it knows. Other keys are skipped, unless they match one of names
+// ignoring case (names the codecs match, or leave to the codec path).
+func (d *pushDecoder) members(names []string, member func(key []byte) (known, ok bool)) bool {
 	if !d.char('{') {
 		return false
 	}
@@ -170,11 +171,11 @@ func (d *pushDecoder) members(known []string, member func(key []byte) bool) bool
 			return false
 		}
 		d.ws()
-		if exact, folded := lookup(known, key); exact {
-			if !member(key) {
-				return false
-			}
-		} else if folded || !d.skip(1) {
+		known, ok := member(key)
+		if !known {
+			ok = !foldsTo(names, key) && d.skip(1)
+		}
+		if !ok {
 			return false
 		}
 		d.ws()
@@ -194,20 +195,14 @@ func (d *pushDecoder) members(known []string, member func(key []byte) bool) bool
 	}
 }
 
-// lookup says whether key is one of names, or matches one ignoring ASCII case.
-func lookup(names []string, key []byte) (exact, folded bool) {
+// foldsTo says whether key is one of names ignoring ASCII case.
+func foldsTo(names []string, key []byte) bool {
 	for _, n := range names {
-		if len(n) != len(key) {
-			continue
-		}
-		if string(key) == n {
-			return true, false
-		}
-		if bytes.EqualFold(key, []byte(n)) {
-			folded = true
+		if len(n) == len(key) && bytes.EqualFold(key, []byte(n)) {
+			return true
 		}
 	}
-	return false, folded
+	return false
 }
 
 // seen marks field bit of *mask, false when it was marked already.
@@ -221,8 +216,8 @@ func seen(mask *uint16, bit uint) bool {
 
 func (d *pushDecoder) push(p *PushRequest) bool {
 	var got uint16
-	return d.members(pushKeys, func(key []byte) bool {
-		var ok bool
+	return d.members(pushKeys, func(key []byte) (known, ok bool) {
+		known = true
 		switch string(key) {
 		case "seq":
 			if ok = seen(&got, 0); ok {
@@ -242,52 +237,53 @@ func (d *pushDecoder) push(p *PushRequest) bool {
 			if ok = seen(&got, 4); ok {
 				p.Started, ok = d.bool()
 			}
+		default:
+			known = false
 		}
-		return ok // firmware_update, results and "-": the codec path's
+		return known, ok
 	}) && got&(1<<3) != 0 // a push without a state is refused
 }
 
 func (d *pushDecoder) stateObject(st *State) bool {
 	start, spaces := d.i, d.spaces
 	var got uint16
-	ok := d.members(stateKeys, func(key []byte) bool {
+	ok := d.members(stateKeys, func(key []byte) (known, ok bool) {
 		switch string(key) {
 		case "uptime":
-			return seen(&got, 0) && d.intField(&d.numbers().uptime, &st.Uptime)
+			return true, seen(&got, 0) && d.intField(&d.numbers().uptime, &st.Uptime)
 		case "cpu":
-			return seen(&got, 1) && d.floatField(&d.numbers().cpu, &st.CPU)
+			return true, seen(&got, 1) && d.floatField(&d.numbers().cpu, &st.CPU)
 		case "load1":
-			return seen(&got, 2) && d.floatField(&d.numbers().load1, &st.Load1)
+			return true, seen(&got, 2) && d.floatField(&d.numbers().load1, &st.Load1)
 		case "mem_total":
-			return seen(&got, 3) && d.intField(&d.numbers().memTotal, &st.MemTotal)
+			return true, seen(&got, 3) && d.intField(&d.numbers().memTotal, &st.MemTotal)
 		case "mem_used":
-			return seen(&got, 4) && d.intField(&d.numbers().memUsed, &st.MemUsed)
+			return true, seen(&got, 4) && d.intField(&d.numbers().memUsed, &st.MemUsed)
 		case "disk_total":
-			return seen(&got, 5) && d.intField(&d.numbers().diskTotal, &st.DiskTotal)
+			return true, seen(&got, 5) && d.intField(&d.numbers().diskTotal, &st.DiskTotal)
 		case "disk_used":
-			return seen(&got, 6) && d.intField(&d.numbers().diskUsed, &st.DiskUsed)
+			return true, seen(&got, 6) && d.intField(&d.numbers().diskUsed, &st.DiskUsed)
 		case "temperature":
-			return seen(&got, 7) && d.floatField(&d.numbers().temperature, &st.Temperature)
+			return true, seen(&got, 7) && d.floatField(&d.numbers().temperature, &st.Temperature)
 		case "firmware":
 			if !seen(&got, 8) {
-				return false
+				return true, false
 			}
-			var ok bool
 			d.firmware, ok = d.str()
-			return ok
+			return true, ok
 		case "interfaces":
-			return seen(&got, 9) && d.interfaces()
+			return true, seen(&got, 9) && d.interfaces()
 		case "signal":
 			if !seen(&got, 10) {
-				return false
+				return true, false
 			}
 			d.signal = new(signalBlock)
 			st.Signal = &d.signal.Signal
-			return d.signalObject(d.signal)
+			return true, d.signalObject(d.signal)
 		case "extra":
-			return seen(&got, 11) && d.extraObject()
+			return true, seen(&got, 11) && d.extraObject()
 		}
-		return false
+		return false, false // not a state field
 	})
 	d.state, d.stateSpaced = d.b[start:d.i], d.spaces != spaces
 	return ok
@@ -330,8 +326,8 @@ func (d *pushDecoder) interfaces() bool {
 		var f Interface
 		var name span
 		var got uint16
-		ok := d.members(interfaceKeys, func(key []byte) bool {
-			var ok bool
+		ok := d.members(interfaceKeys, func(key []byte) (known, ok bool) {
+			known = true
 			switch string(key) {
 			case "name":
 				if ok = seen(&got, 0); ok {
@@ -353,8 +349,10 @@ func (d *pushDecoder) interfaces() bool {
 				if ok = seen(&got, 4); ok {
 					f.TxPackets, ok = d.uint()
 				}
+			default:
+				known = false
 			}
-			return ok
+			return known, ok
 		})
 		if !ok {
 			return false
@@ -380,8 +378,8 @@ func (d *pushDecoder) interfaces() bool {
 
 func (d *pushDecoder) signalObject(g *signalBlock) bool {
 	var got uint16
-	return d.members(signalKeys, func(key []byte) bool {
-		var ok bool
+	return d.members(signalKeys, func(key []byte) (known, ok bool) {
+		known = true
 		switch string(key) {
 		case "rssi":
 			ok = seen(&got, 0) && d.floatField(&g.rssi, &g.RSSI)
@@ -399,8 +397,10 @@ func (d *pushDecoder) signalObject(g *signalBlock) bool {
 			if ok = seen(&got, 5); ok {
 				d.technology, ok = d.str()
 			}
+		default:
+			known = false
 		}
-		return ok
+		return known, ok
 	})
 }
 
