@@ -153,24 +153,14 @@ func compact(b []byte) []byte {
 // field it knows. Other keys are skipped, unless they match one of names
 // ignoring case (names the codecs match, or leave to the codec path).
 func (d *pushDecoder) members(names []string, member func(key []byte) (known, ok bool)) bool {
-	if !d.char('{') {
-		return false
-	}
-	d.ws()
-	if d.i < len(d.b) && d.b[d.i] == '}' {
-		d.i++
-		return true
+	if empty, ok := d.open('{', '}'); empty || !ok {
+		return ok
 	}
 	for {
 		key, ok := d.key()
-		if !ok {
+		if !ok || !d.colon() {
 			return false
 		}
-		d.ws()
-		if !d.char(':') {
-			return false
-		}
-		d.ws()
 		known, ok := member(key)
 		if !known {
 			ok = !foldsTo(names, key) && d.skip(1)
@@ -178,19 +168,8 @@ func (d *pushDecoder) members(names []string, member func(key []byte) (known, ok
 		if !ok {
 			return false
 		}
-		d.ws()
-		if d.i >= len(d.b) {
-			return false
-		}
-		switch d.b[d.i] {
-		case ',':
-			d.i++
-			d.ws()
-		case '}':
-			d.i++
-			return true
-		default:
-			return false
+		if more, ok := d.next('}'); !more {
+			return ok
 		}
 	}
 }
@@ -311,13 +290,8 @@ func (d *pushDecoder) floatField(v *float64, field **float64) bool {
 
 func (d *pushDecoder) interfaces() bool {
 	d.hasIfaces = true
-	if !d.char('[') {
-		return false
-	}
-	d.ws()
-	if d.i < len(d.b) && d.b[d.i] == ']' {
-		d.i++
-		return true
+	if empty, ok := d.open('[', ']'); empty || !ok {
+		return ok
 	}
 	for {
 		if len(d.ifaces) == MaxInterfaces {
@@ -359,19 +333,8 @@ func (d *pushDecoder) interfaces() bool {
 		}
 		d.ifaces = append(d.ifaces, f)
 		d.names = append(d.names, name)
-		d.ws()
-		if d.i >= len(d.b) {
-			return false
-		}
-		switch d.b[d.i] {
-		case ',':
-			d.i++
-			d.ws()
-		case ']':
-			d.i++
-			return true
-		default:
-			return false
+		if more, ok := d.next(']'); !more {
+			return ok
 		}
 	}
 }
@@ -407,45 +370,24 @@ func (d *pushDecoder) signalObject(g *signalBlock) bool {
 // extraObject reads state.extra: any keys, string values.
 func (d *pushDecoder) extraObject() bool {
 	d.hasExtra = true
-	if !d.char('{') {
-		return false
-	}
-	d.ws()
-	if d.i < len(d.b) && d.b[d.i] == '}' {
-		d.i++
-		return true
+	if empty, ok := d.open('{', '}'); empty || !ok {
+		return ok
 	}
 	for {
 		if len(d.extra) == MaxExtraKeys {
 			return false
 		}
 		k, ok := d.str()
-		if !ok {
+		if !ok || !d.colon() {
 			return false
 		}
-		d.ws()
-		if !d.char(':') {
-			return false
-		}
-		d.ws()
 		v, ok := d.str()
 		if !ok {
 			return false
 		}
 		d.extra = append(d.extra, [2]span{k, v})
-		d.ws()
-		if d.i >= len(d.b) {
-			return false
-		}
-		switch d.b[d.i] {
-		case ',':
-			d.i++
-			d.ws()
-		case '}':
-			d.i++
-			return true
-		default:
-			return false
+		if more, ok := d.next('}'); !more {
+			return ok
 		}
 	}
 }
@@ -465,6 +407,37 @@ func (d *pushDecoder) char(c byte) bool {
 		return true
 	}
 	return false
+}
+
+// open reads the opening of an object or array and, when it is empty, its
+// end.
+func (d *pushDecoder) open(start, end byte) (empty, ok bool) {
+	if !d.char(start) {
+		return false, false
+	}
+	d.ws()
+	return d.char(end), true
+}
+
+// colon reads the colon after a key.
+func (d *pushDecoder) colon() bool {
+	d.ws()
+	ok := d.char(':')
+	d.ws()
+	return ok
+}
+
+// next reads what follows a member or element: a comma (more), or end.
+func (d *pushDecoder) next(end byte) (more, ok bool) {
+	d.ws()
+	switch {
+	case d.char(','):
+		d.ws()
+		return true, true
+	case d.char(end):
+		return false, true
+	}
+	return false, false
 }
 
 // key reads an object key of plain ASCII without escapes.
@@ -692,33 +665,18 @@ func (d *pushDecoder) skip(depth int) bool {
 		if c == '[' {
 			end = ']'
 		}
-		d.i++
-		d.ws()
-		if d.char(end) {
-			return true
+		if empty, ok := d.open(c, end); empty || !ok {
+			return ok
 		}
 		for {
-			if c == '{' {
-				if !d.skipString() {
-					return false
-				}
-				d.ws()
-				if !d.char(':') {
-					return false
-				}
-				d.ws()
+			if c == '{' && !(d.skipString() && d.colon()) {
+				return false
 			}
 			if !d.skip(depth + 1) {
 				return false
 			}
-			d.ws()
-			switch {
-			case d.char(','):
-				d.ws()
-			case d.char(end):
-				return true
-			default:
-				return false
+			if more, ok := d.next(end); !more {
+				return ok
 			}
 		}
 	case 't':
