@@ -34,8 +34,8 @@ func decodePushFast(body []byte) (PushRequest, bool) {
 		d.finish(&p)
 		ok = p.Validate() == nil
 	}
-	// Only offsets and numbers stay in the scratch: interface names are set
-	// in the push's own copy.
+	// The scratch keeps no reference into the body or the push: its text is
+	// copied out, and interface names are set in the push's own copy.
 	s.text, s.ifaces, s.names, s.extra = d.text, d.ifaces, d.names, d.extra
 	return p, ok
 }
