@@ -11,9 +11,9 @@ import (
 
 // BenchmarkPushDecoders decodes the same push into the same types with
 // goccy/go-json (the server's decoder) and encoding/json: the speed that
-// keeps goccy in the server (docs/security.md, Device input). The whole
-// DecodePush path per decoder: BenchmarkDecodePush with and without
-// -tags drover_stdjson.
+// keeps goccy in the server (docs/operations.md, Device input). The whole
+// codec path per decoder: BenchmarkDecodePushCodec with and without
+// -tags drover_stdjson; DecodePush itself: BenchmarkDecodePush.
 func BenchmarkPushDecoders(b *testing.B) {
 	body := []byte(goodPush)
 	for _, d := range []struct {

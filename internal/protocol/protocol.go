@@ -253,6 +253,15 @@ func (r *RegisterRequest) Validate() error {
 // DecodePush parses and validates a push body. RawState keeps the state
 // object as sent (fields unknown to this server included), compacted.
 func DecodePush(body []byte) (PushRequest, error) {
+	if p, ok := decodePushFast(body); ok { // pushdecode.go
+		return p, nil
+	}
+	return decodePushCodec(body)
+}
+
+// decodePushCodec is DecodePush with the JSON codec: the whole contract,
+// errors included, for every body the fast path leaves to it.
+func decodePushCodec(body []byte) (PushRequest, error) {
 	var p PushRequest
 	if err := decodeStrict(body, &p); err != nil {
 		return p, err
