@@ -92,12 +92,20 @@ var listening = regexp.MustCompile(`msg=listening proto=https addr=(\S+)`)
 func startServe(t *testing.T, dataDir string, extra ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(droverBin, append([]string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0"}, extra...)...)
-	stderr, _ := cmd.StderrPipe()
+	// A pipe of the test's own, not StderrPipe: Wait would close that one
+	// and lose the lines written just before the process exited.
+	stderr, stderrW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stderr.Close() })
+	cmd.Stderr = stderrW
 	p := &proc{cmd: cmd, stdout: &testwait.Buffer{}, exited: make(chan error, 1)}
 	cmd.Stdout = p.stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	stderrW.Close()
 	addr := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)

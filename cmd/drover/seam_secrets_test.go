@@ -35,13 +35,14 @@ func startSecretServe(t *testing.T, data string, env []string, args ...string) *
 	cmd.Env = append(os.Environ(), env...)
 	p := &secretServe{cmd: cmd, stdout: &bytes.Buffer{}, exited: make(chan error, 1)}
 	cmd.Stdout = p.stdout
-	stderr, _ := cmd.StderrPipe()
+	var started func()
+	p.log, started = watchStderr(t, cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	started()
 	go func() { p.exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
-	p.log = watchLog(stderr)
 	var line string
 	line, p.seen = p.log.wait(t, 0, "msg=listening", "proto=https")
 	p.base = "https://" + listening.FindStringSubmatch(line)[1]

@@ -64,6 +64,21 @@ type logWatch struct {
 	added chan struct{}
 }
 
+// watchStderr makes cmd's standard error a pipe of the test's own and
+// watches it; call it before cmd.Start and closeWrite after. Unlike
+// StderrPipe, Wait does not close the reading end: every line the process
+// wrote before it exited is read.
+func watchStderr(t *testing.T, cmd *exec.Cmd) (w *logWatch, closeWrite func()) {
+	t.Helper()
+	r, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = wr
+	t.Cleanup(func() { r.Close() })
+	return watchLog(r), func() { wr.Close() }
+}
+
 func watchLog(r io.Reader) *logWatch {
 	w := &logWatch{added: make(chan struct{}, 1)}
 	go func() {
@@ -131,14 +146,14 @@ func TestSIGHUPReloadsUnderTraffic(t *testing.T) {
 	conf := filepath.Join(dir, "drover.toml")
 	os.WriteFile(conf, []byte(fmt.Sprintf("tls-cert = %q\ntls-key = %q\nlog-level = \"info\"\nenrollment-secret = \"e2e-secret\"\n", certFile, keyFile)), 0o600)
 	cmd := exec.Command(droverBin, "serve", "--data-dir", filepath.Join(dir, "data"), "--listen", "127.0.0.1:0", "--config", conf)
-	stderr, _ := cmd.StderrPipe()
+	log, started := watchStderr(t, cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	started()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
-	log := watchLog(stderr)
 	line, seen := log.wait(t, 0, "msg=listening", "proto=https")
 	addr := listening.FindStringSubmatch(line)[1]
 	if got := servedSerial(t, addr); got.Cmp(old.SerialNumber) != 0 {
@@ -233,14 +248,14 @@ func TestAgentsSurviveSIGHUP(t *testing.T) {
 			// A server that is not there: the agent waits and retries.
 			cmd := exec.Command(argv[0], append(argv[1:], "--server", "https://127.0.0.1:1", "--enroll-secret", "s",
 				"--state-dir", t.TempDir(), "--root", "../../internal/agent/testdata/root")...)
-			stderr, _ := cmd.StderrPipe()
+			log, started := watchStderr(t, cmd)
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
+			started()
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
 			t.Cleanup(func() { cmd.Process.Kill() })
-			log := watchLog(stderr)
 			_, seen := log.wait(t, 0, "level=")
 			cmd.Process.Signal(syscall.SIGHUP)
 			_, seen = log.wait(t, seen, "SIGHUP")

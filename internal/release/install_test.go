@@ -273,7 +273,8 @@ func TestDebInstallServePurge(t *testing.T) {
 			t.Errorf("%s: %v uid %d, want drover's (%d) and private", p, fi.Mode(), st.Uid, uid)
 		}
 	}
-	if !strings.Contains(log.String(), "generated credentials") {
+	// The notice follows the listener: the server may answer first.
+	if !testwait.Until(10*time.Second, func() bool { return strings.Contains(log.String(), "generated credentials") }) {
 		t.Errorf("the first start printed no generated credentials:\n%s", log.String())
 	}
 	// systemctl stop: SIGTERM, a clean exit.
