@@ -2,6 +2,7 @@ package perf
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -33,15 +34,26 @@ func startWorker(t *testing.T) string {
 // outcome=outcome.
 func serverCounter(t *testing.T, base, token, name, outcome string) int64 {
 	t.Helper()
-	req, _ := http.NewRequest("GET", base+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	// A server just started may answer 503 with Retry-After (a loaded
+	// machine); a client retries then, as this one does for 10 s.
+	var resp *http.Response
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		req, _ := http.NewRequest("GET", base+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		var err error
+		if resp, err = http.DefaultClient.Do(req); err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			break
+		}
+		resp.Body.Close()
+		time.Sleep(200 * time.Millisecond)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
-		t.Fatalf("%s/metrics: HTTP %d", base, resp.StatusCode)
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s/metrics: HTTP %d %s", base, resp.StatusCode, b)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(resp.Body)
