@@ -234,13 +234,13 @@ func TestHistorySizeAndSpeed(t *testing.T) {
 	oldMed := day(func(id uint64, q fleet.HistoryQuery) ([]fleet.Sample, error) { return s.Samples.History(ctx, id, q) })
 	rawMed := day(newRead)
 
-	pgCPU0, goCPU0 := serverCPU(t), processCPU()
+	pgUsed0, goCPU0 := pgCPU(), processCPU()
 	start = time.Now()
 	if _, err := s.CompactHistory(ctx, histStart.Add(48*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	wall := time.Since(start)
-	pgCPU, goCPU := serverCPU(t)-pgCPU0, processCPU()-goCPU0
+	pgUsed, goCPU := pgCPU()-pgUsed0, processCPU()-goCPU0
 	if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE history`); err != nil {
 		t.Fatal(err)
 	}
@@ -253,11 +253,11 @@ func TestHistorySizeAndSpeed(t *testing.T) {
 	t.Logf("one device's day, median of 101: samples table %v / %v, partitions raw %v, packed %v",
 		oldMed, oldMed2, rawMed, packedMed)
 	t.Logf("compaction: %v wall, %.2f µs CPU a sample in drover, %.2f µs in PostgreSQL",
-		wall.Round(time.Millisecond), float64(goCPU.Microseconds())/float64(total), float64(pgCPU.Microseconds())/float64(total))
+		wall.Round(time.Millisecond), float64(goCPU.Microseconds())/float64(total), float64(pgUsed.Microseconds())/float64(total))
 
 	// Retention within the first packed partition: every row is cut.
 	before := histStart.Add(2 * time.Hour)
-	pgCPU0, goCPU0, start = serverCPU(t), processCPU(), time.Now()
+	pgUsed0, goCPU0, start = pgCPU(), processCPU(), time.Now()
 	var pruned int64
 	for {
 		n, err := s.PruneHistory(ctx, before, 10000)
@@ -269,35 +269,9 @@ func TestHistorySizeAndSpeed(t *testing.T) {
 		}
 	}
 	wall = time.Since(start)
-	pgCPU, goCPU = serverCPU(t)-pgCPU0, processCPU()-goCPU0
+	pgUsed, goCPU = pgCPU()-pgUsed0, processCPU()-goCPU0
 	t.Logf("retention cut through a packed partition: %d samples of %d rows in %v, %.2f µs CPU a sample in drover, %.2f µs in PostgreSQL",
-		pruned, devices, wall.Round(time.Millisecond), float64(goCPU.Microseconds())/float64(pruned), float64(pgCPU.Microseconds())/float64(pruned))
-}
-
-// serverCPU is the CPU time of the test's PostgreSQL server and its
-// backends (those alive now).
-func serverCPU(t testing.TB) time.Duration {
-	pid := server.PID()
-	var sum time.Duration
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-		if len(f) < 13 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		if p, _ := strconv.Atoi(e.Name()); p != pid && ppid != pid {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		sum += time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ 100
-	}
-	return sum
+		pruned, devices, wall.Round(time.Millisecond), float64(goCPU.Microseconds())/float64(pruned), float64(pgUsed.Microseconds())/float64(pruned))
 }
 
 func processCPU() time.Duration {
