@@ -215,13 +215,19 @@ const insertHistory = `INSERT INTO history (device_id, first_at, last_at, n, dat
 
 // queueSamples queues the samples' rows, one each, into q.
 func queueSamples(q *pgx.Batch, samples []fleet.Sample) {
+	q.Queue(insertHistory, sampleArgs(samples)...)
+}
+
+// sampleArgs are insertHistory's arrays for samples: device IDs, times
+// (unix ms) and each sample encoded.
+func sampleArgs(samples []fleet.Sample) []any {
 	n := len(samples)
 	dev, at, data := make([]int64, n), make([]int64, n), make([][]byte, n)
 	for i := range samples {
 		m := &samples[i]
 		dev[i], at[i], data[i] = int64(m.DeviceID), m.At.UnixMilli(), histcodec.Encode(samples[i:i+1])
 	}
-	q.Queue(insertHistory, dev, at, data)
+	return []any{dev, at, data}
 }
 
 // sampleTimes are the samples' times (unix ms), for ensureParts.

@@ -262,14 +262,7 @@ func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []
 		q.Queue(upsertDevices, id, mid, typ, model, fw, serial, hash, reg)
 	}
 	if len(states) > 0 {
-		n := len(states)
-		id, fw, seen, seq, av, ce, st := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n),
-			make([]int64, n), make([][]byte, n), make([][]byte, n)
-		for i, r := range states {
-			id[i], fw[i], seen[i], seq[i], av[i] = int64(r.DeviceID), r.Firmware, batchutil.LastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion
-			ce[i], st[i] = []byte(r.ConfigError), r.State
-		}
-		q.Queue(updateStates, id, fw, seen, seq, av, ce, st)
+		q.Queue(updateStates, stateArgs(states)...)
 	}
 	if len(samples) > 0 {
 		if err := s.ensureParts(ctx, sampleTimes(samples)); err != nil {
@@ -282,6 +275,18 @@ func (s *Store) commit(ctx context.Context, profiles []fleet.Profile, devices []
 		s.cluster.queueChanges(&q, profiles, devices, trust)
 	}
 	return s.pool.SendBatch(ctx, &q).Close()
+}
+
+// stateArgs are updateStates' arrays for states, one element per device.
+func stateArgs(states []fleet.StateRecord) []any {
+	n := len(states)
+	id, fw, seen, seq, av, ce, st := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n),
+		make([]int64, n), make([][]byte, n), make([][]byte, n)
+	for i, r := range states {
+		id[i], fw[i], seen[i], seq[i], av[i] = int64(r.DeviceID), r.Firmware, batchutil.LastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion
+		ce[i], st[i] = []byte(r.ConfigError), r.State
+	}
+	return []any{id, fw, seen, seq, av, ce, st}
 }
 
 // CheckpointRoom reports PostgreSQL's max_wal_size and checkpoint_timeout:

@@ -8,31 +8,12 @@ import (
 
 	"github.com/drover/drover/internal/fleet"
 	"github.com/drover/drover/internal/store/internal/batchutil"
-	"github.com/drover/drover/internal/store/internal/histcodec"
 )
 
 // stateArrays and sampleArrays are Store.commit's parameters.
-func stateArrays(states []fleet.StateRecord) []any {
-	states = batchutil.States(states)
-	n := len(states)
-	id, fw, seen, seq, av, ce, st := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n),
-		make([]int64, n), make([][]byte, n), make([][]byte, n)
-	for i, r := range states {
-		id[i], fw[i], seen[i], seq[i], av[i] = int64(r.DeviceID), r.Firmware, batchutil.LastSeen(r.LastSeen), int64(r.Seq), r.AppliedVersion
-		ce[i], st[i] = []byte(r.ConfigError), r.State
-	}
-	return []any{id, fw, seen, seq, av, ce, st}
-}
+func stateArrays(states []fleet.StateRecord) []any { return stateArgs(batchutil.States(states)) }
 
-func sampleArrays(samples []fleet.Sample) []any {
-	n := len(samples)
-	dev, at, data := make([]int64, n), make([]int64, n), make([][]byte, n)
-	for i := range samples {
-		m := &samples[i]
-		dev[i], at[i], data[i] = int64(m.DeviceID), m.At.UnixMilli(), histcodec.Encode(samples[i:i+1])
-	}
-	return []any{dev, at, data}
-}
+func sampleArrays(samples []fleet.Sample) []any { return sampleArgs(samples) }
 
 const cteQuery = `WITH u AS (UPDATE devices AS d SET firmware = v.firmware, last_seen = v.last_seen, seq = v.seq,
 			applied_version = v.applied_version, config_error = v.config_error, state = v.state
