@@ -42,13 +42,7 @@ func hopsBench(b *testing.B, addr string, tc *tls.Config) {
 	b.SetBytes(size)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		var c net.Conn
-		var err error
-		if tc != nil {
-			c, err = tls.Dial("tcp", addr, tc)
-		} else {
-			c, err = net.Dial("tcp", addr)
-		}
+		c, err := dial(addr, tc)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -63,6 +57,14 @@ func hopsBench(b *testing.B, addr string, tc *tls.Config) {
 		}
 		c.Close()
 	}
+}
+
+// dial connects to addr, over TLS with tc when it is not nil.
+func dial(addr string, tc *tls.Config) (net.Conn, error) {
+	if tc != nil {
+		return tls.Dial("tcp", addr, tc)
+	}
+	return net.Dial("tcp", addr)
 }
 
 func closeWrite(c net.Conn) {
@@ -83,13 +85,7 @@ func sink(b *testing.B) string {
 // with out).
 func relay(b *testing.B, in *tls.Config, next string, out *tls.Config) string {
 	return listen(b, in, func(c net.Conn) {
-		var d net.Conn
-		var err error
-		if out != nil {
-			d, err = tls.Dial("tcp", next, out)
-		} else {
-			d, err = net.Dial("tcp", next)
-		}
+		d, err := dial(next, out)
 		if err != nil {
 			return
 		}
