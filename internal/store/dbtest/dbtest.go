@@ -584,7 +584,18 @@ func startMariaDB() (*Server, error) {
 	if s.Port, err = freePort(); err != nil {
 		return fail(err)
 	}
-	s.args = []string{"--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(s.Port), "--bind-address=127.0.0.1",
+	// Its own temporary directory: /tmp is shared with whatever else the
+	// machine runs, which may clean it while a statement's file is open.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return fail(err)
+	}
+	if cred != nil {
+		if err := os.Chown(tmp, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fail(err)
+		}
+	}
+	s.args = []string{"--no-defaults", "--datadir=" + data, "--tmpdir=" + tmp, "--port=" + strconv.Itoa(s.Port), "--bind-address=127.0.0.1",
 		"--socket=" + filepath.Join(dir, "mysqld.sock"), "--pid-file=" + filepath.Join(dir, "mysqld.pid"),
 		"--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=128M", "--innodb-log-file-size=16M",
 		"--max-connections=200", "--log-error=" + filepath.Join(dir, "server.log")}
